@@ -1,0 +1,101 @@
+/* device.h — the device runtime: devices, streams, events, memory (public interface).
+ *
+ * A runtime is a set of logical devices of one backend, made from a spec string:
+ * "cpu:N" (N CPU devices; "cpu" = "cpu:1") or, when built with CUDA, "cuda" / "cuda:0,1".
+ * Semantics follow CUDA streams and events so that the trainer's executor is written
+ * once and runs on either backend:
+ *   - work submitted to one stream runs in submission order (FIFO), one item at a time;
+ *   - different streams run concurrently;
+ *   - pst_event_record(ev, s) marks the point in `s` after all work submitted so far;
+ *     pst_stream_wait_event(s2, ev) makes later work on s2 wait for that point;
+ *     waiting on an event that was never recorded does not wait (as in CUDA);
+ *     re-recording an event moves the mark; a wait already submitted keeps the old mark;
+ *   - a failed work item makes its stream's status sticky: later items on that stream are
+ *     skipped and pst_stream_synchronize() returns the first error (with its detail).
+ * On the CPU backend a stream is a worker thread with a FIFO queue; "kernels" are host
+ * functions (pst_stream_launch). A CUDA backend implements the same table
+ * (device_impl.h) with cudaStream_t / cudaEvent_t and cudaLaunchHostFunc.
+ *
+ * Ownership: the runtime owns its devices; a stream or event belongs to the device it was
+ * created on and must be destroyed before the runtime is freed. Memory from
+ * pst_device_alloc is freed with pst_device_free.
+ * Thread safety: every function may be called from any thread; submitting to one stream
+ * from several threads at once is allowed (items are ordered by the queue lock).
+ * Errors: functions return PST_OK or an error with a detail (error.h); none aborts. */
+#ifndef PST_DEVICE_H
+#define PST_DEVICE_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+
+typedef struct pst_runtime pst_runtime;
+typedef struct pst_device pst_device;
+typedef struct pst_stream pst_stream;
+typedef struct pst_event pst_event;
+
+typedef enum pst_backend_kind { PST_BACKEND_CPU = 0, PST_BACKEND_CUDA } pst_backend_kind;
+
+typedef enum pst_copy_kind {
+    PST_COPY_HOST_TO_DEVICE = 0,
+    PST_COPY_DEVICE_TO_HOST,
+    PST_COPY_DEVICE_TO_DEVICE,
+    PST_COPY_HOST_TO_HOST
+} pst_copy_kind;
+
+/* A unit of work on a stream. Returns PST_OK, or an error (with pst_error_set detail)
+ * that makes the stream's status sticky. Runs on the stream's worker thread. */
+typedef pst_status (*pst_host_fn)(void *arg);
+
+/* Creates the devices named by `spec` ("cpu:4"). Errors: PST_ERR_INVALID for a malformed
+ * spec (detail names it and gives "cpu:2" as an example), PST_ERR_UNSUPPORTED for a backend
+ * not built or with no hardware. On error *out is NULL. */
+pst_status pst_runtime_init(pst_runtime **out, const char *spec);
+/* Stops and frees everything; accepts NULL. Streams still holding work are drained first. */
+void pst_runtime_free(pst_runtime *rt);
+int pst_runtime_count(const pst_runtime *rt);
+pst_backend_kind pst_runtime_backend(const pst_runtime *rt);
+/* Device i in [0, count), or NULL when out of range. */
+pst_device *pst_runtime_device(pst_runtime *rt, int i);
+
+/* "cpu:0", "cuda:1". */
+const char *pst_device_name(const pst_device *dev);
+int pst_device_index(const pst_device *dev);
+
+/* Allocates `bytes` of device memory, 64-byte aligned, zero-filled on CPU. Counts toward
+ * the device's live and peak bytes. Errors: PST_ERR_NOMEM. */
+pst_status pst_device_alloc(pst_device *dev, size_t bytes, void **ptr);
+/* Frees memory from pst_device_alloc on the same device; accepts NULL. */
+void pst_device_free(pst_device *dev, void *ptr);
+/* Host memory for send/recv buffers (pinned on CUDA; plain aligned memory on CPU). */
+pst_status pst_device_alloc_host(pst_device *dev, size_t bytes, void **ptr);
+void pst_device_free_host(pst_device *dev, void *ptr);
+/* Bytes currently allocated / the most ever allocated at once (device memory only). */
+size_t pst_device_live_bytes(const pst_device *dev);
+size_t pst_device_peak_bytes(const pst_device *dev);
+
+pst_status pst_stream_create(pst_device *dev, pst_stream **out);
+/* Waits for the stream's queued work, then frees it; accepts NULL. */
+void pst_stream_destroy(pst_stream *s);
+pst_device *pst_stream_device(const pst_stream *s);
+/* Queues fn(arg). The caller keeps `arg` alive until the item has run. */
+pst_status pst_stream_launch(pst_stream *s, pst_host_fn fn, void *arg);
+/* Queues a copy of `bytes` from src to dst. */
+pst_status pst_memcpy_async(pst_stream *s, void *dst, const void *src, size_t bytes,
+                            pst_copy_kind kind);
+/* Queues a memset of `bytes` at dst to `value`. */
+pst_status pst_memset_async(pst_stream *s, void *dst, int value, size_t bytes);
+/* Blocks until all work queued so far has run; returns the stream's sticky status. */
+pst_status pst_stream_synchronize(pst_stream *s);
+
+pst_status pst_event_create(pst_device *dev, pst_event **out);
+void pst_event_destroy(pst_event *ev); /* accepts NULL */
+pst_status pst_event_record(pst_event *ev, pst_stream *s);
+pst_status pst_stream_wait_event(pst_stream *s, pst_event *ev);
+/* Blocks until the last recorded mark has been reached (returns at once if never
+ * recorded). Returns the recording stream's sticky status. */
+pst_status pst_event_synchronize(pst_event *ev);
+/* 1 when the last recorded mark has been reached (or never recorded), else 0. */
+int pst_event_query(pst_event *ev);
+
+#endif /* PST_DEVICE_H */

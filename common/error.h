@@ -1,0 +1,55 @@
+/* error.h — pstrain status codes and the per-thread error detail.
+ *
+ * Errors are values: every function that can fail returns a pst_status. The place that
+ * detects a failure records a one-line detail once with pst_error_set() (what failed,
+ * which file or peer, what a good value looks like); callers pass the status up without
+ * printing. Only main() prints (pst_error_detail()) and decides the exit code.
+ *
+ * Thread safety: the detail lives in thread-local storage; a status that crosses threads
+ * (a device stream, an RPC completion) carries its detail in its own object. */
+#ifndef PST_ERROR_H
+#define PST_ERROR_H
+
+typedef enum pst_status {
+    PST_OK = 0,
+    PST_ERR_INVALID,     /* bad argument, configuration or request */
+    PST_ERR_NOMEM,       /* allocation failed */
+    PST_ERR_IO,          /* file or system call failed */
+    PST_ERR_FORMAT,      /* malformed file or message */
+    PST_ERR_NOT_FOUND,   /* no such file, block, method */
+    PST_ERR_UNAVAILABLE, /* peer unreachable */
+    PST_ERR_TIMEOUT,     /* a deadline passed */
+    PST_ERR_STATE,       /* call not valid in the object's state (shut down, failed) */
+    PST_ERR_UNSUPPORTED, /* not built in or not present (e.g. CUDA without a GPU) */
+    PST_ERR_MISMATCH,    /* peers disagree (layout, settings) */
+    PST_ERR_INTERNAL,    /* a bug in pstrain */
+    PST_ERR_COUNT_
+} pst_status;
+
+/* The name of a status, e.g. "invalid argument". Never NULL. */
+const char *pst_strerror(pst_status st);
+
+/* Records a printf-style detail for this thread and returns `st`, so a failure site reads
+ * `return pst_error_set(PST_ERR_IO, "%s: %s", path, strerror(errno));`.
+ * The detail is truncated to 511 bytes. */
+pst_status pst_error_set(pst_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Adds context in front of the current detail ("loading data: <detail>"); returns `st`. */
+pst_status pst_error_wrap(pst_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The detail recorded last on this thread, or "" when none. Valid until the next set. */
+const char *pst_error_detail(void);
+
+void pst_error_clear(void);
+
+/* Evaluates a pst_status expression and returns it from the caller when not PST_OK. */
+#define PST_TRY(expr)                         \
+    do {                                      \
+        pst_status pst_try_st_ = (expr);      \
+        if (pst_try_st_ != PST_OK)            \
+            return pst_try_st_;               \
+    } while (0)
+
+#endif /* PST_ERROR_H */

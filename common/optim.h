@@ -1,0 +1,66 @@
+/* optim.h — optimizers and learning-rate schedules, written once for the local trainer
+ * and the pserver.
+ *
+ * An update is a pure elementwise function over a range of parameters, so the pserver can
+ * apply it per block (and per thread) and the result is the same bits as one call over the
+ * whole buffer. Semantics follow PyTorch (torch.optim, dampening 0, nesterov off):
+ *   SGD:       g' = g + wd*p;                       p -= lr*g'
+ *   momentum:  g' = g + wd*p;  buf = mu*buf + g';    p -= lr*buf       (buf starts at 0)
+ *   Adam:      g' = g + wd*p;  m = b1*m + (1-b1)*g'; v = b2*v + (1-b2)*g'^2;
+ *              p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
+ *   AdamW:     p *= 1 - lr*wd; then Adam with g' = g.
+ * t is the 1-based update count. lr is the schedule's value at update t (pst_lr_at).
+ * Optimizer state is `pst_optim_state_floats(kind)` arrays ([buf] or [m, v]), each
+ * parallel to the parameters, zero-initialized by the caller; array k of a call starts at
+ * state + k*state_stride, so a sub-range [off, off+n) of a buffer of N parameters is
+ * updated with (param+off, state+off, stride N, grad+off, n). Thread safe (no shared
+ * state); calls on disjoint ranges may run concurrently. */
+#ifndef PST_OPTIM_H
+#define PST_OPTIM_H
+
+#include <stddef.h>
+
+typedef enum pst_optim_kind {
+    PST_OPTIM_SGD = 0,
+    PST_OPTIM_MOMENTUM,
+    PST_OPTIM_ADAM,
+    PST_OPTIM_ADAMW,
+    PST_OPTIM_KIND_COUNT_
+} pst_optim_kind;
+
+typedef enum pst_lr_schedule {
+    PST_LR_CONSTANT = 0,
+    PST_LR_WARMUP_COSINE, /* linear warmup from 0 over warmup_steps, then cosine to min_lr */
+    PST_LR_SCHEDULE_COUNT_
+} pst_lr_schedule;
+
+typedef struct pst_optim_config {
+    pst_optim_kind kind;
+    float lr;
+    float momentum;     /* momentum: mu */
+    float beta1, beta2; /* Adam/AdamW */
+    float eps;
+    float weight_decay;
+    pst_lr_schedule schedule;
+    long warmup_steps;  /* warmup_cosine */
+    long total_steps;   /* warmup_cosine: cosine reaches min_lr at total_steps */
+    float min_lr;
+} pst_optim_config;
+
+/* lr 0.01, momentum 0.9, betas 0.9/0.999, eps 1e-8, wd 0, constant schedule. */
+void pst_optim_defaults(pst_optim_config *cfg);
+/* "sgd", "momentum", "adam", "adamw" <-> kind; parse returns 0 / -1. */
+const char *pst_optim_kind_name(pst_optim_kind k);
+int pst_optim_kind_parse(const char *s, pst_optim_kind *out);
+const char *pst_lr_schedule_name(pst_lr_schedule s);
+int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out); /* "constant", "warmup_cosine" */
+/* 0 for SGD, 1 for momentum, 2 for Adam/AdamW. */
+int pst_optim_state_floats(pst_optim_kind k);
+/* Learning rate for 1-based update t. */
+float pst_lr_at(const pst_optim_config *cfg, long t);
+/* Applies update t (1-based) to param[0..n) with grad[0..n) and the state arrays at
+ * state + k*state_stride (layout above; state may be NULL for SGD). grad is read only. */
+void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
+                     size_t state_stride, const float *grad, size_t n);
+
+#endif /* PST_OPTIM_H */

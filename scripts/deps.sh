@@ -1,0 +1,27 @@
+#!/bin/sh
+# Installs the Debian packages pstrain needs to build, test and run its demo.
+# Idempotent and quiet when everything is present; uses sudo when not root.
+# usage: scripts/deps.sh [extra-package ...]   (bench/ passes python3-torch, iperf3)
+set -eu
+
+pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
+      dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev
+      $*"
+
+missing=""
+for p in $pkgs; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+# Node.js (for the offline manifest checks) may come from another repository whose
+# nodejs conflicts with Debian's npm: install Debian's pair only when neither is there.
+command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
+[ -z "$missing" ] && exit 0
+
+if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+echo "pstrain deps: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
