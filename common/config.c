@@ -1,0 +1,513 @@
+/* config.c — table-driven configuration from environment and flags (see config.h).
+ *
+ * DESIGN: one table lists every setting once: its flag, its PSTRAIN_ variable, an
+ * optional Paddle alias, an example, the help text, the roles it applies to, and how to
+ * parse it. Loading walks the table twice (environment, then flags), so --help,
+ * --check-config and the error messages can never disagree with what is parsed. */
+#include "common/config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+enum opt_type { OPT_INT, OPT_LONG, OPT_U64, OPT_FLOAT, OPT_STR, OPT_BYTES, OPT_BOOL, OPT_FN };
+
+#define R_TRAINER (1u << PST_ROLE_TRAINER)
+#define R_PSERVER (1u << PST_ROLE_PSERVER)
+#define R_ALL (R_TRAINER | R_PSERVER)
+
+typedef pst_status (*opt_parse_fn)(pst_config *cfg, const char *v, const char *where,
+                                   const char *example);
+
+typedef struct opt {
+    const char *flag;   /* without "--" */
+    const char *env;
+    const char *alias;  /* Paddle's name, or NULL */
+    const char *alias2; /* a second, weaker alias, or NULL */
+    const char *example;
+    const char *help;
+    unsigned roles;
+    enum opt_type type;
+    size_t off;         /* field offset for the plain types */
+    size_t size;        /* OPT_STR buffer size */
+    double min, max;    /* numeric range */
+    opt_parse_fn fn;    /* OPT_FN */
+} opt;
+
+static pst_status bad(const char *where, const char *v, const char *what, const char *example)
+{
+    return pst_error_set(PST_ERR_INVALID, "%s=%s: %s (example: %s)", where, v, what, example);
+}
+
+static pst_status parse_role(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    pst_role r;
+    if (strcasecmp(v, "trainer") == 0)
+        r = PST_ROLE_TRAINER;
+    else if (strcasecmp(v, "pserver") == 0)
+        r = PST_ROLE_PSERVER;
+    else
+        return bad(where, v, "expected trainer or pserver", ex);
+    if (r != cfg->role)
+        return pst_error_set(PST_ERR_INVALID, "%s=%s: this program is the %s (run build/bin/%s)",
+                             where, v, pst_role_name(cfg->role), pst_role_name(r));
+    return PST_OK;
+}
+
+static pst_status parse_pservers(pst_config *cfg, const char *v, const char *where,
+                                 const char *ex)
+{
+    int n = 0;
+    const char *p = v;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == 0 || len >= PST_ADDR_MAX)
+            return bad(where, v, "expected a comma-separated list of host:port", ex);
+        if (n == PST_MAX_PSERVERS)
+            return bad(where, v, "more than 64 pservers", ex);
+        char addr[PST_ADDR_MAX];
+        memcpy(addr, p, len);
+        addr[len] = '\0';
+        const char *colon = strrchr(addr, ':');
+        char *e = NULL;
+        long port = colon ? strtol(colon + 1, &e, 10) : 0;
+        if (!colon || colon == addr || !e || *e || port < 1 || port > 65535)
+            return bad(where, v, "each entry must be host:port with a port in 1..65535", ex);
+        memcpy(cfg->pservers[n++], addr, len + 1);
+        p = end ? end + 1 : p + len;
+    }
+    cfg->num_pservers = n;
+    return PST_OK;
+}
+
+static pst_status parse_mode(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    if (strcasecmp(v, "sync") == 0)
+        cfg->mode = PST_MODE_SYNC;
+    else if (strcasecmp(v, "async") == 0)
+        cfg->mode = PST_MODE_ASYNC;
+    else
+        return bad(where, v, "expected sync or async", ex);
+    return PST_OK;
+}
+
+static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where,
+                               const char *ex)
+{
+    int n = 0;
+    const char *p = v;
+    if (strcmp(v, "none") == 0 || *v == '\0') {
+        cfg->mlp.nhidden = 0;
+        return PST_OK;
+    }
+    while (*p) {
+        char *e;
+        errno = 0;
+        long w = strtol(p, &e, 10);
+        if (e == p || errno || w < 1 || w > 1 << 20 || (*e && *e != ','))
+            return bad(where, v, "expected comma-separated layer widths >= 1", ex);
+        if (n == PST_MLP_MAX_HIDDEN)
+            return bad(where, v, "at most 16 hidden layers", ex);
+        cfg->mlp.hidden[n++] = (int)w;
+        p = *e ? e + 1 : e;
+    }
+    cfg->mlp.nhidden = n;
+    return PST_OK;
+}
+
+static pst_status parse_optimizer(pst_config *cfg, const char *v, const char *where,
+                                  const char *ex)
+{
+    if (pst_optim_kind_parse(v, &cfg->optim.kind) != 0)
+        return bad(where, v, "expected sgd, momentum, adam or adamw", ex);
+    return PST_OK;
+}
+
+static pst_status parse_schedule(pst_config *cfg, const char *v, const char *where,
+                                 const char *ex)
+{
+    if (pst_lr_schedule_parse(v, &cfg->optim.schedule) != 0)
+        return bad(where, v, "expected constant or warmup_cosine", ex);
+    return PST_OK;
+}
+
+static pst_status parse_log_level(pst_config *cfg, const char *v, const char *where,
+                                  const char *ex)
+{
+    if (pst_log_level_parse(v, &cfg->log_level) != 0)
+        return bad(where, v, "expected debug, info, warn, error or off", ex);
+    return PST_OK;
+}
+
+static pst_status parse_progress(pst_config *cfg, const char *v, const char *where,
+                                 const char *ex)
+{
+    static const char *const names[] = {"auto", "bar", "lines", "none"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(v, names[i]) == 0) {
+            cfg->progress = (pst_progress)i;
+            return PST_OK;
+        }
+    }
+    return bad(where, v, "expected auto, bar, lines or none", ex);
+}
+
+static pst_status parse_model(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    if (strcmp(v, "mlp") != 0 && strcmp(v, "synthetic") != 0)
+        return bad(where, v, "expected mlp or synthetic", ex);
+    snprintf(cfg->model, sizeof cfg->model, "%s", v);
+    return PST_OK;
+}
+
+static pst_status parse_dataset(pst_config *cfg, const char *v, const char *where,
+                                const char *ex)
+{
+    if (strcmp(v, "fashion-mnist") != 0 && strcmp(v, "mnist") != 0)
+        return bad(where, v, "expected fashion-mnist or mnist (IDX files in --data)", ex);
+    snprintf(cfg->dataset, sizeof cfg->dataset, "%s", v);
+    return PST_OK;
+}
+
+#define F(field) offsetof(pst_config, field), 0
+#define S(field) offsetof(pst_config, field), sizeof(((pst_config *)0)->field)
+
+static const opt options[] = {
+    {"role", "PSTRAIN_ROLE", "TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "trainer", "role of this process (checked against the program)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_role},
+    {"pservers", "PSTRAIN_PSERVERS", "PADDLE_PSERVERS_IP_PORT_LIST", NULL, "10.0.0.1:7164,10.0.0.2:7164", "pserver addresses, host:port comma list; unset = train alone", R_ALL, OPT_FN, 0, 0, 0, 0, parse_pservers},
+    {"trainers", "PSTRAIN_TRAINERS", "PADDLE_TRAINERS_NUM", NULL, "2", "number of trainers T", R_TRAINER, OPT_INT, F(trainers), 1, 4096, NULL},
+    {"trainer-id", "PSTRAIN_TRAINER_ID", "PADDLE_TRAINER_ID", NULL, "0", "this trainer's id, 0..T-1", R_TRAINER, OPT_INT, F(trainer_id), 0, 4095, NULL},
+    {"pserver-id", "PSTRAIN_PSERVER_ID", NULL, NULL, "0", "this pserver's index in --pservers (its port comes from there)", R_PSERVER, OPT_INT, F(pserver_id), 0, PST_MAX_PSERVERS - 1, NULL},
+    {"port", "PSTRAIN_PORT", "PADDLE_PORT", NULL, "7164", "pserver listen port (0 = any free port, printed at start)", R_PSERVER, OPT_INT, F(port), 0, 65535, NULL},
+    {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address", R_PSERVER, OPT_STR, S(bind_host), 0, 0, NULL},
+    {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
+    {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
+    {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
+    {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_ALL, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
+    {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
+    {"server-threads", "PSTRAIN_SERVER_THREADS", NULL, NULL, "2", "pserver RPC and update threads", R_PSERVER, OPT_INT, F(server_threads), 1, 256, NULL},
+    {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
+    {"hidden", "PSTRAIN_HIDDEN", NULL, NULL, "1024,1024", "mlp hidden layer widths", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_hidden},
+    {"params", "PSTRAIN_PARAMS", NULL, NULL, "25000000", "synthetic model: number of fp32 parameters", R_TRAINER, OPT_LONG, F(params), 1, 4e9, NULL},
+    {"dataset", "PSTRAIN_DATASET", NULL, NULL, "fashion-mnist", "data set (IDX files)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_dataset},
+    {"data", "PSTRAIN_DATA", NULL, NULL, "/usr/share/datasets/fashion-mnist", "directory of the IDX files", R_TRAINER, OPT_STR, S(data_dir), 0, 0, NULL},
+    {"epochs", "PSTRAIN_EPOCHS", NULL, NULL, "5", "passes over the training set", R_TRAINER, OPT_INT, F(epochs), 1, 1e6, NULL},
+    {"steps", "PSTRAIN_STEPS", NULL, NULL, "100", "stop after this many steps (0 = run all epochs)", R_TRAINER, OPT_LONG, F(steps), 0, 1e12, NULL},
+    {"batch", "PSTRAIN_BATCH", NULL, NULL, "128", "GLOBAL batch size (all trainers together)", R_TRAINER, OPT_INT, F(batch), 1, 1 << 20, NULL},
+    {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
+    {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam or adamw", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
+    {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 1e6, NULL},
+    {"momentum", "PSTRAIN_MOMENTUM", NULL, NULL, "0.9", "momentum factor (optimizer momentum)", R_TRAINER, OPT_FLOAT, F(optim.momentum), 0, 1, NULL},
+    {"beta1", "PSTRAIN_BETA1", NULL, NULL, "0.9", "Adam beta1", R_TRAINER, OPT_FLOAT, F(optim.beta1), 0, 1, NULL},
+    {"beta2", "PSTRAIN_BETA2", NULL, NULL, "0.999", "Adam beta2", R_TRAINER, OPT_FLOAT, F(optim.beta2), 0, 1, NULL},
+    {"eps", "PSTRAIN_EPS", NULL, NULL, "1e-8", "Adam epsilon", R_TRAINER, OPT_FLOAT, F(optim.eps), 0, 1, NULL},
+    {"weight-decay", "PSTRAIN_WEIGHT_DECAY", NULL, NULL, "0.0001", "weight decay (L2 for sgd/momentum/adam, decoupled for adamw)", R_TRAINER, OPT_FLOAT, F(optim.weight_decay), 0, 1e3, NULL},
+    {"lr-schedule", "PSTRAIN_LR_SCHEDULE", NULL, NULL, "constant", "constant or warmup_cosine", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_schedule},
+    {"warmup-steps", "PSTRAIN_WARMUP_STEPS", NULL, NULL, "100", "warmup_cosine: steps of linear warmup", R_TRAINER, OPT_LONG, F(optim.warmup_steps), 0, 1e12, NULL},
+    {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 1e6, NULL},
+    {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append per-step and per-epoch metrics as JSON lines to this file", R_ALL, OPT_STR, S(metrics_path), 0, 0, NULL},
+    {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
+    {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
+    {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_ALL, OPT_INT, F(threads), 0, 1024, NULL},
+    {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
+    {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
+};
+#define NOPTIONS ((int)(sizeof options / sizeof options[0]))
+
+static pst_status parse_number(const char *v, double *out, int integer)
+{
+    char *e;
+    errno = 0;
+    double d = integer ? (double)strtoll(v, &e, 10) : strtod(v, &e);
+    if (e == v || *e || errno || !isfinite(d))
+        return PST_ERR_INVALID;
+    *out = d;
+    return PST_OK;
+}
+
+static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char *where)
+{
+    char *base = (char *)cfg;
+    char example[160];
+    snprintf(example, sizeof example, "%s=%s", where, o->example);
+    double d;
+    char range[96];
+    snprintf(range, sizeof range, "expected a number in %g..%g", o->min, o->max);
+    switch (o->type) {
+    case OPT_INT:
+    case OPT_LONG:
+        if (parse_number(v, &d, 1) || d < o->min || d > o->max) {
+            snprintf(range, sizeof range, "expected an integer in %.0f..%.0f", o->min, o->max);
+            return bad(where, v, range, example);
+        }
+        if (o->type == OPT_INT)
+            *(int *)(base + o->off) = (int)d;
+        else
+            *(long *)(base + o->off) = (long)d;
+        return PST_OK;
+    case OPT_U64: {
+        char *e;
+        errno = 0;
+        unsigned long long u = strtoull(v, &e, 10);
+        if (e == v || *e || errno || v[0] == '-')
+            return bad(where, v, "expected a non-negative integer", example);
+        *(uint64_t *)(base + o->off) = u;
+        return PST_OK;
+    }
+    case OPT_FLOAT:
+        if (parse_number(v, &d, 0) || d < o->min || d > o->max)
+            return bad(where, v, range, example);
+        *(float *)(base + o->off) = (float)d;
+        return PST_OK;
+    case OPT_STR:
+        if (strlen(v) >= o->size)
+            return bad(where, v, "too long", example);
+        memcpy(base + o->off, v, strlen(v) + 1);
+        return PST_OK;
+    case OPT_BYTES: {
+        char *e;
+        errno = 0;
+        double n = strtod(v, &e);
+        double mult = 1;
+        if (e != v && *e) {
+            switch (*e) {
+            case 'k': case 'K': mult = 1024.0; break;
+            case 'm': case 'M': mult = 1024.0 * 1024; break;
+            case 'g': case 'G': mult = 1024.0 * 1024 * 1024; break;
+            default: mult = 0;
+            }
+            if (e[1] && !(e[1] == 'i' && e[2] == 'B' && !e[3]) && !((e[1] == 'B' || e[1] == 'b') && !e[2]))
+                mult = 0;
+        }
+        n *= mult;
+        if (e == v || errno || mult == 0 || n < o->min || n > o->max || n != floor(n))
+            return bad(where, v, "expected a whole number of bytes in 1K..1G", example);
+        *(size_t *)(base + o->off) = (size_t)n;
+        return PST_OK;
+    }
+    case OPT_BOOL:
+        if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0)
+            *(int *)(base + o->off) = 1;
+        else if (strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0)
+            *(int *)(base + o->off) = 0;
+        else
+            return bad(where, v, "expected 1 or 0", example);
+        return PST_OK;
+    case OPT_FN:
+        return o->fn(cfg, v, where, example);
+    }
+    return PST_ERR_INTERNAL;
+}
+
+void pst_config_defaults(pst_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->trainers = 1;
+    cfg->pserver_id = -1;
+    cfg->port = -1;
+    snprintf(cfg->bind_host, sizeof cfg->bind_host, "0.0.0.0");
+    cfg->mode = PST_MODE_SYNC;
+    cfg->block_bytes = 4u << 20;
+    snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
+    cfg->rpc_timeout_ms = 60000;
+    cfg->connect_timeout_ms = 30000;
+    cfg->server_threads = 2;
+    snprintf(cfg->model, sizeof cfg->model, "mlp");
+    cfg->mlp.nhidden = 2;
+    cfg->mlp.hidden[0] = 1024;
+    cfg->mlp.hidden[1] = 1024;
+    cfg->params = 25000000;
+    snprintf(cfg->dataset, sizeof cfg->dataset, "fashion-mnist");
+    snprintf(cfg->data_dir, sizeof cfg->data_dir, "/usr/share/datasets/fashion-mnist");
+    cfg->epochs = 1;
+    cfg->batch = 128;
+    pst_optim_defaults(&cfg->optim);
+    cfg->optim.kind = PST_OPTIM_MOMENTUM;
+    cfg->optim.lr = 0.05f;
+    cfg->log_level = PST_LOG_INFO;
+    cfg->threads = 0;
+}
+
+static const opt *find_flag(const char *name, size_t len, unsigned role)
+{
+    for (int i = 0; i < NOPTIONS; i++)
+        if ((options[i].roles & role) && strlen(options[i].flag) == len &&
+            strncmp(options[i].flag, name, len) == 0)
+            return &options[i];
+    return NULL;
+}
+
+pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv,
+                           pst_getenv_fn getenv_fn)
+{
+    pst_config_defaults(cfg);
+    cfg->role = role;
+    unsigned rmask = 1u << role;
+
+    /* Environment: Paddle's alias first, PSTRAIN_* over it. */
+    for (int i = 0; i < NOPTIONS; i++) {
+        const opt *o = &options[i];
+        if (!(o->roles & rmask))
+            continue;
+        const char *names[] = {o->alias2, o->alias, o->env};
+        for (int k = 0; k < 3; k++) {
+            const char *v = names[k] ? getenv_fn(names[k]) : NULL;
+            if (v && *v)
+                PST_TRY(apply(cfg, o, v, names[k]));
+        }
+    }
+
+    /* Flags. */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "%s: unexpected argument; flags look like --batch 128 (see --help)", a);
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const opt *o = find_flag(name, len, rmask);
+        if (!o)
+            return pst_error_set(PST_ERR_INVALID, "%.*s: unknown flag for the %s (see --help)",
+                                 (int)(len + 2), a, pst_role_name(role));
+        const char *v;
+        if (eq)
+            v = eq + 1;
+        else if (o->type == OPT_BOOL)
+            v = "1";
+        else if (i + 1 < argc)
+            v = argv[++i];
+        else
+            return pst_error_set(PST_ERR_INVALID, "--%s needs a value (example: --%s %s)",
+                                 o->flag, o->flag, o->example);
+        char where[64];
+        snprintf(where, sizeof where, "--%s", o->flag);
+        PST_TRY(apply(cfg, o, v, where));
+    }
+    if (cfg->help)
+        return PST_OK;
+
+    /* The whole. */
+    if (role == PST_ROLE_TRAINER) {
+        if (cfg->num_pservers == 0 && cfg->trainers > 1)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "PSTRAIN_TRAINERS=%d but no pservers: set PSTRAIN_PSERVERS "
+                                 "(example: PSTRAIN_PSERVERS=127.0.0.1:7164)", cfg->trainers);
+        if (cfg->trainer_id >= cfg->trainers)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "PSTRAIN_TRAINER_ID=%d: must be below PSTRAIN_TRAINERS=%d "
+                                 "(example: PSTRAIN_TRAINER_ID=0)", cfg->trainer_id, cfg->trainers);
+        if (cfg->batch < cfg->trainers)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "--batch %d: the global batch must give every one of the %d "
+                                 "trainers at least one example (example: --batch 128)",
+                                 cfg->batch, cfg->trainers);
+    } else {
+        if (cfg->port < 0 && cfg->pserver_id >= 0) {
+            if (cfg->pserver_id >= cfg->num_pservers)
+                return pst_error_set(PST_ERR_INVALID,
+                                     "PSTRAIN_PSERVER_ID=%d: PSTRAIN_PSERVERS lists %d pservers; "
+                                     "set both (example: PSTRAIN_PSERVERS=127.0.0.1:7164 "
+                                     "PSTRAIN_PSERVER_ID=0) or PSTRAIN_PORT=7164",
+                                     cfg->pserver_id, cfg->num_pservers);
+            cfg->port = atoi(strrchr(cfg->pservers[cfg->pserver_id], ':') + 1);
+        }
+        if (cfg->port < 0)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "PSTRAIN_PORT is not set: a pserver needs its port "
+                                 "(example: PSTRAIN_PORT=7164, or PSTRAIN_PSERVER_ID=0 with "
+                                 "PSTRAIN_PSERVERS)");
+    }
+    return PST_OK;
+}
+
+const char *pst_role_name(pst_role r)
+{
+    return r == PST_ROLE_PSERVER ? "pserver" : "trainer";
+}
+
+const char *pst_mode_name(pst_mode m)
+{
+    return m == PST_MODE_ASYNC ? "async" : "sync";
+}
+
+void pst_config_print_help(FILE *out, pst_role role, const char *prog)
+{
+    unsigned rmask = 1u << role;
+    fprintf(out, "usage: %s [--flag value | --flag=value] ...\n", prog);
+    fprintf(out, "Every flag can also be set by its environment variable; flags win.\n\n");
+    for (int i = 0; i < NOPTIONS; i++) {
+        const opt *o = &options[i];
+        if (!(o->roles & rmask))
+            continue;
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", o->flag, o->example[0] ? " " : "",
+                 o->type == OPT_BOOL ? "" : o->example);
+        fprintf(out, "  %-40s %s\n", left, o->help);
+        if (o->env)
+            fprintf(out, "  %-40s   env %s%s%s%s%s\n", "", o->env, o->alias ? ", " : "",
+                    o->alias ? o->alias : "", o->alias2 ? ", " : "", o->alias2 ? o->alias2 : "");
+    }
+}
+
+static void json_str(FILE *out, const char *key, const char *v, int *first)
+{
+    fprintf(out, "%s\"%s\":\"", *first ? "" : ",", key);
+    for (const char *p = v; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fputc('\\', out);
+        if ((unsigned char)*p >= 0x20)
+            fputc(*p, out);
+    }
+    fputc('"', out);
+    *first = 0;
+}
+
+void pst_config_print(FILE *out, const pst_config *cfg)
+{
+    int first = 1;
+    char buf[PST_MAX_PSERVERS * PST_ADDR_MAX + 64];
+    fputc('{', out);
+    json_str(out, "role", pst_role_name(cfg->role), &first);
+    buf[0] = '\0';
+    for (int i = 0; i < cfg->num_pservers; i++) {
+        strcat(buf, i ? "," : "");
+        strcat(buf, cfg->pservers[i]);
+    }
+    json_str(out, "pservers", buf, &first);
+    if (cfg->role == PST_ROLE_PSERVER) {
+        fprintf(out, ",\"port\":%d,\"pserver_id\":%d,\"server_threads\":%d", cfg->port,
+                cfg->pserver_id, cfg->server_threads);
+        json_str(out, "bind", cfg->bind_host, &first);
+    } else {
+        fprintf(out, ",\"trainers\":%d,\"trainer_id\":%d", cfg->trainers, cfg->trainer_id);
+        json_str(out, "mode", pst_mode_name(cfg->mode), &first);
+        fprintf(out, ",\"block_bytes\":%zu", cfg->block_bytes);
+        json_str(out, "devices", cfg->devices, &first);
+        json_str(out, "model", cfg->model, &first);
+        buf[0] = '\0';
+        for (int i = 0; i < cfg->mlp.nhidden; i++)
+            snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%d", i ? "," : "",
+                     cfg->mlp.hidden[i]);
+        json_str(out, "hidden", buf, &first);
+        fprintf(out, ",\"params\":%ld", cfg->params);
+        json_str(out, "dataset", cfg->dataset, &first);
+        json_str(out, "data", cfg->data_dir, &first);
+        fprintf(out, ",\"epochs\":%d,\"steps\":%ld,\"batch\":%d,\"seed\":%llu", cfg->epochs,
+                cfg->steps, cfg->batch, (unsigned long long)cfg->seed);
+        json_str(out, "optimizer", pst_optim_kind_name(cfg->optim.kind), &first);
+        fprintf(out, ",\"lr\":%g,\"momentum\":%g,\"beta1\":%g,\"beta2\":%g,\"eps\":%g,"
+                     "\"weight_decay\":%g",
+                cfg->optim.lr, cfg->optim.momentum, cfg->optim.beta1, cfg->optim.beta2,
+                cfg->optim.eps, cfg->optim.weight_decay);
+        json_str(out, "lr_schedule", pst_lr_schedule_name(cfg->optim.schedule), &first);
+        fprintf(out, ",\"warmup_steps\":%ld,\"min_lr\":%g,\"connect_timeout_ms\":%ld",
+                cfg->optim.warmup_steps, cfg->optim.min_lr, cfg->connect_timeout_ms);
+    }
+    fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d", cfg->rpc_timeout_ms, cfg->threads);
+    json_str(out, "metrics", cfg->metrics_path, &first);
+    fputs("}\n", out);
+}

@@ -1,0 +1,84 @@
+/* config.h — the configuration of a pstrain process, resolved once in main() from the
+ * environment and the command line (flags win), then passed down by pointer. Nothing
+ * below main() reads the environment.
+ *
+ * Every setting has a flag and an environment variable (PSTRAIN_*); some also accept the
+ * names PaddlePaddle's PS mode and its operators set (TRAINING_ROLE, PADDLE_PSERVERS_IP_PORT_LIST,
+ * PADDLE_TRAINERS_NUM, PADDLE_TRAINER_ID, POD_IP + PADDLE_PORT), so manifests written for
+ * them work unchanged. Precedence: flag > PSTRAIN_* > Paddle name > default.
+ * A missing or malformed value is PST_ERR_INVALID with a one-line detail naming the
+ * variable or flag and an example of a good value. */
+#ifndef PST_CONFIG_H
+#define PST_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/model.h"
+#include "common/optim.h"
+
+#define PST_MAX_PSERVERS 64
+#define PST_ADDR_MAX 128
+#define PST_PATH_MAX 512
+
+typedef enum pst_role { PST_ROLE_TRAINER = 0, PST_ROLE_PSERVER } pst_role;
+typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
+typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRESS_LINES,
+                            PST_PROGRESS_NONE } pst_progress;
+
+typedef struct pst_config {
+    /* cluster */
+    pst_role role;
+    int num_pservers;                              /* 0: the trainer trains alone */
+    char pservers[PST_MAX_PSERVERS][PST_ADDR_MAX]; /* host:port each */
+    int trainers;                                  /* T */
+    int trainer_id;                                /* 0..T-1 */
+    int pserver_id;                                /* index into pservers, -1 if unset */
+    int port;                                      /* pserver listen port, -1 if unset */
+    char bind_host[PST_ADDR_MAX];                  /* pserver listen address */
+    pst_mode mode;
+    size_t block_bytes;
+    char devices[64];                              /* "cpu:N" */
+    long rpc_timeout_ms;                           /* deadline of one RPC */
+    long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */
+    int server_threads;                            /* pserver completion-queue threads */
+    /* model and data */
+    char model[16];                                /* mlp | synthetic */
+    pst_mlp_config mlp;                            /* hidden widths; in/out come from data */
+    long params;                                   /* synthetic model size */
+    char dataset[32];                              /* fashion-mnist */
+    char data_dir[PST_PATH_MAX];
+    int epochs;
+    long steps;                                    /* stop after this many steps (0: epochs) */
+    int batch;                                     /* GLOBAL batch */
+    uint64_t seed;
+    pst_optim_config optim;
+    /* output */
+    char metrics_path[PST_PATH_MAX];
+    pst_log_level log_level;
+    pst_progress progress;
+    int threads;                                   /* BLAS threads per process, 0 = auto */
+    int check_config;                              /* print the resolved config and exit */
+    int help;
+} pst_config;
+
+typedef const char *(*pst_getenv_fn)(const char *name);
+
+void pst_config_defaults(pst_config *cfg);
+/* Fills cfg from defaults, then the environment (through `getenv_fn`, normally getenv),
+ * then argv[1..argc) ("--name value" or "--name=value"), then checks the whole
+ * (e.g. trainer_id < trainers). `role` is the program's role; TRAINING_ROLE/PSTRAIN_ROLE,
+ * when set, must agree with it. */
+pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv,
+                           pst_getenv_fn getenv_fn);
+/* --help text: every flag with its environment variable, example and meaning. */
+void pst_config_print_help(FILE *out, pst_role role, const char *prog);
+/* The resolved configuration as one JSON object on one line. */
+void pst_config_print(FILE *out, const pst_config *cfg);
+const char *pst_role_name(pst_role r);
+const char *pst_mode_name(pst_mode m);
+
+#endif /* PST_CONFIG_H */

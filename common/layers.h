@@ -1,0 +1,38 @@
+/* layers.h — CPU reference kernels for the layers pstrain models use, with forward and
+ * backward. llm.c conventions: outputs first, then inputs, then dimensions; row-major
+ * tensors with shapes in comments; parameter gradients either overwrite or accumulate
+ * (`accumulate`), which lets a step skip zeroing the gradient buffer.
+ * GEMMs go through OpenBLAS (cblas_sgemm). Pure functions: thread safe on disjoint
+ * outputs. No allocation. */
+#ifndef PST_LAYERS_H
+#define PST_LAYERS_H
+
+#include <stdint.h>
+
+/* out (B, OC) = inp (B, IC) @ weight^T + bias, then ReLU when relu != 0.
+ * weight (OC, IC), bias (OC). */
+void pst_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                        int B, int IC, int OC, int relu);
+
+/* Gradients of out = inp @ weight^T + bias given dout (B, OC):
+ *   dweight (OC, IC) = dout^T @ inp,  dbias (OC) = column sums of dout,
+ *   dinp (B, IC) = dout @ weight (skipped when dinp is NULL).
+ * dweight/dbias are overwritten, or added to when accumulate != 0; dinp is overwritten. */
+void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, int B, int IC, int OC,
+                         int accumulate);
+
+/* dinp (N) = dout where out > 0, else 0 (out is the ReLU's output). In place allowed. */
+void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N);
+
+/* probs (B, C) = softmax(logits); returns the SUM over rows of -log(probs[target]).
+ * Targets must be in [0, C). Numerically stable (max subtracted). */
+double pst_softmax_xent_forward(float *probs, const float *logits, const int32_t *targets,
+                                int B, int C);
+
+/* dlogits (B, C) = (probs - onehot(targets)) * scale. scale = 1/global_batch makes the sum of
+ * every trainer's gradient the gradient of the global batch's mean loss. */
+void pst_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+                               int B, int C, float scale);
+
+#endif /* PST_LAYERS_H */

@@ -1,0 +1,41 @@
+/* metrics.c — JSON-lines metrics writer (see metrics.h). */
+#include "common/metrics.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+
+pst_status pst_metrics_open(pst_metrics *m, const char *path)
+{
+    m->f = NULL;
+    if (!path || !*path)
+        return PST_OK;
+    m->f = fopen(path, "a");
+    if (!m->f)
+        return pst_error_set(PST_ERR_IO, "--metrics %s: cannot open for appending: %s", path,
+                             strerror(errno));
+    return PST_OK;
+}
+
+void pst_metrics_write(pst_metrics *m, const char *event, const char *fields, ...)
+{
+    if (!m || !m->f)
+        return;
+    char line[1024];
+    int n = snprintf(line, sizeof line, "{\"event\":\"%s\"%s", event, fields[0] ? "," : "");
+    va_list ap;
+    va_start(ap, fields);
+    if (n < (int)sizeof line)
+        n += vsnprintf(line + n, sizeof line - n, fields, ap);
+    va_end(ap);
+    fputs(line, m->f);
+    fputs("}\n", m->f);
+}
+
+void pst_metrics_close(pst_metrics *m)
+{
+    if (m && m->f) {
+        fclose(m->f);
+        m->f = NULL;
+    }
+}

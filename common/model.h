@@ -1,0 +1,69 @@
+/* model.h — the `mlp` model: Linear -> ReLU -> ... -> Linear, softmax cross-entropy.
+ *
+ * All parameters live in ONE flat buffer and all gradients in another of the same layout
+ * (llm.c's ParameterTensors idea): layer l's weight (out_l, in_l) then its bias (out_l),
+ * layers in forward order. Backward runs last layer first, so the END of the flat buffer
+ * is complete first; the optional grad-ready hook reports each finished range, which is
+ * what lets gradient blocks leave while backward continues.
+ * Activations are sized for `max_batch` rows at init; forward/backward allocate nothing.
+ * Not thread safe: one model per thread (a device has its own replica). */
+#ifndef PST_MODEL_H
+#define PST_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/device.h"
+#include "common/error.h"
+
+#define PST_MLP_MAX_HIDDEN 16
+
+typedef struct pst_mlp_config {
+    int in_dim;                      /* 784 for Fashion-MNIST */
+    int out_dim;                     /* classes */
+    int nhidden;                     /* hidden layers */
+    int hidden[PST_MLP_MAX_HIDDEN];  /* their widths */
+} pst_mlp_config;
+
+typedef struct pst_linear_view {
+    int in, out;
+    size_t w_off;   /* offset of the weight (out, in) in the flat buffer */
+    size_t b_off;   /* offset of the bias (out) */
+} pst_linear_view;
+
+/* Called after backward has finished the flat-buffer range [offset, offset+length). */
+typedef void (*pst_grad_ready_fn)(void *arg, size_t offset, size_t length);
+
+typedef struct pst_mlp {
+    pst_mlp_config cfg;
+    int nlayers;                                /* nhidden + 1 */
+    int max_batch;
+    size_t nparams;
+    pst_device *dev;                            /* memory comes from here */
+    float *params;                              /* (nparams) */
+    float *grads;                               /* (nparams), same layout */
+    pst_linear_view layer[PST_MLP_MAX_HIDDEN + 1];
+    float *acts[PST_MLP_MAX_HIDDEN + 1];        /* layer outputs (max_batch, out_l); last = logits */
+    float *probs;                               /* (max_batch, out_dim) */
+    float *dbuf[2];                             /* (max_batch, widest layer) ping-pong */
+} pst_mlp;
+
+/* Number of parameters of an MLP with this shape. */
+size_t pst_mlp_param_count(const pst_mlp_config *cfg);
+/* Allocates the buffers on `dev` (params zeroed). Errors: PST_ERR_INVALID (bad shape),
+ * PST_ERR_NOMEM. On error the model is freed and zeroed. */
+pst_status pst_mlp_init(pst_mlp *m, const pst_mlp_config *cfg, int max_batch, pst_device *dev);
+void pst_mlp_free(pst_mlp *m); /* accepts a zeroed or half-built model */
+/* PyTorch's nn.Linear default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)), from `seed`. */
+void pst_mlp_init_params(pst_mlp *m, uint64_t seed);
+/* Forward on x (B, in_dim) with targets y (B); returns the SUM of the B losses.
+ * B <= max_batch. Leaves logits/probs for backward and prediction. */
+double pst_mlp_forward(pst_mlp *m, const float *x, const int32_t *y, int B);
+/* Backward of the last forward: grads = d(sum of losses * scale)/d params, overwritten
+ * (or added when accumulate != 0). `ready` (may be NULL) is called per finished layer. */
+void pst_mlp_backward(pst_mlp *m, const float *x, const int32_t *y, int B, float scale,
+                      int accumulate, pst_grad_ready_fn ready, void *ready_arg);
+/* Counts correct argmax predictions of the last forward's logits. */
+int pst_mlp_count_correct(const pst_mlp *m, const int32_t *y, int B);
+
+#endif /* PST_MODEL_H */

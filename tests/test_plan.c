@@ -1,0 +1,99 @@
+/* test_plan.c — the block plan: exact tiling, size limit, balance, determinism. */
+#include <criterion/criterion.h>
+
+#include "trainer/plan.h"
+
+static void check_plan(size_t n, size_t bytes, int S, int D)
+{
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, n, bytes, S, D), PST_OK);
+    size_t off = 0, maxlen = 0, minlen = (size_t)-1;
+    for (int i = 0; i < p.nblocks; i++) {
+        const tr_block *b = &p.blocks[i];
+        cr_assert_eq(b->id, (uint32_t)i);
+        cr_assert_eq(b->offset, off, "block %d starts at %zu, expected %zu", i, b->offset, off);
+        cr_assert_gt(b->length, 0);
+        cr_assert_leq(b->length * sizeof(float), bytes > 4 * n ? 4 * n : bytes,
+                      "block %d is %zu elements, over %zu bytes", i, b->length, bytes);
+        cr_assert(b->pserver >= 0 && b->pserver < S);
+        cr_assert(b->owner_device >= 0 && b->owner_device < D);
+        off += b->length;
+        maxlen = b->length > maxlen ? b->length : maxlen;
+        minlen = b->length < minlen ? b->length : minlen;
+    }
+    cr_assert_eq(off, n, "blocks cover %zu of %zu elements", off, n);
+    cr_assert_leq(maxlen - minlen, 1, "block lengths differ by more than one element");
+    /* Balance: the most loaded pserver / device carries at most one block over the mean. */
+    size_t sum = 0;
+    for (int s = 0; s < S; s++) {
+        cr_assert_leq((double)p.pserver_elems[s], (double)n / S + (double)maxlen,
+                      "pserver %d carries %zu of %zu (S=%d)", s, p.pserver_elems[s], n, S);
+        sum += p.pserver_elems[s];
+    }
+    cr_assert_eq(sum, n);
+    for (int d = 0; d < D; d++)
+        cr_assert_leq((double)p.device_elems[d], (double)n / D + (double)maxlen);
+    /* Every pserver has work when there are enough parameters. */
+    if (n >= (size_t)S)
+        for (int s = 0; s < S; s++)
+            cr_assert_gt(p.pserver_elems[s], 0, "pserver %d idle with %zu params", s, n);
+    tr_plan_free(&p);
+}
+
+Test(plan, tiles_and_balances)
+{
+    size_t sizes[] = {1, 2, 3, 7, 1000, 4096, 4097, 1863690, 25000000, 1048577};
+    size_t bytes[] = {4, 12, 1024, 4u << 20, 64u << 20};
+    int servers[] = {1, 2, 3, 5, 8};
+    int devices[] = {1, 2, 4};
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t b = 0; b < sizeof bytes / sizeof *bytes; b++) {
+            if (sizes[a] / (bytes[b] / 4) > 200000)
+                continue; /* keep the test fast */
+            for (size_t c = 0; c < sizeof servers / sizeof *servers; c++)
+                for (size_t d = 0; d < sizeof devices / sizeof *devices; d++)
+                    check_plan(sizes[a], bytes[b], servers[c], devices[d]);
+        }
+}
+
+Test(plan, more_pservers_than_params)
+{
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, 3, 4u << 20, 5, 1), PST_OK);
+    cr_assert_eq(p.nblocks, 3);
+    int busy = 0;
+    for (int s = 0; s < 5; s++)
+        busy += p.pserver_elems[s] > 0;
+    cr_assert_eq(busy, 3);
+    tr_plan_free(&p);
+}
+
+Test(plan, deterministic_and_fingerprinted)
+{
+    tr_plan a, b, c;
+    cr_assert_eq(tr_plan_build(&a, 1863690, 1u << 20, 2, 2), PST_OK);
+    cr_assert_eq(tr_plan_build(&b, 1863690, 1u << 20, 2, 4), PST_OK);
+    cr_assert_eq(tr_plan_build(&c, 1863690, 1u << 20, 3, 2), PST_OK);
+    cr_assert_eq(a.nblocks, b.nblocks);
+    for (int i = 0; i < a.nblocks; i++) {
+        cr_assert_eq(a.blocks[i].offset, b.blocks[i].offset);
+        cr_assert_eq(a.blocks[i].pserver, b.blocks[i].pserver);
+    }
+    /* Devices are local: they do not change the fingerprint; pservers do. */
+    cr_assert_eq(tr_plan_fingerprint(&a, 0), tr_plan_fingerprint(&b, 0));
+    cr_assert_neq(tr_plan_fingerprint(&a, 0), tr_plan_fingerprint(&c, 0));
+    tr_plan_free(&a);
+    tr_plan_free(&b);
+    tr_plan_free(&c);
+}
+
+Test(plan, rejects_bad_sizes)
+{
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, 0, 1024, 1, 1), PST_ERR_INVALID);
+    cr_assert_eq(tr_plan_build(&p, 10, 2, 1, 1), PST_ERR_INVALID);
+    cr_assert_eq(tr_plan_build(&p, 10, 1024, 0, 1), PST_ERR_INVALID);
+    cr_assert_eq(tr_plan_build(&p, 10, 1024, 1, 0), PST_ERR_INVALID);
+    cr_assert_null(p.blocks);
+    tr_plan_free(NULL);
+}

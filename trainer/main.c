@@ -1,0 +1,67 @@
+/* main.c — the `trainer` program: reads the configuration, trains, prints the summary.
+ * Exit status: 0 on success, 2 for bad configuration or input data, 1 for other failures
+ * (an unreachable pserver, out of memory). */
+#include <cblas.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "trainer/train.h"
+
+static const char *env_lookup(const char *name)
+{
+    return getenv(name);
+}
+
+static int exit_code(pst_status st)
+{
+    switch (st) {
+    case PST_OK:
+        return 0;
+    case PST_ERR_INVALID:
+    case PST_ERR_NOT_FOUND:
+    case PST_ERR_FORMAT:
+    case PST_ERR_UNSUPPORTED:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    pst_config cfg;
+    pst_status st = pst_config_load(&cfg, PST_ROLE_TRAINER, argc, argv, env_lookup);
+    if (st != PST_OK) {
+        fprintf(stderr, "trainer: %s\n", pst_error_detail());
+        return 2;
+    }
+    if (cfg.help) {
+        pst_config_print_help(stdout, PST_ROLE_TRAINER, "trainer");
+        return 0;
+    }
+    if (cfg.check_config) {
+        pst_config_print(stdout, &cfg);
+        return 0;
+    }
+    pst_log_init(cfg.log_level, "trainer", cfg.num_pservers ? cfg.trainer_id : -1);
+    int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    openblas_set_num_threads(threads > 0 ? threads : 1);
+
+    tr_updater upd;
+    if ((st = tr_local_updater_init(&upd, &cfg.optim)) != PST_OK) {
+        fprintf(stderr, "trainer: %s\n", pst_error_detail());
+        return exit_code(st);
+    }
+    tr_summary sum;
+    st = tr_train(&cfg, &upd, &sum);
+    tr_local_updater_free(&upd);
+    if (st != PST_OK) {
+        fprintf(stderr, "trainer: %s\n", pst_error_detail());
+        return exit_code(st);
+    }
+    tr_summary_print(stdout, &sum);
+    return 0;
+}

@@ -1,0 +1,90 @@
+/* plan.c — the block plan (see plan.h). */
+#include "trainer/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int least_loaded(const size_t *load, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (load[i] < load[best])
+            best = i;
+    return best;
+}
+
+pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
+                         int ndevices)
+{
+    memset(p, 0, sizeof *p);
+    if (nparams == 0 || block_bytes < sizeof(float) || npservers < 1 || ndevices < 1)
+        return pst_error_set(PST_ERR_INVALID,
+                             "block plan: bad sizes (%zu params, %zu block bytes, %d pservers, "
+                             "%d devices)", nparams, block_bytes, npservers, ndevices);
+    size_t max_elems = block_bytes / sizeof(float);
+    size_t nb = (nparams + max_elems - 1) / max_elems;
+    size_t want = (size_t)npservers < nparams ? (size_t)npservers : nparams;
+    if (nb < want)
+        nb = want;
+    if (nb > (size_t)INT32_MAX)
+        return pst_error_set(PST_ERR_INVALID, "block plan: %zu blocks is too many; raise "
+                             "PSTRAIN_BLOCK_BYTES (example: PSTRAIN_BLOCK_BYTES=4M)", nb);
+    p->nparams = nparams;
+    p->block_bytes = block_bytes;
+    p->npservers = npservers;
+    p->ndevices = ndevices;
+    p->nblocks = (int)nb;
+    p->blocks = calloc(nb, sizeof *p->blocks);
+    p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
+    p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
+    if (!p->blocks || !p->pserver_elems || !p->device_elems) {
+        tr_plan_free(p);
+        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
+    }
+    size_t base = nparams / nb, extra = nparams % nb, off = 0;
+    for (size_t i = 0; i < nb; i++) {
+        tr_block *b = &p->blocks[i];
+        b->id = (uint32_t)i;
+        b->offset = off;
+        b->length = base + (i < extra ? 1 : 0);
+        off += b->length;
+        b->pserver = least_loaded(p->pserver_elems, npservers);
+        p->pserver_elems[b->pserver] += b->length;
+        b->owner_device = least_loaded(p->device_elems, ndevices);
+        p->device_elems[b->owner_device] += b->length;
+    }
+    return PST_OK;
+}
+
+void tr_plan_free(tr_plan *p)
+{
+    if (!p)
+        return;
+    free(p->blocks);
+    free(p->pserver_elems);
+    free(p->device_elems);
+    memset(p, 0, sizeof *p);
+}
+
+uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *c = data;
+    if (h == 0)
+        h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < len; i++) {
+        h ^= c[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h)
+{
+    uint64_t head[4] = {p->nparams, p->block_bytes, (uint64_t)p->npservers, (uint64_t)p->nblocks};
+    h = tr_fnv1a(h, head, sizeof head);
+    for (int i = 0; i < p->nblocks; i++) {
+        uint64_t b[3] = {p->blocks[i].offset, p->blocks[i].length, (uint64_t)p->blocks[i].pserver};
+        h = tr_fnv1a(h, b, sizeof b);
+    }
+    return h;
+}

@@ -1,0 +1,48 @@
+/* plan.h — the block plan: how the flat gradient buffer is cut into blocks, which pserver
+ * owns each block and which local device owns it. Computed independently and identically
+ * by every process from (nparams, block_bytes, npservers, ndevices); no communication.
+ *
+ * Cutting: nblocks = max(ceil(nparams / max_elems), min(npservers, nparams)) blocks of
+ * near-equal length (they differ by at most one element), in buffer order, so no block is
+ * larger than block_bytes and every pserver gets work when there are enough parameters.
+ * Placement: blocks in order, each to the pserver with the fewest bytes so far (ties to
+ * the lowest index); owner devices the same way. With near-equal blocks the most loaded
+ * pserver carries at most one block more than the average. */
+#ifndef TR_PLAN_H
+#define TR_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef struct tr_block {
+    uint32_t id;        /* index in the plan */
+    size_t offset;      /* first element in the flat buffer */
+    size_t length;      /* elements */
+    int pserver;        /* owning pserver, 0..npservers-1 */
+    int owner_device;   /* owning local device, 0..ndevices-1 */
+} tr_block;
+
+typedef struct tr_plan {
+    size_t nparams;
+    size_t block_bytes;
+    int npservers;
+    int ndevices;
+    int nblocks;
+    tr_block *blocks;       /* (nblocks), in buffer order */
+    size_t *pserver_elems;  /* (npservers) elements owned by each pserver */
+    size_t *device_elems;   /* (ndevices) elements owned by each device */
+} tr_plan;
+
+/* Builds the plan for f32 parameters. Errors: PST_ERR_INVALID (nparams 0, block_bytes < 4,
+ * npservers or ndevices < 1), PST_ERR_NOMEM. On error the plan is zeroed. */
+pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
+                         int ndevices);
+void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
+/* FNV-1a over the plan's numbers, continuing from `h` (start with 0). */
+uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h);
+/* FNV-1a of `len` bytes continuing from `h` (0 = fresh). */
+uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len);
+
+#endif /* TR_PLAN_H */

@@ -1,0 +1,281 @@
+/* train.c — the training loop (see train.h).
+ *
+ * DESIGN: everything the loop needs is allocated before step 0 (batch buffers, the
+ * model's activations, the per-step timing array); a step gathers this trainer's slice of
+ * the global batch, runs forward and backward with the loss scaled by 1/global_batch (so
+ * the trainers' gradients SUM to the global batch's gradient), and hands the gradient to
+ * the updater. Timing follows the PyTorch peer: step_ms covers forward+backward+update,
+ * samples/s covers the whole training loop including batch gathering, not evaluation. */
+#include "trainer/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/data.h"
+#include "common/device.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/model.h"
+#include "common/optim.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the local updater ---------------------------------------------------------------- */
+
+typedef struct local_updater {
+    pst_optim_config optim;
+    float *state; /* state_floats arrays of n floats */
+    size_t n;
+} local_updater;
+
+static pst_status local_update(void *self, long step, float *params, const float *grads,
+                               size_t n)
+{
+    local_updater *u = self;
+    pst_optim_apply(&u->optim, step + 1, params, u->state, u->n, grads, n);
+    return PST_OK;
+}
+
+static pst_status local_start(void *self, float *params, size_t n)
+{
+    local_updater *u = self;
+    (void)params;
+    size_t k = (size_t)pst_optim_state_floats(u->optim.kind);
+    free(u->state);
+    u->n = n;
+    if (k && !(u->state = calloc(k * n, sizeof(float))))
+        return pst_error_set(PST_ERR_NOMEM, "local optimizer: no memory for %zu state floats",
+                             k * n);
+    return PST_OK;
+}
+
+pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim)
+{
+    memset(out, 0, sizeof *out);
+    local_updater *u = calloc(1, sizeof *u);
+    if (!u)
+        return pst_error_set(PST_ERR_NOMEM, "local optimizer: out of memory");
+    u->optim = *optim;
+    out->self = u;
+    out->start = local_start;
+    out->update = local_update;
+    return PST_OK;
+}
+
+void tr_local_updater_free(tr_updater *upd)
+{
+    if (!upd || !upd->self)
+        return;
+    local_updater *u = upd->self;
+    free(u->state);
+    free(u);
+    upd->self = NULL;
+}
+
+/* ---- progress ------------------------------------------------------------------------- */
+
+static void progress_bar(int epoch, int epochs, int b, int nb, double loss, double sps)
+{
+    char bar[31];
+    int fill = nb ? (int)(30.0 * b / nb) : 30;
+    for (int i = 0; i < 30; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "\repoch %d/%d [%s] %d/%d loss %.4f %.0f samples/s ", epoch, epochs, bar,
+            b, nb, loss, sps);
+    fflush(stderr);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* ---- the loop ------------------------------------------------------------------------- */
+
+static double evaluate(pst_mlp *m, const pst_dataset *test, float *x, int32_t *y,
+                       uint32_t *idx)
+{
+    int correct = 0;
+    for (int start = 0; start < test->n; start += m->max_batch) {
+        int cnt = test->n - start < m->max_batch ? test->n - start : m->max_batch;
+        for (int i = 0; i < cnt; i++)
+            idx[i] = (uint32_t)(start + i);
+        pst_dataset_gather(test, idx, cnt, x, y);
+        pst_mlp_forward(m, x, y, cnt);
+        correct += pst_mlp_count_correct(m, y, cnt);
+    }
+    return test->n ? (double)correct / test->n : 0.0;
+}
+
+pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
+{
+    pst_status st;
+    pst_dataset train = {0}, test = {0};
+    pst_runtime *rt = NULL;
+    pst_mlp model = {0};
+    pst_metrics metrics = {0};
+    float *x = NULL;
+    int32_t *y = NULL;
+    uint32_t *perm = NULL, *idx = NULL;
+    double *step_ms = NULL;
+    int started = 0;
+    memset(sum, 0, sizeof *sum);
+
+    if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
+        goto error;
+    if (pst_runtime_count(rt) != 1) {
+        st = pst_error_set(PST_ERR_UNSUPPORTED,
+                           "PSTRAIN_DEVICES=%s: this trainer computes on one device per "
+                           "process for now; use PSTRAIN_DEVICES=cpu:1 and more trainers",
+                           cfg->devices);
+        goto error;
+    }
+    pst_device *dev = pst_runtime_device(rt, 0);
+    if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
+        goto error;
+    if ((st = pst_dataset_load_fashion_mnist(&train, &test, cfg->data_dir)) != PST_OK)
+        goto error;
+
+    const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
+    const int max_part = (B + T - 1) / T;
+    const int max_batch = max_part > 256 ? max_part : 256; /* evaluation uses it too */
+    pst_mlp_config mc = cfg->mlp;
+    mc.in_dim = train.dim;
+    mc.out_dim = train.nclasses > test.nclasses ? train.nclasses : test.nclasses;
+    if ((st = pst_mlp_init(&model, &mc, max_batch, dev)) != PST_OK)
+        goto error;
+    pst_mlp_init_params(&model, cfg->seed);
+
+    const int nb = pst_batches_per_epoch(train.n, B);
+    long total = (long)nb * cfg->epochs;
+    if (cfg->steps > 0 && cfg->steps < total)
+        total = cfg->steps;
+    x = malloc(sizeof(float) * (size_t)max_batch * train.dim);
+    y = malloc(sizeof(int32_t) * (size_t)max_batch);
+    perm = malloc(sizeof(uint32_t) * (size_t)train.n);
+    idx = malloc(sizeof(uint32_t) * (size_t)max_batch);
+    step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
+    if (!x || !y || !perm || !idx || !step_ms) {
+        st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for batch buffers");
+        goto error;
+    }
+
+    if (upd->start && (st = upd->start(upd->self, model.params, model.nparams)) != PST_OK)
+        goto error;
+    started = 1;
+
+    const int tty = cfg->progress == PST_PROGRESS_BAR ||
+                    (cfg->progress == PST_PROGRESS_AUTO && isatty(STDERR_FILENO));
+    const int lines = cfg->progress != PST_PROGRESS_NONE;
+    long step = 0;
+    double train_time = 0.0, last_loss = 0.0, test_acc = 0.0;
+    size_t samples = 0;
+    for (int epoch = 0; epoch < cfg->epochs && step < total; epoch++) {
+        double t_epoch = now_s(), t_bar = 0.0, loss_sum = 0.0;
+        long loss_n = 0;
+        size_t epoch_samples = 0;
+        pst_epoch_order(perm, train.n, cfg->seed, epoch);
+        for (int b = 0; b < nb && step < total; b++, step++) {
+            pst_log_set_step(step);
+            int start = b * B, len = train.n - start < B ? train.n - start : B, lo, hi;
+            pst_batch_part(len, rank, T, &lo, &hi);
+            int cnt = hi - lo;
+            pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
+            double t0 = now_s();
+            if (cnt > 0) {
+                loss_sum += pst_mlp_forward(&model, x, y, cnt);
+                pst_mlp_backward(&model, x, y, cnt, 1.0f / (float)len, 0, NULL, NULL);
+            } else {
+                memset(model.grads, 0, sizeof(float) * model.nparams);
+            }
+            loss_n += cnt;
+            if ((st = upd->update(upd->self, step, model.params, model.grads,
+                                  model.nparams)) != PST_OK)
+                goto error;
+            double t1 = now_s();
+            step_ms[step] = 1e3 * (t1 - t0);
+            epoch_samples += (size_t)len;
+            pst_metrics_write(&metrics, "step", "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f",
+                              step, epoch + 1, cnt ? loss_sum / (double)loss_n : 0.0,
+                              step_ms[step]);
+            if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
+                t_bar = t1;
+                progress_bar(epoch + 1, cfg->epochs, b + 1, nb,
+                             loss_n ? loss_sum / (double)loss_n : 0.0,
+                             (double)epoch_samples / (t1 - t_epoch));
+            }
+        }
+        double dt = now_s() - t_epoch;
+        train_time += dt;
+        samples += epoch_samples;
+        last_loss = loss_n ? loss_sum / (double)loss_n : 0.0;
+        test_acc = evaluate(&model, &test, x, y, idx);
+        if (tty)
+            fputc('\n', stderr);
+        if (lines)
+            PST_INFO("epoch %d/%d: train_loss %.4f test_acc %.4f %.0f samples/s", epoch + 1,
+                     cfg->epochs, last_loss, test_acc, (double)epoch_samples / dt);
+        pst_metrics_write(&metrics, "epoch",
+                          "\"epoch\":%d,\"train_loss\":%.6f,\"test_acc\":%.4f,\"samples_per_s\":%.1f",
+                          epoch + 1, last_loss, test_acc, (double)epoch_samples / dt);
+    }
+    pst_log_set_step(-1);
+
+    double l2 = 0.0;
+    for (size_t i = 0; i < model.nparams; i++)
+        l2 += (double)model.params[i] * (double)model.params[i];
+    qsort(step_ms, (size_t)step, sizeof(double), cmp_double);
+    sum->test_acc = test_acc;
+    sum->train_loss = last_loss;
+    sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
+    sum->step_ms_median = step ? (step % 2 ? step_ms[step / 2]
+                                          : 0.5 * (step_ms[step / 2 - 1] + step_ms[step / 2]))
+                               : 0.0;
+    sum->steps = step;
+    sum->params = model.nparams;
+    sum->param_l2 = sqrt(l2);
+    sum->peak_bytes = pst_device_peak_bytes(dev);
+    st = PST_OK;
+    if (upd->finish)
+        st = upd->finish(upd->self);
+    started = 0;
+error:
+    if (started && upd->finish) {
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        upd->finish(upd->self);
+        pst_error_set(st, "%s", keep);
+    }
+    pst_metrics_close(&metrics);
+    free(x);
+    free(y);
+    free(perm);
+    free(idx);
+    free(step_ms);
+    pst_mlp_free(&model);
+    pst_dataset_free(&train);
+    pst_dataset_free(&test);
+    pst_runtime_free(rt);
+    return st;
+}
+
+void tr_summary_print(FILE *out, const tr_summary *s)
+{
+    fprintf(out,
+            "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
+            "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
+            "\"param_l2\":%.9g,\"peak_bytes_per_device\":[%zu]}\n",
+            s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
+            s->params, s->param_l2, s->peak_bytes);
+    fflush(out);
+}

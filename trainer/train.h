@@ -1,0 +1,50 @@
+/* train.h — the trainer's training loop, shared by local and distributed training.
+ *
+ * The loop owns the data, the model and the progress/metrics output; what turns a
+ * gradient into new parameters is an updater: local mode applies the optimizer in this
+ * process, distributed mode pushes gradient blocks to the pservers and pulls the new
+ * values. Either way the model's flat `params` holds the new values when update returns. */
+#ifndef TR_TRAIN_H
+#define TR_TRAIN_H
+
+#include <stddef.h>
+
+#include "common/config.h"
+#include "common/error.h"
+
+typedef struct tr_updater {
+    void *self;
+    /* Turns grads (n floats, the gradient of the global batch's mean loss, or this
+     * trainer's share of it) into new params for 0-based `step`. */
+    pst_status (*update)(void *self, long step, float *params, const float *grads, size_t n);
+    /* Called once before step 0 with the initial params (trainer 0's values are the
+     * cluster's; others may receive them). May be NULL. */
+    pst_status (*start)(void *self, float *params, size_t n);
+    /* Called once after the last step, on success and failure alike. May be NULL. */
+    pst_status (*finish)(void *self);
+} tr_updater;
+
+typedef struct tr_summary {
+    double test_acc;
+    double train_loss;     /* mean loss of this trainer's examples in the last epoch run */
+    double samples_per_s;  /* global-batch samples per second of training wall time */
+    double step_ms_median; /* forward + backward + update */
+    long steps;
+    size_t params;
+    double param_l2;
+    size_t peak_bytes;     /* device 0 */
+} tr_summary;
+
+/* The local optimizer as an updater (the same optimizer code the pserver runs); its state
+ * is allocated at start. `*out` is freed with tr_local_updater_free. Errors: PST_ERR_NOMEM. */
+pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim);
+void tr_local_updater_free(tr_updater *u);
+
+/* Runs the training the config describes, through `upd`. Prints progress on stderr and
+ * fills *sum. Errors: data, allocation or updater failures, with their detail. */
+pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum);
+
+/* One JSON line: {"event":"summary",...}. */
+void tr_summary_print(FILE *out, const tr_summary *s);
+
+#endif /* TR_TRAIN_H */
