@@ -10,11 +10,20 @@
  *              p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
  *   AdamW:     p *= 1 - lr*wd; then Adam with g' = g.
  * t is the 1-based update count. lr is the schedule's value at update t (pst_lr_at).
+ * The g' = g + wd*p term is skipped when wd == 0, as PyTorch does.
+ *
+ * Arithmetic is float per element, in PyTorch's order (its single-tensor CPU path), so
+ * results match torch.optim to float rounding: Adam computes
+ *   step = (float)(lr / (1 - b1^t)), c2 = (float)sqrt(1 - b2^t)    (double, once per call)
+ *   p = p - step * (m / (sqrt(v) / c2 + eps)),
+ * with v updated as b2*v + ((1-b2)*g')*g', and 1-b1, 1-b2, 1-lr*wd rounded to float from
+ * double. Elementwise results do not depend on how a buffer is split into calls.
+ *
  * Optimizer state is `pst_optim_state_floats(kind)` arrays ([buf] or [m, v]), each
  * parallel to the parameters, zero-initialized by the caller; array k of a call starts at
  * state + k*state_stride, so a sub-range [off, off+n) of a buffer of N parameters is
  * updated with (param+off, state+off, stride N, grad+off, n). Thread safe (no shared
- * state); calls on disjoint ranges may run concurrently. */
+ * state); calls on disjoint ranges may run concurrently. Nothing here allocates. */
 #ifndef PST_OPTIM_H
 #define PST_OPTIM_H
 
@@ -30,7 +39,8 @@ typedef enum pst_optim_kind {
 
 typedef enum pst_lr_schedule {
     PST_LR_CONSTANT = 0,
-    PST_LR_WARMUP_COSINE, /* linear warmup from 0 over warmup_steps, then cosine to min_lr */
+    PST_LR_WARMUP_COSINE, /* linear warmup from 0 over warmup_steps, then cosine to min_lr
+                           * (exact definition at pst_lr_at) */
     PST_LR_SCHEDULE_COUNT_
 } pst_lr_schedule;
 
@@ -47,19 +57,33 @@ typedef struct pst_optim_config {
     float min_lr;
 } pst_optim_config;
 
-/* lr 0.01, momentum 0.9, betas 0.9/0.999, eps 1e-8, wd 0, constant schedule. */
+/* SGD, lr 0.01, momentum 0.9, betas 0.9/0.999, eps 1e-8, wd 0, constant schedule,
+ * warmup_steps 0, total_steps 0, min_lr 0. */
 void pst_optim_defaults(pst_optim_config *cfg);
-/* "sgd", "momentum", "adam", "adamw" <-> kind; parse returns 0 / -1. */
+/* "sgd", "momentum", "adam", "adamw" <-> kind. Names are static strings, never NULL
+ * ("unknown" outside the enum). Parse is exact and case-sensitive; it returns 0, or -1 for
+ * NULL or an unknown name and then leaves *out unchanged. Same for schedules. */
 const char *pst_optim_kind_name(pst_optim_kind k);
 int pst_optim_kind_parse(const char *s, pst_optim_kind *out);
 const char *pst_lr_schedule_name(pst_lr_schedule s);
 int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out); /* "constant", "warmup_cosine" */
-/* 0 for SGD, 1 for momentum, 2 for Adam/AdamW. */
+/* 0 for SGD, 1 for momentum, 2 for Adam/AdamW; -1 outside the enum. */
 int pst_optim_state_floats(pst_optim_kind k);
-/* Learning rate for 1-based update t. */
+/* Learning rate for 1-based update t, computed in double and returned as float.
+ * Constant (and any schedule outside the enum): lr. Warmup_cosine, with t = max(t, 0),
+ * W = max(warmup_steps, 0), T = total_steps, the first matching line:
+ *   W > 0 and t <= W:  lr * t / W                 (lr/W at t = 1, lr at t = W)
+ *   t >= T:            min_lr                     (reached at T, and stays)
+ *   otherwise:         min_lr + (lr - min_lr) * (1 + cos(pi * (t - W) / (T - W))) / 2
+ * The pieces are continuous: the cosine starts at lr at t = W (so without warmup it starts
+ * at lr) and reaches min_lr at t = T. With T <= W the rate drops to min_lr after warmup. */
 float pst_lr_at(const pst_optim_config *cfg, long t);
 /* Applies update t (1-based) to param[0..n) with grad[0..n) and the state arrays at
- * state + k*state_stride (layout above; state may be NULL for SGD). grad is read only. */
+ * state + k*state_stride (layout above; state may be NULL for SGD). grad is read only;
+ * param, grad and the state arrays must not overlap (so state_stride >= n for Adam and
+ * AdamW). Cannot fail for a valid config; a config the
+ * caller should have rejected (kind outside the enum, t < 1, NULL state for a kind with
+ * state) leaves everything unchanged. */
 void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
                      size_t state_stride, const float *grad, size_t n);
 
