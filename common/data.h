@@ -11,8 +11,9 @@
  *   trainer r of T takes the contiguous slice pst_batch_part(len, r, T) of each global
  *   batch, so the T slices, concatenated in trainer order, are the global batch.
  * Errors: PST_ERR_NOT_FOUND (missing file), PST_ERR_FORMAT (wrong magic, truncated,
- * dimension mismatch between images and labels), PST_ERR_IO, PST_ERR_NOMEM; the detail
- * names the file and the problem in one line. */
+ * dimension mismatch between images and labels), PST_ERR_IO (unreadable, a directory),
+ * PST_ERR_NOMEM, PST_ERR_INVALID (empty or over-long name); the detail names the file
+ * and the problem in one line. */
 #ifndef PST_DATA_H
 #define PST_DATA_H
 
@@ -29,24 +30,36 @@ typedef struct pst_dataset {
     uint8_t *y;     /* (n) labels */
 } pst_dataset;
 
-/* Loads an IDX image file (magic 0x00000803) and label file (0x00000801). `path` may name
- * the file with or without ".gz"; both are tried. Caller frees with pst_dataset_free. */
+/* Loads an IDX image file (magic 0x00000803) and label file (0x00000801). Each name is
+ * tried as given, then with ".gz" appended, then with a trailing ".gz" removed; gzipped
+ * and plain files are both read. The files must match their headers exactly (no missing
+ * or extra bytes, a complete gzip stream) and hold the same number of examples; labels
+ * may be any byte (nclasses = 1 + the largest). *ds is overwritten (not freed) on entry;
+ * on success the caller frees it with pst_dataset_free, on error it is left zeroed. */
 pst_status pst_dataset_load_idx(pst_dataset *ds, const char *images_path,
                                 const char *labels_path);
-/* Loads dir/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]. */
+/* Loads dir/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (Fashion-MNIST or MNIST).
+ * The test split must have the training split's dim and no label beyond its classes.
+ * Both outputs are overwritten on entry and left zeroed on error; dir NULL or "" is
+ * PST_ERR_INVALID. */
 pst_status pst_dataset_load_fashion_mnist(pst_dataset *train, pst_dataset *test,
                                           const char *dir);
 void pst_dataset_free(pst_dataset *ds); /* accepts a zeroed or half-built one */
 
-/* Number of global batches per epoch: ceil(n / batch). */
+/* Number of global batches per epoch: ceil(n / batch); 0 when n <= 0 or batch <= 0. */
 int pst_batches_per_epoch(int n, int batch);
 /* Writes epoch `epoch`'s permutation of [0, n) into perm (n entries). Deterministic
- * function of (seed, epoch, n). */
+ * function of (seed, epoch, n): Fisher-Yates (from the last position down) drawing from
+ * pst_rng seeded with pst_rng_seed(&r, seed, 1000 + epoch). Does nothing when n <= 0. */
 void pst_epoch_order(uint32_t *perm, int n, uint64_t seed, int epoch);
 /* The slice [*lo, *hi) of a global batch of `len` rows that part `rank` of `nparts` takes:
- * contiguous, in rank order, sizes differ by at most one (lower ranks get the extra). */
+ * contiguous, in rank order, sizes differ by at most one (lower ranks get the extra).
+ * With more parts than rows the last parts are empty. Invalid arguments give [0, 0). */
 void pst_batch_part(int len, int rank, int nparts, int *lo, int *hi);
-/* Gathers rows idx[0..count) into x (count, dim) as float in [0, 1] and y (count). */
+/* Gathers rows idx[0..count) into x (count, dim) as float pixel / 255.0f in [0, 1] and y
+ * (count), which may be NULL. Every idx[i] must be < ds->n; a row outside the data set
+ * (a caller bug) is written as zeros with label -1 rather than read out of bounds.
+ * Allocates nothing; thread safe for distinct outputs. */
 void pst_dataset_gather(const pst_dataset *ds, const uint32_t *idx, int count, float *x,
                         int32_t *y);
 
