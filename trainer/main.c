@@ -3,11 +3,14 @@
  * (an unreachable pserver, out of memory). */
 #include <cblas.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "trainer/blas_core.h"
+#include "trainer/remote.h"
 #include "trainer/train.h"
 
 static const char *env_lookup(const char *name)
@@ -32,6 +35,12 @@ static int exit_code(pst_status st)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--blas-core") == 0) {
+        const char *core = getenv("OPENBLAS_CORETYPE");
+        puts(core ? core : (tr_blas_core_pick() ? tr_blas_core_pick() : ""));
+        return 0;
+    }
+    tr_blas_core_reexec(argv);
     pst_config cfg;
     pst_status st = pst_config_load(&cfg, PST_ROLE_TRAINER, argc, argv, env_lookup);
     if (st != PST_OK) {
@@ -51,13 +60,18 @@ int main(int argc, char **argv)
     openblas_set_num_threads(threads > 0 ? threads : 1);
 
     tr_updater upd;
-    if ((st = tr_local_updater_init(&upd, &cfg.optim)) != PST_OK) {
+    st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
+                          : tr_local_updater_init(&upd, &cfg.optim);
+    if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);
     }
     tr_summary sum;
     st = tr_train(&cfg, &upd, &sum);
-    tr_local_updater_free(&upd);
+    if (cfg.num_pservers)
+        tr_remote_updater_free(&upd);
+    else
+        tr_local_updater_free(&upd);
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

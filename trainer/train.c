@@ -117,8 +117,70 @@ static double evaluate(pst_mlp *m, const pst_dataset *test, float *x, int32_t *y
     return test->n ? (double)correct / test->n : 0.0;
 }
 
+/* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
+ * trainer (small values that depend on the index and the trainer id). It measures the
+ * communication of the real programs. */
+static pst_status train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
+{
+    pst_status st = PST_OK;
+    size_t n = (size_t)cfg->params;
+    long total = cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
+    float *params = malloc(sizeof(float) * n), *grads = malloc(sizeof(float) * n);
+    double *step_ms = malloc(sizeof(double) * (size_t)total);
+    int started = 0;
+    if (!params || !grads || !step_ms) {
+        st = pst_error_set(PST_ERR_NOMEM, "--params %zu: out of memory", n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        params[i] = 0.0f;
+        grads[i] = (float)((i * 2654435761u + 977u * (unsigned)cfg->trainer_id) % 1000u) * 1e-6f;
+    }
+    if (upd->start && (st = upd->start(upd->self, params, n)) != PST_OK)
+        goto out;
+    started = 1;
+    double t_start = now_s();
+    for (long step = 0; step < total; step++) {
+        pst_log_set_step(step);
+        double t0 = now_s();
+        if ((st = upd->update(upd->self, step, params, grads, n)) != PST_OK)
+            goto out;
+        step_ms[step] = 1e3 * (now_s() - t0);
+    }
+    double dt = now_s() - t_start;
+    pst_log_set_step(-1);
+    double l2 = 0.0;
+    for (size_t i = 0; i < n; i++)
+        l2 += (double)params[i] * (double)params[i];
+    qsort(step_ms, (size_t)total, sizeof(double), cmp_double);
+    memset(sum, 0, sizeof *sum);
+    sum->samples_per_s = dt > 0 ? (double)total * cfg->batch / dt : 0.0;
+    sum->step_ms_median = total % 2 ? step_ms[total / 2]
+                                    : 0.5 * (step_ms[total / 2 - 1] + step_ms[total / 2]);
+    sum->steps = total;
+    sum->params = n;
+    sum->param_l2 = sqrt(l2);
+    sum->peak_bytes = 2 * n * sizeof(float);
+    started = 0;
+    if (upd->finish)
+        st = upd->finish(upd->self);
+out:
+    if (started && upd->finish) {
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        upd->finish(upd->self);
+        pst_error_set(st, "%s", keep);
+    }
+    free(params);
+    free(grads);
+    free(step_ms);
+    return st;
+}
+
 pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 {
+    if (strcmp(cfg->model, "synthetic") == 0)
+        return train_synthetic(cfg, upd, sum);
     pst_status st;
     pst_dataset train = {0}, test = {0};
     pst_runtime *rt = NULL;

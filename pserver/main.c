@@ -1,0 +1,83 @@
+/* main.c — the `pserver` program: serves its parameter blocks until every trainer has
+ * finished (exit 0) or it gets SIGINT/SIGTERM (exit 0 after a clean shutdown).
+ * First stdout line: {"event":"listening","port":N} (pslaunch reads it; port 0 in the
+ * configuration picks a free port). Exit 2 for bad configuration, 1 when it cannot
+ * listen. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "pserver/service.h"
+#include "rpc/global.h"
+#include "rpc/server.h"
+
+static volatile int stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static const char *env_lookup(const char *name)
+{
+    return getenv(name);
+}
+
+int main(int argc, char **argv)
+{
+    pst_config cfg;
+    if (pst_config_load(&cfg, PST_ROLE_PSERVER, argc, argv, env_lookup) != PST_OK) {
+        fprintf(stderr, "pserver: %s\n", pst_error_detail());
+        return 2;
+    }
+    if (cfg.help) {
+        pst_config_print_help(stdout, PST_ROLE_PSERVER, "pserver");
+        return 0;
+    }
+    if (cfg.check_config) {
+        pst_config_print(stdout, &cfg);
+        return 0;
+    }
+    pst_log_init(cfg.log_level, "pserver", cfg.pserver_id);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rpc_global_init();
+    ps_service *svc = NULL;
+    rpc_server *srv = NULL;
+    int rc = 0;
+    char bind[PST_ADDR_MAX + 16];
+    snprintf(bind, sizeof bind, "%s:%d", cfg.bind_host, cfg.port);
+    if (ps_service_init(&svc) != PST_OK) {
+        fprintf(stderr, "pserver: %s\n", pst_error_detail());
+        rc = 1;
+        goto out;
+    }
+    rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
+                            .handler = ps_service_handle, .handler_arg = svc};
+    if (rpc_server_init(&srv, &sc) != PST_OK) {
+        fprintf(stderr, "pserver: %s\n", pst_error_detail());
+        rc = 1;
+        goto out;
+    }
+    printf("{\"event\":\"listening\",\"port\":%d}\n", rpc_server_port(srv));
+    fflush(stdout);
+    PST_INFO("listening on %s:%d with %d threads", cfg.bind_host, rpc_server_port(srv),
+             cfg.server_threads);
+    if (ps_service_wait(svc, &stop_flag))
+        PST_INFO("every trainer finished; shutting down");
+    else
+        PST_INFO("stopping on signal");
+    ps_service_cancel(svc);
+    rpc_server_shutdown(srv, 1);
+out:
+    rpc_server_free(srv);
+    ps_service_free(svc);
+    rpc_global_shutdown();
+    return rc;
+}

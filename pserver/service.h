@@ -1,0 +1,30 @@
+/* service.h — the pserver's RPC service: the meaning of Init, Push, Pull and Finish on
+ * top of the block store (store.h) and the gRPC server (rpc/server.h).
+ *
+ * Init: trainer 0's Init creates the store from its block list, optimizer settings and
+ * initial values (payload); an Init from another trainer waits for trainer 0's and is then
+ * accepted only when its fingerprint (plan + settings) equals trainer 0's, otherwise it
+ * fails with PST_ERR_MISMATCH. A repeated Init with the same fingerprint is answered with
+ * the current version (a client retry). Push and Pull go to the store; before Init they
+ * fail with PST_ERR_STATE. Finish marks a trainer done; once all have finished the service
+ * reports done and main() shuts the server down. Every bad request gets an error status;
+ * the service keeps serving. */
+#ifndef PS_SERVICE_H
+#define PS_SERVICE_H
+
+#include "common/error.h"
+#include "rpc/server.h"
+
+typedef struct ps_service ps_service;
+
+pst_status ps_service_init(ps_service **out);
+/* The rpc_server handler; `arg` is the ps_service. */
+void ps_service_handle(void *arg, rpc_call *call);
+/* Blocks until every trainer has finished or `stop` becomes non-zero (checked every
+ * 100 ms). Returns 1 when the trainers finished, 0 when stopped. */
+int ps_service_wait(ps_service *svc, volatile int *stop);
+/* Fails the pulls and inits still waiting (server shutting down). */
+void ps_service_cancel(ps_service *svc);
+void ps_service_free(ps_service *svc); /* after the server is shut down; accepts NULL */
+
+#endif /* PS_SERVICE_H */
