@@ -1,0 +1,549 @@
+/* store.c — the pserver's block store (see store.h for the contract and the update rule).
+ *
+ * DESIGN. The store is an array of blocks plus a table from global block id to index,
+ * sorted by id and searched by bisection; both are fixed after init and read without a
+ * lock. Each block owns one allocation laid out as
+ *   values (length) | state (nstate, length) | recv (nrecv, length)
+ * with nrecv = num_trainers in sync mode (trainer t's gradient for the current step is row
+ * t) and 1 in async mode (scratch for the gradient being applied). The block's mutex guards
+ * everything else in the block: version, the per-trainer flags, the waiter list and the
+ * values (a pull's fn reads them under it). Blocks are aligned to a cache line so the locks
+ * of neighbouring blocks do not share one. */
+#include "pserver/store.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PS_CACHE_LINE 64
+
+typedef struct ps_block {
+    _Alignas(PS_CACHE_LINE) pthread_mutex_t mu;
+    int mu_ok;             /* mu was initialized (free of a half-built store) */
+    uint32_t id;
+    uint64_t offset;
+    uint64_t length;
+    int64_t version;       /* updates applied */
+    float *values;         /* (length) fp32 master values */
+    float *state;          /* (nstate, length) optimizer state, NULL for SGD */
+    float *recv;           /* sync: (num_trainers, length); async: (length) */
+    uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
+    int npushed;           /* sync: how many flags are set */
+    int64_t *last_step;    /* async: (num_trainers) last step applied, -1 for none */
+    ps_pull_waiter *head;  /* queued pulls, FIFO */
+    ps_pull_waiter *tail;
+    pst_status closed;     /* != PST_OK once ps_store_cancel_waiters has run */
+} ps_block;
+
+typedef struct ps_block_index {
+    uint32_t id;
+    int index;
+} ps_block_index;
+
+struct ps_store {
+    ps_mode mode;
+    int num_trainers;
+    int nstate;            /* pst_optim_state_floats(optim.kind) */
+    pst_optim_config optim;
+    int nblocks;
+    ps_block *blocks;      /* (nblocks) in the configured order */
+    ps_block_index *by_id; /* (nblocks) sorted by id */
+    uint64_t total_length;
+};
+
+/* ---- helpers ---- */
+
+static int cmp_index_id(const void *a, const void *b)
+{
+    uint32_t x = ((const ps_block_index *)a)->id, y = ((const ps_block_index *)b)->id;
+    return (x > y) - (x < y);
+}
+
+static int cmp_spec_offset(const void *a, const void *b)
+{
+    uint64_t x = (*(const ps_block_spec *const *)a)->offset;
+    uint64_t y = (*(const ps_block_spec *const *)b)->offset;
+    return (x > y) - (x < y);
+}
+
+static ps_block *find_block(const ps_store *st, uint32_t id)
+{
+    int lo = 0, hi = st->nblocks;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (st->by_id[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < st->nblocks && st->by_id[lo].id == id)
+        return &st->blocks[st->by_id[lo].index];
+    return NULL;
+}
+
+/* Index of the first NaN or infinity in g[0..n), or n when all are finite. The bit test
+ * (exponent all ones) vectorizes; the position is only looked for on failure. */
+static uint64_t find_nonfinite(const float *g, uint64_t n)
+{
+    uint32_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &g[i], sizeof u);
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (!bad)
+        return n;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &g[i], sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            return i;
+    }
+    return n;
+}
+
+static const char *nonfinite_name(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if (u & 0x007fffffu)
+        return "nan";
+    return (u & 0x80000000u) ? "-inf" : "inf";
+}
+
+static void waiter_unlink(ps_block *b, ps_pull_waiter *w)
+{
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        b->head = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    else
+        b->tail = w->prev;
+    w->next = w->prev = NULL;
+    w->queued = 0;
+}
+
+static void waiter_append(ps_block *b, ps_pull_waiter *w)
+{
+    w->next = NULL;
+    w->prev = b->tail;
+    if (b->tail)
+        b->tail->next = w;
+    else
+        b->head = w;
+    b->tail = w;
+    w->queued = 1;
+}
+
+/* Answers, in queue order, every waiter whose wanted version now exists. Block lock held.
+ * A waiter is unlinked before its fn runs and not touched afterwards (fn may free it). */
+static void answer_waiters(ps_block *b)
+{
+    ps_pull_waiter *w = b->head;
+    while (w) {
+        ps_pull_waiter *next = w->next;
+        if (w->want_version <= b->version) {
+            ps_pull_fn fn = w->fn;
+            void *arg = w->arg;
+            waiter_unlink(b, w);
+            fn(arg, PST_OK, b->values, b->length, b->version);
+        }
+        w = next;
+    }
+}
+
+/* One optimizer update with gradient g; bumps the version and answers waiters. */
+static void apply_update(const ps_store *st, ps_block *b, const float *g)
+{
+    pst_optim_apply(&st->optim, (long)(b->version + 1), b->values, b->state,
+                    (size_t)b->length, g, (size_t)b->length);
+    b->version++;
+    answer_waiters(b);
+}
+
+/* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
+ * (acc = buf[0]; acc += buf[1]; ...), applies it and clears the flags. */
+static void complete_sync_step(const ps_store *st, ps_block *b)
+{
+    uint64_t n = b->length;
+    float *acc = b->recv;
+    for (int t = 1; t < st->num_trainers; t++) {
+        const float *src = b->recv + (uint64_t)t * n;
+        for (uint64_t i = 0; i < n; i++)
+            acc[i] += src[i];
+    }
+    memset(b->pushed, 0, (size_t)st->num_trainers);
+    b->npushed = 0;
+    apply_update(st, b, acc);
+}
+
+/* ---- config validation ---- */
+
+static pst_status validate_config(const ps_store_config *cfg)
+{
+    if (cfg->mode != PS_MODE_SYNC && cfg->mode != PS_MODE_ASYNC)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: unknown mode %d (want sync or async)",
+                             (int)cfg->mode);
+    if (cfg->num_trainers < 1)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: num_trainers %d, want >= 1",
+                             cfg->num_trainers);
+    if ((unsigned)cfg->optim.kind >= PST_OPTIM_KIND_COUNT_)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: unknown optimizer kind %d",
+                             (int)cfg->optim.kind);
+    if ((unsigned)cfg->optim.schedule >= PST_LR_SCHEDULE_COUNT_)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: unknown lr schedule %d",
+                             (int)cfg->optim.schedule);
+    if (cfg->nblocks < 0)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: nblocks %d, want >= 0",
+                             cfg->nblocks);
+    if (cfg->nblocks > 0 && !cfg->blocks)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: %d blocks but no block list",
+                             cfg->nblocks);
+    for (int i = 0; i < cfg->nblocks; i++) {
+        const ps_block_spec *s = &cfg->blocks[i];
+        if (s->length == 0)
+            return pst_error_set(PST_ERR_INVALID, "pserver store: block %u has length 0",
+                                 (unsigned)s->id);
+        if (s->offset > UINT64_MAX - s->length)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "pserver store: block %u: offset %llu + length %llu overflows",
+                                 (unsigned)s->id, (unsigned long long)s->offset,
+                                 (unsigned long long)s->length);
+    }
+    return PST_OK;
+}
+
+/* Checks that the ranges [offset, offset+length) are disjoint; `order` is scratch. */
+static pst_status check_disjoint(const ps_block_spec *blocks, int n,
+                                 const ps_block_spec **order)
+{
+    for (int i = 0; i < n; i++)
+        order[i] = &blocks[i];
+    qsort(order, (size_t)n, sizeof *order, cmp_spec_offset);
+    for (int i = 1; i < n; i++) {
+        const ps_block_spec *a = order[i - 1], *b = order[i];
+        if (a->offset + a->length > b->offset)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "pserver store: blocks %u [%llu, %llu) and %u [%llu, %llu) "
+                                 "overlap",
+                                 (unsigned)a->id, (unsigned long long)a->offset,
+                                 (unsigned long long)(a->offset + a->length), (unsigned)b->id,
+                                 (unsigned long long)b->offset,
+                                 (unsigned long long)(b->offset + b->length));
+    }
+    return PST_OK;
+}
+
+/* ---- public API ---- */
+
+pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float *initial)
+{
+    if (!out)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: NULL out pointer");
+    *out = NULL;
+    if (!cfg)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: NULL config");
+    PST_TRY(validate_config(cfg));
+
+    pst_status rc = PST_OK;
+    const ps_block_spec **order = NULL;
+    ps_store *st = calloc(1, sizeof *st);
+    if (!st)
+        return pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
+    st->mode = cfg->mode;
+    st->num_trainers = cfg->num_trainers;
+    st->optim = cfg->optim;
+    st->nstate = pst_optim_state_floats(cfg->optim.kind);
+    int n = cfg->nblocks;
+
+    if (n > 0) {
+        st->by_id = calloc((size_t)n, sizeof *st->by_id);
+        order = calloc((size_t)n, sizeof *order);
+        /* aligned_alloc wants a size that is a multiple of the alignment; sizeof(ps_block)
+         * is one because of its _Alignas member. */
+        st->blocks = aligned_alloc(_Alignof(ps_block), (size_t)n * sizeof *st->blocks);
+        if (!st->by_id || !order || !st->blocks) {
+            free(st->blocks);
+            st->blocks = NULL;
+            rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory for %d blocks", n);
+            goto error;
+        }
+        memset(st->blocks, 0, (size_t)n * sizeof *st->blocks);
+        st->nblocks = n;
+    }
+
+    if (n > 0) {
+        for (int i = 0; i < n; i++) {
+            st->by_id[i].id = cfg->blocks[i].id;
+            st->by_id[i].index = i;
+        }
+        qsort(st->by_id, (size_t)n, sizeof *st->by_id, cmp_index_id);
+        for (int i = 1; i < n; i++) {
+            if (st->by_id[i].id == st->by_id[i - 1].id) {
+                rc = pst_error_set(PST_ERR_INVALID, "pserver store: block id %u listed twice",
+                                   (unsigned)st->by_id[i].id);
+                goto error;
+            }
+        }
+        rc = check_disjoint(cfg->blocks, n, order);
+        if (rc != PST_OK)
+            goto error;
+    }
+
+    int nrecv = cfg->mode == PS_MODE_SYNC ? cfg->num_trainers : 1;
+    uint64_t rows = 1 + (uint64_t)st->nstate + (uint64_t)nrecv;
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const ps_block_spec *s = &cfg->blocks[i];
+        ps_block *b = &st->blocks[i];
+        b->id = s->id;
+        b->offset = s->offset;
+        b->length = s->length;
+        b->closed = PST_OK;
+        if (s->length > SIZE_MAX / sizeof(float) / rows) {
+            rc = pst_error_set(PST_ERR_INVALID,
+                               "pserver store: block %u of %llu elements is too large",
+                               (unsigned)s->id, (unsigned long long)s->length);
+            goto error;
+        }
+        b->values = calloc((size_t)(rows * s->length), sizeof(float));
+        if (!b->values) {
+            rc = pst_error_set(PST_ERR_NOMEM,
+                               "pserver store: out of memory for block %u (%llu elements)",
+                               (unsigned)s->id, (unsigned long long)s->length);
+            goto error;
+        }
+        b->state = st->nstate > 0 ? b->values + s->length : NULL;
+        b->recv = b->values + (1 + (uint64_t)st->nstate) * s->length;
+        if (cfg->mode == PS_MODE_SYNC) {
+            b->pushed = calloc((size_t)cfg->num_trainers, 1);
+            if (!b->pushed) {
+                rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
+                goto error;
+            }
+        } else {
+            b->last_step = malloc((size_t)cfg->num_trainers * sizeof *b->last_step);
+            if (!b->last_step) {
+                rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
+                goto error;
+            }
+            for (int t = 0; t < cfg->num_trainers; t++)
+                b->last_step[t] = -1;
+        }
+        if (initial)
+            memcpy(b->values, initial + off, (size_t)s->length * sizeof(float));
+        off += s->length;
+        if (pthread_mutex_init(&b->mu, NULL) != 0) {
+            rc = pst_error_set(PST_ERR_INTERNAL, "pserver store: pthread_mutex_init failed");
+            goto error;
+        }
+        b->mu_ok = 1;
+    }
+    st->total_length = off;
+    free(order);
+    *out = st;
+    return PST_OK;
+
+error:
+    free(order);
+    ps_store_free(st);
+    return rc;
+}
+
+void ps_store_free(ps_store *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        if (b->mu_ok)
+            pthread_mutex_destroy(&b->mu);
+        free(b->values);
+        free(b->pushed);
+        free(b->last_step);
+    }
+    free(st->blocks);
+    free(st->by_id);
+    free(st);
+}
+
+pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                         uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
+{
+    if (duplicate)
+        *duplicate = 0;
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return pst_error_set(PST_ERR_NOT_FOUND, "push: block %u is not on this pserver",
+                             (unsigned)block);
+    if (length != b->length)
+        return pst_error_set(PST_ERR_INVALID,
+                             "push: block %u has %llu elements, the push carries %llu",
+                             (unsigned)block, (unsigned long long)b->length,
+                             (unsigned long long)length);
+    if (trainer >= (uint32_t)st->num_trainers)
+        return pst_error_set(PST_ERR_INVALID, "push: trainer id %u out of range (%d trainers)",
+                             (unsigned)trainer, st->num_trainers);
+    if (step < 0)
+        return pst_error_set(PST_ERR_INVALID, "push: negative step %lld for block %u",
+                             (long long)step, (unsigned)block);
+    if (!fill)
+        return pst_error_set(PST_ERR_INVALID, "push: no fill function");
+
+    pst_status rc = PST_OK;
+    pthread_mutex_lock(&b->mu);
+    float *dst;
+    if (st->mode == PS_MODE_SYNC) {
+        if (step > b->version) {
+            rc = pst_error_set(PST_ERR_INVALID, "step %lld is ahead of block %u's version %lld",
+                               (long long)step, (unsigned)block, (long long)b->version);
+            goto out;
+        }
+        if (step < b->version || b->pushed[trainer]) {
+            if (duplicate)
+                *duplicate = 1;
+            goto out;
+        }
+        dst = b->recv + (uint64_t)trainer * b->length;
+    } else {
+        if (step <= b->last_step[trainer]) {
+            if (duplicate)
+                *duplicate = 1;
+            goto out;
+        }
+        dst = b->recv;
+    }
+
+    /* The destination is a buffer no one else reads until this push is accepted below, so
+     * a failed fill or a rejected gradient leaves the store as it was. */
+    rc = fill(fill_arg, dst, b->length);
+    if (rc != PST_OK)
+        goto out;
+    uint64_t bad = find_nonfinite(dst, b->length);
+    if (bad < b->length) {
+        rc = pst_error_set(PST_ERR_INVALID,
+                           "push: gradient of block %u from trainer %u, step %lld has %s at "
+                           "element %llu; discarded",
+                           (unsigned)block, (unsigned)trainer, (long long)step,
+                           nonfinite_name(dst[bad]), (unsigned long long)bad);
+        goto out;
+    }
+
+    if (st->mode == PS_MODE_SYNC) {
+        b->pushed[trainer] = 1;
+        if (++b->npushed == st->num_trainers)
+            complete_sync_step(st, b);
+    } else {
+        b->last_step[trainer] = step;
+        apply_update(st, b, dst);
+    }
+
+out:
+    pthread_mutex_unlock(&b->mu);
+    return rc;
+}
+
+pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,
+                         ps_pull_waiter *w, ps_pull_fn fn, void *arg)
+{
+    if (!w || !fn)
+        return pst_error_set(PST_ERR_INVALID, "pull: NULL waiter or answer function");
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return pst_error_set(PST_ERR_NOT_FOUND, "pull: block %u is not on this pserver",
+                             (unsigned)block);
+    w->next = w->prev = NULL;
+    w->fn = fn;
+    w->arg = arg;
+    w->want_version = want_version;
+    w->block = (int)(b - st->blocks);
+    w->queued = 0;
+
+    pthread_mutex_lock(&b->mu);
+    if (b->version >= want_version)
+        fn(arg, PST_OK, b->values, b->length, b->version);
+    else if (b->closed != PST_OK)
+        fn(arg, b->closed, NULL, 0, b->version);
+    else
+        waiter_append(b, w);
+    pthread_mutex_unlock(&b->mu);
+    return PST_OK;
+}
+
+int ps_store_pull_cancel(ps_store *st, ps_pull_waiter *w)
+{
+    if (!w || w->block < 0 || w->block >= st->nblocks)
+        return 0;
+    ps_block *b = &st->blocks[w->block];
+    pthread_mutex_lock(&b->mu);
+    int removed = w->queued;
+    if (removed)
+        waiter_unlink(b, w);
+    pthread_mutex_unlock(&b->mu);
+    return removed;
+}
+
+void ps_store_cancel_waiters(ps_store *st, pst_status status)
+{
+    if (status == PST_OK)
+        status = PST_ERR_STATE;
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        b->closed = status;
+        while (b->head) {
+            ps_pull_waiter *w = b->head;
+            ps_pull_fn fn = w->fn;
+            void *arg = w->arg;
+            waiter_unlink(b, w);
+            fn(arg, status, NULL, 0, b->version);
+        }
+        pthread_mutex_unlock(&b->mu);
+    }
+}
+
+int64_t ps_store_version(ps_store *st, uint32_t block)
+{
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return -1;
+    pthread_mutex_lock(&b->mu);
+    int64_t v = b->version;
+    pthread_mutex_unlock(&b->mu);
+    return v;
+}
+
+pst_status ps_store_read(ps_store *st, uint32_t block, float *dst, int64_t *version)
+{
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return pst_error_set(PST_ERR_NOT_FOUND, "read: block %u is not on this pserver",
+                             (unsigned)block);
+    if (!dst)
+        return pst_error_set(PST_ERR_INVALID, "read: NULL destination for block %u",
+                             (unsigned)block);
+    pthread_mutex_lock(&b->mu);
+    memcpy(dst, b->values, (size_t)b->length * sizeof(float));
+    if (version)
+        *version = b->version;
+    pthread_mutex_unlock(&b->mu);
+    return PST_OK;
+}
+
+uint64_t ps_store_block_length(const ps_store *st, uint32_t block)
+{
+    const ps_block *b = find_block(st, block);
+    return b ? b->length : 0;
+}
+
+uint64_t ps_store_total_length(const ps_store *st)
+{
+    return st->total_length;
+}
+
+int ps_store_nblocks(const ps_store *st)
+{
+    return st->nblocks;
+}

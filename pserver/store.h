@@ -1,0 +1,165 @@
+/* store.h — the pserver's block store: the parameter blocks this pserver owns, their
+ * optimizer state and versions, the sync/async update rule and the pulls waiting for a
+ * version. Pure logic: no networking, no threads of its own, no logging.
+ *
+ * Not for: the wire (rpc/ decodes a PushRequest and hands the store a fill function that
+ * casts the payload slices into the store's buffer), checkpoints on disk, membership.
+ *
+ * DESIGN. One mutex per block and nothing shared between blocks after init, so requests
+ * for different blocks never wait for each other and the optimizer updates of different
+ * blocks run in parallel on whatever threads deliver their last push (the gRPC server
+ * threads). Everything a push or pull touches is allocated by ps_store_init: the fp32
+ * master values, the optimizer state, and per block either num_trainers receive buffers
+ * (sync) or one scratch buffer (async). A push writes its gradient straight into the
+ * store's buffer through a ps_fill_fn, so the payload is copied (and cast) once. A pull that
+ * has to wait is queued on an intrusive list whose node (ps_pull_waiter) the caller
+ * provides, typically embedded in its RPC call object: the hot path allocates nothing.
+ *
+ * Sync mode. A block's version is the number of updates applied to it. Step s of every
+ * trainer contributes to update s+1: pushes for step == version are kept in the pushing
+ * trainer's buffer; when all num_trainers have pushed, the buffers are summed in trainer-id
+ * order (acc = buf[0]; acc += buf[1]; ...; one fixed order, so the result is the same bits
+ * whatever the arrival order, and equal to one process summing the same gradients), the
+ * optimizer is applied once with t = version + 1, the version is bumped and every waiting
+ * pull that wanted at most the new version is answered. A push for an older step is a
+ * duplicate (already applied), as is a second push for the current step by the same trainer
+ * (a client retry); a push for a later step is an error, because that trainer cannot have
+ * seen the version it depends on.
+ *
+ * Async mode. Each push is applied at once (t = version + 1, version++) and answers the
+ * waiting pulls. Steps only serve to detect retries: per trainer and block the store keeps
+ * the last step applied, and a push with step <= that one is a duplicate.
+ *
+ * A gradient holding NaN or infinity is rejected before it reaches any parameter; the
+ * trainer may push that step again. */
+#ifndef PST_PSERVER_STORE_H
+#define PST_PSERVER_STORE_H
+
+#include <stdint.h>
+
+#include "common/error.h"
+#include "common/optim.h"
+
+typedef struct ps_store ps_store;
+
+/* One block of the trainers' flat parameter buffer: elements [offset, offset + length). */
+typedef struct ps_block_spec {
+    uint32_t id;     /* global block index in the plan */
+    uint64_t offset; /* first element in the flat buffer */
+    uint64_t length; /* elements, > 0 */
+} ps_block_spec;
+
+typedef enum ps_mode { PS_MODE_SYNC = 0, PS_MODE_ASYNC } ps_mode;
+
+typedef struct ps_store_config {
+    ps_mode mode;
+    int num_trainers;          /* >= 1; trainer ids are 0 .. num_trainers-1 */
+    pst_optim_config optim;    /* copied by ps_store_init */
+    const ps_block_spec *blocks; /* (nblocks) ids unique, ranges disjoint; copied */
+    int nblocks;               /* >= 0; a pserver may own no block */
+} ps_store_config;
+
+/* Writes a pushed gradient into dst[0..length) as f32 (casting from the wire dtype).
+ * Called by ps_store_push, on its thread, with the block's lock held: it must not call
+ * back into the store. Returns PST_OK, or an error with its detail set (pst_error_set);
+ * on error the push is discarded and ps_store_push returns that status. */
+typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t length);
+
+/* Answers a pull. On success `st` is PST_OK and values[0..length) are the block's values at
+ * `version` (>= the version wanted). On failure (ps_store_cancel_waiters) `st` is that
+ * error, values is NULL and length 0. Called with the block's lock held, either inside
+ * ps_store_pull or later on the thread that makes the version (inside ps_store_push) or
+ * that cancels: it must copy or cast the values before returning, must not keep the
+ * pointer, must not block for long and must not call back into the store. */
+typedef void (*ps_pull_fn)(void *arg, pst_status st, const float *values, uint64_t length,
+                           int64_t version);
+
+/* A queued pull: storage the caller provides (embed it in the call object), so that
+ * queueing allocates nothing. All fields are private to the store. The caller must keep
+ * the waiter alive and unmoved from ps_store_pull until its fn has been called or
+ * ps_store_pull_cancel has withdrawn it; afterwards it may be reused or freed (also from
+ * inside fn: the store does not touch a waiter after calling its fn). */
+typedef struct ps_pull_waiter {
+    struct ps_pull_waiter *next, *prev;
+    ps_pull_fn fn;
+    void *arg;
+    int64_t want_version;
+    int block;  /* index into the store's blocks */
+    int queued; /* 1 while on the block's list */
+} ps_pull_waiter;
+
+/* Creates a store for cfg's blocks. `initial` holds the blocks' f32 values concatenated in
+ * the order cfg->blocks lists them (ps_store_total_length elements), or is NULL for zeros.
+ * Optimizer state starts at zero and every version at 0. cfg and initial are only read
+ * during the call.
+ * Errors: PST_ERR_INVALID (detail names the field) for a NULL cfg or out, an unknown mode,
+ * optimizer kind or schedule, num_trainers < 1, nblocks < 0, a NULL blocks array with
+ * nblocks > 0, a zero length, a repeated block id, overlapping or overflowing ranges;
+ * PST_ERR_NOMEM; PST_ERR_INTERNAL if a mutex cannot be created. On error *out is NULL.
+ * Not thread safe with respect to the new store (nothing else can reach it yet). */
+pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float *initial);
+
+/* Frees the store; accepts NULL. No other call may be running or start. Waiters still
+ * queued are dropped without being called: call ps_store_cancel_waiters first. */
+void ps_store_free(ps_store *st);
+
+/* Delivers trainer `trainer`'s gradient for `step` of block `block` (its global id).
+ * `length` must equal the block's length; fill writes the gradient into the store's buffer
+ * (see ps_fill_fn). *duplicate (optional, may be NULL) is set to 1 when the push had been
+ * counted already and was ignored (fill is then not called), 0 otherwise.
+ * Errors, each with a one-line detail and no change to the store:
+ *   PST_ERR_NOT_FOUND  the block is not on this pserver;
+ *   PST_ERR_INVALID    length differs from the block's, trainer >= num_trainers, step < 0,
+ *                      fill is NULL, (sync) step > the block's version, or the gradient
+ *                      holds NaN or infinity (checked after fill; the trainer may push
+ *                      that step again);
+ *   whatever fill returns (its detail kept).
+ * When the push completes a step (sync) or always (async) the optimizer runs on this
+ * thread and the pulls waiting for the new version are answered here, before the call
+ * returns. Thread safe; blocks only on the block's lock (other pushes and pulls of the same
+ * block, including one that runs its update). Allocates nothing. */
+pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                         uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
+
+/* Asks for block `block`'s values once its version is >= want_version (sync: step + 1).
+ * If that version exists, fn is called before this returns; otherwise the pull is queued
+ * on `w` and fn is called later by the push that makes the version, or with an error by
+ * ps_store_cancel_waiters. After ps_store_cancel_waiters, a pull that would have to wait
+ * is answered at once with the cancelling error instead of being queued.
+ * Returns PST_OK when fn has been or will be called exactly once. Errors, fn never called:
+ * PST_ERR_NOT_FOUND for a block not on this pserver, PST_ERR_INVALID for a NULL w or fn.
+ * Thread safe; never waits for the version, only for the block's lock. Allocates nothing. */
+pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,
+                         ps_pull_waiter *w, ps_pull_fn fn, void *arg);
+
+/* Withdraws a pull queued by ps_store_pull (e.g. its RPC was cancelled by the client).
+ * Returns 1 if it was still queued: fn will never be called for it. Returns 0 if fn has
+ * already been called (a call in progress on another thread has finished by the time this
+ * returns, since both hold the block's lock). Thread safe; w must be a waiter passed to
+ * ps_store_pull on this store that returned PST_OK. */
+int ps_store_pull_cancel(ps_store *st, ps_pull_waiter *w);
+
+/* Calls every queued pull's fn with `status` (values NULL, length 0), empties the queues
+ * and makes later pulls that would wait fail the same way (shutdown). A status of PST_OK
+ * is replaced by PST_ERR_STATE. The fns run on this thread, each under its block's lock.
+ * The status reaches fn without a detail; the caller knows why it cancelled. Thread safe. */
+void ps_store_cancel_waiters(ps_store *st, pst_status status);
+
+/* The block's current version, or -1 when the block is not on this pserver. Thread safe. */
+int64_t ps_store_version(ps_store *st, uint32_t block);
+
+/* Copies the block's current values into dst[0..length) and, when `version` is not NULL,
+ * the version they belong to (one consistent snapshot, e.g. for a checkpoint or a test).
+ * Errors: PST_ERR_NOT_FOUND; PST_ERR_INVALID for a NULL dst. Thread safe. */
+pst_status ps_store_read(ps_store *st, uint32_t block, float *dst, int64_t *version);
+
+/* The block's length in elements, or 0 when the block is not on this pserver. */
+uint64_t ps_store_block_length(const ps_store *st, uint32_t block);
+
+/* Sum of the lengths of all blocks (the length of `initial`). */
+uint64_t ps_store_total_length(const ps_store *st);
+
+/* Number of blocks. */
+int ps_store_nblocks(const ps_store *st);
+
+#endif /* PST_PSERVER_STORE_H */

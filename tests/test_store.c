@@ -1,0 +1,1162 @@
+/* test_store.c — the pserver block store against a sequential reference.
+ *
+ * The reference is the update rule written out plainly: per block, sum the trainers'
+ * gradients in trainer-id order into a separate buffer and call pst_optim_apply with
+ * t = version + 1 on a separate copy of the parameters and state. The store must give the
+ * same bits whatever the order in which pushes arrive, with retries, rejected pushes and
+ * concurrent threads. Error cases assert exact codes and that the store did not change. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/optim.h"
+#include "common/rng.h"
+#include "pserver/store.h"
+
+/* Three blocks with lengths that are not multiples of a vector width, listed out of id and
+ * offset order so the lookup cannot rely on either. */
+static const ps_block_spec test_blocks[] = {
+    {.id = 7, .offset = 22, .length = 5},
+    {.id = 3, .offset = 0, .length = 17},
+    {.id = 12, .offset = 40, .length = 33},
+};
+#define NTB 3
+#define TOTAL_LEN (5 + 17 + 33)
+#define MAX_T 4
+
+/* ---- helpers ---- */
+
+static void fill_normal(float *x, uint64_t n, uint64_t seed, uint64_t stream, float scale)
+{
+    pst_rng r;
+    pst_rng_seed(&r, seed, stream);
+    for (uint64_t i = 0; i < n; i++)
+        x[i] = scale * pst_rng_normal(&r);
+}
+
+static void optim_for(pst_optim_kind kind, pst_optim_config *o)
+{
+    pst_optim_defaults(o);
+    o->kind = kind;
+    switch (kind) {
+    case PST_OPTIM_SGD:
+        o->lr = 0.05f;
+        o->weight_decay = 0.01f;
+        break;
+    case PST_OPTIM_MOMENTUM:
+        o->lr = 0.03f;
+        o->momentum = 0.9f;
+        break;
+    case PST_OPTIM_ADAM:
+        o->lr = 0.01f;
+        o->weight_decay = 0.001f;
+        break;
+    case PST_OPTIM_ADAMW:
+        /* The schedule makes the result depend on t, so a wrong t shows. */
+        o->lr = 0.02f;
+        o->weight_decay = 0.1f;
+        o->schedule = PST_LR_WARMUP_COSINE;
+        o->warmup_steps = 2;
+        o->total_steps = 10;
+        o->min_lr = 0.001f;
+        break;
+    default:
+        break;
+    }
+}
+
+static ps_store *make_store(ps_mode mode, int ntrainers, pst_optim_kind kind, float *initial)
+{
+    ps_store_config cfg = {.mode = mode, .num_trainers = ntrainers, .blocks = test_blocks,
+                           .nblocks = NTB};
+    optim_for(kind, &cfg.optim);
+    fill_normal(initial, TOTAL_LEN, 1, 0, 1.0f);
+    ps_store *st = NULL;
+    pst_status rc = ps_store_init(&st, &cfg, initial);
+    cr_assert_eq(rc, PST_OK, "init: %s", pst_error_detail());
+    cr_assert_not_null(st);
+    return st;
+}
+
+typedef struct fill_src {
+    const float *g;
+    int calls;
+    pst_status fail; /* returned instead of filling when not PST_OK */
+} fill_src;
+
+static pst_status fill_copy(void *arg, float *dst, uint64_t n)
+{
+    fill_src *f = arg;
+    f->calls++;
+    if (f->fail != PST_OK)
+        return pst_error_set(f->fail, "test fill failed");
+    memcpy(dst, f->g, (size_t)n * sizeof(float));
+    return PST_OK;
+}
+
+/* Pushes g and returns the status; *dup and *calls report what happened. */
+static pst_status push_grad(ps_store *st, uint32_t t, int64_t step, uint32_t block,
+                            const float *g, uint64_t n, int *dup, int *calls)
+{
+    fill_src f = {.g = g};
+    int d = -1;
+    pst_status rc = ps_store_push(st, t, step, block, n, fill_copy, &f, &d);
+    if (dup)
+        *dup = d;
+    if (calls)
+        *calls = f.calls;
+    return rc;
+}
+
+/* A pull answer captured for the test. */
+typedef struct pull_box {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int calls;
+    int order;          /* global answer sequence number of the last call */
+    pst_status st;
+    int values_null;
+    uint64_t length;
+    int64_t version;
+    float values[64];
+} pull_box;
+
+static int answer_seq;
+
+static void pull_box_init(pull_box *b)
+{
+    memset(b, 0, sizeof *b);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+}
+
+static void pull_capture(void *arg, pst_status st, const float *values, uint64_t length,
+                         int64_t version)
+{
+    pull_box *b = arg;
+    pthread_mutex_lock(&b->mu);
+    b->calls++;
+    b->order = ++answer_seq;
+    b->st = st;
+    b->values_null = values == NULL;
+    b->length = length;
+    b->version = version;
+    if (values && length <= 64)
+        memcpy(b->values, values, (size_t)length * sizeof(float));
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Sequential reference of one block. */
+typedef struct ref_block {
+    uint64_t n;
+    float p[64];
+    float state[2 * 64];
+    int64_t version;
+} ref_block;
+
+static void ref_init(ref_block *r, const float *initial, uint64_t n)
+{
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    memcpy(r->p, initial, (size_t)n * sizeof(float));
+}
+
+/* acc = g[0]; acc += g[1]; ...; then update t = version + 1. */
+static void ref_step(ref_block *r, const pst_optim_config *o, float g[][64], int ntrainers)
+{
+    float acc[64];
+    memcpy(acc, g[0], (size_t)r->n * sizeof(float));
+    for (int t = 1; t < ntrainers; t++)
+        for (uint64_t i = 0; i < r->n; i++)
+            acc[i] += g[t][i];
+    pst_optim_apply(o, (long)(r->version + 1), r->p, r->state, (size_t)r->n, acc,
+                    (size_t)r->n);
+    r->version++;
+}
+
+static uint64_t initial_offset(int bi)
+{
+    uint64_t off = 0;
+    for (int i = 0; i < bi; i++)
+        off += test_blocks[i].length;
+    return off;
+}
+
+static void assert_block_equals(ps_store *st, int bi, const ref_block *r)
+{
+    float got[64];
+    int64_t ver = -5;
+    cr_assert_eq(ps_store_read(st, test_blocks[bi].id, got, &ver), PST_OK);
+    cr_assert_eq(ver, r->version, "block %u: version %lld, want %lld",
+                 (unsigned)test_blocks[bi].id, (long long)ver, (long long)r->version);
+    cr_assert(memcmp(got, r->p, (size_t)r->n * sizeof(float)) == 0,
+              "block %u: values differ from the reference", (unsigned)test_blocks[bi].id);
+}
+
+/* All blocks' values and versions, to show that a failed call changed nothing. */
+typedef struct snapshot {
+    float v[NTB][64];
+    int64_t ver[NTB];
+} snapshot;
+
+static void take_snapshot(ps_store *st, snapshot *s)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < NTB; i++)
+        cr_assert_eq(ps_store_read(st, test_blocks[i].id, s->v[i], &s->ver[i]), PST_OK);
+}
+
+static void assert_unchanged(ps_store *st, const snapshot *before)
+{
+    snapshot now;
+    take_snapshot(st, &now);
+    cr_assert(memcmp(&now, before, sizeof now) == 0, "the store changed");
+}
+
+/* ---- configuration ---- */
+
+Test(store, init_rejects_bad_config)
+{
+    ps_store_config good = {.mode = PS_MODE_SYNC, .num_trainers = 2, .blocks = test_blocks,
+                            .nblocks = NTB};
+    pst_optim_defaults(&good.optim);
+    ps_store *st = (ps_store *)&good; /* must be reset to NULL on failure */
+
+    ps_store_config c = good;
+    c.num_trainers = 0;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    cr_assert_null(st);
+    cr_assert(strstr(pst_error_detail(), "num_trainers") != NULL, "%s", pst_error_detail());
+
+    ps_block_spec dup[] = {{1, 0, 4}, {2, 4, 4}, {1, 8, 4}};
+    c = good;
+    c.blocks = dup;
+    c.nblocks = 3;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "block id 1 listed twice") != NULL, "%s",
+              pst_error_detail());
+
+    ps_block_spec zero[] = {{1, 0, 4}, {2, 4, 0}};
+    c = good;
+    c.blocks = zero;
+    c.nblocks = 2;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "block 2 has length 0") != NULL, "%s",
+              pst_error_detail());
+
+    ps_block_spec overlap[] = {{1, 0, 4}, {2, 3, 4}};
+    c = good;
+    c.blocks = overlap;
+    c.nblocks = 2;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "overlap") != NULL, "%s", pst_error_detail());
+
+    ps_block_spec wrap[] = {{1, UINT64_MAX - 2, 4}};
+    c = good;
+    c.blocks = wrap;
+    c.nblocks = 1;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+
+    c = good;
+    c.mode = (ps_mode)7;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    c = good;
+    c.optim.kind = PST_OPTIM_KIND_COUNT_;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    c = good;
+    c.blocks = NULL;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    c = good;
+    c.nblocks = -1;
+    cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
+    cr_assert_eq(ps_store_init(&st, NULL, NULL), PST_ERR_INVALID);
+    cr_assert_eq(ps_store_init(NULL, &good, NULL), PST_ERR_INVALID);
+    cr_assert_null(st);
+
+    ps_store_free(NULL);
+}
+
+Test(store, init_layout_and_accessors)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    cr_assert_eq(ps_store_nblocks(st), NTB);
+    cr_assert_eq(ps_store_total_length(st), (uint64_t)TOTAL_LEN);
+    for (int i = 0; i < NTB; i++) {
+        float got[64];
+        int64_t ver = -1;
+        cr_assert_eq(ps_store_block_length(st, test_blocks[i].id), test_blocks[i].length);
+        cr_assert_eq(ps_store_version(st, test_blocks[i].id), 0);
+        cr_assert_eq(ps_store_read(st, test_blocks[i].id, got, &ver), PST_OK);
+        cr_assert_eq(ver, 0);
+        cr_assert(memcmp(got, initial + initial_offset(i),
+                         (size_t)test_blocks[i].length * sizeof(float)) == 0);
+    }
+    float got[64];
+    cr_assert_eq(ps_store_version(st, 99), -1);
+    cr_assert_eq(ps_store_block_length(st, 99), 0);
+    cr_assert_eq(ps_store_read(st, 99, got, NULL), PST_ERR_NOT_FOUND);
+    cr_assert_eq(ps_store_read(st, 3, NULL, NULL), PST_ERR_INVALID);
+    ps_store_free(st);
+
+    /* No initial values: zeros. A pserver with no block is valid. */
+    ps_store_config cfg = {.mode = PS_MODE_ASYNC, .num_trainers = 1, .blocks = test_blocks,
+                           .nblocks = NTB};
+    pst_optim_defaults(&cfg.optim);
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK);
+    cr_assert_eq(ps_store_read(st, 12, got, NULL), PST_OK);
+    for (int i = 0; i < 33; i++)
+        cr_assert_eq(got[i], 0.0f);
+    ps_store_free(st);
+    cfg.blocks = NULL;
+    cfg.nblocks = 0;
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK);
+    cr_assert_eq(ps_store_nblocks(st), 0);
+    cr_assert_eq(ps_store_total_length(st), 0);
+    ps_store_free(st);
+}
+
+/* ---- sync mode against the reference ---- */
+
+/* Runs `steps` sync steps with `ntrainers` trainers, pushing in the given trainer order
+ * (a permutation of 0..ntrainers-1) and checking every block against the reference after
+ * every push: unchanged until the last trainer's push, then exactly the reference. */
+static void run_sync_case(int ntrainers, pst_optim_kind kind, const int *order, int steps)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, ntrainers, kind, initial);
+    pst_optim_config o;
+    optim_for(kind, &o);
+    ref_block ref[NTB];
+    for (int i = 0; i < NTB; i++)
+        ref_init(&ref[i], initial + initial_offset(i), test_blocks[i].length);
+
+    for (int s = 0; s < steps; s++) {
+        float g[NTB][MAX_T][64];
+        for (int i = 0; i < NTB; i++)
+            for (int t = 0; t < ntrainers; t++)
+                fill_normal(g[i][t], test_blocks[i].length, 2, (uint64_t)(s * 100 + i * 10 + t),
+                            0.5f);
+        /* Trainer-major: each trainer pushes all its blocks, as trainers do. */
+        for (int k = 0; k < ntrainers; k++) {
+            int t = order[k];
+            for (int i = 0; i < NTB; i++) {
+                int dup = -1;
+                cr_assert_eq(push_grad(st, (uint32_t)t, s, test_blocks[i].id, g[i][t],
+                                       test_blocks[i].length, &dup, NULL),
+                             PST_OK, "%s", pst_error_detail());
+                cr_assert_eq(dup, 0);
+                if (k < ntrainers - 1)
+                    assert_block_equals(st, i, &ref[i]); /* not applied yet */
+            }
+        }
+        for (int i = 0; i < NTB; i++) {
+            ref_step(&ref[i], &o, g[i], ntrainers);
+            assert_block_equals(st, i, &ref[i]);
+        }
+    }
+    ps_store_free(st);
+}
+
+Test(store, sync_matches_reference_any_order)
+{
+    static const int fwd1[] = {0}, fwd2[] = {0, 1}, rev2[] = {1, 0};
+    static const int fwd3[] = {0, 1, 2}, rev3[] = {2, 1, 0}, mix3[] = {1, 2, 0};
+    for (int k = 0; k < PST_OPTIM_KIND_COUNT_; k++) {
+        pst_optim_kind kind = (pst_optim_kind)k;
+        run_sync_case(1, kind, fwd1, 6);
+        run_sync_case(2, kind, fwd2, 6);
+        run_sync_case(2, kind, rev2, 6);
+        run_sync_case(3, kind, fwd3, 6);
+        run_sync_case(3, kind, rev3, 6);
+        run_sync_case(3, kind, mix3, 6);
+    }
+}
+
+/* The order of summation is fixed: with values whose float sum depends on the order, the
+ * result is the trainer-id-order sum even when trainer 2 arrives first. */
+Test(store, sync_sum_order_is_trainer_id_order)
+{
+    ps_block_spec one = {.id = 0, .offset = 0, .length = 1};
+    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 3, .blocks = &one,
+                           .nblocks = 1};
+    pst_optim_defaults(&cfg.optim);
+    cfg.optim.kind = PST_OPTIM_SGD;
+    cfg.optim.lr = 1.0f;
+    float zero = 0.0f;
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, &zero), PST_OK);
+    /* (1e8 + -1e8) + 1 = 1, while (1 + -1e8) + 1e8 = 0 in float. */
+    float g0 = 1e8f, g1 = -1e8f, g2 = 1.0f;
+    cr_assert_eq(push_grad(st, 2, 0, 0, &g2, 1, NULL, NULL), PST_OK);
+    cr_assert_eq(push_grad(st, 1, 0, 0, &g1, 1, NULL, NULL), PST_OK);
+    cr_assert_eq(push_grad(st, 0, 0, 0, &g0, 1, NULL, NULL), PST_OK);
+    float p;
+    cr_assert_eq(ps_store_read(st, 0, &p, NULL), PST_OK);
+    cr_assert_eq(p, -1.0f, "p = %g", (double)p);
+    ps_store_free(st);
+}
+
+/* ---- pulls ---- */
+
+Test(store, pull_deferred_until_version)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_MOMENTUM, &o);
+    const int bi = 1; /* block id 3 */
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(bi), test_blocks[bi].length);
+
+    pull_box now, first, second, later;
+    pull_box_init(&now);
+    pull_box_init(&first);
+    pull_box_init(&second);
+    pull_box_init(&later);
+    ps_pull_waiter w_now, w_first, w_second, w_later;
+
+    /* Version 0 exists: answered before the call returns. */
+    cr_assert_eq(ps_store_pull(st, 3, 0, &w_now, pull_capture, &now), PST_OK);
+    cr_assert_eq(now.calls, 1);
+    cr_assert_eq(now.st, PST_OK);
+    cr_assert_eq(now.version, 0);
+    cr_assert_eq(now.length, 17);
+    cr_assert(memcmp(now.values, ref.p, 17 * sizeof(float)) == 0);
+
+    cr_assert_eq(ps_store_pull(st, 3, 1, &w_first, pull_capture, &first), PST_OK);
+    cr_assert_eq(ps_store_pull(st, 3, 1, &w_second, pull_capture, &second), PST_OK);
+    cr_assert_eq(ps_store_pull(st, 3, 2, &w_later, pull_capture, &later), PST_OK);
+    cr_assert_eq(first.calls + second.calls + later.calls, 0);
+
+    float g[MAX_T][64];
+    fill_normal(g[0], 17, 3, 0, 1.0f);
+    fill_normal(g[1], 17, 3, 1, 1.0f);
+    cr_assert_eq(push_grad(st, 1, 0, 3, g[1], 17, NULL, NULL), PST_OK);
+    cr_assert_eq(first.calls + second.calls + later.calls, 0, "answered before the step");
+    /* Pushes to other blocks do not answer this block's waiters. */
+    float other[64];
+    fill_normal(other, 33, 3, 9, 1.0f);
+    cr_assert_eq(push_grad(st, 0, 0, 12, other, 33, NULL, NULL), PST_OK);
+    cr_assert_eq(push_grad(st, 1, 0, 12, other, 33, NULL, NULL), PST_OK);
+    cr_assert_eq(first.calls + second.calls + later.calls, 0);
+
+    cr_assert_eq(push_grad(st, 0, 0, 3, g[0], 17, NULL, NULL), PST_OK);
+    ref_step(&ref, &o, g, 2);
+    cr_assert_eq(first.calls, 1);
+    cr_assert_eq(second.calls, 1);
+    cr_assert_eq(later.calls, 0, "version 2 does not exist yet");
+    cr_assert_lt(first.order, second.order, "waiters are answered in queue order");
+    cr_assert_eq(first.st, PST_OK);
+    cr_assert_eq(first.version, 1);
+    cr_assert_eq(first.length, 17);
+    cr_assert(memcmp(first.values, ref.p, 17 * sizeof(float)) == 0);
+    cr_assert(memcmp(second.values, ref.p, 17 * sizeof(float)) == 0);
+
+    /* The answered waiter can be reused at once. */
+    cr_assert_eq(ps_store_pull(st, 3, 2, &w_first, pull_capture, &first), PST_OK);
+    cr_assert_eq(first.calls, 1);
+    fill_normal(g[0], 17, 4, 0, 1.0f);
+    fill_normal(g[1], 17, 4, 1, 1.0f);
+    cr_assert_eq(push_grad(st, 0, 1, 3, g[0], 17, NULL, NULL), PST_OK);
+    cr_assert_eq(push_grad(st, 1, 1, 3, g[1], 17, NULL, NULL), PST_OK);
+    ref_step(&ref, &o, g, 2);
+    cr_assert_eq(first.calls, 2);
+    cr_assert_eq(later.calls, 1);
+    cr_assert_eq(later.version, 2);
+    cr_assert(memcmp(later.values, ref.p, 17 * sizeof(float)) == 0);
+    cr_assert(memcmp(first.values, ref.p, 17 * sizeof(float)) == 0);
+
+    /* Unknown block or missing arguments: error, fn never called. */
+    pull_box none;
+    pull_box_init(&none);
+    ps_pull_waiter w_none;
+    cr_assert_eq(ps_store_pull(st, 99, 0, &w_none, pull_capture, &none), PST_ERR_NOT_FOUND);
+    cr_assert_eq(ps_store_pull(st, 3, 0, NULL, pull_capture, &none), PST_ERR_INVALID);
+    cr_assert_eq(ps_store_pull(st, 3, 0, &w_none, NULL, &none), PST_ERR_INVALID);
+    cr_assert_eq(none.calls, 0);
+    ps_store_free(st);
+}
+
+Test(store, pull_cancel_withdraws_one_waiter)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 1, PST_OPTIM_SGD, initial);
+    pull_box a, b;
+    pull_box_init(&a);
+    pull_box_init(&b);
+    ps_pull_waiter wa, wb;
+    cr_assert_eq(ps_store_pull(st, 7, 1, &wa, pull_capture, &a), PST_OK);
+    cr_assert_eq(ps_store_pull(st, 7, 1, &wb, pull_capture, &b), PST_OK);
+    cr_assert_eq(ps_store_pull_cancel(st, &wa), 1);
+    cr_assert_eq(ps_store_pull_cancel(st, &wa), 0);
+    float g[64];
+    fill_normal(g, 5, 5, 0, 1.0f);
+    cr_assert_eq(push_grad(st, 0, 0, 7, g, 5, NULL, NULL), PST_OK);
+    cr_assert_eq(a.calls, 0, "a withdrawn pull is never answered");
+    cr_assert_eq(b.calls, 1);
+    cr_assert_eq(ps_store_pull_cancel(st, &wb), 0, "already answered");
+    ps_store_free(st);
+}
+
+Test(store, cancel_waiters_delivers_error)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    pull_box a, b, c, after, avail;
+    pull_box_init(&a);
+    pull_box_init(&b);
+    pull_box_init(&c);
+    pull_box_init(&after);
+    pull_box_init(&avail);
+    ps_pull_waiter wa, wb, wc, wafter, wavail;
+    cr_assert_eq(ps_store_pull(st, 3, 1, &wa, pull_capture, &a), PST_OK);
+    cr_assert_eq(ps_store_pull(st, 3, 5, &wb, pull_capture, &b), PST_OK);
+    cr_assert_eq(ps_store_pull(st, 12, 1, &wc, pull_capture, &c), PST_OK);
+    cr_assert_eq(a.calls + b.calls + c.calls, 0);
+
+    ps_store_cancel_waiters(st, PST_ERR_UNAVAILABLE);
+    pull_box *boxes[] = {&a, &b, &c};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(boxes[i]->calls, 1);
+        cr_assert_eq(boxes[i]->st, PST_ERR_UNAVAILABLE);
+        cr_assert(boxes[i]->values_null);
+        cr_assert_eq(boxes[i]->length, 0);
+    }
+    cr_assert_eq(ps_store_pull_cancel(st, &wa), 0);
+
+    /* Afterwards a pull that would wait fails at once; one that can be served is. */
+    cr_assert_eq(ps_store_pull(st, 7, 1, &wafter, pull_capture, &after), PST_OK);
+    cr_assert_eq(after.calls, 1);
+    cr_assert_eq(after.st, PST_ERR_UNAVAILABLE);
+    cr_assert_eq(ps_store_pull(st, 7, 0, &wavail, pull_capture, &avail), PST_OK);
+    cr_assert_eq(avail.calls, 1);
+    cr_assert_eq(avail.st, PST_OK);
+    cr_assert(memcmp(avail.values, initial + initial_offset(0), 5 * sizeof(float)) == 0);
+
+    /* Cancelling again, and with PST_OK (replaced by PST_ERR_STATE), calls nobody twice. */
+    ps_store_cancel_waiters(st, PST_OK);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(boxes[i]->calls, 1);
+    pull_box late;
+    pull_box_init(&late);
+    ps_pull_waiter wlate;
+    cr_assert_eq(ps_store_pull(st, 7, 3, &wlate, pull_capture, &late), PST_OK);
+    cr_assert_eq(late.st, PST_ERR_STATE);
+    ps_store_free(st);
+}
+
+/* ---- duplicates and rejected pushes ---- */
+
+Test(store, duplicate_push_counted_once)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_ADAM, &o);
+    const int bi = 2; /* block id 12 */
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(bi), 33);
+
+    float g[MAX_T][64], retry[64];
+    fill_normal(g[0], 33, 6, 0, 1.0f);
+    fill_normal(g[1], 33, 6, 1, 1.0f);
+    fill_normal(retry, 33, 6, 2, 1.0f); /* different bits: must not be used */
+    int dup = -1, calls = -1;
+    cr_assert_eq(push_grad(st, 0, 0, 12, g[0], 33, &dup, &calls), PST_OK);
+    cr_assert_eq(dup, 0);
+    cr_assert_eq(calls, 1);
+    cr_assert_eq(push_grad(st, 0, 0, 12, retry, 33, &dup, &calls), PST_OK);
+    cr_assert_eq(dup, 1, "same trainer, step and block again is a duplicate");
+    cr_assert_eq(calls, 0, "a duplicate's payload is not read");
+    cr_assert_eq(ps_store_version(st, 12), 0, "one trainer's retry does not complete a step");
+    cr_assert_eq(push_grad(st, 1, 0, 12, g[1], 33, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    ref_step(&ref, &o, g, 2);
+    assert_block_equals(st, bi, &ref);
+
+    /* Step 0 again, from either trainer, is now an old step: duplicate, nothing changes. */
+    snapshot before;
+    take_snapshot(st, &before);
+    cr_assert_eq(push_grad(st, 1, 0, 12, retry, 33, &dup, &calls), PST_OK);
+    cr_assert_eq(dup, 1);
+    cr_assert_eq(calls, 0);
+    cr_assert_eq(push_grad(st, 0, 0, 12, retry, 33, &dup, &calls), PST_OK);
+    cr_assert_eq(dup, 1);
+    assert_unchanged(st, &before);
+
+    /* duplicate may be NULL. */
+    fill_src f = {.g = retry};
+    cr_assert_eq(ps_store_push(st, 0, 0, 12, 33, fill_copy, &f, NULL), PST_OK);
+    ps_store_free(st);
+}
+
+Test(store, future_step_rejected)
+{
+    ps_block_spec one = {.id = 3, .offset = 0, .length = 4};
+    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 1, .blocks = &one,
+                           .nblocks = 1};
+    optim_for(PST_OPTIM_MOMENTUM, &cfg.optim);
+    float init[4] = {1, 2, 3, 4}, g[4] = {0.5f, -0.25f, 1, 2};
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, init), PST_OK);
+    for (int s = 0; s < 7; s++)
+        cr_assert_eq(push_grad(st, 0, s, 3, g, 4, NULL, NULL), PST_OK);
+    cr_assert_eq(ps_store_version(st, 3), 7);
+
+    float before[4], after[4];
+    cr_assert_eq(ps_store_read(st, 3, before, NULL), PST_OK);
+    int dup = -1, calls = -1;
+    pst_error_clear();
+    cr_assert_eq(push_grad(st, 0, 9, 3, g, 4, &dup, &calls), PST_ERR_INVALID);
+    cr_assert_str_eq(pst_error_detail(), "step 9 is ahead of block 3's version 7");
+    cr_assert_eq(dup, 0);
+    cr_assert_eq(calls, 0);
+    cr_assert_eq(push_grad(st, 0, 8, 3, g, 4, NULL, NULL), PST_ERR_INVALID);
+    cr_assert_eq(ps_store_version(st, 3), 7);
+    cr_assert_eq(ps_store_read(st, 3, after, NULL), PST_OK);
+    cr_assert(memcmp(before, after, sizeof before) == 0);
+    ps_store_free(st);
+}
+
+Test(store, bad_push_exact_codes_store_unchanged)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAMW, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_ADAMW, &o);
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(0), 5);
+    float g[MAX_T][64];
+    fill_normal(g[0], 5, 7, 0, 1.0f);
+    fill_normal(g[1], 5, 7, 1, 1.0f);
+    snapshot before;
+    take_snapshot(st, &before);
+
+    int dup = -1, calls = -1;
+    cr_assert_eq(push_grad(st, 0, 0, 99, g[0], 5, &dup, &calls), PST_ERR_NOT_FOUND);
+    cr_assert_eq(calls, 0);
+    cr_assert(strstr(pst_error_detail(), "block 99") != NULL, "%s", pst_error_detail());
+    cr_assert_eq(push_grad(st, 0, 0, 7, g[0], 4, &dup, &calls), PST_ERR_INVALID);
+    cr_assert_eq(calls, 0);
+    cr_assert_eq(push_grad(st, 0, 0, 7, g[0], 6, &dup, &calls), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "5 elements") != NULL, "%s", pst_error_detail());
+    cr_assert_eq(push_grad(st, 2, 0, 7, g[0], 5, &dup, &calls), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "trainer id 2") != NULL, "%s", pst_error_detail());
+    cr_assert_eq(push_grad(st, UINT32_MAX, 0, 7, g[0], 5, &dup, &calls), PST_ERR_INVALID);
+    cr_assert_eq(push_grad(st, 0, -1, 7, g[0], 5, &dup, &calls), PST_ERR_INVALID);
+    cr_assert_eq(calls, 0);
+    cr_assert_eq(dup, 0);
+    cr_assert_eq(ps_store_push(st, 0, 0, 7, 5, NULL, NULL, &dup), PST_ERR_INVALID);
+    /* A failing fill: its status and detail come back, nothing is counted. */
+    fill_src f = {.g = g[0], .fail = PST_ERR_FORMAT};
+    cr_assert_eq(ps_store_push(st, 0, 0, 7, 5, fill_copy, &f, &dup), PST_ERR_FORMAT);
+    cr_assert_str_eq(pst_error_detail(), "test fill failed");
+    assert_unchanged(st, &before);
+
+    /* None of them counted: the step needs both trainers and equals the reference. */
+    cr_assert_eq(push_grad(st, 1, 0, 7, g[1], 5, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    cr_assert_eq(ps_store_version(st, 7), 0);
+    cr_assert_eq(push_grad(st, 0, 0, 7, g[0], 5, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    ref_step(&ref, &o, g, 2);
+    assert_block_equals(st, 0, &ref);
+    ps_store_free(st);
+}
+
+Test(store, nonfinite_gradient_rejected)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_MOMENTUM, &o);
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(1), 17);
+    float g[MAX_T][64], bad[64];
+    fill_normal(g[0], 17, 8, 0, 1.0f);
+    fill_normal(g[1], 17, 8, 1, 1.0f);
+
+    pull_box box;
+    pull_box_init(&box);
+    ps_pull_waiter w;
+    cr_assert_eq(ps_store_pull(st, 3, 1, &w, pull_capture, &box), PST_OK);
+    cr_assert_eq(push_grad(st, 0, 0, 3, g[0], 17, NULL, NULL), PST_OK);
+    snapshot before;
+    take_snapshot(st, &before);
+
+    const float poison[] = {NAN, INFINITY, -INFINITY};
+    const char *names[] = {"nan", "inf", "-inf"};
+    for (int k = 0; k < 3; k++) {
+        memcpy(bad, g[1], sizeof bad);
+        bad[16] = poison[k]; /* last element: the scan must reach the tail */
+        int dup = -1, calls = -1;
+        cr_assert_eq(push_grad(st, 1, 0, 3, bad, 17, &dup, &calls), PST_ERR_INVALID);
+        cr_assert_eq(calls, 1);
+        cr_assert_eq(dup, 0);
+        cr_assert(strstr(pst_error_detail(), names[k]) != NULL, "%s", pst_error_detail());
+        cr_assert(strstr(pst_error_detail(), "element 16") != NULL, "%s", pst_error_detail());
+        assert_unchanged(st, &before);
+        cr_assert_eq(box.calls, 0);
+    }
+    /* Trainer 0's gradient was fine and stays counted; it may not be poisoned by a retry. */
+    memcpy(bad, g[0], sizeof bad);
+    bad[0] = NAN;
+    int dup = -1;
+    cr_assert_eq(push_grad(st, 0, 0, 3, bad, 17, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 1);
+
+    /* A clean push for the same step completes it. */
+    cr_assert_eq(push_grad(st, 1, 0, 3, g[1], 17, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    ref_step(&ref, &o, g, 2);
+    assert_block_equals(st, 1, &ref);
+    cr_assert_eq(box.calls, 1);
+    cr_assert(memcmp(box.values, ref.p, 17 * sizeof(float)) == 0);
+
+    ps_store_free(st);
+}
+
+/* ---- async mode ---- */
+
+Test(store, async_applies_each_push)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PS_MODE_ASYNC, 3, PST_OPTIM_ADAM, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_ADAM, &o);
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(2), 33);
+
+    pull_box box;
+    pull_box_init(&box);
+    ps_pull_waiter w;
+    cr_assert_eq(ps_store_pull(st, 12, 2, &w, pull_capture, &box), PST_OK);
+
+    /* Trainers at different steps, in any order: each push is one update. */
+    static const struct { uint32_t t; int64_t step; } seq[] = {
+        {2, 0}, {0, 0}, {0, 1}, {1, 5}, {2, 1}, {0, 2}, {1, 6},
+    };
+    for (size_t k = 0; k < sizeof seq / sizeof seq[0]; k++) {
+        float g[1][64];
+        fill_normal(g[0], 33, 9, k, 1.0f);
+        int dup = -1;
+        cr_assert_eq(push_grad(st, seq[k].t, seq[k].step, 12, g[0], 33, &dup, NULL), PST_OK,
+                     "%s", pst_error_detail());
+        cr_assert_eq(dup, 0);
+        ref_step(&ref, &o, g, 1);
+        assert_block_equals(st, 2, &ref);
+        if (k == 1) {
+            cr_assert_eq(box.calls, 1, "pull for version 2 answered by the second push");
+            cr_assert_eq(box.version, 2);
+            cr_assert(memcmp(box.values, ref.p, 33 * sizeof(float)) == 0);
+        }
+    }
+
+    /* Retries: a step at or below the trainer's last applied step for this block. */
+    snapshot before;
+    take_snapshot(st, &before);
+    float g[64];
+    fill_normal(g, 33, 10, 0, 1.0f);
+    int dup = -1, calls = -1;
+    cr_assert_eq(push_grad(st, 0, 2, 12, g, 33, &dup, &calls), PST_OK);
+    cr_assert_eq(dup, 1);
+    cr_assert_eq(calls, 0);
+    cr_assert_eq(push_grad(st, 1, 3, 12, g, 33, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 1);
+    /* Per block: trainer 0's step 2 is new for block 3. */
+    fill_normal(g, 17, 10, 1, 1.0f);
+    cr_assert_eq(push_grad(st, 0, 2, 3, g, 17, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    cr_assert_eq(ps_store_version(st, 3), 1);
+    /* Future steps are fine in async mode; non-finite gradients are not. */
+    fill_normal(g, 33, 10, 2, 1.0f);
+    g[3] = NAN;
+    cr_assert_eq(push_grad(st, 2, 100, 12, g, 33, &dup, NULL), PST_ERR_INVALID);
+    snapshot mid;
+    take_snapshot(st, &mid);
+    for (int i = 0; i < NTB; i++)
+        if (test_blocks[i].id != 3)
+            cr_assert(memcmp(mid.v[i], before.v[i], sizeof mid.v[i]) == 0 &&
+                      mid.ver[i] == before.ver[i]);
+    /* The rejected push did not record step 100: the clean retry is applied. */
+    g[3] = 0.25f;
+    cr_assert_eq(push_grad(st, 2, 100, 12, g, 33, &dup, NULL), PST_OK);
+    cr_assert_eq(dup, 0);
+    float gg[1][64];
+    memcpy(gg[0], g, sizeof g);
+    ref_step(&ref, &o, gg, 1);
+    assert_block_equals(st, 2, &ref);
+    ps_store_free(st);
+}
+
+/* Momentum and Adam state carry across many steps: the store after 25 sync steps equals a
+ * plain loop of pst_optim_apply over the trainer-ordered sums. */
+Test(store, optimizer_state_carried_across_steps)
+{
+    const pst_optim_kind kinds[] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAM, PST_OPTIM_ADAMW};
+    for (int k = 0; k < 3; k++) {
+        float initial[TOTAL_LEN];
+        ps_store *st = make_store(PS_MODE_SYNC, 2, kinds[k], initial);
+        pst_optim_config o;
+        optim_for(kinds[k], &o);
+        float p[TOTAL_LEN], state[2 * TOTAL_LEN];
+        memcpy(p, initial, sizeof p);
+        memset(state, 0, sizeof state);
+        for (int s = 0; s < 25; s++) {
+            for (int i = 0; i < NTB; i++) {
+                uint64_t n = test_blocks[i].length, off = initial_offset(i);
+                float g0[64], g1[64], acc[64];
+                fill_normal(g0, n, 11, (uint64_t)(s * 10 + i * 2), 1.0f);
+                fill_normal(g1, n, 11, (uint64_t)(s * 10 + i * 2 + 1), 1.0f);
+                cr_assert_eq(push_grad(st, 1, s, test_blocks[i].id, g1, n, NULL, NULL), PST_OK);
+                cr_assert_eq(push_grad(st, 0, s, test_blocks[i].id, g0, n, NULL, NULL), PST_OK);
+                for (uint64_t j = 0; j < n; j++)
+                    acc[j] = g0[j] + g1[j];
+                /* The whole buffer's state laid out as (2, TOTAL_LEN): the per-block
+                 * sub-range call of optim.h. */
+                pst_optim_apply(&o, s + 1, p + off, state + off, TOTAL_LEN, acc, n);
+            }
+        }
+        for (int i = 0; i < NTB; i++) {
+            float got[64];
+            int64_t ver;
+            cr_assert_eq(ps_store_read(st, test_blocks[i].id, got, &ver), PST_OK);
+            cr_assert_eq(ver, 25);
+            cr_assert(memcmp(got, p + initial_offset(i),
+                             (size_t)test_blocks[i].length * sizeof(float)) == 0,
+                      "%s: block %u differs", pst_optim_kind_name(kinds[k]),
+                      (unsigned)test_blocks[i].id);
+        }
+        ps_store_free(st);
+    }
+}
+
+/* ---- concurrency ---- */
+
+#define STRESS_T 3
+#define STRESS_NB 24
+#define STRESS_STEPS 400
+#define STRESS_MAXLEN 700
+
+typedef struct stress_layout {
+    ps_block_spec blocks[STRESS_NB];
+    uint64_t total;
+} stress_layout;
+
+static void stress_layout_make(stress_layout *l)
+{
+    uint64_t off = 0;
+    for (int b = 0; b < STRESS_NB; b++) {
+        /* Ids scattered, lengths from 1 to STRESS_MAXLEN. */
+        l->blocks[b].id = (uint32_t)(b * 37 % 101);
+        l->blocks[b].offset = off;
+        l->blocks[b].length = b == 0 ? 1 : (uint64_t)(b * 131 % STRESS_MAXLEN) + 1;
+        off += l->blocks[b].length;
+    }
+    l->total = off;
+}
+
+/* The gradient trainer t computes at step s for block b from the parameters it pulled:
+ * a quadratic pull towards zero plus trainer-specific noise. */
+static void stress_grad(float *g, const float *p, uint64_t n, int t, int s, int b)
+{
+    pst_rng r;
+    pst_rng_seed(&r, 12, (uint64_t)((t * STRESS_STEPS + s) * STRESS_NB + b));
+    for (uint64_t i = 0; i < n; i++)
+        g[i] = 0.5f * p[i] * (float)(t + 1) + 0.1f * pst_rng_normal(&r);
+}
+
+typedef struct stress_trainer stress_trainer;
+
+typedef struct stress_pull {
+    stress_trainer *tr;
+    int b;
+    ps_pull_waiter w;
+} stress_pull;
+
+struct stress_trainer {
+    int t;
+    ps_store *st;
+    const stress_layout *l;
+    float *params; /* (total) this trainer's copy, written by the pull answers */
+    stress_pull pulls[STRESS_NB];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int answered;
+    int64_t want;
+    int failures;  /* checked by the main thread after join (no asserts off-thread) */
+    char why[256];
+};
+
+/* Records the first failure; called with tr->mu held. */
+static void stress_fail(stress_trainer *tr, const char *what)
+{
+    if (tr->failures++ == 0)
+        snprintf(tr->why, sizeof tr->why, "trainer %d: %s (%s)", tr->t, what,
+                 pst_error_detail());
+}
+
+static void stress_answer(void *arg, pst_status st, const float *values, uint64_t length,
+                          int64_t version)
+{
+    stress_pull *p = arg;
+    stress_trainer *tr = p->tr;
+    const ps_block_spec *spec = &tr->l->blocks[p->b];
+    pthread_mutex_lock(&tr->mu);
+    if (st != PST_OK || length != spec->length || version != tr->want)
+        stress_fail(tr, "bad pull answer");
+    else
+        memcpy(tr->params + spec->offset, values, (size_t)length * sizeof(float));
+    tr->answered++;
+    pthread_cond_signal(&tr->cv);
+    pthread_mutex_unlock(&tr->mu);
+}
+
+static void *stress_trainer_main(void *arg)
+{
+    stress_trainer *tr = arg;
+    const stress_layout *l = tr->l;
+    float *g = malloc(STRESS_MAXLEN * sizeof(float));
+    int order[STRESS_NB];
+    pst_rng r;
+    pst_rng_seed(&r, 13, (uint64_t)tr->t);
+    for (int s = 0; s < STRESS_STEPS; s++) {
+        /* Each trainer pushes its blocks in its own shuffled order every step. */
+        for (int b = 0; b < STRESS_NB; b++)
+            order[b] = b;
+        for (int b = STRESS_NB - 1; b > 0; b--) {
+            int j = (int)pst_rng_below(&r, (uint64_t)b + 1), tmp = order[b];
+            order[b] = order[j];
+            order[j] = tmp;
+        }
+        pthread_mutex_lock(&tr->mu);
+        tr->answered = 0;
+        tr->want = s + 1;
+        pthread_mutex_unlock(&tr->mu);
+        for (int k = 0; k < STRESS_NB; k++) {
+            int b = order[k];
+            const ps_block_spec *spec = &l->blocks[b];
+            stress_grad(g, tr->params + spec->offset, spec->length, tr->t, s, b);
+            fill_src f = {.g = g};
+            int dup = -1;
+            const char *failed = NULL;
+            if (ps_store_push(tr->st, (uint32_t)tr->t, s, spec->id, spec->length, fill_copy,
+                              &f, &dup) != PST_OK || dup != 0)
+                failed = "push";
+            /* Every fourth push is retried, as a client whose reply was lost would. */
+            if (!failed && pst_rng_below(&r, 4) == 0) {
+                if (ps_store_push(tr->st, (uint32_t)tr->t, s, spec->id, spec->length,
+                                  fill_copy, &f, &dup) != PST_OK || dup != 1)
+                    failed = "retry not a duplicate";
+            }
+            if (!failed && ps_store_pull(tr->st, spec->id, s + 1, &tr->pulls[b].w,
+                                         stress_answer, &tr->pulls[b]) != PST_OK)
+                failed = "pull";
+            if (failed) {
+                /* The step cannot complete now; stop so the test reports it. */
+                pthread_mutex_lock(&tr->mu);
+                stress_fail(tr, failed);
+                pthread_mutex_unlock(&tr->mu);
+                free(g);
+                return NULL;
+            }
+        }
+        pthread_mutex_lock(&tr->mu);
+        while (tr->answered < STRESS_NB)
+            pthread_cond_wait(&tr->cv, &tr->mu);
+        pthread_mutex_unlock(&tr->mu);
+    }
+    free(g);
+    return NULL;
+}
+
+typedef struct stress_reader {
+    ps_store *st;
+    const stress_layout *l;
+    atomic_int stop;
+    int failures;
+} stress_reader;
+
+/* Reads snapshots concurrently; versions of a block never go back. */
+static void *stress_reader_main(void *arg)
+{
+    stress_reader *rd = arg;
+    float *buf = malloc(STRESS_MAXLEN * sizeof(float));
+    int64_t last[STRESS_NB] = {0};
+    while (!atomic_load(&rd->stop)) {
+        for (int b = 0; b < STRESS_NB; b++) {
+            int64_t v = -1;
+            if (ps_store_read(rd->st, rd->l->blocks[b].id, buf, &v) != PST_OK || v < last[b])
+                rd->failures++;
+            last[b] = v;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+Test(store, multithreaded_sync_equals_sequential, .timeout = 20)
+{
+    static stress_layout l;
+    stress_layout_make(&l);
+    float *initial = malloc(l.total * sizeof(float));
+    fill_normal(initial, l.total, 14, 0, 1.0f);
+    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = STRESS_T, .blocks = l.blocks,
+                           .nblocks = STRESS_NB};
+    optim_for(PST_OPTIM_ADAM, &cfg.optim);
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
+
+    static stress_trainer tr[STRESS_T];
+    pthread_t th[STRESS_T], rth;
+    stress_reader rd = {.st = st, .l = &l};
+    cr_assert_eq(pthread_create(&rth, NULL, stress_reader_main, &rd), 0);
+    for (int t = 0; t < STRESS_T; t++) {
+        memset(&tr[t], 0, sizeof tr[t]);
+        tr[t].t = t;
+        tr[t].st = st;
+        tr[t].l = &l;
+        tr[t].params = malloc(l.total * sizeof(float));
+        memcpy(tr[t].params, initial, l.total * sizeof(float));
+        for (int b = 0; b < STRESS_NB; b++) {
+            tr[t].pulls[b].tr = &tr[t];
+            tr[t].pulls[b].b = b;
+        }
+        pthread_mutex_init(&tr[t].mu, NULL);
+        pthread_cond_init(&tr[t].cv, NULL);
+        cr_assert_eq(pthread_create(&th[t], NULL, stress_trainer_main, &tr[t]), 0);
+    }
+    for (int t = 0; t < STRESS_T; t++)
+        pthread_join(th[t], NULL);
+    atomic_store(&rd.stop, 1);
+    pthread_join(rth, NULL);
+    for (int t = 0; t < STRESS_T; t++)
+        cr_assert_eq(tr[t].failures, 0, "%s", tr[t].why);
+    cr_assert_eq(rd.failures, 0, "a version went back");
+
+    /* Sequential reference: every trainer sees the same parameters at every step. */
+    float *p = malloc(l.total * sizeof(float));
+    float *state = calloc(2 * l.total, sizeof(float));
+    float *g = malloc(STRESS_MAXLEN * sizeof(float));
+    float *acc = malloc(STRESS_MAXLEN * sizeof(float));
+    memcpy(p, initial, l.total * sizeof(float));
+    for (int s = 0; s < STRESS_STEPS; s++) {
+        for (int b = 0; b < STRESS_NB; b++) {
+            const ps_block_spec *spec = &l.blocks[b];
+            float *pb = p + spec->offset;
+            for (int t = 0; t < STRESS_T; t++) {
+                stress_grad(t == 0 ? acc : g, pb, spec->length, t, s, b);
+                if (t > 0)
+                    for (uint64_t i = 0; i < spec->length; i++)
+                        acc[i] += g[i];
+            }
+            pst_optim_apply(&cfg.optim, s + 1, pb, state + spec->offset, l.total, acc,
+                            spec->length);
+        }
+    }
+    float *got = malloc(STRESS_MAXLEN * sizeof(float));
+    for (int b = 0; b < STRESS_NB; b++) {
+        const ps_block_spec *spec = &l.blocks[b];
+        int64_t ver = -1;
+        cr_assert_eq(ps_store_read(st, spec->id, got, &ver), PST_OK);
+        cr_assert_eq(ver, STRESS_STEPS);
+        cr_assert(memcmp(got, p + spec->offset, spec->length * sizeof(float)) == 0,
+                  "block %u differs from the sequential reference", (unsigned)spec->id);
+        for (int t = 0; t < STRESS_T; t++)
+            cr_assert(memcmp(tr[t].params + spec->offset, got,
+                             spec->length * sizeof(float)) == 0,
+                      "trainer %d's last pull of block %u differs", t, (unsigned)spec->id);
+    }
+    for (int t = 0; t < STRESS_T; t++)
+        free(tr[t].params);
+    free(got);
+    free(acc);
+    free(g);
+    free(state);
+    free(p);
+    free(initial);
+    ps_store_free(st);
+}
+
+/* Async under contention: with SGD, lr 0.5 and small integer gradients every update is exact
+ * in float, so the final values are the same whatever the interleaving. */
+typedef struct async_worker {
+    ps_store *st;
+    int t;
+    int steps;
+    int failures;
+} async_worker;
+
+/* Few, long blocks: the threads collide on the same block most of the time. */
+#define ASYNC_NB 2
+#define ASYNC_LEN 4096
+
+static void *async_worker_main(void *arg)
+{
+    async_worker *w = arg;
+    float *g = malloc(ASYNC_LEN * sizeof(float));
+    for (int s = 0; s < w->steps; s++) {
+        for (int b = 0; b < ASYNC_NB; b++) {
+            for (int i = 0; i < ASYNC_LEN; i++)
+                g[i] = (float)((w->t + s + b + i) % 5 - 2);
+            fill_src f = {.g = g};
+            int dup = -1;
+            if (ps_store_push(w->st, (uint32_t)w->t, s, (uint32_t)b, ASYNC_LEN, fill_copy, &f,
+                              &dup) != PST_OK || dup != 0)
+                w->failures++;
+            if (ps_store_push(w->st, (uint32_t)w->t, s, (uint32_t)b, ASYNC_LEN, fill_copy, &f,
+                              &dup) != PST_OK || dup != 1)
+                w->failures++;
+        }
+    }
+    free(g);
+    return NULL;
+}
+
+Test(store, multithreaded_async_counts_every_push, .timeout = 20)
+{
+    enum { T = 4, STEPS = 400 };
+    ps_block_spec blocks[ASYNC_NB];
+    for (int b = 0; b < ASYNC_NB; b++)
+        blocks[b] = (ps_block_spec){.id = (uint32_t)b, .offset = (uint64_t)b * ASYNC_LEN,
+                                    .length = ASYNC_LEN};
+    ps_store_config cfg = {.mode = PS_MODE_ASYNC, .num_trainers = T, .blocks = blocks,
+                           .nblocks = ASYNC_NB};
+    pst_optim_defaults(&cfg.optim);
+    cfg.optim.kind = PST_OPTIM_SGD;
+    cfg.optim.lr = 0.5f;
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK);
+    async_worker w[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        w[t] = (async_worker){.st = st, .t = t, .steps = STEPS};
+        cr_assert_eq(pthread_create(&th[t], NULL, async_worker_main, &w[t]), 0);
+    }
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        cr_assert_eq(w[t].failures, 0);
+    }
+    for (int b = 0; b < ASYNC_NB; b++) {
+        static float got[ASYNC_LEN];
+        int64_t ver = -1;
+        cr_assert_eq(ps_store_read(st, (uint32_t)b, got, &ver), PST_OK);
+        cr_assert_eq(ver, T * STEPS);
+        for (int i = 0; i < ASYNC_LEN; i++) {
+            float want = 0.0f;
+            for (int t = 0; t < T; t++)
+                for (int s = 0; s < STEPS; s++)
+                    want -= 0.5f * (float)((t + s + b + i) % 5 - 2);
+            cr_assert_eq(got[i], want, "block %d element %d: %g, want %g", b, i,
+                         (double)got[i], (double)want);
+        }
+    }
+    ps_store_free(st);
+}
