@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "pserver/service.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
@@ -28,6 +29,7 @@ static const char *env_lookup(const char *name)
 
 int main(int argc, char **argv)
 {
+    pst_memory_tune();
     pst_config cfg;
     if (pst_config_load(&cfg, PST_ROLE_PSERVER, argc, argv, env_lookup) != PST_OK) {
         fprintf(stderr, "pserver: %s\n", pst_error_detail());

@@ -19,8 +19,12 @@ void tr_blas_core_reexec(char **argv)
     const char *core = tr_blas_core_pick();
     if (!core)
         return;
-    if (setenv("OPENBLAS_CORETYPE", core, 1) != 0)
+    /* Exec the resolved path, not /proc/self/exe, so the process keeps its name. */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || setenv("OPENBLAS_CORETYPE", core, 1) != 0)
         return;
-    execv("/proc/self/exe", argv);
+    self[n] = '\0';
+    execv(self, argv);
     unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with the default kernels */
 }

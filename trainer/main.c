@@ -9,6 +9,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "trainer/blas_core.h"
 #include "trainer/remote.h"
 #include "trainer/train.h"
@@ -41,6 +42,7 @@ int main(int argc, char **argv)
         return 0;
     }
     tr_blas_core_reexec(argv);
+    pst_memory_tune();
     pst_config cfg;
     pst_status st = pst_config_load(&cfg, PST_ROLE_TRAINER, argc, argv, env_lookup);
     if (st != PST_OK) {
