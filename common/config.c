@@ -187,7 +187,7 @@ static const opt options[] = {
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
-    {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_ALL, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
+    {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
     {"server-threads", "PSTRAIN_SERVER_THREADS", NULL, NULL, "2", "pserver RPC and update threads", R_PSERVER, OPT_INT, F(server_threads), 1, 256, NULL},
     {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
@@ -209,10 +209,10 @@ static const opt options[] = {
     {"lr-schedule", "PSTRAIN_LR_SCHEDULE", NULL, NULL, "constant", "constant or warmup_cosine", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_schedule},
     {"warmup-steps", "PSTRAIN_WARMUP_STEPS", NULL, NULL, "100", "warmup_cosine: steps of linear warmup", R_TRAINER, OPT_LONG, F(optim.warmup_steps), 0, 1e12, NULL},
     {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 1e6, NULL},
-    {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append per-step and per-epoch metrics as JSON lines to this file", R_ALL, OPT_STR, S(metrics_path), 0, 0, NULL},
+    {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append per-step and per-epoch metrics as JSON lines to this file", R_TRAINER, OPT_STR, S(metrics_path), 0, 0, NULL},
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
-    {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_ALL, OPT_INT, F(threads), 0, 1024, NULL},
+    {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
 };
@@ -506,8 +506,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "lr_schedule", pst_lr_schedule_name(cfg->optim.schedule), &first);
         fprintf(out, ",\"warmup_steps\":%ld,\"min_lr\":%g,\"connect_timeout_ms\":%ld",
                 cfg->optim.warmup_steps, cfg->optim.min_lr, cfg->connect_timeout_ms);
+        fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d", cfg->rpc_timeout_ms,
+                cfg->threads);
+        json_str(out, "metrics", cfg->metrics_path, &first);
     }
-    fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d", cfg->rpc_timeout_ms, cfg->threads);
-    json_str(out, "metrics", cfg->metrics_path, &first);
     fputs("}\n", out);
 }
