@@ -371,7 +371,8 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         size_t len = eq ? (size_t)(eq - name) : strlen(name);
         const opt *o = find_flag(name, len, rmask);
         if (!o)
-            return pst_error_set(PST_ERR_INVALID, "%.*s: unknown flag for the %s (see --help)",
+            return pst_error_set(PST_ERR_INVALID,
+                                 "%.*s: unknown flag for the %s (example: --batch 128; see --help)",
                                  (int)(len + 2), a, pst_role_name(role));
         const char *v;
         if (eq)

@@ -22,12 +22,14 @@ void pst_metrics_write(pst_metrics *m, const char *event, const char *fields, ..
     if (!m || !m->f)
         return;
     char line[1024];
-    int n = snprintf(line, sizeof line, "{\"event\":\"%s\"%s", event, fields[0] ? "," : "");
-    va_list ap;
-    va_start(ap, fields);
-    if (n < (int)sizeof line)
-        n += vsnprintf(line + n, sizeof line - n, fields, ap);
-    va_end(ap);
+    int n = snprintf(line, sizeof line, "{\"event\":\"%s\"%s", event,
+                     fields && fields[0] ? "," : "");
+    if (fields && n < (int)sizeof line) {
+        va_list ap;
+        va_start(ap, fields);
+        vsnprintf(line + n, sizeof line - n, fields, ap);
+        va_end(ap);
+    }
     fputs(line, m->f);
     fputs("}\n", m->f);
 }

@@ -17,7 +17,7 @@ typedef struct pst_metrics {
  * Errors: PST_ERR_IO naming the path. */
 pst_status pst_metrics_open(pst_metrics *m, const char *path);
 /* Writes `{"event":"<event>",<fields>}`; fields is printf-formatted JSON members
- * ("\"step\":%ld,\"loss\":%.6f"), may be "". */
+ * ("\"step\":%ld,\"loss\":%.6f"), or NULL for none. Records are cut at 1 KiB. */
 void pst_metrics_write(pst_metrics *m, const char *event, const char *fields, ...)
     __attribute__((format(printf, 3, 4)));
 void pst_metrics_close(pst_metrics *m); /* accepts a zeroed writer */

@@ -176,13 +176,14 @@ Test(config, pserver_types_from_the_environment)
                        "PSTRAIN_SERVER_THREADS", "8", "PSTRAIN_RPC_TIMEOUT_MS", "250",
                        "PSTRAIN_METRICS", "/tmp/ps.jsonl", "PSTRAIN_LOG_LEVEL", "warn",
                        "PSTRAIN_THREADS", "1")));
+    /* Trainer-only settings in the environment are ignored by the pserver. */
     cr_expect_eq(c.port, 7001);
     cr_expect_str_eq(c.bind_host, "127.0.0.1");
     cr_expect_eq(c.server_threads, 8);
-    cr_expect_eq(c.rpc_timeout_ms, 250L);
-    cr_expect_str_eq(c.metrics_path, "/tmp/ps.jsonl");
+    cr_expect_eq(c.rpc_timeout_ms, 60000L);
+    cr_expect_str_eq(c.metrics_path, "");
     cr_expect_eq(c.log_level, PST_LOG_WARN);
-    cr_expect_eq(c.threads, 1);
+    cr_expect_eq(c.threads, 0);
 }
 
 Test(config, byte_sizes)
@@ -892,7 +893,7 @@ Test(config, print_pserver_json)
     expect_has(s, "\"pserver_id\":1");
     expect_has(s, "\"server_threads\":3");
     expect_has(s, "\"bind\":\"127.0.0.1\"");
-    expect_has(s, "\"rpc_timeout_ms\":60000");
+    cr_expect_null(strstr(s, "rpc_timeout_ms"), "trainer-only setting printed for a pserver");
     free(s);
 }
 
@@ -942,8 +943,8 @@ Test(config, help_lists_variables)
         expect_has(t, trainer_names[i]);
     static const char *const pserver_names[] = {
         "PSTRAIN_PORT", "PADDLE_PORT", "PSTRAIN_BIND", "POD_IP", "PSTRAIN_PSERVER_ID",
-        "PSTRAIN_PSERVERS", "PSTRAIN_SERVER_THREADS", "PSTRAIN_RPC_TIMEOUT_MS",
-        "PSTRAIN_LOG_LEVEL", "PSTRAIN_THREADS", "TRAINING_ROLE", "--port 7164"};
+        "PSTRAIN_PSERVERS", "PSTRAIN_SERVER_THREADS", "PSTRAIN_LOG_LEVEL", "TRAINING_ROLE",
+        "--port 7164"};
     for (size_t i = 0; i < sizeof pserver_names / sizeof pserver_names[0]; i++)
         expect_has(p, pserver_names[i]);
     /* Each program lists its own settings only. */
@@ -951,6 +952,8 @@ Test(config, help_lists_variables)
     cr_expect_null(strstr(t, "PSTRAIN_SERVER_THREADS"));
     cr_expect_null(strstr(p, "PSTRAIN_BATCH"), "pserver help lists PSTRAIN_BATCH");
     cr_expect_null(strstr(p, "PSTRAIN_BLOCK_BYTES"));
+    cr_expect_null(strstr(p, "PSTRAIN_THREADS"), "BLAS threads are the trainer's");
+    cr_expect_null(strstr(p, "PSTRAIN_METRICS"), "the pserver writes no metrics file");
     free(t);
     free(p);
 }
