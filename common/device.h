@@ -12,6 +12,10 @@
  *     re-recording an event moves the mark; a wait already submitted keeps the old mark;
  *   - a failed work item makes its stream's status sticky: later items on that stream are
  *     skipped and pst_stream_synchronize() returns the first error (with its detail).
+ *     A stream that waits on an event whose mark was reached on a failed stream takes
+ *     that error as its own sticky status, so failures follow the dependencies;
+ *   - an event is recorded on a stream of its own device (as in CUDA); a stream of any
+ *     device of the same runtime may wait on it.
  * On the CPU backend a stream is a worker thread with a FIFO queue; "kernels" are host
  * functions (pst_stream_launch). A CUDA backend implements the same table
  * (device_impl.h) with cudaStream_t / cudaEvent_t and cudaLaunchHostFunc.
@@ -26,6 +30,7 @@
 #define PST_DEVICE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 
@@ -54,6 +59,12 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec);
 /* Stops and frees everything; accepts NULL. Streams still holding work are drained first. */
 void pst_runtime_free(pst_runtime *rt);
 int pst_runtime_count(const pst_runtime *rt);
+/* Test hook (for tests that hunt ordering bugs with injected random delays; production
+ * code never calls it): from now on, before each work item, every stream of `rt` sleeps a
+ * pseudo-random 0..max_us microseconds drawn from its own pst_rng seeded with
+ * (seed, stream id). max_us 0 turns it off. Same seed, same delays per stream. A no-op for
+ * a NULL runtime or a backend without the hook. */
+void pst_runtime_set_jitter(pst_runtime *rt, uint64_t seed, unsigned max_us);
 pst_backend_kind pst_runtime_backend(const pst_runtime *rt);
 /* Device i in [0, count), or NULL when out of range. */
 pst_device *pst_runtime_device(pst_runtime *rt, int i);
