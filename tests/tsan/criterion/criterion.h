@@ -1,0 +1,134 @@
+/* tests/tsan/criterion/criterion.h — a minimal criterion-compatible runner, used ONLY to
+ * run the multi-threaded suites under ThreadSanitizer (make test-tsan).
+ *
+ * Why: libcriterion maps its shared arena at fixed random addresses, which TSan's shadow
+ * memory occupies on this machine, so criterion aborts at start-up under TSan ("Could not
+ * initialize inheritable arena"; Criterion issue #274). The same test sources compile
+ * against this header instead: Test() registers a function, each test runs in a forked
+ * child with a 120 s alarm like criterion's, the cr_assert_* / cr_expect_* subset the
+ * suites use is provided, and the run ends with "N passed, N failed". */
+#ifndef PST_TSAN_CRITERION_H
+#define PST_TSAN_CRITERION_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct tsan_test {
+    const char *suite, *name;
+    void (*fn)(void);
+    void (*init)(void);
+    void (*fini)(void);
+} tsan_test;
+
+static tsan_test tsan_tests[512];
+static int tsan_ntests;
+static int tsan_expect_failed;
+
+static void tsan_register(const char *s, const char *n, void (*fn)(void), void (*init)(void),
+                          void (*fini)(void))
+{
+    if (tsan_ntests < 512)
+        tsan_tests[tsan_ntests++] = (tsan_test){s, n, fn, init, fini};
+}
+
+__attribute__((format(printf, 5, 6))) static void
+tsan_report(int fatal, const char *file, int line, const char *expr, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s:%d: assertion failed: %s: ", file, line, expr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (fatal)
+        _exit(1);
+    tsan_expect_failed = 1;
+}
+
+struct criterion_test_extra_data {
+    void (*init)(void);
+    void (*fini)(void);
+    double timeout; /* accepted; the runner's alarm covers every test */
+};
+
+#define TSAN_CAT_(a, b) a##b
+#define Test(suite, name, ...)                                                             \
+    static void suite##_##name(void);                                                      \
+    __attribute__((constructor)) static void TSAN_CAT_(tsan_reg_, suite##_##name)(void)    \
+    {                                                                                      \
+        struct criterion_test_extra_data x = {__VA_ARGS__};                                \
+        (void)x;                                                                           \
+        tsan_register(#suite, #name, suite##_##name, x.init, x.fini);                      \
+    }                                                                                      \
+    static void suite##_##name(void)
+/* Test(suite, name, .init = f, .fini = g) works because the extra arguments are
+ * designated initializers of criterion_test_extra_data. */
+
+#define TSAN_CHECK_(fatal, cond, ...)                                                      \
+    do {                                                                                   \
+        if (!(cond))                                                                       \
+            tsan_report(fatal, __FILE__, __LINE__, #cond, " " __VA_ARGS__);                 \
+    } while (0)
+#define cr_assert(c, ...) TSAN_CHECK_(1, (c), __VA_ARGS__)
+#define cr_expect(c, ...) TSAN_CHECK_(0, (c), __VA_ARGS__)
+#define cr_assert_not(c, ...) TSAN_CHECK_(1, !(c), __VA_ARGS__)
+#define cr_assert_eq(a, b, ...) TSAN_CHECK_(1, (a) == (b), __VA_ARGS__)
+#define cr_assert_neq(a, b, ...) TSAN_CHECK_(1, (a) != (b), __VA_ARGS__)
+#define cr_assert_lt(a, b, ...) TSAN_CHECK_(1, (a) < (b), __VA_ARGS__)
+#define cr_assert_leq(a, b, ...) TSAN_CHECK_(1, (a) <= (b), __VA_ARGS__)
+#define cr_assert_gt(a, b, ...) TSAN_CHECK_(1, (a) > (b), __VA_ARGS__)
+#define cr_assert_geq(a, b, ...) TSAN_CHECK_(1, (a) >= (b), __VA_ARGS__)
+#define cr_assert_null(a, ...) TSAN_CHECK_(1, (a) == NULL, __VA_ARGS__)
+#define cr_assert_not_null(a, ...) TSAN_CHECK_(1, (a) != NULL, __VA_ARGS__)
+#define cr_assert_str_eq(a, b, ...) TSAN_CHECK_(1, strcmp((a), (b)) == 0, __VA_ARGS__)
+#define cr_assert_float_eq(a, b, eps, ...) TSAN_CHECK_(1, fabs((double)(a) - (double)(b)) <= (eps), __VA_ARGS__)
+#define cr_expect_eq(a, b, ...) TSAN_CHECK_(0, (a) == (b), __VA_ARGS__)
+#define cr_expect_neq(a, b, ...) TSAN_CHECK_(0, (a) != (b), __VA_ARGS__)
+#define cr_expect_lt(a, b, ...) TSAN_CHECK_(0, (a) < (b), __VA_ARGS__)
+#define cr_expect_leq(a, b, ...) TSAN_CHECK_(0, (a) <= (b), __VA_ARGS__)
+#define cr_expect_gt(a, b, ...) TSAN_CHECK_(0, (a) > (b), __VA_ARGS__)
+#define cr_expect_geq(a, b, ...) TSAN_CHECK_(0, (a) >= (b), __VA_ARGS__)
+#define cr_expect_null(a, ...) TSAN_CHECK_(0, (a) == NULL, __VA_ARGS__)
+#define cr_expect_not_null(a, ...) TSAN_CHECK_(0, (a) != NULL, __VA_ARGS__)
+#define cr_expect_str_eq(a, b, ...) TSAN_CHECK_(0, strcmp((a), (b)) == 0, __VA_ARGS__)
+#define cr_expect_float_eq(a, b, eps, ...) TSAN_CHECK_(0, fabs((double)(a) - (double)(b)) <= (eps), __VA_ARGS__)
+#define cr_log_info(...) fprintf(stderr, __VA_ARGS__)
+#define cr_log_warn(...) fprintf(stderr, __VA_ARGS__)
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    int pass = 0, fail = 0;
+    for (int i = 0; i < tsan_ntests; i++) {
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+            alarm(120);
+            if (tsan_tests[i].init)
+                tsan_tests[i].init();
+            tsan_tests[i].fn();
+            if (tsan_tests[i].fini)
+                tsan_tests[i].fini();
+            _exit(tsan_expect_failed);
+        }
+        int st = 0;
+        waitpid(p, &st, 0);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+            pass++;
+        } else {
+            fail++;
+            fprintf(stderr, "[FAIL] %s::%s (status %d)\n", tsan_tests[i].suite,
+                    tsan_tests[i].name, st);
+        }
+    }
+    printf("%d passed, %d failed\n", pass, fail);
+    return fail != 0;
+}
+
+#endif /* PST_TSAN_CRITERION_H */
