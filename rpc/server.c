@@ -1,0 +1,694 @@
+/* server.c — gRPC C core server for /pstrain.PServer/ with deferred replies.
+ *
+ * Not for: the meaning of the methods (pserver/), framing (wire.c).
+ *
+ * DESIGN. One completion queue serves everything and a small pool of threads drains it;
+ * each event's tag is a struct srv_tag naming what completed. The four methods are
+ * registered with GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, so a call arrives with its
+ * request body already read; a few requests per method are kept posted (a request is
+ * re-posted as soon as one is matched). Every other method arrives through
+ * grpc_server_request_call and is answered UNIMPLEMENTED at once, because gRPC would
+ * otherwise hold such calls until their deadline.
+ *
+ * An arrived call first posts RECV_CLOSE_ON_SERVER, which completes when the call ends for
+ * any reason and tells whether the client cancelled (went away, deadline passed); then the
+ * body is decoded (failures answered INVALID_ARGUMENT here) and the handler runs. The
+ * handler, or any thread later, completes the call once: an atomic `completed` flag makes
+ * the owner's reply and the server's shutdown-time failure race safely, and only the
+ * winner posts the send batch (initial metadata, message, status). Two reference counts
+ * keep things valid: grpc_refs (the close op and the send op) releases the grpc_call as
+ * soon as the reply is sent and the call closed, whether or not the owner still holds its
+ * handle (after a shutdown-time failure it may); refs (gRPC side + owner) frees the
+ * rpc_call once the owner has let go too.
+ * A reply to a client that went away simply completes with success == 0.
+ *
+ * Shutdown: stop accepting (grpc_server_shutdown_and_notify), optionally fail the pending
+ * calls, wait for the shutdown tag and for every call's gRPC side to finish, destroy the
+ * server, shut the queue down and join the threads once it is drained. */
+#include "rpc/server.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+
+#include "common/log.h"
+
+enum {
+    SRV_REQUESTS_PER_METHOD = 4, /* requests kept posted for each registered method */
+    SRV_MAX_THREADS = 64,
+    SRV_CANCEL_AFTER_S = 5, /* shutdown with fail_pending: cancel calls still in transfer */
+};
+
+enum srv_tag_kind {
+    TAG_NEW_CALL,    /* a registered-method request matched (or failed at shutdown) */
+    TAG_NEW_GENERIC, /* an unknown-method request matched */
+    TAG_CLOSE,       /* RECV_CLOSE_ON_SERVER of a call */
+    TAG_SEND,        /* the reply batch of a call */
+    TAG_GENERIC_DONE,
+    TAG_SHUTDOWN,
+};
+
+struct srv_tag {
+    enum srv_tag_kind kind;
+    void *obj;
+};
+
+struct rpc_call {
+    rpc_server *srv;
+    rpc_method method;
+    struct srv_tag t_new, t_close, t_send;
+    grpc_call *gcall;
+    gpr_timespec deadline;
+    grpc_metadata_array req_md;
+    grpc_byte_buffer *req_bb; /* request body until decoded */
+    rpc_message *msg;
+    char *peer; /* gpr_malloc'd */
+    int close_cancelled;
+    atomic_int cancelled;
+    atomic_int completed;
+    atomic_int grpc_refs; /* close op + send op */
+    atomic_int refs;      /* gRPC side + owner */
+    /* reply, alive until the send batch completes */
+    grpc_byte_buffer *reply_bb;
+    grpc_slice status_details;
+    grpc_metadata trail;
+    char trail_val[16];
+    struct rpc_call *prev, *next; /* the server's list of arrived calls */
+    struct rpc_call *fail_next;   /* fail_pending's work list */
+};
+
+struct gen_call {
+    rpc_server *srv;
+    struct srv_tag t_new, t_done;
+    grpc_call *gcall;
+    grpc_call_details details;
+    grpc_metadata_array md;
+    int cancelled;
+    grpc_slice status_details;
+};
+
+struct rpc_server {
+    grpc_server *server;
+    grpc_completion_queue *cq;
+    void *methods[RPC_METHOD_COUNT_];
+    int port;
+    rpc_handler_fn handler;
+    void *handler_arg;
+    pthread_t threads[SRV_MAX_THREADS];
+    int nthreads;
+    struct srv_tag t_shutdown;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int shutting;      /* shutdown_and_notify issued (or about to be) */
+    int shutdown_done; /* its tag arrived */
+    int finished;      /* shutdown complete: threads joined, queue destroyed */
+    int grpc_live;     /* calls (registered or generic) whose gRPC side is alive */
+    struct rpc_call *calls;
+};
+
+/* ---- call lifetime ------------------------------------------------------------------- */
+
+static void call_destroy(rpc_call *c)
+{
+    if (c->gcall != NULL)
+        grpc_call_unref(c->gcall);
+    if (c->req_bb != NULL)
+        grpc_byte_buffer_destroy(c->req_bb);
+    grpc_metadata_array_destroy(&c->req_md);
+    rpc_message_free(c->msg);
+    if (c->peer != NULL)
+        gpr_free(c->peer);
+    free(c);
+}
+
+static void call_unref(rpc_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    rpc_server *s = c->srv;
+    pthread_mutex_lock(&s->mu);
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        s->calls = c->next;
+    if (c->next != NULL)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&s->mu);
+    call_destroy(c);
+}
+
+static void live_done(rpc_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->grpc_live--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void call_grpc_unref(rpc_call *c)
+{
+    if (atomic_fetch_sub(&c->grpc_refs, 1) != 1)
+        return;
+    rpc_server *s = c->srv;
+    grpc_call_unref(c->gcall);
+    c->gcall = NULL;
+    live_done(s);
+    call_unref(c);
+}
+
+/* Posts the reply batch; the caller won the `completed` flag. Takes `bb` (may be NULL). */
+static void call_send(rpc_call *c, pst_status st, const char *detail, grpc_byte_buffer *bb)
+{
+    grpc_op ops[3];
+    size_t n = 0;
+    memset(ops, 0, sizeof(ops));
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    n++;
+    if (bb != NULL) {
+        c->reply_bb = bb;
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n].data.send_message.send_message = bb;
+        n++;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = rpc_status_to_grpc(st);
+    if (st != PST_OK) {
+        snprintf(c->trail_val, sizeof(c->trail_val), "%d", (int)st);
+        c->trail.key = grpc_slice_from_static_string(RPC_STATUS_METADATA_KEY);
+        c->trail.value = grpc_slice_from_static_string(c->trail_val);
+        ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+        ops[n].data.send_status_from_server.trailing_metadata = &c->trail;
+        c->status_details = grpc_slice_from_copied_string(detail != NULL ? detail : "");
+        ops[n].data.send_status_from_server.status_details = &c->status_details;
+    }
+    n++;
+    grpc_call_error err = grpc_call_start_batch(c->gcall, ops, n, &c->t_send, NULL);
+    if (err != GRPC_CALL_OK) {
+        PST_DEBUG("rpc server: %s reply not sent: %s", rpc_method_name(c->method),
+                  grpc_call_error_to_string(err));
+        if (c->reply_bb != NULL)
+            grpc_byte_buffer_destroy(c->reply_bb);
+        c->reply_bb = NULL;
+        grpc_slice_unref(c->status_details);
+        c->status_details = grpc_empty_slice();
+        call_grpc_unref(c);
+    }
+}
+
+static void on_send_done(rpc_call *c, int success)
+{
+    if (!success)
+        PST_DEBUG("rpc server: %s reply to %s dropped (client gone)",
+                  rpc_method_name(c->method), c->peer != NULL ? c->peer : "?");
+    if (c->reply_bb != NULL)
+        grpc_byte_buffer_destroy(c->reply_bb);
+    c->reply_bb = NULL;
+    grpc_slice_unref(c->status_details);
+    c->status_details = grpc_empty_slice();
+    call_grpc_unref(c);
+}
+
+static void on_close(rpc_call *c)
+{
+    if (c->close_cancelled) {
+        atomic_store(&c->cancelled, 1);
+        if (!atomic_load(&c->completed))
+            PST_DEBUG("rpc server: %s call from %s cancelled before its reply",
+                      rpc_method_name(c->method), c->peer != NULL ? c->peer : "?");
+    }
+    call_grpc_unref(c);
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+static void request_registered(rpc_server *s, rpc_method m)
+{
+    rpc_call *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        PST_DEBUG("rpc server: out of memory re-posting a %s request", rpc_method_name(m));
+        return;
+    }
+    c->srv = s;
+    c->method = m;
+    c->t_new = (struct srv_tag){TAG_NEW_CALL, c};
+    c->t_close = (struct srv_tag){TAG_CLOSE, c};
+    c->t_send = (struct srv_tag){TAG_SEND, c};
+    c->status_details = grpc_empty_slice();
+    grpc_metadata_array_init(&c->req_md);
+    grpc_call_error err = grpc_server_request_registered_call(
+        s->server, s->methods[m], &c->gcall, &c->deadline, &c->req_md, &c->req_bb, s->cq,
+        s->cq, &c->t_new);
+    if (err != GRPC_CALL_OK) {
+        PST_DEBUG("rpc server: cannot post a %s request: %s", rpc_method_name(m),
+                  grpc_call_error_to_string(err));
+        call_destroy(c);
+    }
+}
+
+static void request_generic(rpc_server *s)
+{
+    struct gen_call *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
+        PST_DEBUG("rpc server: out of memory re-posting the generic request");
+        return;
+    }
+    g->srv = s;
+    g->t_new = (struct srv_tag){TAG_NEW_GENERIC, g};
+    g->t_done = (struct srv_tag){TAG_GENERIC_DONE, g};
+    g->status_details = grpc_empty_slice();
+    grpc_call_details_init(&g->details);
+    grpc_metadata_array_init(&g->md);
+    grpc_call_error err =
+        grpc_server_request_call(s->server, &g->gcall, &g->details, &g->md, s->cq, s->cq,
+                                 &g->t_new);
+    if (err != GRPC_CALL_OK) {
+        PST_DEBUG("rpc server: cannot post the generic request: %s",
+                  grpc_call_error_to_string(err));
+        grpc_call_details_destroy(&g->details);
+        grpc_metadata_array_destroy(&g->md);
+        free(g);
+    }
+}
+
+static void gen_destroy(struct gen_call *g)
+{
+    if (g->gcall != NULL)
+        grpc_call_unref(g->gcall);
+    grpc_slice_unref(g->status_details);
+    grpc_call_details_destroy(&g->details);
+    grpc_metadata_array_destroy(&g->md);
+    free(g);
+}
+
+/* Counts a matched generic call as alive and says whether to re-post its request. */
+static int arrival(rpc_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->grpc_live++;
+    int repost = !s->shutting;
+    pthread_mutex_unlock(&s->mu);
+    return repost;
+}
+
+static void on_new_generic(struct gen_call *g, int success)
+{
+    rpc_server *s = g->srv;
+    if (!success) {
+        gen_destroy(g);
+        return;
+    }
+    if (arrival(s))
+        request_generic(s);
+    char method[256];
+    size_t ml = GRPC_SLICE_LENGTH(g->details.method);
+    if (ml >= sizeof(method))
+        ml = sizeof(method) - 1;
+    memcpy(method, GRPC_SLICE_START_PTR(g->details.method), ml);
+    method[ml] = '\0';
+    char detail[320];
+    snprintf(detail, sizeof(detail), "unknown method %s (this server serves /pstrain.PServer/"
+             "Init, Push, Pull, Finish)", method);
+    PST_DEBUG("rpc server: %s", detail);
+    g->status_details = grpc_slice_from_copied_string(detail);
+    grpc_op ops[3];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[1].data.recv_close_on_server.cancelled = &g->cancelled;
+    ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[2].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+    ops[2].data.send_status_from_server.status_details = &g->status_details;
+    grpc_call_error err = grpc_call_start_batch(g->gcall, ops, 3, &g->t_done, NULL);
+    if (err != GRPC_CALL_OK) {
+        PST_DEBUG("rpc server: cannot answer %s: %s", method, grpc_call_error_to_string(err));
+        gen_destroy(g);
+        live_done(s);
+    }
+}
+
+static void on_new_call(rpc_call *c, int success)
+{
+    rpc_server *s = c->srv;
+    if (!success) { /* shutdown: the posted request is returned unmatched */
+        call_destroy(c);
+        return;
+    }
+    atomic_init(&c->grpc_refs, 2);
+    atomic_init(&c->refs, 2);
+    c->peer = grpc_call_get_peer(c->gcall);
+    pthread_mutex_lock(&s->mu);
+    s->grpc_live++;
+    int repost = !s->shutting;
+    c->next = s->calls;
+    if (s->calls != NULL)
+        s->calls->prev = c;
+    s->calls = c;
+    pthread_mutex_unlock(&s->mu);
+    if (repost)
+        request_registered(s, c->method);
+
+    grpc_op op;
+    memset(&op, 0, sizeof(op));
+    op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+    grpc_call_error err = grpc_call_start_batch(c->gcall, &op, 1, &c->t_close, NULL);
+    if (err != GRPC_CALL_OK) {
+        PST_DEBUG("rpc server: cannot watch %s call for cancellation: %s",
+                  rpc_method_name(c->method), grpc_call_error_to_string(err));
+        call_grpc_unref(c);
+    }
+
+    grpc_byte_buffer *bb = c->req_bb;
+    c->req_bb = NULL;
+    pst_status st = rpc_wire_decode(bb, rpc_method_request_desc(c->method), &c->msg);
+    if (st != PST_OK) {
+        PST_DEBUG("rpc server: bad %s request from %s: %s", rpc_method_name(c->method),
+                  c->peer != NULL ? c->peer : "?", pst_error_detail());
+        if (!atomic_exchange(&c->completed, 1)) /* unless shutdown failed it already */
+            call_send(c, st, pst_error_detail(), NULL);
+        call_unref(c); /* no owner */
+        return;
+    }
+    s->handler(s->handler_arg, c);
+}
+
+static void *server_thread(void *arg)
+{
+    rpc_server *s = arg;
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+        if (ev.type != GRPC_OP_COMPLETE)
+            continue;
+        struct srv_tag *t = ev.tag;
+        switch (t->kind) {
+        case TAG_NEW_CALL:
+            on_new_call(t->obj, ev.success);
+            break;
+        case TAG_NEW_GENERIC:
+            on_new_generic(t->obj, ev.success);
+            break;
+        case TAG_CLOSE:
+            on_close(t->obj);
+            break;
+        case TAG_SEND:
+            on_send_done(t->obj, ev.success);
+            break;
+        case TAG_GENERIC_DONE:
+            gen_destroy(t->obj);
+            live_done(s);
+            break;
+        case TAG_SHUTDOWN:
+            pthread_mutex_lock(&s->mu);
+            s->shutdown_done = 1;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* ---- server -------------------------------------------------------------------------- */
+
+/* Drains a shut-down queue that no thread serves (initialization failures). */
+static void cq_drain(grpc_completion_queue *cq)
+{
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+}
+
+pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
+{
+    *out = NULL;
+    if (cfg == NULL || cfg->handler == NULL || cfg->bind == NULL)
+        return pst_error_set(PST_ERR_INVALID, "rpc server: no handler or bind address");
+    int nthreads = cfg->threads == 0 ? 2 : cfg->threads;
+    if (nthreads < 1 || nthreads > SRV_MAX_THREADS)
+        return pst_error_set(PST_ERR_INVALID, "rpc server: %d threads (1..%d, 0 for 2)",
+                             cfg->threads, SRV_MAX_THREADS);
+    rpc_server *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return pst_error_set(PST_ERR_NOMEM, "rpc server");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->handler = cfg->handler;
+    s->handler_arg = cfg->handler_arg;
+    s->t_shutdown = (struct srv_tag){TAG_SHUTDOWN, s};
+    pst_status st = PST_OK;
+
+    /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
+    grpc_arg args[3];
+    memset(args, 0, sizeof(args));
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = -1;
+    args[1].type = GRPC_ARG_INTEGER;
+    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+    args[1].value.integer = -1;
+    args[2].type = GRPC_ARG_INTEGER;
+    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
+    args[2].value.integer = 0;
+    grpc_channel_args cargs = {3, args};
+    s->server = grpc_server_create(&cargs, NULL);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(s->server, s->cq, NULL);
+    for (int m = 0; m < RPC_METHOD_COUNT_; m++) {
+        s->methods[m] = grpc_server_register_method(s->server, rpc_method_path(m), NULL,
+                                                    GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+                                                    0);
+        if (s->methods[m] == NULL) {
+            st = pst_error_set(PST_ERR_INTERNAL, "rpc server: cannot register %s",
+                               rpc_method_path(m));
+            goto error;
+        }
+    }
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    s->port = grpc_server_add_http2_port(s->server, cfg->bind, creds);
+    grpc_server_credentials_release(creds);
+    if (s->port <= 0) {
+        st = pst_error_set(PST_ERR_IO,
+                           "rpc server: cannot listen on %s (address in use or not "
+                           "host:port)",
+                           cfg->bind);
+        goto error;
+    }
+    /* Threads first: if one cannot start, the server was never started and unwinds
+     * simply. Polling a queue before grpc_server_start is allowed. */
+    for (int i = 0; i < nthreads; i++) {
+        if (pthread_create(&s->threads[i], NULL, server_thread, s) != 0) {
+            st = pst_error_set(PST_ERR_NOMEM, "rpc server: cannot start thread %d of %d", i,
+                               nthreads);
+            goto error;
+        }
+        s->nthreads++;
+    }
+    grpc_server_start(s->server);
+    for (int m = 0; m < RPC_METHOD_COUNT_; m++)
+        for (int k = 0; k < SRV_REQUESTS_PER_METHOD; k++)
+            request_registered(s, m);
+    request_generic(s);
+    PST_DEBUG("rpc server: listening on %s (port %d, %d threads)", cfg->bind, s->port,
+              s->nthreads);
+    *out = s;
+    return PST_OK;
+
+error:
+    grpc_server_destroy(s->server);
+    grpc_completion_queue_shutdown(s->cq);
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->threads[i], NULL);
+    if (s->nthreads == 0)
+        cq_drain(s->cq);
+    grpc_completion_queue_destroy(s->cq);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return st;
+}
+
+int rpc_server_port(const rpc_server *s)
+{
+    return s->port;
+}
+
+/* Fails every call not completed yet. A call whose `completed` flag we win keeps its send
+ * reference until we post the send, so it stays alive after the lock is dropped; the
+ * sends are posted outside the lock because a refused one re-enters it (live_done). */
+static void fail_pending(rpc_server *s)
+{
+    rpc_call *todo = NULL;
+    pthread_mutex_lock(&s->mu);
+    for (rpc_call *c = s->calls; c != NULL; c = c->next) {
+        if (atomic_exchange(&c->completed, 1))
+            continue;
+        c->fail_next = todo;
+        todo = c;
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (todo != NULL) {
+        rpc_call *c = todo;
+        todo = c->fail_next;
+        call_send(c, PST_ERR_UNAVAILABLE, "server shutting down", NULL);
+    }
+}
+
+void rpc_server_shutdown(rpc_server *s, int fail)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->shutting) {
+        while (!s->finished)
+            pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->shutting = 1;
+    pthread_mutex_unlock(&s->mu);
+
+    grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
+    if (fail)
+        fail_pending(s);
+    pthread_mutex_lock(&s->mu);
+    if (fail) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += SRV_CANCEL_AFTER_S;
+        while (!(s->shutdown_done && s->grpc_live == 0)) {
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
+                break;
+        }
+        if (!(s->shutdown_done && s->grpc_live == 0)) {
+            pthread_mutex_unlock(&s->mu);
+            PST_DEBUG("rpc server: cancelling calls still in transfer");
+            grpc_server_cancel_all_calls(s->server);
+            pthread_mutex_lock(&s->mu);
+        }
+    }
+    while (!(s->shutdown_done && s->grpc_live == 0))
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+
+    grpc_server_destroy(s->server);
+    s->server = NULL;
+    grpc_completion_queue_shutdown(s->cq);
+    for (int i = 0; i < s->nthreads; i++)
+        pthread_join(s->threads[i], NULL);
+    grpc_completion_queue_destroy(s->cq);
+    s->cq = NULL;
+
+    pthread_mutex_lock(&s->mu);
+    s->finished = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    PST_DEBUG("rpc server: port %d shut down", s->port);
+}
+
+void rpc_server_free(rpc_server *s)
+{
+    if (s == NULL)
+        return;
+    rpc_server_shutdown(s, 1);
+    /* Calls the owner never completed after a shutdown-time failure. */
+    rpc_call *c = s->calls;
+    while (c != NULL) {
+        rpc_call *next = c->next;
+        call_destroy(c);
+        c = next;
+    }
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* ---- calls --------------------------------------------------------------------------- */
+
+rpc_method rpc_call_method(const rpc_call *c)
+{
+    return c->method;
+}
+
+const ProtobufCMessage *rpc_call_request(const rpc_call *c)
+{
+    return rpc_message_header(c->msg);
+}
+
+const rpc_payload *rpc_call_payload(const rpc_call *c)
+{
+    return rpc_message_payload(c->msg);
+}
+
+int rpc_call_cancelled(const rpc_call *c)
+{
+    return atomic_load(&((rpc_call *)c)->cancelled);
+}
+
+const char *rpc_call_peer(const rpc_call *c)
+{
+    return c->peer != NULL ? c->peer : "?";
+}
+
+static pst_status already_completed(rpc_call *c)
+{
+    pst_status st = pst_error_set(PST_ERR_STATE,
+                                  "rpc server: %s call was already failed (server shutting "
+                                  "down)",
+                                  rpc_method_name(c->method));
+    call_unref(c);
+    return st;
+}
+
+pst_status rpc_call_reply(rpc_call *c, const ProtobufCMessage *reply, const void *payload,
+                          size_t bytes, rpc_release_fn release, void *arg)
+{
+    if (atomic_exchange(&c->completed, 1)) {
+        if (release != NULL)
+            release(arg);
+        return already_completed(c);
+    }
+    const ProtobufCMessageDescriptor *want = rpc_method_reply_desc(c->method);
+    pst_status st;
+    if (reply == NULL || reply->descriptor != want) {
+        if (release != NULL)
+            release(arg);
+        st = pst_error_set(PST_ERR_INVALID, "rpc server: %s reply must be a %s, not %s",
+                           rpc_method_name(c->method), want->name,
+                           reply != NULL ? reply->descriptor->name : "NULL");
+        call_send(c, PST_ERR_INTERNAL, pst_error_detail(), NULL);
+    } else {
+        grpc_byte_buffer *bb = NULL;
+        st = rpc_wire_encode(reply, payload, bytes, release, arg, &bb);
+        if (st == PST_OK)
+            call_send(c, PST_OK, NULL, bb);
+        else
+            call_send(c, PST_ERR_INTERNAL, pst_error_detail(), NULL);
+    }
+    call_unref(c);
+    return st;
+}
+
+pst_status rpc_call_fail(rpc_call *c, pst_status st, const char *fmt, ...)
+{
+    if (atomic_exchange(&c->completed, 1))
+        return already_completed(c);
+    char detail[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    if (st == PST_OK) /* a failure must not read as success */
+        st = PST_ERR_INTERNAL;
+    call_send(c, st, detail, NULL);
+    call_unref(c);
+    return PST_OK;
+}

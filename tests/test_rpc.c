@@ -1,0 +1,1084 @@
+/* test_rpc.c — rpc/: framing (no network), then server and client over loopback.
+ *
+ * criterion runs every test in a forked process, and gRPC must not be initialized before
+ * a fork. A test that needs a server therefore forks FIRST: the child initializes gRPC,
+ * runs an rpc_server with the test handlers below and reports its bound port through a
+ * pipe; only then does the parent initialize gRPC and run clients. The child exits when a
+ * Finish call arrives, dies with its parent (PR_SET_PDEATHSIG) and after an alarm(), so
+ * nothing outlives a failed test. Addresses: 127.0.0.1, port 0 only.
+ *
+ * Test handlers (child): Init replies version = total_params (trainer_id 999: the number
+ * of deferred calls found cancelled when answered), or fails with status
+ * trainer_id - 1000 for trainer_id >= 1000; Push echoes its payload (checking it against
+ * dtype/length when length != 0); Pull is deferred: a separate thread answers it after
+ * `version` milliseconds with PULL_LEN elements of pull_value(block, i) in the requested
+ * dtype; Finish replies, then the child shuts down (failing pending calls) and exits 0. */
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+
+#include "common/dtype.h"
+#include "rpc/client.h"
+#include "rpc/global.h"
+#include "rpc/server.h"
+#include "rpc/wire.h"
+
+#define PULL_LEN 4096
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Exact in f16 and bf16: multiples of 0.5 with at most 7 significant bits. */
+static float pull_value(uint32_t block, size_t i)
+{
+    return (float)((i % 64) + block % 64) * 0.5f;
+}
+
+/* ==== the child server ================================================================= */
+
+struct pending {
+    rpc_call *call;
+    double due;
+    struct pending *next;
+};
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct pending *q;
+    int stop;
+    int finish;
+    atomic_int cancelled_seen; /* deferred calls found cancelled when answered */
+} child;
+
+static void reply_pull(rpc_call *call)
+{
+    const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(call);
+    pst_dtype dt;
+    if (rpc_dtype_from_wire(req->dtype, &dt) != PST_OK) {
+        rpc_call_fail(call, PST_ERR_INVALID, "pull dtype %d", (int)req->dtype);
+        return;
+    }
+    float *f = malloc(PULL_LEN * sizeof(float));
+    void *buf = malloc(PULL_LEN * pst_dtype_size(dt));
+    for (size_t i = 0; i < PULL_LEN; i++)
+        f[i] = pull_value(req->block, i);
+    pst_cast(buf, dt, f, PST_F32, PULL_LEN);
+    free(f);
+    Pstrain__PullReply rep = PSTRAIN__PULL_REPLY__INIT;
+    rep.block = req->block;
+    rep.version = req->version;
+    rep.dtype = req->dtype;
+    rep.length = PULL_LEN;
+    /* After a shutdown-time failure this returns PST_ERR_STATE and frees buf: fine. */
+    rpc_call_reply(call, &rep.base, buf, PULL_LEN * pst_dtype_size(dt), free, buf);
+}
+
+/* Answers deferred pulls when they are due; at stop, answers whatever is left. */
+static void *releaser(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&child.mu);
+    for (;;) {
+        struct pending **best = NULL;
+        for (struct pending **pp = &child.q; *pp != NULL; pp = &(*pp)->next)
+            if (best == NULL || (*pp)->due < (*best)->due)
+                best = pp;
+        if (best == NULL && child.stop)
+            break;
+        if (best != NULL && (child.stop || (*best)->due <= now_s())) {
+            struct pending *p = *best;
+            *best = p->next;
+            pthread_mutex_unlock(&child.mu);
+            if (rpc_call_cancelled(p->call))
+                atomic_fetch_add(&child.cancelled_seen, 1);
+            reply_pull(p->call);
+            free(p);
+            pthread_mutex_lock(&child.mu);
+            continue;
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double wait = best != NULL ? (*best)->due - now_s() : 1.0;
+        long ns = until.tv_nsec + (long)(wait * 1e9);
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&child.cv, &child.mu, &until);
+    }
+    pthread_mutex_unlock(&child.mu);
+    return NULL;
+}
+
+static void child_handler(void *arg, rpc_call *call)
+{
+    (void)arg;
+    switch (rpc_call_method(call)) {
+    case RPC_METHOD_INIT: {
+        const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+        if (req->trainer_id >= 1000) {
+            pst_status st = (pst_status)(req->trainer_id - 1000);
+            rpc_call_fail(call, st, "marked failure %d (%s)", (int)st, pst_strerror(st));
+            return;
+        }
+        Pstrain__InitReply rep = PSTRAIN__INIT_REPLY__INIT;
+        rep.version = req->trainer_id == 999 ? atomic_load(&child.cancelled_seen)
+                                             : (int64_t)req->total_params;
+        rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+        return;
+    }
+    case RPC_METHOD_PUSH: {
+        const Pstrain__PushRequest *req = (const Pstrain__PushRequest *)rpc_call_request(call);
+        const rpc_payload *p = rpc_call_payload(call);
+        pst_dtype dt;
+        if (req->length != 0 && (rpc_dtype_from_wire(req->dtype, &dt) != PST_OK ||
+                                 rpc_payload_check(p, dt, req->length) != PST_OK)) {
+            rpc_call_fail(call, PST_ERR_INVALID, "push: %s", pst_error_detail());
+            return;
+        }
+        void *copy = malloc(p->bytes > 0 ? p->bytes : 1);
+        rpc_payload_read(p, 0, copy, p->bytes);
+        Pstrain__PushReply rep = PSTRAIN__PUSH_REPLY__INIT;
+        rep.duplicate = req->step % 2 != 0;
+        rpc_call_reply(call, &rep.base, copy, p->bytes, free, copy);
+        return;
+    }
+    case RPC_METHOD_PULL: {
+        const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(call);
+        struct pending *p = malloc(sizeof(*p));
+        p->call = call;
+        p->due = now_s() + (double)req->version / 1000.0;
+        pthread_mutex_lock(&child.mu);
+        p->next = child.q;
+        child.q = p;
+        pthread_cond_signal(&child.cv);
+        pthread_mutex_unlock(&child.mu);
+        return;
+    }
+    case RPC_METHOD_FINISH: {
+        Pstrain__FinishReply rep = PSTRAIN__FINISH_REPLY__INIT;
+        rpc_call_reply(call, &rep.base, NULL, 0, NULL, NULL);
+        pthread_mutex_lock(&child.mu);
+        child.finish = 1;
+        pthread_cond_broadcast(&child.cv);
+        pthread_mutex_unlock(&child.mu);
+        return;
+    }
+    default:
+        rpc_call_fail(call, PST_ERR_INTERNAL, "unexpected method");
+    }
+}
+
+static void child_run(int wfd, int threads)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    alarm(50);
+    rpc_global_init();
+    pthread_mutex_init(&child.mu, NULL);
+    pthread_cond_init(&child.cv, NULL);
+    pthread_t rel;
+    pthread_create(&rel, NULL, releaser, NULL);
+    rpc_server *srv;
+    rpc_server_config cfg = {.bind = "127.0.0.1:0", .threads = threads,
+                             .handler = child_handler};
+    int port = -1;
+    if (rpc_server_init(&srv, &cfg) != PST_OK) {
+        fprintf(stderr, "child: %s\n", pst_error_detail());
+        (void)!write(wfd, &port, sizeof(port));
+        _exit(2);
+    }
+    port = rpc_server_port(srv);
+    (void)!write(wfd, &port, sizeof(port));
+    close(wfd);
+    pthread_mutex_lock(&child.mu);
+    while (!child.finish)
+        pthread_cond_wait(&child.cv, &child.mu);
+    pthread_mutex_unlock(&child.mu);
+    rpc_server_shutdown(srv, 1);
+    pthread_mutex_lock(&child.mu);
+    child.stop = 1;
+    pthread_cond_broadcast(&child.cv);
+    pthread_mutex_unlock(&child.mu);
+    pthread_join(rel, NULL);
+    rpc_server_free(srv);
+    rpc_global_shutdown();
+    _exit(0);
+}
+
+/* ==== parent helpers =================================================================== */
+
+typedef struct server_proc {
+    pid_t pid;
+    int port;
+    char addr[32];
+} server_proc;
+
+/* Forks the server child, reads its port, then initializes gRPC in this process. */
+static server_proc spawn_server(int threads)
+{
+    server_proc sp;
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    sp.pid = fork();
+    cr_assert_geq(sp.pid, 0);
+    if (sp.pid == 0) {
+        close(fds[0]);
+        child_run(fds[1], threads);
+    }
+    close(fds[1]);
+    struct pollfd pfd = {.fd = fds[0], .events = POLLIN};
+    cr_assert_eq(poll(&pfd, 1, 10000), 1, "server child did not report its port");
+    cr_assert_eq(read(fds[0], &sp.port, sizeof(sp.port)), (ssize_t)sizeof(sp.port));
+    close(fds[0]);
+    cr_assert_gt(sp.port, 0, "server child failed to start");
+    snprintf(sp.addr, sizeof(sp.addr), "127.0.0.1:%d", sp.port);
+    rpc_global_init();
+    return sp;
+}
+
+/* Waits up to `secs` for the child; kills it when it overstays. Returns its exit code,
+ * or -1 when it had to be killed or died of a signal. */
+static int reap(server_proc *sp, double secs)
+{
+    double end = now_s() + secs;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(sp->pid, &status, WNOHANG);
+        if (r == sp->pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (now_s() > end) {
+            kill(sp->pid, SIGKILL);
+            waitpid(sp->pid, &status, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+}
+
+static rpc_client *connect_to(const server_proc *sp, int call_timeout_ms,
+                              int connect_timeout_ms)
+{
+    const char *addrs[1] = {sp->addr};
+    rpc_client_config cfg = {.servers = addrs, .num_servers = 1,
+                             .call_timeout_ms = call_timeout_ms,
+                             .connect_timeout_ms = connect_timeout_ms};
+    rpc_client *cl;
+    cr_assert_eq(rpc_client_init(&cl, &cfg), PST_OK, "%s", pst_error_detail());
+    return cl;
+}
+
+/* Sends Finish, frees the client, expects the child to exit 0 (clean shutdown). */
+static void finish_server(server_proc *sp, rpc_client *cl)
+{
+    Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
+    rpc_message *rep = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_FINISH, &req.base, NULL, 0, &rep);
+    rpc_message_free(rep);
+    rpc_client_free(cl);
+    int code = reap(sp, 15);
+    rpc_global_shutdown();
+    cr_assert_eq(st, PST_OK, "finish: %s", pst_error_detail());
+    cr_assert_eq(code, 0, "server child exit code %d", code);
+}
+
+static pst_status call_init(rpc_client *cl, uint32_t trainer_id, uint64_t total,
+                            int64_t *version)
+{
+    Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
+    req.trainer_id = trainer_id;
+    req.total_params = total;
+    rpc_message *rep = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_INIT, &req.base, NULL, 0, &rep);
+    if (st == PST_OK && version != NULL)
+        *version = ((const Pstrain__InitReply *)rpc_message_header(rep))->version;
+    rpc_message_free(rep);
+    return st;
+}
+
+/* A unary call made with bare gRPC, for what rpc_client would never send. */
+typedef struct raw_result {
+    grpc_status_code code;
+    char detail[512];
+    int pst; /* RPC_STATUS_METADATA_KEY value, -1 when absent */
+    double secs;
+} raw_result;
+
+static raw_result raw_call(int port, const char *method, const void *body, size_t len,
+                           int timeout_ms)
+{
+    raw_result r = {.code = GRPC_STATUS_UNKNOWN, .pst = -1};
+    char target[64];
+    snprintf(target, sizeof(target), "127.0.0.1:%d", port);
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
+    grpc_channel_credentials_release(creds);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(timeout_ms, GPR_TIMESPAN));
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                               grpc_slice_from_static_string(method), NULL,
+                                               deadline, NULL);
+    grpc_slice s = grpc_slice_from_copied_buffer(body, len);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array imd, tmd;
+    grpc_metadata_array_init(&imd);
+    grpc_metadata_array_init(&tmd);
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof(ops));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+    ops[5].data.recv_status_on_client.status = &r.code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    double t0 = now_s();
+    cr_assert_eq(grpc_call_start_batch(call, ops, 6, (void *)1, NULL), GRPC_CALL_OK);
+    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    cr_assert_eq(ev.type, GRPC_OP_COMPLETE);
+    r.secs = now_s() - t0;
+    size_t n = GRPC_SLICE_LENGTH(details);
+    if (n >= sizeof(r.detail))
+        n = sizeof(r.detail) - 1;
+    memcpy(r.detail, GRPC_SLICE_START_PTR(details), n);
+    r.detail[n] = '\0';
+    for (size_t i = 0; i < tmd.count; i++)
+        if (!grpc_slice_str_cmp(tmd.metadata[i].key, RPC_STATUS_METADATA_KEY)) {
+            char num[16] = {0};
+            size_t k = GRPC_SLICE_LENGTH(tmd.metadata[i].value);
+            memcpy(num, GRPC_SLICE_START_PTR(tmd.metadata[i].value), k < 15 ? k : 15);
+            r.pst = atoi(num);
+        }
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&imd);
+    grpc_metadata_array_destroy(&tmd);
+    grpc_byte_buffer_destroy(send);
+    if (recv != NULL)
+        grpc_byte_buffer_destroy(recv);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    return r;
+}
+
+/* A body with the framing done by hand: [len][header bytes][payload]. */
+static size_t frame(uint8_t *out, uint32_t hlen_claimed, const void *hdr, size_t hlen,
+                    const void *payload, size_t plen)
+{
+    out[0] = (uint8_t)hlen_claimed;
+    out[1] = (uint8_t)(hlen_claimed >> 8);
+    out[2] = (uint8_t)(hlen_claimed >> 16);
+    out[3] = (uint8_t)(hlen_claimed >> 24);
+    memcpy(out + 4, hdr, hlen);
+    memcpy(out + 4 + hlen, payload, plen);
+    return 4 + hlen + plen;
+}
+
+/* ==== framing, no network ============================================================== */
+
+static atomic_int released;
+static void count_release(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&released, 1);
+}
+
+/* Flattens a byte buffer into malloc'd memory. */
+static uint8_t *flatten(grpc_byte_buffer *bb, size_t *len)
+{
+    grpc_byte_buffer_reader r;
+    cr_assert(grpc_byte_buffer_reader_init(&r, bb));
+    grpc_slice all = grpc_byte_buffer_reader_readall(&r);
+    grpc_byte_buffer_reader_destroy(&r);
+    *len = GRPC_SLICE_LENGTH(all);
+    uint8_t *out = malloc(*len);
+    memcpy(out, GRPC_SLICE_START_PTR(all), *len);
+    grpc_slice_unref(all);
+    return out;
+}
+
+/* Cuts `body` into slices of `chunk` bytes (the last shorter). */
+static grpc_byte_buffer *cut(const uint8_t *body, size_t len, size_t chunk)
+{
+    size_t n = len == 0 ? 0 : (len + chunk - 1) / chunk;
+    grpc_slice *s = calloc(n + 1, sizeof(*s));
+    for (size_t i = 0; i < n; i++) {
+        size_t k = len - i * chunk < chunk ? len - i * chunk : chunk;
+        s[i] = grpc_slice_from_copied_buffer((const char *)body + i * chunk, k);
+    }
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, n);
+    for (size_t i = 0; i < n; i++)
+        grpc_slice_unref(s[i]);
+    free(s);
+    return bb;
+}
+
+Test(wire, roundtrip_header_straddles_slices)
+{
+    rpc_global_init();
+    enum { N = 1001 };
+    float ref[N];
+    uint16_t half[N];
+    for (int i = 0; i < N; i++)
+        ref[i] = (float)(i - 500) * 0.25f;
+    pst_cast(half, PST_F16, ref, PST_F32, N);
+
+    Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+    req.trainer_id = 3;
+    req.step = 123456789012LL;
+    req.block = 7;
+    req.dtype = PSTRAIN__DTYPE__F16;
+    req.length = N;
+    grpc_byte_buffer *bb;
+    atomic_store(&released, 0);
+    cr_assert_eq(rpc_wire_encode(&req.base, half, sizeof(half), count_release, NULL, &bb),
+                 PST_OK);
+    /* Two slices: header (not copied into) and the caller's payload memory itself. */
+    cr_assert_eq(bb->data.raw.slice_buffer.count, 2);
+    cr_assert_eq(GRPC_SLICE_START_PTR(bb->data.raw.slice_buffer.slices[1]), (uint8_t *)half,
+                 "payload slice must reference the caller's memory");
+    size_t len;
+    uint8_t *body = flatten(bb, &len);
+    size_t h = protobuf_c_message_get_packed_size(&req.base);
+    cr_assert_eq(len, 4 + h + sizeof(half));
+    cr_assert_eq(body[0] | body[1] << 8 | body[2] << 16 | (uint32_t)body[3] << 24, h);
+    cr_assert_eq(atomic_load(&released), 0);
+    grpc_byte_buffer_destroy(bb);
+    cr_assert_eq(atomic_load(&released), 1, "release runs once gRPC drops the payload");
+
+    static const size_t chunks[] = {1, 2, 3, 5, 7, 13, 64, 4096};
+    for (size_t k = 0; k < sizeof(chunks) / sizeof(chunks[0]); k++) {
+        rpc_message *m;
+        cr_assert_eq(rpc_wire_decode(cut(body, len, chunks[k]),
+                                     &pstrain__push_request__descriptor, &m),
+                     PST_OK, "chunk %zu: %s", chunks[k], pst_error_detail());
+        const Pstrain__PushRequest *got = (const Pstrain__PushRequest *)rpc_message_header(m);
+        cr_assert_eq(got->trainer_id, 3);
+        cr_assert_eq(got->step, 123456789012LL);
+        cr_assert_eq(got->block, 7);
+        cr_assert_eq(got->dtype, PSTRAIN__DTYPE__F16);
+        cr_assert_eq(got->length, N);
+        const rpc_payload *p = rpc_message_payload(m);
+        cr_assert_eq(p->offset, 4 + h);
+        cr_assert_eq(p->bytes, sizeof(half));
+        cr_assert_eq(rpc_payload_check(p, PST_F16, N), PST_OK);
+        uint16_t raw[N];
+        cr_assert_eq(rpc_payload_read(p, 0, raw, sizeof(raw)), PST_OK);
+        cr_assert_eq(memcmp(raw, half, sizeof(half)), 0, "chunk %zu", chunks[k]);
+        float f[N];
+        cr_assert_eq(rpc_payload_read_f32(p, PST_F16, 0, f, N), PST_OK);
+        cr_assert_eq(memcmp(f, ref, sizeof(ref)), 0, "chunk %zu: f16 -> f32", chunks[k]);
+        float part[17];
+        cr_assert_eq(rpc_payload_read_f32(p, PST_F16, 3, part, 17), PST_OK);
+        cr_assert_eq(memcmp(part, ref + 3, sizeof(part)), 0);
+        cr_assert_eq(rpc_payload_read(p, 5, raw, 3), PST_OK); /* odd offset, odd size */
+        cr_assert_eq(memcmp(raw, (const uint8_t *)half + 5, 3), 0);
+        rpc_message_free(m);
+    }
+    free(body);
+
+    /* f32 payload read as f32, header cut by every possible slice size. */
+    float vals[100];
+    for (int i = 0; i < 100; i++)
+        vals[i] = (float)i * 1.5f;
+    Pstrain__PullReply rep = PSTRAIN__PULL_REPLY__INIT;
+    rep.block = 70000;
+    rep.version = -5;
+    rep.length = 100;
+    cr_assert_eq(rpc_wire_encode(&rep.base, vals, sizeof(vals), NULL, NULL, &bb), PST_OK);
+    body = flatten(bb, &len);
+    grpc_byte_buffer_destroy(bb);
+    for (size_t chunk = 1; chunk <= 20; chunk++) {
+        rpc_message *m;
+        cr_assert_eq(rpc_wire_decode(cut(body, len, chunk), &pstrain__pull_reply__descriptor,
+                                     &m),
+                     PST_OK);
+        const Pstrain__PullReply *got = (const Pstrain__PullReply *)rpc_message_header(m);
+        cr_assert_eq(got->block, 70000);
+        cr_assert_eq(got->version, -5);
+        float f[100];
+        cr_assert_eq(rpc_payload_read_f32(rpc_message_payload(m), PST_F32, 0, f, 100), PST_OK);
+        cr_assert_eq(memcmp(f, vals, sizeof(f)), 0);
+        rpc_message_free(m);
+    }
+    free(body);
+    rpc_global_shutdown();
+}
+
+Test(wire, bad_framing_is_format_error)
+{
+    rpc_global_init();
+    rpc_message *m = (rpc_message *)1;
+    cr_assert_eq(rpc_wire_decode(NULL, &pstrain__push_request__descriptor, &m),
+                 PST_ERR_FORMAT);
+    cr_assert_null(m);
+
+    uint8_t b[64];
+    cr_assert_eq(rpc_wire_decode(cut((const uint8_t *)"\x01\x00\x00", 3, 1),
+                                 &pstrain__push_request__descriptor, &m),
+                 PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "shorter") != NULL, "%s", pst_error_detail());
+
+    size_t n = frame(b, 1000, "\x08\x01", 2, "abcd", 4);
+    cr_assert_eq(rpc_wire_decode(cut(b, n, 1), &pstrain__push_request__descriptor, &m),
+                 PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "header length 1000") != NULL, "%s",
+              pst_error_detail());
+
+    n = frame(b, 0xffffffffu, "", 0, "abcd", 4);
+    cr_assert_eq(rpc_wire_decode(cut(b, n, 3), &pstrain__push_request__descriptor, &m),
+                 PST_ERR_FORMAT);
+
+    n = frame(b, 3, "\xff\xff\xff", 3, "", 0);
+    cr_assert_eq(rpc_wire_decode(cut(b, n, 2), &pstrain__push_request__descriptor, &m),
+                 PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "not a valid protobuf") != NULL, "%s",
+              pst_error_detail());
+
+    /* Header filling the whole body: valid, empty payload. Empty header: valid too. */
+    n = frame(b, 2, "\x08\x09", 2, "", 0);
+    cr_assert_eq(rpc_wire_decode(cut(b, n, 1), &pstrain__push_request__descriptor, &m), PST_OK);
+    cr_assert_eq(((const Pstrain__PushRequest *)rpc_message_header(m))->trainer_id, 9);
+    cr_assert_eq(rpc_message_payload(m)->bytes, 0);
+    rpc_message_free(m);
+    n = frame(b, 0, "", 0, "xyz", 3);
+    cr_assert_eq(rpc_wire_decode(cut(b, n, 4), &pstrain__push_request__descriptor, &m), PST_OK);
+    const rpc_payload *p = rpc_message_payload(m);
+    cr_assert_eq(p->bytes, 3);
+    cr_assert_eq(rpc_payload_check(p, PST_F32, 1), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "3 bytes") != NULL, "%s", pst_error_detail());
+    cr_assert_eq(rpc_payload_read(p, 2, b, 2), PST_ERR_INVALID);
+    float f;
+    cr_assert_eq(rpc_payload_read_f32(p, PST_F16, 1, &f, 1), PST_ERR_INVALID);
+    rpc_message_free(m);
+
+    /* A header over RPC_WIRE_MAX_HEADER is refused and the payload released anyway. */
+    Pstrain__BlockSpec big = PSTRAIN__BLOCK_SPEC__INIT;
+    big.id = UINT32_MAX;
+    big.offset = UINT64_MAX;
+    big.length = UINT64_MAX;
+    enum { NBLK = 600000 }; /* 30 bytes each: > 16 MiB */
+    Pstrain__BlockSpec **blocks = malloc(NBLK * sizeof(*blocks));
+    for (int i = 0; i < NBLK; i++)
+        blocks[i] = &big;
+    Pstrain__InitRequest ir = PSTRAIN__INIT_REQUEST__INIT;
+    ir.n_blocks = NBLK;
+    ir.blocks = blocks;
+    grpc_byte_buffer *bb = (grpc_byte_buffer *)1;
+    atomic_store(&released, 0);
+    cr_assert_eq(rpc_wire_encode(&ir.base, b, 8, count_release, NULL, &bb), PST_ERR_INVALID);
+    cr_assert_null(bb);
+    cr_assert_eq(atomic_load(&released), 1);
+    cr_assert(strstr(pst_error_detail(), "limit") != NULL, "%s", pst_error_detail());
+    free(blocks);
+    rpc_global_shutdown();
+}
+
+Test(wire, status_mapping)
+{
+    static const struct {
+        pst_status st;
+        grpc_status_code code;
+    } table[] = {
+        {PST_OK, GRPC_STATUS_OK},
+        {PST_ERR_INVALID, GRPC_STATUS_INVALID_ARGUMENT},
+        {PST_ERR_FORMAT, GRPC_STATUS_INVALID_ARGUMENT},
+        {PST_ERR_NOT_FOUND, GRPC_STATUS_NOT_FOUND},
+        {PST_ERR_MISMATCH, GRPC_STATUS_FAILED_PRECONDITION},
+        {PST_ERR_STATE, GRPC_STATUS_FAILED_PRECONDITION},
+        {PST_ERR_UNAVAILABLE, GRPC_STATUS_UNAVAILABLE},
+        {PST_ERR_TIMEOUT, GRPC_STATUS_DEADLINE_EXCEEDED},
+        {PST_ERR_NOMEM, GRPC_STATUS_RESOURCE_EXHAUSTED},
+        {PST_ERR_UNSUPPORTED, GRPC_STATUS_UNIMPLEMENTED},
+        {PST_ERR_IO, GRPC_STATUS_DATA_LOSS},
+        {PST_ERR_INTERNAL, GRPC_STATUS_INTERNAL},
+    };
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+        cr_assert_eq(rpc_status_to_grpc(table[i].st), table[i].code, "%s",
+                     pst_strerror(table[i].st));
+    /* Back, for peers that send no pst-status metadata. */
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_OK), PST_OK);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_INVALID_ARGUMENT), PST_ERR_INVALID);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_NOT_FOUND), PST_ERR_NOT_FOUND);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_FAILED_PRECONDITION), PST_ERR_STATE);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_UNAVAILABLE), PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_DEADLINE_EXCEEDED), PST_ERR_TIMEOUT);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_UNIMPLEMENTED), PST_ERR_UNSUPPORTED);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_CANCELLED), PST_ERR_STATE);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_UNKNOWN), PST_ERR_INTERNAL);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_DATA_LOSS), PST_ERR_IO);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_RESOURCE_EXHAUSTED), PST_ERR_NOMEM);
+    cr_assert_str_eq(rpc_method_path(RPC_METHOD_PULL), "/pstrain.PServer/Pull");
+    cr_assert_eq(rpc_method_reply_desc(RPC_METHOD_INIT), &pstrain__init_reply__descriptor);
+}
+
+/* ==== over loopback ==================================================================== */
+
+Test(rpc, error_status_both_ways, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 10000, 5000);
+    int64_t version = 0;
+    cr_assert_eq(call_init(cl, 0, 4242, &version), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(version, 4242);
+    /* Every status arrives exactly, with the server's detail and the server's address. */
+    for (int st = PST_ERR_INVALID; st < PST_ERR_COUNT_; st++) {
+        if (st == PST_ERR_UNAVAILABLE)
+            continue; /* retried by design; covered by the shutdown test */
+        pst_status got = call_init(cl, 1000 + (uint32_t)st, 0, NULL);
+        cr_assert_eq(got, (pst_status)st, "sent %s, got %s", pst_strerror(st),
+                     pst_strerror(got));
+        char want[64];
+        snprintf(want, sizeof(want), "marked failure %d", st);
+        cr_assert(strstr(pst_error_detail(), want) != NULL, "%s", pst_error_detail());
+        cr_assert(strstr(pst_error_detail(), sp.addr) != NULL, "%s", pst_error_detail());
+    }
+    /* What a plain gRPC peer sees: the mapped code, the detail, the exact status. */
+    Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
+    req.trainer_id = 1000 + PST_ERR_MISMATCH;
+    grpc_byte_buffer *bb;
+    cr_assert_eq(rpc_wire_encode(&req.base, NULL, 0, NULL, NULL, &bb), PST_OK);
+    size_t len;
+    uint8_t *body = flatten(bb, &len);
+    grpc_byte_buffer_destroy(bb);
+    raw_result r = raw_call(sp.port, "/pstrain.PServer/Init", body, len, 5000);
+    cr_assert_eq(r.code, GRPC_STATUS_FAILED_PRECONDITION);
+    cr_assert(strstr(r.detail, "marked failure") != NULL, "%s", r.detail);
+    cr_assert_eq(r.pst, PST_ERR_MISMATCH);
+    free(body);
+    /* A wrongly typed request is refused before anything is sent. */
+    Pstrain__PullRequest pr = PSTRAIN__PULL_REQUEST__INIT;
+    rpc_message *rep = NULL;
+    cr_assert_eq(rpc_client_call(cl, 0, RPC_METHOD_PUSH, &pr.base, NULL, 0, &rep),
+                 PST_ERR_INVALID);
+    cr_assert_eq(rpc_client_call(cl, 1, RPC_METHOD_PUSH, &pr.base, NULL, 0, &rep),
+                 PST_ERR_INVALID);
+    finish_server(&sp, cl);
+}
+
+Test(rpc, large_payload_roundtrip, .timeout = 40)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 30000, 5000);
+    size_t n = (64u << 20) / sizeof(uint32_t);
+    uint32_t *send = malloc(n * sizeof(uint32_t));
+    uint32_t *recv = malloc(n * sizeof(uint32_t));
+    for (size_t i = 0; i < n; i++)
+        send[i] = (uint32_t)i * 2654435761u;
+    memset(recv, 0, n * sizeof(uint32_t));
+    Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+    req.step = 2;
+    req.dtype = PSTRAIN__DTYPE__F32;
+    req.length = n;
+    rpc_message *rep = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_PUSH, &req.base, send,
+                                    n * sizeof(uint32_t), &rep);
+    cr_assert_eq(st, PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(((const Pstrain__PushReply *)rpc_message_header(rep))->duplicate, 0);
+    const rpc_payload *p = rpc_message_payload(rep);
+    cr_assert_eq(p->bytes, n * sizeof(uint32_t));
+    cr_assert_gt(p->slices->count, 1, "a 64 MiB reply arrives in many slices");
+    cr_assert_eq(rpc_payload_read(p, 0, recv, p->bytes), PST_OK);
+    cr_assert_eq(memcmp(send, recv, n * sizeof(uint32_t)), 0, "64 MiB echo differs");
+    rpc_message_free(rep);
+    free(send);
+    free(recv);
+    finish_server(&sp, cl);
+}
+
+/* ---- many concurrent calls ------------------------------------------------------------ */
+
+struct batch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, released, failed;
+    char first_error[512];
+};
+
+struct acall {
+    struct batch *b;
+    rpc_method method;
+    uint8_t *send;
+    size_t bytes;
+    uint8_t *recv;
+    uint32_t block;
+    pst_dtype dtype;
+    float *pulled;
+    int ok;
+    double t_start, t_done;
+};
+
+static void batch_fail(struct batch *b, const char *what)
+{
+    if (b->failed++ == 0)
+        snprintf(b->first_error, sizeof(b->first_error), "%s", what);
+}
+
+static void acall_release(void *arg)
+{
+    struct acall *a = arg;
+    pthread_mutex_lock(&a->b->mu);
+    a->b->released++;
+    pthread_cond_broadcast(&a->b->cv);
+    pthread_mutex_unlock(&a->b->mu);
+}
+
+static void acall_done(void *arg, pst_status st, const char *detail,
+                       const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    struct acall *a = arg;
+    char err[512] = "";
+    a->t_done = now_s();
+    if (st != PST_OK) {
+        snprintf(err, sizeof(err), "%s: %s", pst_strerror(st), detail);
+    } else if (a->method == RPC_METHOD_PUSH) {
+        if (payload->bytes != a->bytes || rpc_payload_read(payload, 0, a->recv, a->bytes))
+            snprintf(err, sizeof(err), "push echo of %zu bytes, got %zu", a->bytes,
+                     payload->bytes);
+    } else {
+        const Pstrain__PullReply *r = (const Pstrain__PullReply *)reply;
+        pst_dtype dt;
+        if (r->block != a->block || rpc_dtype_from_wire(r->dtype, &dt) != PST_OK ||
+            dt != a->dtype || rpc_payload_check(payload, dt, r->length) != PST_OK ||
+            r->length != PULL_LEN ||
+            rpc_payload_read_f32(payload, dt, 0, a->pulled, PULL_LEN) != PST_OK)
+            snprintf(err, sizeof(err), "pull reply for block %u malformed", a->block);
+    }
+    pthread_mutex_lock(&a->b->mu);
+    a->ok = err[0] == '\0';
+    if (!a->ok)
+        batch_fail(a->b, err);
+    a->b->done++;
+    pthread_cond_broadcast(&a->b->cv);
+    pthread_mutex_unlock(&a->b->mu);
+}
+
+static void batch_wait(struct batch *b, int done, int released, double secs)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)secs;
+    pthread_mutex_lock(&b->mu);
+    while (b->done < done || b->released < released)
+        if (pthread_cond_timedwait(&b->cv, &b->mu, &until) != 0)
+            break;
+    int d = b->done, r = b->released;
+    pthread_mutex_unlock(&b->mu);
+    cr_assert_eq(d, done, "only %d of %d calls done", d, done);
+    cr_assert_eq(r, released, "only %d of %d payloads released", r, released);
+}
+
+static void start_pull(rpc_client *cl, struct acall *a, struct batch *b, uint32_t block,
+                       pst_dtype dt, int delay_ms)
+{
+    memset(a, 0, sizeof(*a));
+    a->b = b;
+    a->method = RPC_METHOD_PULL;
+    a->block = block;
+    a->dtype = dt;
+    a->pulled = malloc(PULL_LEN * sizeof(float));
+    a->t_start = now_s();
+    Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
+    req.block = block;
+    req.version = delay_ms;
+    req.dtype = rpc_dtype_to_wire(dt);
+    cr_assert_eq(rpc_client_call_async(cl, 0, RPC_METHOD_PULL, &req.base, NULL, 0,
+                                       acall_release, acall_done, a),
+                 PST_OK, "%s", pst_error_detail());
+}
+
+static void check_pull(const struct acall *a)
+{
+    cr_assert(a->ok);
+    for (size_t i = 0; i < PULL_LEN; i++)
+        cr_assert_eq(a->pulled[i], pull_value(a->block, i), "block %u [%zu]", a->block, i);
+}
+
+Test(rpc, many_concurrent_async_calls, .timeout = 40)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 20000, 5000);
+    enum { NPUSH = 256, NPULL = 64, BYTES = 64 << 10 };
+    struct batch b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    static struct acall pushes[NPUSH], pulls[NPULL];
+    for (int i = 0; i < NPULL; i++) /* deferred, answered by another thread, any order */
+        start_pull(cl, &pulls[i], &b, (uint32_t)i, i % 3 == 0 ? PST_F16 : PST_F32,
+                   (i * 37) % 200);
+    for (int i = 0; i < NPUSH; i++) {
+        struct acall *a = &pushes[i];
+        a->b = &b;
+        a->method = RPC_METHOD_PUSH;
+        a->bytes = BYTES - (size_t)i * 4;
+        a->send = malloc(a->bytes);
+        a->recv = malloc(a->bytes);
+        for (size_t k = 0; k < a->bytes; k++)
+            a->send[k] = (uint8_t)(k * 31 + (size_t)i * 7);
+        Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+        req.block = (uint32_t)i;
+        req.step = i;
+        cr_assert_eq(rpc_client_call_async(cl, 0, RPC_METHOD_PUSH, &req.base, a->send,
+                                           a->bytes, acall_release, acall_done, a),
+                     PST_OK, "%s", pst_error_detail());
+    }
+    batch_wait(&b, NPUSH + NPULL, NPUSH + NPULL, 30);
+    cr_assert_eq(b.failed, 0, "%d failed, first: %s", b.failed, b.first_error);
+    for (int i = 0; i < NPUSH; i++) {
+        cr_assert_eq(memcmp(pushes[i].send, pushes[i].recv, pushes[i].bytes), 0, "push %d", i);
+        free(pushes[i].send);
+        free(pushes[i].recv);
+    }
+    for (int i = 0; i < NPULL; i++) {
+        check_pull(&pulls[i]);
+        free(pulls[i].pulled);
+    }
+    finish_server(&sp, cl);
+}
+
+Test(rpc, deferred_reply_from_another_thread, .timeout = 30)
+{
+    server_proc sp = spawn_server(1);
+    rpc_client *cl = connect_to(&sp, 10000, 5000);
+    struct batch b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct acall slow, fast;
+    start_pull(cl, &slow, &b, 5, PST_BF16, 400);
+    start_pull(cl, &fast, &b, 6, PST_F32, 0);
+    /* While the slow pull waits, the server (one thread) keeps answering other calls. */
+    int64_t version = 0;
+    cr_assert_eq(call_init(cl, 0, 77, &version), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(version, 77);
+    batch_wait(&b, 2, 2, 10);
+    cr_assert_eq(b.failed, 0, "%s", b.first_error);
+    check_pull(&slow);
+    check_pull(&fast);
+    cr_assert_geq(slow.t_done - slow.t_start, 0.35, "answered after %.3f s",
+                  slow.t_done - slow.t_start);
+    cr_assert_lt(fast.t_done, slow.t_done);
+    free(slow.pulled);
+    free(fast.pulled);
+    finish_server(&sp, cl);
+}
+
+Test(rpc, malformed_request_then_good_call, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    uint8_t b[64];
+    size_t n = frame(b, 0x7fffffff, "", 0, "abcdef", 6);
+    raw_result r = raw_call(sp.port, "/pstrain.PServer/Push", b, n, 5000);
+    cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT, "code %d: %s", r.code, r.detail);
+    cr_assert(strstr(r.detail, "header length") != NULL, "%s", r.detail);
+    cr_assert_eq(r.pst, PST_ERR_FORMAT);
+    n = frame(b, 3, "\xff\xff\xff", 3, "", 0);
+    r = raw_call(sp.port, "/pstrain.PServer/Pull", b, n, 5000);
+    cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(r.detail, "not a valid protobuf") != NULL, "%s", r.detail);
+    r = raw_call(sp.port, "/pstrain.PServer/Init", "", 0, 5000);
+    cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(r.detail, "shorter") != NULL, "%s", r.detail);
+    /* Header says 10 f32 elements, payload has 9 bytes: the handler's own check. */
+    Pstrain__PushRequest pr = PSTRAIN__PUSH_REQUEST__INIT;
+    pr.length = 10;
+    uint8_t hdr[32];
+    size_t hl = protobuf_c_message_pack(&pr.base, hdr);
+    n = frame(b, (uint32_t)hl, hdr, hl, "123456789", 9);
+    r = raw_call(sp.port, "/pstrain.PServer/Push", b, n, 5000);
+    cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT);
+    cr_assert(strstr(r.detail, "9 bytes") != NULL, "%s", r.detail);
+
+    rpc_client *cl = connect_to(&sp, 10000, 5000);
+    uint32_t data[256];
+    for (int i = 0; i < 256; i++)
+        data[i] = (uint32_t)i;
+    Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+    req.length = 256;
+    rpc_message *rep = NULL;
+    cr_assert_eq(rpc_client_call(cl, 0, RPC_METHOD_PUSH, &req.base, data, sizeof(data), &rep),
+                 PST_OK, "%s", pst_error_detail());
+    uint32_t back[256];
+    cr_assert_eq(rpc_payload_read(rpc_message_payload(rep), 0, back, sizeof(back)), PST_OK);
+    cr_assert_eq(memcmp(back, data, sizeof(data)), 0);
+    rpc_message_free(rep);
+    finish_server(&sp, cl);
+}
+
+Test(rpc, unknown_method_is_unimplemented_at_once, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    raw_result r = raw_call(sp.port, "/pstrain.PServer/Nope", "x", 1, 10000);
+    cr_assert_eq(r.code, GRPC_STATUS_UNIMPLEMENTED, "code %d: %s", r.code, r.detail);
+    cr_assert_lt(r.secs, 2.0, "took %.2f s (deadline 10 s)", r.secs);
+    cr_assert(strstr(r.detail, "/pstrain.PServer/Nope") != NULL, "%s", r.detail);
+    r = raw_call(sp.port, "/other.Service/Call", "", 0, 10000);
+    cr_assert_eq(r.code, GRPC_STATUS_UNIMPLEMENTED);
+    cr_assert_lt(r.secs, 2.0);
+    rpc_client *cl = connect_to(&sp, 10000, 5000);
+    cr_assert_eq(call_init(cl, 0, 1, NULL), PST_OK, "%s", pst_error_detail());
+    finish_server(&sp, cl);
+}
+
+static int unused_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    socklen_t al = sizeof(a);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    close(fd); /* nothing listens there now */
+    return ntohs(a.sin_port);
+}
+
+Test(rpc, no_server_fails_unavailable_after_retry_deadline, .timeout = 30)
+{
+    int port = unused_port();
+    rpc_global_init();
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    const char *addrs[1] = {addr};
+    rpc_client_config cfg = {.servers = addrs, .num_servers = 1, .connect_timeout_ms = 1000};
+    rpc_client *cl;
+    cr_assert_eq(rpc_client_init(&cl, &cfg), PST_OK, "%s", pst_error_detail());
+    double t0 = now_s();
+    pst_status st = call_init(cl, 0, 1, NULL);
+    double secs = now_s() - t0;
+    cr_assert_eq(st, PST_ERR_UNAVAILABLE, "%s: %s", pst_strerror(st), pst_error_detail());
+    cr_assert(secs > 0.95 && secs < 4.0, "gave up after %.2f s", secs);
+    cr_log_info("no server: %s", pst_error_detail());
+    cr_assert(strstr(pst_error_detail(), addr) != NULL, "%s", pst_error_detail());
+    cr_assert(strstr(pst_error_detail(), " s (") != NULL, "%s", pst_error_detail());
+    cr_assert(strchr(pst_error_detail(), '\n') == NULL, "one line: %s", pst_error_detail());
+    rpc_client_free(cl);
+
+    /* Bad configurations. */
+    const char *bad[1] = {"localhost"};
+    cfg.servers = bad;
+    cr_assert_eq(rpc_client_init(&cl, &cfg), PST_ERR_INVALID);
+    cr_assert_null(cl);
+    rpc_server *s;
+    rpc_server_config sc = {.bind = "not-an-address", .handler = child_handler};
+    cr_assert_eq(rpc_server_init(&s, &sc), PST_ERR_IO);
+    cr_assert(strstr(pst_error_detail(), "not-an-address") != NULL, "%s", pst_error_detail());
+    sc.bind = "127.0.0.1:0";
+    cr_assert_eq(rpc_server_init(&s, &sc), PST_OK, "%s", pst_error_detail());
+    char taken[32];
+    snprintf(taken, sizeof(taken), "127.0.0.1:%d", rpc_server_port(s));
+    rpc_server *s2;
+    sc.bind = taken;
+    cr_assert_eq(rpc_server_init(&s2, &sc), PST_ERR_IO, "a taken port must not be shared");
+    rpc_server_free(s);
+    rpc_global_shutdown();
+}
+
+Test(rpc, deadline_on_deferred_call, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 200, 5000);
+    struct batch b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct acall a;
+    double t0 = now_s();
+    start_pull(cl, &a, &b, 1, PST_F32, 700);
+    pthread_mutex_lock(&b.mu);
+    while (b.done < 1)
+        pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+    double secs = now_s() - t0;
+    cr_assert_eq(b.failed, 1);
+    cr_assert(strstr(b.first_error, pst_strerror(PST_ERR_TIMEOUT)) != NULL, "%s",
+              b.first_error);
+    cr_assert(strstr(b.first_error, sp.addr) != NULL, "%s", b.first_error);
+    cr_assert(strstr(b.first_error, "200 ms") != NULL, "%s", b.first_error);
+    cr_assert(secs > 0.15 && secs < 0.65, "timed out after %.2f s", secs);
+    cr_log_info("deadline: %s", b.first_error);
+    free(a.pulled);
+    /* The server answers the cancelled call later (reply dropped) and keeps serving. */
+    usleep(800 * 1000);
+    int64_t seen = -1;
+    cr_assert_eq(call_init(cl, 999, 0, &seen), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(seen, 1, "the server saw the deferred call cancelled (rpc_call_cancelled)");
+    finish_server(&sp, cl);
+}
+
+Test(rpc, shutdown_fails_pending_deferred_call, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 20000, 500);
+    /* A pull the server would answer in 20 s: Finish makes it shut down, failing it. */
+    struct batch b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct acall a;
+    start_pull(cl, &a, &b, 2, PST_F32, 20000);
+    usleep(100 * 1000);
+    Pstrain__FinishRequest fr = PSTRAIN__FINISH_REQUEST__INIT;
+    rpc_message *rep = NULL;
+    cr_assert_eq(rpc_client_call(cl, 0, RPC_METHOD_FINISH, &fr.base, NULL, 0, &rep), PST_OK,
+                 "%s", pst_error_detail());
+    rpc_message_free(rep);
+    /* UNAVAILABLE "shutting down", retried for connect_timeout (0.5 s) against a server
+     * that is gone, then reported. */
+    batch_wait(&b, 1, 1, 10);
+    cr_assert_eq(b.failed, 1);
+    cr_assert(strstr(b.first_error, pst_strerror(PST_ERR_UNAVAILABLE)) != NULL, "%s",
+              b.first_error);
+    cr_log_info("shutdown: %s", b.first_error);
+    free(a.pulled);
+    int code = reap(&sp, 10);
+    cr_assert_eq(code, 0, "server exit code %d after shutdown with a pending call", code);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+}
+
+Test(rpc, client_free_cancels_outstanding_calls, .timeout = 30)
+{
+    server_proc sp = spawn_server(2);
+    rpc_client *cl = connect_to(&sp, 20000, 5000);
+    struct batch b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    struct acall a[4];
+    for (int i = 0; i < 4; i++)
+        start_pull(cl, &a[i], &b, (uint32_t)i, PST_F32, 20000);
+    usleep(200 * 1000);
+    double t0 = now_s();
+    rpc_client_free(cl);
+    cr_assert_lt(now_s() - t0, 2.0);
+    batch_wait(&b, 4, 4, 1);
+    cr_assert_eq(b.failed, 4);
+    cr_assert(strstr(b.first_error, pst_strerror(PST_ERR_STATE)) != NULL, "%s",
+              b.first_error);
+    cr_assert(strstr(b.first_error, "shutting down") != NULL, "%s", b.first_error);
+    for (int i = 0; i < 4; i++)
+        free(a[i].pulled);
+    /* The server noticed the cancellations and still serves and shuts down cleanly. */
+    finish_server(&sp, connect_to(&sp, 10000, 5000));
+}
