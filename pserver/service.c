@@ -26,6 +26,8 @@ struct ps_service {
     ps_store *store;              /* NULL until trainer 0's Init */
     uint64_t fingerprint;
     uint32_t num_trainers;
+    int sync;                     /* sync mode: pulled values are stable until every trainer
+                                     has read them (see answer_pull) */
     unsigned char *finished;      /* (num_trainers) */
     uint32_t nfinished;
     int all_finished;
@@ -36,6 +38,7 @@ struct ps_service {
 /* A pull in flight; freed by the payload release after the reply was sent. */
 typedef struct pull_ctx {
     ps_pull_waiter waiter;
+    ps_service *svc;
     rpc_call *call;
     pst_dtype dtype;
     void *buf;
@@ -150,6 +153,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     svc->fingerprint = req->fingerprint;
     svc->num_trainers = req->num_trainers;
+    svc->sync = sc.mode == PS_MODE_SYNC;
     PST_INFO("initialized by trainer 0: %zu blocks, %llu parameters here (of %llu), %u "
              "trainers, %s, optimizer %s lr %g", req->n_blocks, (unsigned long long)total,
              (unsigned long long)req->total_params, req->num_trainers,
@@ -296,6 +300,18 @@ static void answer_pull(void *arg, pst_status st, const float *values, uint64_t 
         return;
     }
     size_t bytes = (size_t)length * pst_dtype_size(p->dtype);
+    Pstrain__PullReply reply = PSTRAIN__PULL_REPLY__INIT;
+    reply.block = req->block;
+    reply.version = version;
+    reply.dtype = dtype_to_wire(p->dtype);
+    reply.length = length;
+    if (p->svc->sync && p->dtype == PST_F32) {
+        /* Zero copy: in sync mode a block's values change only when every trainer has
+         * pushed the next step, and a trainer pushes it only after it has received this
+         * version, so the values stay put while gRPC sends them from the store. */
+        rpc_call_reply(p->call, &reply.base, values, bytes, release_pull, p);
+        return;
+    }
     p->buf = malloc(bytes ? bytes : 1);
     if (!p->buf) {
         rpc_call_fail(p->call, PST_ERR_NOMEM, "Pull: out of memory for %zu bytes", bytes);
@@ -303,11 +319,6 @@ static void answer_pull(void *arg, pst_status st, const float *values, uint64_t 
         return;
     }
     pst_cast(p->buf, p->dtype, values, PST_F32, length);
-    Pstrain__PullReply reply = PSTRAIN__PULL_REPLY__INIT;
-    reply.block = req->block;
-    reply.version = version;
-    reply.dtype = dtype_to_wire(p->dtype);
-    reply.length = length;
     rpc_call_reply(p->call, &reply.base, p->buf, bytes, release_pull, p);
 }
 
@@ -323,6 +334,7 @@ static void handle_pull(ps_service *svc, rpc_call *call)
         return;
     }
     p->call = call;
+    p->svc = svc;
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);
     if (st == PST_OK)
         st = ps_store_pull(store, req->block, req->version, &p->waiter, answer_pull, p);
@@ -345,19 +357,25 @@ static void handle_finish(ps_service *svc, rpc_call *call)
                                  svc->store ? "no such trainer" : "before Init"));
         return;
     }
-    if (!svc->finished[req->trainer_id]) {
+    int first = !svc->finished[req->trainer_id];
+    if (first) {
         svc->finished[req->trainer_id] = 1;
         svc->nfinished++;
         PST_INFO("trainer %u finished (%u of %u)", req->trainer_id, svc->nfinished,
                  svc->num_trainers);
     }
-    if (svc->nfinished == svc->num_trainers) {
-        svc->all_finished = 1;
-        pthread_cond_broadcast(&svc->cv);
-    }
+    int all = svc->nfinished == svc->num_trainers;
     pthread_mutex_unlock(&svc->mu);
+    /* Reply before reporting "all finished": main() fails every call still unanswered when
+     * it shuts the server down. */
     Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+    if (all) {
+        pthread_mutex_lock(&svc->mu);
+        svc->all_finished = 1;
+        pthread_cond_broadcast(&svc->cv);
+        pthread_mutex_unlock(&svc->mu);
+    }
 }
 
 void ps_service_handle(void *arg, rpc_call *call)

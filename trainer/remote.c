@@ -342,7 +342,11 @@ static pst_status remote_finish(void *self)
             done_one(u);
         }
     }
-    return wait_all(u);
+    /* Training is complete and its result stands; a pserver that is already gone (its
+     * other trainers finished first) is worth a warning, not a failure. */
+    if (wait_all(u) != PST_OK)
+        PST_WARN("Finish: %s", pst_error_detail());
+    return PST_OK;
 }
 
 pst_status tr_remote_updater_init(tr_updater *out, const pst_config *cfg)
