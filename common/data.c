@@ -280,7 +280,7 @@ static pst_status load_labels(const char *path, int *n, uint8_t **y, char *opene
 {
     pst_status st;
     idx_file f = {.gz = NULL, .cut = 0};
-    uint32_t count;
+    uint32_t count = 0;
 
     st = idx_open(&f, path);
     snprintf(opened, opened_size, "%s", f.path);
