@@ -1,0 +1,1054 @@
+/* test_cluster.c — multi-process integration tests: the real pserver, trainer and pslaunch
+ * programs (PST_BIN_DIR) on 127.0.0.1 with port 0.
+ *
+ * What is checked: a distributed sync run ends with the same parameters as the local run
+ * (summary param_l2, relative difference <= 1e-6) for several pserver/trainer/block
+ * layouts; async training converges; a retried push is counted once; an unreachable
+ * pserver makes the trainer fail in bounded time naming the address; malformed requests get
+ * their exact error status while the pserver keeps serving; the last Finish is answered and
+ * the pserver then exits 0; pslaunch stops everything when a trainer fails or its timeout
+ * passes; --check-config resolves PSTRAIN_* and Paddle names.
+ *
+ * DESIGN. Children write stdout and stderr into temporary files (no pipe can fill up and
+ * stall a child); every wait has a deadline, after which the child is killed, and every
+ * child started by a test is killed and reaped by the suite's fini, so a failing assertion
+ * leaves nothing running. Children get PR_SET_PDEATHSIG, so they also die with the
+ * criterion worker. Each child's environment is the test's minus every PSTRAIN_* / Paddle
+ * variable, plus what the test sets: runs do not depend on the caller's shell.
+ * gRPC is initialized in the test process only after its pservers have been started
+ * (fork first, then rpc_global_init); the child side of proc_start only makes
+ * async-signal-safe calls before execve, so a later fork is harmless too. Nothing asserts on
+ * wall-clock durations. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* open_memstream, putenv, prctl */
+#endif
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "common/error.h"
+#include "rpc/client.h"
+#include "rpc/global.h"
+#include "rpc/wire.h"
+
+#define PSERVER PST_BIN_DIR "/pserver"
+#define TRAINER PST_BIN_DIR "/trainer"
+#define PSLAUNCH PST_BIN_DIR "/pslaunch"
+
+/* Bounds of the waits. Generous: they only turn a hang into a failure. */
+#define LISTEN_WAIT_MS 15000
+#define RUN_WAIT_MS 60000
+#define EXIT_WAIT_MS 15000
+
+/* ---- child processes ------------------------------------------------------------------ */
+
+typedef struct proc {
+    pid_t pid;           /* 0 when never started */
+    int reaped;          /* waitpid has returned it */
+    int status;          /* its wait status once reaped */
+    char out_path[64];   /* stdout and stderr files */
+    char err_path[64];
+} proc;
+
+#define MAX_CHILDREN 64
+static proc pool[MAX_CHILDREN]; /* every child of this test (criterion forks per test) */
+static int nchildren;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Does `name` (of "NAME=VALUE") belong to the variables the tests control? */
+static int controlled_var(const char *kv)
+{
+    return strncmp(kv, "PSTRAIN_", 8) == 0 || strncmp(kv, "PADDLE_", 7) == 0 ||
+           strncmp(kv, "TRAINING_ROLE=", 14) == 0 || strncmp(kv, "POD_IP=", 7) == 0;
+}
+
+/* The child's environment: ours minus the controlled variables, plus `env` ("NAME=VALUE"
+ * each). Built before fork, so the child only calls async-signal-safe functions (the
+ * test process may have gRPC threads). The array points into environ and env; free only
+ * the array. */
+static char **child_environment(const char *const env[])
+{
+    extern char **environ;
+    size_t n = 0, k = 0;
+    for (char **e = environ; *e; e++)
+        n++;
+    for (int i = 0; env && env[i]; i++)
+        n++;
+    char **envp = calloc(n + 1, sizeof *envp);
+    cr_assert_not_null(envp);
+    for (char **e = environ; *e; e++)
+        if (!controlled_var(*e))
+            envp[k++] = *e;
+    for (int i = 0; env && env[i]; i++)
+        envp[k++] = (char *)env[i];
+    envp[k] = NULL;
+    return envp;
+}
+
+/* Starts argv[0] (a path) with argv and the extra environment; output goes to files.
+ * The proc lives in the pool until the suite's fini kills what is left and reaps it. */
+static proc *proc_start(const char *const argv[], const char *const env[])
+{
+    cr_assert_lt(nchildren, MAX_CHILDREN);
+    proc *p = &pool[nchildren];
+    memset(p, 0, sizeof *p);
+    snprintf(p->out_path, sizeof p->out_path, "/tmp/pst_cluster_out_XXXXXX");
+    snprintf(p->err_path, sizeof p->err_path, "/tmp/pst_cluster_err_XXXXXX");
+    int out = mkstemp(p->out_path), err = mkstemp(p->err_path);
+    cr_assert(out >= 0 && err >= 0, "mkstemp: %s", strerror(errno));
+    int devnull = open("/dev/null", O_RDONLY);
+    cr_assert_geq(devnull, 0);
+    char **envp = child_environment(env);
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* die with the test worker */
+        if (getppid() != parent)
+            _exit(126);
+        dup2(devnull, STDIN_FILENO);
+        dup2(out, STDOUT_FILENO);
+        dup2(err, STDERR_FILENO);
+        for (int fd = 3; fd < 1024; fd++) /* the criterion worker's pipes, our files */
+            close(fd);
+        execve(argv[0], (char *const *)argv, envp);
+        static const char msg[] = "test_cluster: execve failed\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(127);
+    }
+    free(envp);
+    close(devnull);
+    close(out);
+    close(err);
+    p->pid = pid;
+    nchildren++;
+    return p;
+}
+
+/* Waits up to timeout_ms for the child to exit. Returns 1 when it has (p->status set), 0
+ * when the deadline passed (the child is still running). */
+static int proc_wait(proc *p, int timeout_ms)
+{
+    if (p->reaped)
+        return 1;
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        pid_t r = waitpid(p->pid, &p->status, WNOHANG);
+        if (r == p->pid) {
+            p->reaped = 1;
+            return 1;
+        }
+        if (r < 0 && errno != EINTR) {
+            p->reaped = 1;
+            p->status = -1;
+            return 1;
+        }
+        if (now_ms() > deadline)
+            return 0;
+        sleep_ms(10);
+    }
+}
+
+/* Kills (SIGKILL) and reaps a child that is still running; removes its files. */
+static void proc_cleanup(proc *p)
+{
+    if (p->pid > 0 && !p->reaped) {
+        kill(p->pid, SIGKILL);
+        while (waitpid(p->pid, &p->status, 0) < 0 && errno == EINTR)
+            ;
+        p->reaped = 1;
+    }
+    if (p->out_path[0])
+        unlink(p->out_path);
+    if (p->err_path[0])
+        unlink(p->err_path);
+    p->out_path[0] = p->err_path[0] = '\0';
+}
+
+/* The whole content of a file, NUL-terminated ("" when it cannot be read); the caller
+ * frees it. */
+static char *slurp(const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        FILE *m = open_memstream(&buf, &len);
+        cr_assert_not_null(m);
+        char chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+            fwrite(chunk, 1, n, m);
+        fclose(m);
+        fclose(f);
+    }
+    if (!buf)
+        buf = strdup("");
+    cr_assert_not_null(buf);
+    return buf;
+}
+
+/* Runs a child to completion within timeout_ms; asserts that it exited (not killed, not
+ * hung). Returns its exit status; *out / *err (optional) receive its output. */
+static int run(const char *const argv[], const char *const env[], int timeout_ms, char **out,
+               char **err)
+{
+    proc *p = proc_start(argv, env);
+    int done = proc_wait(p, timeout_ms);
+    if (!done)
+        proc_cleanup(p);
+    char *o = slurp(p->out_path), *e = slurp(p->err_path);
+    cr_assert(done, "%s did not exit within %d ms; stderr:\n%s", argv[0], timeout_ms, e);
+    cr_assert(WIFEXITED(p->status), "%s died with wait status 0x%x; stderr:\n%s", argv[0],
+              p->status, e);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    if (err)
+        *err = e;
+    else
+        free(e);
+    return WEXITSTATUS(p->status);
+}
+
+static void suite_fini(void)
+{
+    for (int i = 0; i < nchildren; i++)
+        proc_cleanup(&pool[i]);
+    nchildren = 0;
+}
+
+/* ---- the programs ---------------------------------------------------------------------- */
+
+/* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
+static int pserver_start(proc **ps)
+{
+    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", NULL};
+    const char *argv[] = {PSERVER, "--log-level", "warn", NULL};
+    proc *p = *ps = proc_start(argv, env);
+    double deadline = now_ms() + LISTEN_WAIT_MS;
+    for (;;) {
+        char *first = slurp(p->out_path);
+        char *nl = strchr(first, '\n');
+        if (nl) {
+            *nl = '\0';
+            const char *q = strstr(first, "\"port\":");
+            cr_assert(strstr(first, "{\"event\":\"listening\"") == first && q,
+                      "pserver's first line is not the listening event: %s", first);
+            int port = atoi(q + 7);
+            free(first);
+            cr_assert(port > 0 && port < 65536, "pserver announced port %d", port);
+            return port;
+        }
+        free(first);
+        if (proc_wait(p, 0) || now_ms() > deadline) {
+            char *err = slurp(p->err_path);
+            cr_assert_fail("pserver did not announce its port (%s); stderr:\n%s",
+                           p->reaped ? "it exited" : "deadline passed", err);
+        }
+        sleep_ms(10);
+    }
+}
+
+/* SIGTERM, then the pserver must exit 0 (clean shutdown) within the deadline. */
+static void pserver_stop(proc *p)
+{
+    kill(p->pid, SIGTERM);
+    int done = proc_wait(p, EXIT_WAIT_MS);
+    char *err = slurp(p->err_path);
+    cr_assert(done, "pserver did not stop within %d ms of SIGTERM; stderr:\n%s", EXIT_WAIT_MS,
+              err);
+    cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0,
+              "pserver stopped with wait status 0x%x; stderr:\n%s", p->status, err);
+    free(err);
+}
+
+/* A value from the summary line ({"event":"summary",...}) of a trainer's stdout. */
+static double summary_value(const char *out, const char *key)
+{
+    const char *line = strstr(out, "{\"event\":\"summary\"");
+    cr_assert_not_null(line, "no summary line in:\n%s", out);
+    const char *eol = strchr(line, '\n');
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *q = strstr(line, pat);
+    cr_assert(q && (!eol || q < eol), "summary has no %s: %s", key, line);
+    char *end;
+    double v = strtod(q + strlen(pat), &end);
+    cr_assert(end != q + strlen(pat), "summary %s is not a number: %s", key, line);
+    return v;
+}
+
+/* argv = head..., then tail... (NULL-terminated lists), into out[max]. */
+static void join_argv(const char **out, int max, const char *const head[],
+                      const char *const tail[])
+{
+    int n = 0;
+    for (int i = 0; head[i]; i++) {
+        cr_assert_lt(n, max - 1);
+        out[n++] = head[i];
+    }
+    for (int i = 0; tail && tail[i]; i++) {
+        cr_assert_lt(n, max - 1);
+        out[n++] = tail[i];
+    }
+    out[n] = NULL;
+}
+
+/* A free TCP port on 127.0.0.1 with nothing listening: bind port 0, read it, close. */
+static int dead_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
+    socklen_t len = sizeof a;
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+TestSuite(cluster, .fini = suite_fini, .timeout = 120);
+
+/* ---- 1. sync exactness: distributed == local ------------------------------------------ */
+
+/* Bounds how long a trainer retries a pserver that went away (default 30 s), so a failure
+ * shows quickly; it changes nothing else (the local run ignores it). */
+#define CONNECT_5S "--connect-timeout-ms", "5000"
+
+/* The local run and `pslaunch --pservers S --trainers T -- trainer <flags>`, same flags:
+ * their param_l2 must agree to a relative 1e-6 (the trainers' partial gradients are summed
+ * in another order than one backward over the whole batch, so the bits may differ). */
+static void distributed_vs_local(int S, int T, const char *const flags[])
+{
+    const char *head_local[] = {TRAINER, NULL};
+    const char *argv[64];
+    join_argv(argv, 64, head_local, flags);
+    char *out, *err;
+    int rc = run(argv, NULL, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 0, "local trainer exited %d; stderr:\n%s", rc, err);
+    double l2_local = summary_value(out, "param_l2");
+    double acc_local = summary_value(out, "test_acc");
+    long steps_local = (long)summary_value(out, "steps");
+    free(out);
+    free(err);
+
+    char s[16], t[16];
+    snprintf(s, sizeof s, "%d", S);
+    snprintf(t, sizeof t, "%d", T);
+    const char *head[] = {PSLAUNCH, "--pservers", s, "--trainers", t, "--timeout", "90", "--",
+                          TRAINER, NULL};
+    join_argv(argv, 64, head, flags);
+    rc = run(argv, NULL, RUN_WAIT_MS + 30000, &out, &err);
+    cr_assert_eq(rc, 0, "pslaunch (S=%d T=%d) exited %d; stderr:\n%s", S, T, rc, err);
+    double l2_dist = summary_value(out, "param_l2");
+    double acc_dist = summary_value(out, "test_acc");
+    cr_assert_eq((long)summary_value(out, "steps"), steps_local);
+    free(out);
+    free(err);
+
+    cr_assert(l2_local > 0 && isfinite(l2_local), "local param_l2 %g", l2_local);
+    double rel = fabs(l2_dist - l2_local) / l2_local;
+    fprintf(stderr, "exactness S=%d T=%d: param_l2 local %.9g distributed %.9g rel diff %.3g; "
+                    "test_acc %.4f vs %.4f\n",
+            S, T, l2_local, l2_dist, rel, acc_local, acc_dist);
+    cr_assert_leq(rel, 1e-6, "S=%d T=%d: param_l2 local %.9g vs distributed %.9g (rel %.3g)",
+                  S, T, l2_local, l2_dist, rel);
+}
+
+Test(cluster, sync_2_pservers_2_trainers_equals_local)
+{
+    const char *flags[] = {"--hidden", "32", "--batch", "64", "--steps", "40", "--seed", "7",
+                           "--progress", "none", "--log-level", "warn", CONNECT_5S, NULL};
+    distributed_vs_local(2, 2, flags);
+}
+
+Test(cluster, sync_1_pserver_3_trainers_uneven_split_equals_local)
+{
+    /* 64 = 22 + 21 + 21: the trainers' parts differ in size. */
+    const char *flags[] = {"--hidden", "32", "--batch", "64", "--steps", "40", "--seed", "11",
+                           "--progress", "none", "--log-level", "warn", CONNECT_5S, NULL};
+    distributed_vs_local(1, 3, flags);
+}
+
+Test(cluster, sync_many_small_blocks_adam_equals_local)
+{
+    /* 4 KiB blocks: ~25 blocks of the 25450 parameters spread over 3 pservers; Adam keeps
+     * two state arrays on the pservers. */
+    const char *flags[] = {"--hidden", "32", "--batch", "64", "--steps", "30", "--seed", "5",
+                           "--block-bytes", "4096", "--optimizer", "adam", "--lr", "0.002",
+                           "--progress", "none", "--log-level", "warn", CONNECT_5S, NULL};
+    distributed_vs_local(3, 2, flags);
+}
+
+/* ---- 2. async mode converges ---------------------------------------------------------- */
+
+Test(cluster, async_2_trainers_converges)
+{
+    const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                          "--", TRAINER, "--mode", "async", "--hidden", "32", "--batch", "64",
+                          "--steps", "300", "--lr", "0.05", "--seed", "3", "--progress",
+                          "none", "--log-level", "warn", CONNECT_5S, NULL};
+    char *out, *err;
+    int rc = run(argv, NULL, RUN_WAIT_MS + 30000, &out, &err);
+    cr_assert_eq(rc, 0, "pslaunch async exited %d; stderr:\n%s", rc, err);
+    double acc = summary_value(out, "test_acc");
+    double loss = summary_value(out, "train_loss");
+    fprintf(stderr, "async S=2 T=2: test_acc %.4f train_loss %.4f (mean over the run)\n", acc,
+            loss);
+    /* Chance is 0.1 and the initial loss about ln 10 = 2.30. */
+    cr_assert_gt(acc, 0.5, "async test_acc %.4f", acc);
+    cr_assert_lt(loss, 1.5, "async mean train_loss %.4f", loss);
+    free(out);
+    free(err);
+}
+
+/* ---- RPC helpers (the test as a client of a real pserver) ----------------------------- */
+
+#define NB 8 /* floats in the one block of the RPC tests */
+
+/* A client of the pserver on `port`; UNAVAILABLE is retried for connect_timeout_ms. */
+static rpc_client *client_connect(int port, int connect_timeout_ms)
+{
+    static char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *servers[] = {addr};
+    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 10000,
+                            .connect_timeout_ms = connect_timeout_ms};
+    rpc_client *cl = NULL;
+    cr_assert_eq(rpc_client_init(&cl, &cc), PST_OK, "%s", pst_error_detail());
+    return cl;
+}
+
+typedef struct init_args {
+    uint32_t trainer, ntrainers;
+    const char *optimizer;
+    float lr;
+    uint64_t fingerprint;
+    uint32_t block_id;
+    uint64_t total_params; /* 0: NB */
+    const float *initial;  /* NULL: no payload */
+    size_t ninitial;
+} init_args;
+
+static pst_status do_init(rpc_client *cl, const init_args *a, int64_t *version)
+{
+    Pstrain__BlockSpec spec = PSTRAIN__BLOCK_SPEC__INIT;
+    spec.id = a->block_id;
+    spec.offset = 0;
+    spec.length = NB;
+    Pstrain__BlockSpec *specs[] = {&spec};
+    Pstrain__OptimConfig optim = PSTRAIN__OPTIM_CONFIG__INIT;
+    optim.kind = (char *)a->optimizer;
+    optim.lr = a->lr;
+    optim.schedule = (char *)"constant";
+    Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
+    req.trainer_id = a->trainer;
+    req.num_trainers = a->ntrainers;
+    req.mode = PSTRAIN__MODE__SYNC;
+    req.total_params = a->total_params ? a->total_params : NB;
+    req.n_blocks = 1;
+    req.blocks = specs;
+    req.optim = &optim;
+    req.fingerprint = a->fingerprint;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_INIT, &req.base, a->initial,
+                                    a->initial ? a->ninitial * sizeof(float) : 0, &m);
+    if (st == PST_OK && version)
+        *version = ((const Pstrain__InitReply *)rpc_message_header(m))->version;
+    rpc_message_free(m);
+    return st;
+}
+
+/* Pushes `n` floats claiming `length` elements of `dtype`; *dup gets the reply's flag. */
+static pst_status do_push_raw(rpc_client *cl, uint32_t trainer, int64_t step, uint32_t block,
+                              Pstrain__DType dtype, uint64_t length, const float *g, size_t n,
+                              int *dup)
+{
+    Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+    req.trainer_id = trainer;
+    req.step = step;
+    req.block = block;
+    req.dtype = dtype;
+    req.length = length;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_PUSH, &req.base, g, n * sizeof(float), &m);
+    if (st == PST_OK && dup)
+        *dup = ((const Pstrain__PushReply *)rpc_message_header(m))->duplicate;
+    rpc_message_free(m);
+    return st;
+}
+
+static pst_status do_push(rpc_client *cl, uint32_t trainer, int64_t step, const float *g,
+                          int *dup)
+{
+    return do_push_raw(cl, trainer, step, 0, PSTRAIN__DTYPE__F32, NB, g, NB, dup);
+}
+
+/* Pulls block `block` at >= `version` (which must exist: a pull of a future version waits
+ * for it) into out[NB]; *got gets the reply's version. */
+static pst_status do_pull(rpc_client *cl, uint32_t block, int64_t version, float *out,
+                          int64_t *got)
+{
+    Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
+    req.block = block;
+    req.version = version;
+    req.dtype = PSTRAIN__DTYPE__F32;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_PULL, &req.base, NULL, 0, &m);
+    if (st == PST_OK) {
+        const Pstrain__PullReply *r = (const Pstrain__PullReply *)rpc_message_header(m);
+        cr_assert_eq(r->length, (uint64_t)NB);
+        cr_assert_eq(r->dtype, PSTRAIN__DTYPE__F32);
+        cr_assert_eq(r->block, block);
+        cr_assert_eq(rpc_payload_read_f32(rpc_message_payload(m), PST_F32, 0, out, NB), PST_OK);
+        if (got)
+            *got = r->version;
+    }
+    rpc_message_free(m);
+    return st;
+}
+
+static pst_status do_finish(rpc_client *cl, uint32_t trainer)
+{
+    Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
+    req.trainer_id = trainer;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_FINISH, &req.base, NULL, 0, &m);
+    rpc_message_free(m);
+    return st;
+}
+
+/* Asserts a call's exact status, with the detail in the message. */
+#define EXPECT_STATUS(call, want)                                                           \
+    do {                                                                                    \
+        pst_status got_ = (call);                                                           \
+        cr_assert_eq(got_, (want), "%s: got %s (%d), want %s (%d): %s", #call,            \
+                     pst_strerror(got_), (int)got_, pst_strerror(want), (int)(want),        \
+                     got_ == PST_OK ? "" : pst_error_detail());                             \
+    } while (0)
+
+/* Values exactly representable, with exactly representable sums and differences. */
+static void fill_block(float *x, float scale, float shift)
+{
+    for (int i = 0; i < NB; i++)
+        x[i] = scale * (float)(i - 3) + shift;
+}
+
+/* ---- 3. a retried push is counted once ------------------------------------------------ */
+
+Test(cluster, retried_push_is_not_double_counted)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init(); /* after the fork/exec of the pserver */
+    rpc_client *cl = client_connect(port, 5000);
+
+    float initial[NB], grad[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(grad, 0.25f, -0.125f);
+    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 0x5eed5eedULL, .initial = initial, .ninitial = NB};
+    int64_t version = -1;
+    EXPECT_STATUS(do_init(cl, &ia, &version), PST_OK);
+    cr_assert_eq(version, 0);
+
+    int dup = -1;
+    EXPECT_STATUS(do_push(cl, 0, 0, grad, &dup), PST_OK);
+    cr_assert_eq(dup, 0, "first push reported as a duplicate");
+    EXPECT_STATUS(do_push(cl, 0, 0, grad, &dup), PST_OK); /* the retry */
+    cr_assert_eq(dup, 1, "second push of (trainer 0, step 0, block 0) not reported duplicate");
+
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, got, &v), PST_OK);
+    cr_assert_eq(v, 1, "version %lld after one step", (long long)v);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i] - grad[i], "element %d: %g, want %g - %g = %g", i,
+                     (double)got[i], (double)initial[i], (double)grad[i],
+                     (double)(initial[i] - grad[i]));
+
+    /* A push of the already applied step is a duplicate too and changes nothing. */
+    EXPECT_STATUS(do_push(cl, 0, 0, grad, &dup), PST_OK);
+    cr_assert_eq(dup, 1);
+    EXPECT_STATUS(do_pull(cl, 0, 0, got, &v), PST_OK);
+    cr_assert_eq(v, 1);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i] - grad[i]);
+
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
+/* The last trainer's Finish gets an OK reply and the pserver then exits 0 by itself.
+ * Repeated, because the reply races the pserver's shutdown (a reply lost to it makes the
+ * client retry a pserver that is gone, and the trainer fail). */
+Test(cluster, pserver_exits_0_after_last_finish)
+{
+    for (int round = 0; round < 30; round++) {
+        proc *ps;
+        int port = pserver_start(&ps);
+        rpc_global_init();
+        rpc_client *cl = client_connect(port, 1000);
+        float initial[NB];
+        fill_block(initial, 1.0f, 0.0f);
+        init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                        .fingerprint = 1, .initial = initial, .ninitial = NB};
+        EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+        pst_status st = do_finish(cl, 0);
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", st == PST_OK ? "" : pst_error_detail());
+        rpc_client_free(cl);
+        rpc_global_shutdown();
+        cr_assert_eq(st, PST_OK, "round %d: Finish of the last trainer failed (%s): %s", round,
+                     pst_strerror(st), detail);
+        int done = proc_wait(ps, EXIT_WAIT_MS);
+        char *err = slurp(ps->err_path);
+        cr_assert(done, "round %d: pserver still running after every trainer finished; "
+                        "stderr:\n%s", round, err);
+        cr_assert(WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 0,
+                  "round %d: pserver exit wait status 0x%x; stderr:\n%s", round, ps->status, err);
+        free(err);
+    }
+}
+
+/* ---- 4. an unreachable pserver --------------------------------------------------------- */
+
+Test(cluster, dead_pserver_fails_in_bounded_time_naming_it)
+{
+    int port = dead_port();
+    char addr[64], pservers[96];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=%s", addr);
+    const char *env[] = {pservers, "PSTRAIN_TRAINERS=1", "PSTRAIN_TRAINER_ID=0", NULL};
+    const char *argv[] = {TRAINER, "--connect-timeout-ms", "1500", "--hidden", "16", "--batch",
+                          "64", "--steps", "5", "--progress", "none", "--log-level", "warn",
+                          NULL};
+    char *err;
+    /* run() asserts the exit within the deadline (30 s), far above the 1.5 s retry budget. */
+    int rc = run(argv, env, 30000, NULL, &err);
+    cr_assert_eq(rc, 1, "trainer with a dead pserver exited %d (want 1); stderr:\n%s", rc, err);
+    int named = 0;
+    for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
+        named |= strstr(line, addr) != NULL;
+    cr_assert(named, "no stderr line names %s:\n%s", addr, err);
+    free(err);
+}
+
+/* ---- 5. malformed requests ------------------------------------------------------------ */
+
+typedef struct raw_result {
+    grpc_status_code code;
+    int pst; /* RPC_STATUS_METADATA_KEY, -1 when absent */
+} raw_result;
+
+/* One unary call with a hand-made body, straight on gRPC core. */
+static raw_result raw_call(int port, const char *method, const void *body, size_t len)
+{
+    raw_result r = {.code = GRPC_STATUS_UNKNOWN, .pst = -1};
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
+    grpc_channel_credentials_release(creds);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                         gpr_time_from_millis(10000, GPR_TIMESPAN));
+    grpc_slice mslice = grpc_slice_from_static_string(method);
+    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice,
+                                               NULL, deadline, NULL);
+    grpc_slice s = grpc_slice_from_copied_buffer(body, len);
+    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    grpc_byte_buffer *recv = NULL;
+    grpc_metadata_array imd, tmd;
+    grpc_metadata_array_init(&imd);
+    grpc_metadata_array_init(&tmd);
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = send;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &recv;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
+    ops[5].data.recv_status_on_client.status = &r.code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+    cr_assert_eq(grpc_call_start_batch(call, ops, 6, (void *)1, NULL), GRPC_CALL_OK);
+    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    cr_assert_eq(ev.type, GRPC_OP_COMPLETE);
+    for (size_t i = 0; i < tmd.count; i++)
+        if (!grpc_slice_str_cmp(tmd.metadata[i].key, RPC_STATUS_METADATA_KEY)) {
+            char num[16] = {0};
+            size_t k = GRPC_SLICE_LENGTH(tmd.metadata[i].value);
+            memcpy(num, GRPC_SLICE_START_PTR(tmd.metadata[i].value), k < 15 ? k : 15);
+            r.pst = atoi(num);
+        }
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&imd);
+    grpc_metadata_array_destroy(&tmd);
+    grpc_byte_buffer_destroy(send);
+    if (recv)
+        grpc_byte_buffer_destroy(recv);
+    grpc_call_unref(call);
+    grpc_slice_unref(mslice);
+    grpc_completion_queue_shutdown(cq);
+    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN)
+        ;
+    grpc_completion_queue_destroy(cq);
+    grpc_channel_destroy(ch);
+    return r;
+}
+
+Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+
+    float initial[NB], g0[NB], g1[NB], bad[NB], got[NB];
+    fill_block(initial, 0.5f, 2.0f);
+    fill_block(g0, 0.25f, 0.5f);
+    fill_block(g1, -0.125f, 0.25f);
+    const uint64_t FP = 0xfeedbeefcafef00dULL;
+    const uint32_t BLOCK = 3; /* a global id that is not 0 */
+    int dup;
+    int64_t v;
+
+    /* Before any Init. */
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
+                  PST_ERR_STATE);
+    EXPECT_STATUS(do_pull(cl, BLOCK, 0, got, NULL), PST_ERR_STATE);
+    init_args ia = {.trainer = 0, .ntrainers = 2, .optimizer = "bogus", .lr = 1.0f,
+                    .fingerprint = FP, .block_id = BLOCK, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_ERR_INVALID); /* unknown optimizer */
+    ia.optimizer = "sgd";
+    ia.ninitial = NB / 2;
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_ERR_FORMAT); /* initial values too short */
+    ia.ninitial = NB;
+    ia.total_params = NB - 1;
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_ERR_INVALID); /* block beyond total_params */
+    ia.total_params = 0;
+
+    /* The good Init. */
+    v = -1;
+    EXPECT_STATUS(do_init(cl, &ia, &v), PST_OK);
+    cr_assert_eq(v, 0);
+
+    /* Pushes that must all be refused. */
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, 99, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
+                  PST_ERR_NOT_FOUND); /* unknown block */
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB - 1, NULL),
+                  PST_ERR_FORMAT); /* payload shorter than the header says */
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, PSTRAIN__DTYPE__F32, NB - 1, g0, NB - 1, NULL),
+                  PST_ERR_INVALID); /* consistent, but not the block's length */
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, (Pstrain__DType)7, NB, g0, NB, NULL),
+                  PST_ERR_FORMAT); /* unknown dtype */
+    EXPECT_STATUS(do_push_raw(cl, 2, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
+                  PST_ERR_INVALID); /* trainer id out of range (2 trainers) */
+    EXPECT_STATUS(do_push_raw(cl, 0, 1, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
+                  PST_ERR_INVALID); /* step in the future (version 0) */
+    EXPECT_STATUS(do_push_raw(cl, 0, -1, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
+                  PST_ERR_INVALID); /* negative step */
+    memcpy(bad, g0, sizeof bad);
+    bad[5] = NAN;
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, bad, NB, NULL),
+                  PST_ERR_INVALID); /* NaN gradient */
+    bad[5] = INFINITY;
+    EXPECT_STATUS(do_push_raw(cl, 1, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, bad, NB, NULL),
+                  PST_ERR_INVALID); /* infinite gradient */
+    EXPECT_STATUS(do_pull(cl, 99, 0, got, NULL), PST_ERR_NOT_FOUND);
+    EXPECT_STATUS(do_finish(cl, 7), PST_ERR_INVALID); /* no such trainer */
+
+    /* Nothing reached the parameters. */
+    v = -1;
+    EXPECT_STATUS(do_pull(cl, BLOCK, 0, got, &v), PST_OK);
+    cr_assert_eq(v, 0, "version %lld after refused pushes", (long long)v);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i], "element %d changed to %g by a refused push", i,
+                     (double)got[i]);
+
+    /* Inits of other trainers that must be refused. */
+    init_args other = ia;
+    other.trainer = 1;
+    other.initial = NULL;
+    other.fingerprint = FP ^ 1;
+    EXPECT_STATUS(do_init(cl, &other, NULL), PST_ERR_MISMATCH); /* different fingerprint */
+    other.fingerprint = FP;
+    other.ntrainers = 3;
+    EXPECT_STATUS(do_init(cl, &other, NULL), PST_ERR_MISMATCH); /* different trainer count */
+    other.ntrainers = 2;
+    other.trainer = 5;
+    EXPECT_STATUS(do_init(cl, &other, NULL), PST_ERR_INVALID); /* trainer id out of range */
+
+    /* Garbage bodies on a registered method never reach the service: INVALID_ARGUMENT,
+     * PST_ERR_FORMAT. */
+    static const unsigned char short_body[] = {0x01, 0x02};
+    static const unsigned char huge_len[] = {0xff, 0xff, 0xff, 0x7f, 'x', 'y', 'z'};
+    static const unsigned char bad_pb[] = {0x05, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff};
+    const struct {
+        const void *body;
+        size_t len;
+        const char *what;
+    } garbage[] = {
+        {short_body, sizeof short_body, "2 bytes"},
+        {huge_len, sizeof huge_len, "header length beyond the body"},
+        {bad_pb, sizeof bad_pb, "header that is not protobuf"},
+    };
+    for (size_t i = 0; i < sizeof garbage / sizeof *garbage; i++) {
+        raw_result r = raw_call(port, "/pstrain.PServer/Push", garbage[i].body, garbage[i].len);
+        cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT, "%s: gRPC status %d", garbage[i].what,
+                     (int)r.code);
+        cr_assert_eq(r.pst, (int)PST_ERR_FORMAT, "%s: pst-status %d", garbage[i].what, r.pst);
+    }
+    raw_result r = raw_call(port, "/pstrain.PServer/NoSuchMethod", short_body, sizeof short_body);
+    cr_assert_eq(r.code, GRPC_STATUS_UNIMPLEMENTED, "unknown method: gRPC status %d", (int)r.code);
+
+    /* After all that, the pserver still serves a correct step of both trainers. */
+    other.trainer = 1;
+    v = -1;
+    EXPECT_STATUS(do_init(cl, &other, &v), PST_OK);
+    cr_assert_eq(v, 0);
+    EXPECT_STATUS(do_push_raw(cl, 1, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g1, NB, &dup), PST_OK);
+    cr_assert_eq(dup, 0);
+    EXPECT_STATUS(do_push_raw(cl, 0, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, &dup), PST_OK);
+    cr_assert_eq(dup, 0);
+    v = -1;
+    EXPECT_STATUS(do_pull(cl, BLOCK, 1, got, &v), PST_OK);
+    cr_assert_eq(v, 1);
+    for (int i = 0; i < NB; i++) {
+        float want = initial[i] - (g0[i] + g1[i]); /* sgd, lr 1, summed in trainer order */
+        cr_assert_eq(got[i], want, "element %d: %g, want %g", i, (double)got[i], (double)want);
+    }
+
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
+/* ---- 6. pslaunch leaves nothing behind ------------------------------------------------ */
+
+/* Live (not zombie) processes whose environment holds `marker` ("NAME=VALUE"). */
+static int count_marked(const char *marker)
+{
+    int n = 0;
+    DIR *d = opendir("/proc");
+    cr_assert_not_null(d);
+    size_t mlen = strlen(marker);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == getpid())
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        char stat[512] = {0};
+        size_t k = fread(stat, 1, sizeof stat - 1, f);
+        fclose(f);
+        stat[k] = '\0';
+        const char *rp = strrchr(stat, ')');
+        if (!rp || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X')
+            continue;
+        snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        static char env[1 << 16];
+        ssize_t len = read(fd, env, sizeof env);
+        close(fd);
+        if (len <= 0)
+            continue;
+        env[len - 1] = '\0'; /* entries are NUL-separated; the last one may be cut */
+        for (ssize_t i = 0; i < len; i += (ssize_t)strlen(env + i) + 1) {
+            if (strncmp(env + i, marker, mlen) == 0 && env[i + (ssize_t)mlen] == '\0') {
+                n++;
+                break;
+            }
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static void make_marker(char *buf, size_t n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(buf, n, "PST_CLUSTER_TEST_MARKER=%d.%ld.%ld", (int)getpid(), (long)ts.tv_sec,
+             ts.tv_nsec);
+}
+
+Test(cluster, pslaunch_failing_trainer_stops_everything)
+{
+    char marker[96];
+    make_marker(marker, sizeof marker);
+    const char *env[] = {marker, NULL};
+    const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "60",
+                          "--", TRAINER, "--no-such-flag", NULL};
+    char *err;
+    int rc = run(argv, env, RUN_WAIT_MS, NULL, &err);
+    cr_assert_neq(rc, 0, "pslaunch exited 0 although its trainers failed; stderr:\n%s", err);
+    cr_assert_not_null(strstr(err, "exited with status 2"),
+                       "pslaunch does not report the trainer's exit status 2:\n%s", err);
+    cr_assert_not_null(strstr(err, "--no-such-flag"), "the trainer's error is not shown:\n%s",
+                       err);
+    int left = count_marked(marker);
+    cr_assert_eq(left, 0, "%d processes of the cluster are still running", left);
+    free(err);
+}
+
+Test(cluster, pslaunch_timeout_stops_everything)
+{
+    /* Trainers that never finish: pslaunch's --timeout must stop them and the pservers. */
+    char marker[96];
+    make_marker(marker, sizeof marker);
+    const char *env[] = {marker, NULL};
+    const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "5",
+                          "--", "/bin/sleep", "600", NULL};
+    proc *p = proc_start(argv, env);
+    /* While it runs, the scan must see its 4 children (so an empty scan later means
+     * something); pslaunch itself carries the marker too. */
+    int most = 0;
+    while (!proc_wait(p, 50)) {
+        int n = count_marked(marker);
+        most = n > most ? n : most;
+    }
+    char *err = slurp(p->err_path);
+    cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) != 0,
+              "pslaunch wait status 0x%x after its timeout; stderr:\n%s", p->status, err);
+    cr_assert_not_null(strstr(err, "--timeout 5 s passed"), "stderr:\n%s", err);
+    cr_assert_geq(most, 5, "saw at most %d marked processes while pslaunch ran (want "
+                           "pslaunch + 2 pservers + 2 trainers)", most);
+    int left = count_marked(marker);
+    cr_assert_eq(left, 0, "%d processes of the cluster are still running", left);
+    free(err);
+}
+
+/* ---- 7. --check-config ---------------------------------------------------------------- */
+
+static void check_config(const char *prog, const char *const env[], const char *const want[])
+{
+    const char *argv[] = {prog, "--check-config", NULL};
+    char *out, *err;
+    int rc = run(argv, env, EXIT_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 0, "%s --check-config exited %d; stderr:\n%s", prog, rc, err);
+    for (int i = 0; want[i]; i++)
+        cr_assert_not_null(strstr(out, want[i]), "%s --check-config: no %s in\n%s", prog,
+                           want[i], out);
+    free(out);
+    free(err);
+}
+
+/* The program must exit 2 with exactly one stderr line, naming `name`. */
+static void check_config_rejects(const char *prog, const char *const env[], const char *name)
+{
+    const char *argv[] = {prog, "--check-config", NULL};
+    char *out, *err;
+    int rc = run(argv, env, EXIT_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 2, "%s with bad %s exited %d; stderr:\n%s", prog, name, rc, err);
+    size_t len = strlen(err);
+    cr_assert(len > 0 && err[len - 1] == '\n' && strchr(err, '\n') == err + len - 1,
+              "%s with bad %s: want exactly one stderr line, got:\n%s", prog, name, err);
+    cr_assert_not_null(strstr(err, name), "%s: the error does not name %s: %s", prog, name, err);
+    cr_assert_eq(out[0], '\0', "%s printed a configuration despite the error: %s", prog, out);
+    free(out);
+    free(err);
+}
+
+Test(cluster, check_config_trainer_paddle_and_pstrain_names)
+{
+    const char *paddle[] = {"PADDLE_PSERVERS_IP_PORT_LIST=10.0.0.1:7164,10.0.0.2:7164",
+                            "PADDLE_TRAINERS_NUM=4", "PADDLE_TRAINER_ID=3",
+                            "TRAINING_ROLE=TRAINER", NULL};
+    const char *want_paddle[] = {"\"role\":\"trainer\"",
+                                 "\"pservers\":\"10.0.0.1:7164,10.0.0.2:7164\"",
+                                 "\"trainers\":4", "\"trainer_id\":3", NULL};
+    check_config(TRAINER, paddle, want_paddle);
+
+    /* PSTRAIN_* win over the Paddle names. */
+    const char *both[] = {"PADDLE_PSERVERS_IP_PORT_LIST=10.0.0.1:7164", "PADDLE_TRAINERS_NUM=4",
+                          "PADDLE_TRAINER_ID=3", "PSTRAIN_PSERVERS=127.0.0.1:9000",
+                          "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", "PSTRAIN_MODE=async",
+                          "PSTRAIN_BLOCK_BYTES=64K", NULL};
+    const char *want_both[] = {"\"pservers\":\"127.0.0.1:9000\"", "\"trainers\":2",
+                               "\"trainer_id\":1", "\"mode\":\"async\"",
+                               "\"block_bytes\":65536", NULL};
+    check_config(TRAINER, both, want_both);
+}
+
+Test(cluster, check_config_pserver_paddle_and_pstrain_names)
+{
+    const char *paddle[] = {"TRAINING_ROLE=PSERVER", "POD_IP=10.1.2.3", "PADDLE_PORT=7170",
+                            NULL};
+    const char *want_paddle[] = {"\"role\":\"pserver\"", "\"port\":7170",
+                                 "\"bind\":\"10.1.2.3\"", NULL};
+    check_config(PSERVER, paddle, want_paddle);
+
+    /* Port from the pserver list and this pserver's index. */
+    const char *list[] = {"PSTRAIN_PSERVERS=10.0.0.1:7164,10.0.0.2:7165",
+                          "PSTRAIN_PSERVER_ID=1", "PSTRAIN_SERVER_THREADS=3", NULL};
+    const char *want_list[] = {"\"port\":7165", "\"pserver_id\":1", "\"server_threads\":3",
+                               NULL};
+    check_config(PSERVER, list, want_list);
+}
+
+Test(cluster, check_config_malformed_variable_exits_2_naming_it)
+{
+    const char *e1[] = {"PADDLE_TRAINERS_NUM=abc", NULL};
+    check_config_rejects(TRAINER, e1, "PADDLE_TRAINERS_NUM");
+    const char *e2[] = {"PSTRAIN_PSERVERS=10.0.0.1", NULL};
+    check_config_rejects(TRAINER, e2, "PSTRAIN_PSERVERS");
+    const char *e3[] = {"TRAINING_ROLE=PSERVER", NULL};
+    check_config_rejects(TRAINER, e3, "TRAINING_ROLE");
+    const char *e4[] = {"PSTRAIN_PSERVERS=127.0.0.1:7164", "PADDLE_TRAINER_ID=x", NULL};
+    check_config_rejects(TRAINER, e4, "PADDLE_TRAINER_ID");
+    const char *e5[] = {"PADDLE_PORT=99999", NULL};
+    check_config_rejects(PSERVER, e5, "PADDLE_PORT");
+    const char *e6[] = {"PSTRAIN_PORT=7164", "PSTRAIN_SERVER_THREADS=0", NULL};
+    check_config_rejects(PSERVER, e6, "PSTRAIN_SERVER_THREADS");
+}
