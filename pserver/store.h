@@ -69,8 +69,12 @@ typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t length);
  * `version` (>= the version wanted). On failure (ps_store_cancel_waiters) `st` is that
  * error, values is NULL and length 0. Called with the block's lock held, either inside
  * ps_store_pull or later on the thread that makes the version (inside ps_store_push) or
- * that cancels: it must copy or cast the values before returning, must not keep the
- * pointer, must not block for long and must not call back into the store. */
+ * that cancels. It must not block for long and must not call back into the store.
+ * The values pointer stays valid for the store's life, but the values change with the
+ * next update: copy them before returning, unless the caller knows no update can happen
+ * until it is done with them (sync mode, where update v+1 needs every trainer's push of
+ * step v, which each trainer sends only after it has received version v: the pserver
+ * service sends f32 pull replies straight from here on that basis). */
 typedef void (*ps_pull_fn)(void *arg, pst_status st, const float *values, uint64_t length,
                            int64_t version);
 

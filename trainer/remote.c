@@ -193,7 +193,10 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
     (void)payload;
     if (st != PST_OK) {
         record_error(ic->base.u, st, detail);
-    } else if (((const Pstrain__InitReply *)reply)->version != 0) {
+    } else if (((const Pstrain__InitReply *)reply)->version != 0 &&
+               (ic->base.u->cfg->mode == PST_MODE_SYNC || ic->base.u->cfg->trainer_id == 0)) {
+        /* A fresh job starts at version 0. In async mode trainer 0 may already have pushed
+         * when a later trainer joins, so only trainer 0 (and sync mode) can tell. */
         char d[256];
         snprintf(d, sizeof d, "pserver already holds version %lld of its blocks: a finished or "
                  "running job's pservers; restart them (resuming is not supported yet)",
