@@ -29,6 +29,7 @@
 
 #include "common/device.h"
 #include "common/device_impl.h"
+#include "common/ops_impl.h"
 #include "common/error.h"
 #include "common/rng.h"
 
@@ -640,4 +641,5 @@ const pst_backend_iface pst_cpu_backend_iface = {
     .event_synchronize = pst_cpu_event_synchronize,
     .event_query = pst_cpu_event_query,
     .set_jitter = pst_cpu_set_jitter,
+    .ops = &pst_cpu_ops_iface,
 };

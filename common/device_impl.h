@@ -24,6 +24,7 @@
 #define PST_DEVICE_DETAIL_MAX 512 /* error detail carried across threads (as error.c) */
 
 typedef struct pst_backend_iface pst_backend_iface;
+struct pst_ops_iface; /* ops_impl.h */
 
 struct pst_device {
     pst_runtime *rt;
@@ -127,6 +128,9 @@ struct pst_backend_iface {
      * stream sleeps a pseudo-random 0..max_us microseconds drawn from its own generator
      * seeded with (seed, stream id). max_us 0 turns it off. NULL: the hook is ignored. */
     void (*set_jitter)(pst_runtime *rt, uint64_t seed, unsigned max_us);
+
+    /* The model's ops on this backend's streams (ops_impl.h). */
+    const struct pst_ops_iface *ops;
 };
 
 /* The CPU backend (device_cpu.c), always built. */

@@ -1,0 +1,72 @@
+/* ops.c — public op wrappers: check the arguments, then dispatch to the stream's backend
+ * (see ops.h, ops_impl.h). */
+#include "common/ops.h"
+
+#include "common/device_impl.h"
+#include "common/ops_impl.h"
+
+static const pst_ops_iface *ops_of(pst_stream *s)
+{
+    return s && s->dev && s->dev->rt ? s->dev->rt->iface->ops : NULL;
+}
+
+#define CHECK(cond, what)                                                              \
+    do {                                                                               \
+        if (!(cond))                                                                   \
+            return pst_error_set(PST_ERR_INVALID, "%s: invalid arguments (%s)", what,  \
+                                 #cond);                                               \
+    } while (0)
+
+pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->out && a->inp && a->w && a->b, "linear_forward");
+    CHECK(a->B >= 0 && a->IC > 0 && a->OC > 0, "linear_forward");
+    return a->B ? o->linear_forward(s, a) : PST_OK;
+}
+
+pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->dw && a->db && a->dout && a->inp && a->w, "linear_backward");
+    CHECK(a->B > 0 && a->IC > 0 && a->OC > 0, "linear_backward");
+    return o->linear_backward(s, a);
+}
+
+pst_status pst_op_relu_backward(pst_stream *s, const pst_relu_bwd_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->dinp && a->dout && a->out && a->n >= 0, "relu_backward");
+    return a->n ? o->relu_backward(s, a) : PST_OK;
+}
+
+pst_status pst_op_softmax_xent(pst_stream *s, const pst_xent_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->losses && a->dlogits && a->logits && a->targets, "softmax_xent");
+    CHECK(a->B >= 0 && a->C > 0, "softmax_xent");
+    return a->B ? o->softmax_xent(s, a) : PST_OK;
+}
+
+pst_status pst_op_add(pst_stream *s, const pst_add_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->dst && a->src, "add");
+    return a->n ? o->add(s, a) : PST_OK;
+}
+
+pst_status pst_op_optim_apply(pst_stream *s, const pst_optim_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->cfg && a->param && a->grad && a->t >= 1, "optim_apply");
+    CHECK(a->state || pst_optim_state_floats(a->cfg->kind) == 0, "optim_apply");
+    return a->n ? o->optim_apply(s, a) : PST_OK;
+}
+
+pst_status pst_op_cast(pst_stream *s, const pst_cast_args *a)
+{
+    const pst_ops_iface *o = ops_of(s);
+    CHECK(o && a && a->dst && a->src && a->dt < PST_DTYPE_COUNT_ && a->st < PST_DTYPE_COUNT_,
+          "cast");
+    return a->n ? o->cast(s, a) : PST_OK;
+}

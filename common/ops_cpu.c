@@ -1,0 +1,96 @@
+/* ops_cpu.c — the CPU ops: each op is a host function queued on the stream that calls
+ * the reference kernel (layers.h, optim.h, dtype.h) with the caller's argument struct. */
+#include <math.h>
+#include <string.h>
+
+#include "common/layers.h"
+#include "common/ops_impl.h"
+
+static pst_status run_linear_fwd(void *arg)
+{
+    const pst_linear_fwd_args *a = arg;
+    pst_linear_forward(a->out, a->inp, a->w, a->b, a->B, a->IC, a->OC, a->relu);
+    return PST_OK;
+}
+
+static pst_status run_linear_bwd(void *arg)
+{
+    const pst_linear_bwd_args *a = arg;
+    pst_linear_backward(a->dinp, a->dw, a->db, a->dout, a->inp, a->w, a->B, a->IC, a->OC,
+                        a->accumulate);
+    return PST_OK;
+}
+
+static pst_status run_relu_bwd(void *arg)
+{
+    const pst_relu_bwd_args *a = arg;
+    pst_relu_backward(a->dinp, a->dout, a->out, a->n);
+    return PST_OK;
+}
+
+static pst_status run_xent(void *arg)
+{
+    const pst_xent_args *a = arg;
+    int correct = 0;
+    for (int b = 0; b < a->B; b++) {
+        const float *l = a->logits + (int64_t)b * a->C;
+        float *p = a->dlogits + (int64_t)b * a->C;
+        int best = 0;
+        for (int j = 1; j < a->C; j++)
+            best = l[j] > l[best] ? j : best;
+        correct += best == a->targets[b];
+        /* one row through the reference kernel keeps the arithmetic identical */
+        double loss = pst_softmax_xent_forward(p, l, a->targets + b, 1, a->C);
+        a->losses[b] = (float)loss;
+        if (a->scale != 0.0f)
+            pst_softmax_xent_backward(p, p, a->targets + b, 1, a->C, a->scale);
+    }
+    if (a->correct)
+        *a->correct += correct;
+    return PST_OK;
+}
+
+static pst_status run_add(void *arg)
+{
+    const pst_add_args *a = arg;
+    for (size_t i = 0; i < a->n; i++)
+        a->dst[i] += a->src[i];
+    return PST_OK;
+}
+
+static pst_status run_optim(void *arg)
+{
+    const pst_optim_args *a = arg;
+    pst_optim_apply(a->cfg, a->t, a->param, a->state, a->state_stride, a->grad, a->n);
+    return PST_OK;
+}
+
+static pst_status run_cast(void *arg)
+{
+    const pst_cast_args *a = arg;
+    pst_cast(a->dst, a->dt, a->src, a->st, a->n);
+    return PST_OK;
+}
+
+#define CPU_OP(name, type, fn)                              \
+    static pst_status name(pst_stream *s, const type *a)    \
+    {                                                       \
+        return pst_stream_launch(s, fn, (void *)a);         \
+    }
+CPU_OP(cpu_linear_forward, pst_linear_fwd_args, run_linear_fwd)
+CPU_OP(cpu_linear_backward, pst_linear_bwd_args, run_linear_bwd)
+CPU_OP(cpu_relu_backward, pst_relu_bwd_args, run_relu_bwd)
+CPU_OP(cpu_softmax_xent, pst_xent_args, run_xent)
+CPU_OP(cpu_add, pst_add_args, run_add)
+CPU_OP(cpu_optim_apply, pst_optim_args, run_optim)
+CPU_OP(cpu_cast, pst_cast_args, run_cast)
+
+const pst_ops_iface pst_cpu_ops_iface = {
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .relu_backward = cpu_relu_backward,
+    .softmax_xent = cpu_softmax_xent,
+    .add = cpu_add,
+    .optim_apply = cpu_optim_apply,
+    .cast = cpu_cast,
+};

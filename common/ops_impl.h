@@ -1,0 +1,23 @@
+/* ops_impl.h — the op table a device backend provides (private; see ops.h for the
+ * meaning of each op). Each member queues its op on `s` and returns at once; the public
+ * wrappers in ops.c have already checked the arguments. */
+#ifndef PST_OPS_IMPL_H
+#define PST_OPS_IMPL_H
+
+#include "common/ops.h"
+
+typedef struct pst_ops_iface {
+    pst_status (*linear_forward)(pst_stream *s, const pst_linear_fwd_args *a);
+    pst_status (*linear_backward)(pst_stream *s, const pst_linear_bwd_args *a);
+    pst_status (*relu_backward)(pst_stream *s, const pst_relu_bwd_args *a);
+    pst_status (*softmax_xent)(pst_stream *s, const pst_xent_args *a);
+    pst_status (*add)(pst_stream *s, const pst_add_args *a);
+    pst_status (*optim_apply)(pst_stream *s, const pst_optim_args *a);
+    pst_status (*cast)(pst_stream *s, const pst_cast_args *a);
+} pst_ops_iface;
+
+/* The CPU implementation (ops_cpu.c): host functions on the stream's worker, over the
+ * reference kernels of layers.h and optim.h. */
+extern const pst_ops_iface pst_cpu_ops_iface;
+
+#endif /* PST_OPS_IMPL_H */
