@@ -49,8 +49,10 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
 
 void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N)
 {
-    for (int64_t i = 0; i < N; i++)
-        dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+    for (int64_t i = 0; i < N; i++) {
+        float d = dout[i]; /* loaded unconditionally, so the select vectorizes */
+        dinp[i] = out[i] > 0.0f ? d : 0.0f;
+    }
 }
 
 double pst_softmax_xent_forward(float *probs, const float *logits, const int32_t *targets,

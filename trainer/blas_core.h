@@ -8,8 +8,8 @@
 #ifndef TR_BLAS_CORE_H
 #define TR_BLAS_CORE_H
 
-/* The OPENBLAS_CORETYPE this CPU should use ("Haswell" on AVX2+FMA CPUs), or NULL when
- * OpenBLAS's own detection is the best available. */
+/* The OPENBLAS_CORETYPE this CPU should use ("SkylakeX" on AVX-512 Intel CPUs, "Haswell"
+ * on other AVX2+FMA CPUs), or NULL when OpenBLAS's own detection is the best available. */
 const char *tr_blas_core_pick(void);
 /* When OPENBLAS_CORETYPE is unset and tr_blas_core_pick() names a core, sets it and
  * re-executes /proc/self/exe with the same arguments. Returns only when no re-exec was

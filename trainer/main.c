@@ -63,7 +63,7 @@ int main(int argc, char **argv)
 
     tr_updater upd;
     st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
-                          : tr_local_updater_init(&upd, &cfg.optim);
+                          : tr_local_updater_init(&upd, &cfg.optim, threads);
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/model.h"
 #include "common/optim.h"
+#include "common/pool.h"
 
 static double now_s(void)
 {
@@ -34,13 +35,34 @@ typedef struct local_updater {
     pst_optim_config optim;
     float *state; /* state_floats arrays of n floats */
     size_t n;
+    pst_pool *pool;
+    /* the update being run, for the pool's parts */
+    long t;
+    float *params;
+    const float *grads;
 } local_updater;
+
+/* One part of the update: elementwise, so any split gives the same bits. */
+static void local_update_part(void *arg, int part, int nparts)
+{
+    local_updater *u = arg;
+    size_t lo, hi;
+    pst_pool_split(u->n, part, nparts, 16, &lo, &hi);
+    pst_optim_apply(&u->optim, u->t, u->params + lo, u->state ? u->state + lo : NULL, u->n,
+                    u->grads + lo, hi - lo);
+}
 
 static pst_status local_update(void *self, long step, float *params, const float *grads,
                                size_t n)
 {
     local_updater *u = self;
-    pst_optim_apply(&u->optim, step + 1, params, u->state, u->n, grads, n);
+    if (n != u->n)
+        return pst_error_set(PST_ERR_INTERNAL, "local update of %zu params, state for %zu", n,
+                             u->n);
+    u->t = step + 1;
+    u->params = params;
+    u->grads = grads;
+    pst_pool_run(u->pool, local_update_part, u);
     return PST_OK;
 }
 
@@ -57,12 +79,17 @@ static pst_status local_start(void *self, float *params, size_t n)
     return PST_OK;
 }
 
-pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim)
+pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim, int threads)
 {
     memset(out, 0, sizeof *out);
     local_updater *u = calloc(1, sizeof *u);
     if (!u)
         return pst_error_set(PST_ERR_NOMEM, "local optimizer: out of memory");
+    pst_status st = pst_pool_init(&u->pool, threads > 0 ? threads : 1);
+    if (st != PST_OK) {
+        free(u);
+        return st;
+    }
     u->optim = *optim;
     out->self = u;
     out->start = local_start;
@@ -75,6 +102,7 @@ void tr_local_updater_free(tr_updater *upd)
     if (!upd || !upd->self)
         return;
     local_updater *u = upd->self;
+    pst_pool_free(u->pool);
     free(u->state);
     free(u);
     upd->self = NULL;

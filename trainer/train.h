@@ -35,9 +35,10 @@ typedef struct tr_summary {
     size_t peak_bytes;     /* device 0 */
 } tr_summary;
 
-/* The local optimizer as an updater (the same optimizer code the pserver runs); its state
- * is allocated at start. `*out` is freed with tr_local_updater_free. Errors: PST_ERR_NOMEM. */
-pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim);
+/* The local optimizer as an updater (the same optimizer code the pserver runs), its
+ * elementwise pass split over `threads` threads; its state is allocated at start.
+ * `*out` is freed with tr_local_updater_free. Errors: PST_ERR_NOMEM, PST_ERR_IO. */
+pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim, int threads);
 void tr_local_updater_free(tr_updater *u);
 
 /* Runs the training the config describes, through `upd`. Prints progress on stderr and

@@ -1,0 +1,137 @@
+/* pool.c — worker threads for pst_pool_run (see pool.h).
+ * DESIGN: a generation counter under one mutex; workers wait for it to move, run their
+ * part, and count themselves done; the caller waits for the count. */
+#include "common/pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pst_pool {
+    int n;                 /* threads including the caller */
+    pthread_t *threads;    /* (n - 1) */
+    pthread_mutex_t run_mu;/* one run at a time */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned long gen;
+    int remaining;
+    int stop;
+    pst_pool_fn fn;
+    void *arg;
+};
+
+typedef struct worker_arg {
+    pst_pool *p;
+    int part;
+} worker_arg;
+
+static void *worker(void *a)
+{
+    worker_arg w = *(worker_arg *)a;
+    free(a);
+    pst_pool *p = w.p;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->gen == seen && !p->stop)
+            pthread_cond_wait(&p->go, &p->mu);
+        if (p->stop)
+            break;
+        seen = p->gen;
+        pst_pool_fn fn = p->fn;
+        void *arg = p->arg;
+        pthread_mutex_unlock(&p->mu);
+        fn(arg, w.part, p->n);
+        pthread_mutex_lock(&p->mu);
+        if (--p->remaining == 0)
+            pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+pst_status pst_pool_init(pst_pool **out, int nthreads)
+{
+    *out = NULL;
+    if (nthreads < 1 || nthreads > 1024)
+        return pst_error_set(PST_ERR_INVALID, "thread pool: %d threads (example: 2)", nthreads);
+    pst_pool *p = calloc(1, sizeof *p);
+    if (!p || !(p->threads = calloc((size_t)nthreads, sizeof *p->threads))) {
+        free(p);
+        return pst_error_set(PST_ERR_NOMEM, "thread pool: out of memory");
+    }
+    p->n = 1;
+    pthread_mutex_init(&p->run_mu, NULL);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->go, NULL);
+    pthread_cond_init(&p->done, NULL);
+    for (int i = 1; i < nthreads; i++) {
+        worker_arg *w = malloc(sizeof *w);
+        if (!w) {
+            pst_pool_free(p);
+            return pst_error_set(PST_ERR_NOMEM, "thread pool: out of memory");
+        }
+        *w = (worker_arg){p, i};
+        if (pthread_create(&p->threads[i - 1], NULL, worker, w) != 0) {
+            free(w);
+            pst_pool_free(p);
+            return pst_error_set(PST_ERR_IO, "thread pool: cannot start thread %d", i);
+        }
+        p->n = i + 1;
+    }
+    *out = p;
+    return PST_OK;
+}
+
+void pst_pool_free(pst_pool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n - 1; i++)
+        pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->run_mu);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->go);
+    pthread_cond_destroy(&p->done);
+    free(p->threads);
+    free(p);
+}
+
+int pst_pool_size(const pst_pool *p)
+{
+    return p ? p->n : 1;
+}
+
+void pst_pool_run(pst_pool *p, pst_pool_fn fn, void *arg)
+{
+    if (!p || p->n == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&p->run_mu);
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    p->remaining = p->n - 1;
+    p->gen++;
+    pthread_cond_broadcast(&p->go);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg, 0, p->n);
+    pthread_mutex_lock(&p->mu);
+    while (p->remaining > 0)
+        pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->run_mu);
+}
+
+void pst_pool_split(size_t n, int part, int nparts, size_t align, size_t *lo, size_t *hi)
+{
+    size_t chunks = (n + align - 1) / align;
+    size_t a = chunks * (size_t)part / (size_t)nparts, b = chunks * (size_t)(part + 1) / (size_t)nparts;
+    *lo = a * align < n ? a * align : n;
+    *hi = b * align < n ? b * align : n;
+}

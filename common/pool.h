@@ -1,0 +1,29 @@
+/* pool.h — a fixed set of worker threads for splitting one loop across cores.
+ *
+ * pst_pool_run(pool, fn, arg) calls fn(arg, part, nparts) once for every part in
+ * [0, nparts), nparts = the pool's thread count: the caller runs part 0, the workers the
+ * rest, and it returns when all are done. Used for elementwise passes (optimizer updates)
+ * that OpenBLAS does not parallelize for us. Workers sleep on a condition variable between
+ * runs; nothing is allocated per run. One run at a time per pool (runs from several
+ * threads are serialized by a lock). */
+#ifndef PST_POOL_H
+#define PST_POOL_H
+
+#include <stddef.h>
+
+#include "common/error.h"
+
+typedef struct pst_pool pst_pool;
+typedef void (*pst_pool_fn)(void *arg, int part, int nparts);
+
+/* nthreads >= 1 (1: no workers, fn runs inline). Errors: PST_ERR_INVALID, PST_ERR_NOMEM,
+ * PST_ERR_IO (thread creation). */
+pst_status pst_pool_init(pst_pool **out, int nthreads);
+void pst_pool_free(pst_pool *p); /* joins the workers; accepts NULL */
+int pst_pool_size(const pst_pool *p);
+void pst_pool_run(pst_pool *p, pst_pool_fn fn, void *arg);
+/* The range [*lo, *hi) of part `part` of `nparts` over n items, cut at multiples of
+ * `align` items so parts never share a cache line of the arrays they write. */
+void pst_pool_split(size_t n, int part, int nparts, size_t align, size_t *lo, size_t *hi);
+
+#endif /* PST_POOL_H */
