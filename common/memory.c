@@ -5,6 +5,9 @@
 
 void pst_memory_tune(void)
 {
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    /* 32 MiB is the largest threshold glibc accepts on 64-bit (a larger value is refused
+     * and the default, 128 KiB, stays). */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, -1);
+
 }

@@ -3,7 +3,7 @@
  * Messages of several MiB are allocated and freed every step (gRPC receive slices, pull
  * replies). glibc serves allocations that large with mmap and returns them with munmap,
  * so every step page-faults its buffers in again. pst_memory_tune() keeps such blocks in
- * the heap (no mmap below 1 GiB, no trimming), so after the first step they are reused.
+ * the heap (no mmap below 32 MiB, glibc's largest threshold; no trimming), so after the first step they are reused.
  * Call once at the start of main(). */
 #ifndef PST_MEMORY_H
 #define PST_MEMORY_H

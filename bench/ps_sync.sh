@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Benchmark: the synthetic sync step through the real programs — 1 pserver, 2 trainers,
+# 25M fp32 parameters (100 MB pushed and 100 MB pulled per trainer per step) — against
+# the PyTorch RPC parameter-server peer (../shared/peers/torch_rpc_ps.py, same sizes,
+# plain SGD), alternating, RUNS times each; then iperf3's loopback figure for scale.
+# Prints JSON lines: every run, then the medians and the ratio of step-time medians.
+# Not a test: it reports, it never gates.
+#
+# usage: bench/ps_sync.sh [BUILD_DIR=build] [RUNS=3] [PARAMS=25000000] [STEPS=20]
+set -euo pipefail
+build=${1:-build}; runs=${2:-3}; params=${3:-25000000}; steps=${4:-20}
+here=$(cd "$(dirname "$0")/.." && pwd)
+peer="$here/../shared/peers/torch_rpc_ps.py"
+[ -x "$build/bin/pslaunch" ] || { echo "bench: $build/bin/pslaunch not built (run make)" >&2; exit 2; }
+[ -f "$peer" ] || { echo "bench: $peer not found (../shared/peers beside the repo)" >&2; exit 2; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+echo "{\"bench\":\"ps_sync\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs}"
+for i in $(seq 1 "$runs"); do
+  "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- "$build/bin/trainer" \
+    --model synthetic --params "$params" --steps "$steps" --optimizer sgd --lr 0.01 \
+    --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
+  echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
+  /usr/bin/python3 "$peer" --params "$params" --steps "$steps" --transport tcp 2>/dev/null \
+    | tail -n 1 > "$tmp/t$i.json"
+  echo "{\"run\":$i,\"who\":\"torch_rpc\",\"result\":$(cat "$tmp/t$i.json")}"
+done
+iperf=""
+if command -v iperf3 >/dev/null && [ -x "$here/../shared/peers/iperf3_loopback.sh" ]; then
+  "$here/../shared/peers/iperf3_loopback.sh" 3 15201 1 2>/dev/null | head -n 1 > "$tmp/iperf.json" || true
+  iperf=$(cat "$tmp/iperf.json")
+fi
+/usr/bin/python3 - "$tmp" "$runs" "$params" "${iperf:-null}" <<'PY'
+import json, statistics, sys
+d, n, params, iperf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
+p, t = load("p"), load("t")
+pm = statistics.median(r["step_ms_median"] for r in p)
+tm = statistics.median(r["step_ms_median"] for r in t)
+# push + pull of every trainer, like the peer's push_pull_GBps (1e9 B/s)
+gbps = 2 * 2 * params * 4 / (pm / 1e3) / 1e9
+out = {"pstrain_step_ms_median": pm, "torch_rpc_step_ms_median": tm,
+       "speedup_vs_torch_rpc": round(tm / pm, 3),
+       "pstrain_push_pull_GBps": round(gbps, 2),
+       "torch_rpc_push_pull_GBps_median": statistics.median(r["push_pull_GBps"] for r in t)}
+if iperf != "null":
+    i = json.loads(iperf)
+    out["iperf3_1stream_GBps"] = i["GBps"]
+    out["pstrain_vs_iperf3"] = round(gbps / i["GBps"], 3)
+print(json.dumps(out))
+PY
