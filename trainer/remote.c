@@ -1,37 +1,43 @@
-/* remote.c — the distributed updater (see remote.h).
+/* remote.c — the trainer's link to the pservers (see remote.h).
  *
- * DESIGN: one context per block holds the block's Push and Pull request headers, so a
- * step allocates nothing. A counter of outstanding callbacks (push done, push payload
- * released, pull done) under one mutex is what the step waits on; the first error is
- * kept with its detail and returned once every outstanding call has ended (each has a
- * deadline, so the wait is bounded). */
+ * DESIGN: one context per block holds the block's Push and Pull request headers and the
+ * state of its exchange (a count of outstanding callbacks: push done, push payload
+ * released, pull done), so an exchange allocates nothing. Init and Finish are waited for
+ * with one counter under the link's mutex; every call has a deadline, so waits are
+ * bounded. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
-#include "trainer/plan.h"
-
-typedef struct remote_updater remote_updater;
 
 typedef struct block_ctx {
-    remote_updater *u;
+    tr_remote *r;
     const tr_block *b;
     Pstrain__PushRequest push;
     Pstrain__PullRequest pull;
+    /* the exchange in flight */
+    atomic_int pending;
+    float *dst;
+    tr_exchange_fn done;
+    void *done_arg;
+    pthread_mutex_t mu; /* guards err */
+    pst_status err;
+    char detail[512];
 } block_ctx;
 
-struct remote_updater {
+struct tr_remote {
     const pst_config *cfg;
     tr_plan plan;
     rpc_client *client;
     int rpc_inited;
-    block_ctx *blocks;           /* (plan.nblocks) */
-    float *params;               /* the buffer pulls write into during a step */
+    block_ctx *blocks; /* (plan.nblocks) */
+    /* blocking batches (Init, Finish, start's pulls) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     long pending;
@@ -39,97 +45,109 @@ struct remote_updater {
     char err_detail[512];
 };
 
-static void record_error(remote_updater *u, pst_status st, const char *detail)
+/* ---- blocking batches ----------------------------------------------------------------- */
+
+static void batch_error(tr_remote *r, pst_status st, const char *detail)
 {
-    pthread_mutex_lock(&u->mu);
-    if (u->err == PST_OK) {
-        u->err = st;
-        snprintf(u->err_detail, sizeof u->err_detail, "%s", detail);
+    pthread_mutex_lock(&r->mu);
+    if (r->err == PST_OK) {
+        r->err = st;
+        snprintf(r->err_detail, sizeof r->err_detail, "%s", detail);
     }
-    pthread_mutex_unlock(&u->mu);
+    pthread_mutex_unlock(&r->mu);
 }
 
-static void done_one(remote_updater *u)
+static void batch_add(tr_remote *r, long n)
 {
-    pthread_mutex_lock(&u->mu);
-    if (--u->pending == 0)
-        pthread_cond_broadcast(&u->cv);
-    pthread_mutex_unlock(&u->mu);
+    pthread_mutex_lock(&r->mu);
+    r->pending += n;
+    pthread_mutex_unlock(&r->mu);
 }
 
-static void add_pending(remote_updater *u, long n)
+static void batch_done(tr_remote *r)
 {
-    pthread_mutex_lock(&u->mu);
-    u->pending += n;
-    pthread_mutex_unlock(&u->mu);
+    pthread_mutex_lock(&r->mu);
+    if (--r->pending == 0)
+        pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
-/* Waits for every outstanding callback; returns the first error of the batch. */
-static pst_status wait_all(remote_updater *u)
+static pst_status batch_wait(tr_remote *r)
 {
-    pthread_mutex_lock(&u->mu);
-    while (u->pending > 0)
-        pthread_cond_wait(&u->cv, &u->mu);
-    pst_status st = u->err;
-    u->err = PST_OK;
-    pthread_mutex_unlock(&u->mu);
+    pthread_mutex_lock(&r->mu);
+    while (r->pending > 0)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pst_status st = r->err;
+    r->err = PST_OK;
+    pthread_mutex_unlock(&r->mu);
     if (st != PST_OK)
-        pst_error_set(st, "%s", u->err_detail);
+        pst_error_set(st, "%s", r->err_detail);
     return st;
 }
 
-static void release_one(void *arg)
-{
-    done_one(((block_ctx *)arg)->u);
-}
+/* ---- one block's exchange ------------------------------------------------------------- */
 
-/* Starts a call whose done callback (and release, when `payload_bytes` > 0) will call
- * done_one(); a call that is not accepted is accounted here. */
-static void start_call(remote_updater *u, int server, rpc_method m, const ProtobufCMessage *req,
-                       const void *payload, size_t bytes, rpc_release_fn release, rpc_done_fn done,
-                       void *arg)
+static void exchange_error(block_ctx *c, pst_status st, const char *detail)
 {
-    add_pending(u, bytes && release ? 2 : 1);
-    pst_status st = rpc_client_call_async(u->client, server, m, req, payload, bytes, release,
-                                          done, arg);
-    if (st != PST_OK) {
-        record_error(u, st, pst_error_detail());
-        done_one(u); /* done never runs; the release already has */
+    pthread_mutex_lock(&c->mu);
+    if (c->err == PST_OK) {
+        c->err = st;
+        snprintf(c->detail, sizeof c->detail, "%s", detail);
     }
+    pthread_mutex_unlock(&c->mu);
 }
 
-/* ---- Pull ----------------------------------------------------------------------------- */
+static void exchange_step_done(block_ctx *c)
+{
+    if (atomic_fetch_sub(&c->pending, 1) != 1)
+        return;
+    pthread_mutex_lock(&c->mu);
+    pst_status st = c->err;
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", c->detail);
+    c->err = PST_OK;
+    c->detail[0] = '\0';
+    pthread_mutex_unlock(&c->mu);
+    c->done(c->done_arg, st, detail);
+}
+
+static void push_released(void *arg)
+{
+    exchange_step_done(arg);
+}
 
 static void pull_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
     block_ctx *c = arg;
-    remote_updater *u = c->u;
     if (st == PST_OK) {
-        const Pstrain__PullReply *r = (const Pstrain__PullReply *)reply;
+        const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
         pst_dtype dt;
-        st = rpc_dtype_from_wire(r->dtype, &dt);
-        if (st == PST_OK && r->length != c->b->length)
+        st = rpc_dtype_from_wire(rep->dtype, &dt);
+        if (st == PST_OK && rep->length != c->b->length)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
-                               c->b->id, rpc_client_server(u->client, c->b->pserver),
-                               (unsigned long long)r->length, c->b->length);
+                               c->b->id, rpc_client_server(c->r->client, c->b->pserver),
+                               (unsigned long long)rep->length, c->b->length);
         if (st == PST_OK)
-            st = rpc_payload_read_f32(payload, dt, 0, u->params + c->b->offset, c->b->length);
+            st = rpc_payload_read_f32(payload, dt, 0, c->dst, c->b->length);
         if (st != PST_OK)
-            record_error(u, st, pst_error_detail());
+            exchange_error(c, st, pst_error_detail());
     } else {
-        record_error(u, st, detail);
+        exchange_error(c, st, detail);
     }
-    done_one(u);
+    exchange_step_done(c);
 }
 
 static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
-    start_call(c->u, c->b->pserver, RPC_METHOD_PULL, &c->pull.base, NULL, 0, NULL, pull_done, c);
+    pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
+                                          &c->pull.base, NULL, 0, NULL, pull_done, c);
+    if (st != PST_OK) {
+        exchange_error(c, st, pst_error_detail());
+        exchange_step_done(c);
+    }
 }
-
-/* ---- Push ----------------------------------------------------------------------------- */
 
 static void push_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
@@ -137,40 +155,49 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     block_ctx *c = arg;
     (void)reply;
     (void)payload;
-    if (st != PST_OK)
-        record_error(c->u, st, detail);
-    else if (c->u->cfg->mode == PST_MODE_ASYNC)
+    if (st != PST_OK) {
+        exchange_error(c, st, detail);
+        if (c->r->cfg->mode == PST_MODE_ASYNC)
+            exchange_step_done(c); /* the pull that would have followed */
+    } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
         start_pull(c, 0);
-    done_one(c->u);
-}
-
-static pst_status remote_update(void *self, long step, float *params, const float *grads,
-                                size_t n)
-{
-    remote_updater *u = self;
-    if (n != u->plan.nparams)
-        return pst_error_set(PST_ERR_INTERNAL, "update of %zu params with a plan for %zu", n,
-                             u->plan.nparams);
-    u->params = params;
-    /* Last block first: backward finishes the end of the buffer first. */
-    for (int i = u->plan.nblocks - 1; i >= 0; i--) {
-        block_ctx *c = &u->blocks[i];
-        c->push.step = step;
-        start_call(u, c->b->pserver, RPC_METHOD_PUSH, &c->push.base, grads + c->b->offset,
-                   c->b->length * sizeof(float), release_one, push_done, c);
-        if (u->cfg->mode == PST_MODE_SYNC)
-            start_pull(c, step + 1);
     }
-    return wait_all(u);
+    exchange_step_done(c);
 }
 
-/* ---- Init / Finish -------------------------------------------------------------------- */
-
-static uint64_t settings_fingerprint(const remote_updater *u)
+pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
+                              tr_exchange_fn done, void *arg)
 {
-    const pst_config *c = u->cfg;
+    if (b < 0 || b >= r->plan.nblocks)
+        return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan.nblocks);
+    block_ctx *c = &r->blocks[b];
+    c->dst = dst;
+    c->done = done;
+    c->done_arg = arg;
+    c->push.step = step;
+    atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
+                                          grad, c->b->length * sizeof(float), push_released,
+                                          push_done, c);
+    if (st != PST_OK) {
+        /* The release has run; neither done nor the pull will. */
+        exchange_error(c, st, pst_error_detail());
+        atomic_store(&c->pending, 1);
+        exchange_step_done(c);
+        return PST_OK;
+    }
+    if (r->cfg->mode == PST_MODE_SYNC)
+        start_pull(c, step + 1);
+    return PST_OK;
+}
+
+/* ---- Init / start / Finish ------------------------------------------------------------ */
+
+static uint64_t settings_fingerprint(const tr_remote *r)
+{
+    const pst_config *c = r->cfg;
     const pst_optim_config *o = &c->optim;
-    uint64_t h = tr_plan_fingerprint(&u->plan, 0);
+    uint64_t h = tr_plan_fingerprint(&r->plan, 0);
     int64_t ints[6] = {c->mode, c->trainers, o->kind, o->schedule, o->warmup_steps, o->total_steps};
     float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
     h = tr_fnv1a(h, ints, sizeof ints);
@@ -178,7 +205,7 @@ static uint64_t settings_fingerprint(const remote_updater *u)
 }
 
 typedef struct init_call {
-    block_ctx base; /* .u only */
+    tr_remote *r;
     Pstrain__InitRequest req;
     Pstrain__BlockSpec *specs;
     Pstrain__BlockSpec **spec_ptrs;
@@ -186,129 +213,130 @@ typedef struct init_call {
     float *initial;
 } init_call;
 
+static void init_released(void *arg)
+{
+    batch_done(((init_call *)arg)->r);
+}
+
 static void init_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
     init_call *ic = arg;
     (void)payload;
+    const pst_config *cfg = ic->r->cfg;
     if (st != PST_OK) {
-        record_error(ic->base.u, st, detail);
+        batch_error(ic->r, st, detail);
     } else if (((const Pstrain__InitReply *)reply)->version != 0 &&
-               (ic->base.u->cfg->mode == PST_MODE_SYNC || ic->base.u->cfg->trainer_id == 0)) {
+               (cfg->mode == PST_MODE_SYNC || cfg->trainer_id == 0)) {
         /* A fresh job starts at version 0. In async mode trainer 0 may already have pushed
          * when a later trainer joins, so only trainer 0 (and sync mode) can tell. */
         char d[256];
         snprintf(d, sizeof d, "pserver already holds version %lld of its blocks: a finished or "
                  "running job's pservers; restart them (resuming is not supported yet)",
                  (long long)((const Pstrain__InitReply *)reply)->version);
-        record_error(ic->base.u, PST_ERR_STATE, d);
+        batch_error(ic->r, PST_ERR_STATE, d);
     }
-    done_one(ic->base.u);
+    batch_done(ic->r);
 }
 
-static pst_status remote_start(void *self, float *params, size_t n)
+static void start_pull_done(void *arg, pst_status st, const char *detail)
 {
-    remote_updater *u = self;
-    const pst_config *cfg = u->cfg;
+    if (st != PST_OK)
+        batch_error(arg, st, detail);
+    batch_done(arg);
+}
+
+static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, uint64_t fp)
+{
+    const pst_config *cfg = r->cfg;
+    size_t k = 0, total = 0;
+    for (int i = 0; i < r->plan.nblocks; i++) {
+        const tr_block *b = &r->plan.blocks[i];
+        if (b->pserver != s)
+            continue;
+        pstrain__block_spec__init(&ic->specs[k]);
+        ic->specs[k].id = b->id;
+        ic->specs[k].offset = b->offset;
+        ic->specs[k].length = b->length;
+        ic->spec_ptrs[k] = &ic->specs[k];
+        if (ic->initial)
+            memcpy(ic->initial + total, params + b->offset, b->length * sizeof(float));
+        total += b->length;
+        k++;
+    }
+    pstrain__init_request__init(&ic->req);
+    pstrain__optim_config__init(&ic->optim);
+    ic->optim.kind = (char *)pst_optim_kind_name(cfg->optim.kind);
+    ic->optim.lr = cfg->optim.lr;
+    ic->optim.momentum = cfg->optim.momentum;
+    ic->optim.beta1 = cfg->optim.beta1;
+    ic->optim.beta2 = cfg->optim.beta2;
+    ic->optim.eps = cfg->optim.eps;
+    ic->optim.weight_decay = cfg->optim.weight_decay;
+    ic->optim.schedule = (char *)pst_lr_schedule_name(cfg->optim.schedule);
+    ic->optim.warmup_steps = cfg->optim.warmup_steps;
+    ic->optim.total_steps = cfg->optim.total_steps;
+    ic->optim.min_lr = cfg->optim.min_lr;
+    ic->req.trainer_id = (uint32_t)cfg->trainer_id;
+    ic->req.num_trainers = (uint32_t)cfg->trainers;
+    ic->req.mode = cfg->mode == PST_MODE_ASYNC ? PSTRAIN__MODE__ASYNC : PSTRAIN__MODE__SYNC;
+    ic->req.total_params = r->plan.nparams;
+    ic->req.n_blocks = k;
+    ic->req.blocks = ic->spec_ptrs;
+    ic->req.optim = &ic->optim;
+    ic->req.fingerprint = fp;
+}
+
+pst_status tr_remote_start(tr_remote *r, float *params)
+{
+    const pst_config *cfg = r->cfg;
     const int S = cfg->num_pservers;
-    pst_status st;
-    if ((st = tr_plan_build(&u->plan, n, cfg->block_bytes, S, 1)) != PST_OK)
-        return st;
-    u->blocks = calloc((size_t)u->plan.nblocks, sizeof *u->blocks);
+    pst_status st = PST_OK;
     init_call *calls = calloc((size_t)S, sizeof *calls);
-    if (!u->blocks || !calls) {
-        free(calls);
-        return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
-    }
-    for (int i = 0; i < u->plan.nblocks; i++) {
-        block_ctx *c = &u->blocks[i];
-        c->u = u;
-        c->b = &u->plan.blocks[i];
-        pstrain__push_request__init(&c->push);
-        c->push.trainer_id = (uint32_t)cfg->trainer_id;
-        c->push.block = c->b->id;
-        c->push.dtype = PSTRAIN__DTYPE__F32;
-        c->push.length = c->b->length;
-        pstrain__pull_request__init(&c->pull);
-        c->pull.block = c->b->id;
-        c->pull.dtype = PSTRAIN__DTYPE__F32;
-    }
-
-    rpc_global_init();
-    u->rpc_inited = 1;
-    const char *addrs[PST_MAX_PSERVERS];
-    for (int s = 0; s < S; s++)
-        addrs[s] = cfg->pservers[s];
-    rpc_client_config cc = {.servers = addrs, .num_servers = S,
-                            .call_timeout_ms = (int)cfg->rpc_timeout_ms,
-                            .connect_timeout_ms = cfg->connect_timeout_ms > 0 ? (int)cfg->connect_timeout_ms : -1};
-    if ((st = rpc_client_init(&u->client, &cc)) != PST_OK)
-        goto out;
-
-    uint64_t fp = settings_fingerprint(u);
+    if (!calls)
+        return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
+    uint64_t fp = settings_fingerprint(r);
     for (int s = 0; s < S; s++) {
         init_call *ic = &calls[s];
-        ic->base.u = u;
-        size_t nb = 0, total = 0;
-        for (int i = 0; i < u->plan.nblocks; i++)
-            if (u->plan.blocks[i].pserver == s)
-                nb++;
+        size_t nb = 0;
+        for (int i = 0; i < r->plan.nblocks; i++)
+            nb += r->plan.blocks[i].pserver == s;
+        ic->r = r;
         ic->specs = calloc(nb ? nb : 1, sizeof *ic->specs);
         ic->spec_ptrs = calloc(nb ? nb : 1, sizeof *ic->spec_ptrs);
-        ic->initial = cfg->trainer_id == 0 ? malloc(sizeof(float) * (u->plan.pserver_elems[s] + 1)) : NULL;
+        if (cfg->trainer_id == 0)
+            ic->initial = malloc(sizeof(float) * (r->plan.pserver_elems[s] + 1));
         if (!ic->specs || !ic->spec_ptrs || (cfg->trainer_id == 0 && !ic->initial)) {
             st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
             goto out;
         }
-        size_t k = 0;
-        for (int i = 0; i < u->plan.nblocks; i++) {
-            const tr_block *b = &u->plan.blocks[i];
-            if (b->pserver != s)
-                continue;
-            pstrain__block_spec__init(&ic->specs[k]);
-            ic->specs[k].id = b->id;
-            ic->specs[k].offset = b->offset;
-            ic->specs[k].length = b->length;
-            ic->spec_ptrs[k] = &ic->specs[k];
-            if (ic->initial)
-                memcpy(ic->initial + total, params + b->offset, b->length * sizeof(float));
-            total += b->length;
-            k++;
+        fill_init(ic, r, s, params, fp);
+        size_t bytes = ic->initial ? r->plan.pserver_elems[s] * sizeof(float) : 0;
+        batch_add(r, bytes ? 2 : 1);
+        st = rpc_client_call_async(r->client, s, RPC_METHOD_INIT, &ic->req.base, ic->initial,
+                                   bytes, bytes ? init_released : NULL, init_done, ic);
+        if (st != PST_OK) {
+            batch_error(r, st, pst_error_detail());
+            batch_done(r);
+            st = PST_OK;
         }
-        pstrain__init_request__init(&ic->req);
-        pstrain__optim_config__init(&ic->optim);
-        ic->optim.kind = (char *)pst_optim_kind_name(cfg->optim.kind);
-        ic->optim.lr = cfg->optim.lr;
-        ic->optim.momentum = cfg->optim.momentum;
-        ic->optim.beta1 = cfg->optim.beta1;
-        ic->optim.beta2 = cfg->optim.beta2;
-        ic->optim.eps = cfg->optim.eps;
-        ic->optim.weight_decay = cfg->optim.weight_decay;
-        ic->optim.schedule = (char *)pst_lr_schedule_name(cfg->optim.schedule);
-        ic->optim.warmup_steps = cfg->optim.warmup_steps;
-        ic->optim.total_steps = cfg->optim.total_steps;
-        ic->optim.min_lr = cfg->optim.min_lr;
-        ic->req.trainer_id = (uint32_t)cfg->trainer_id;
-        ic->req.num_trainers = (uint32_t)cfg->trainers;
-        ic->req.mode = cfg->mode == PST_MODE_ASYNC ? PSTRAIN__MODE__ASYNC : PSTRAIN__MODE__SYNC;
-        ic->req.total_params = n;
-        ic->req.n_blocks = nb;
-        ic->req.blocks = ic->spec_ptrs;
-        ic->req.optim = &ic->optim;
-        ic->req.fingerprint = fp;
-        start_call(u, s, RPC_METHOD_INIT, &ic->req.base, ic->initial,
-                   ic->initial ? total * sizeof(float) : 0, ic->initial ? release_one : NULL,
-                   init_done, ic);
     }
-    if ((st = wait_all(u)) != PST_OK)
+    if ((st = batch_wait(r)) != PST_OK)
         goto out;
     /* Everyone starts from the pservers' values (trainer 0's). */
-    u->params = params;
-    for (int i = 0; i < u->plan.nblocks; i++)
-        start_pull(&u->blocks[i], 0);
-    st = wait_all(u);
-    PST_INFO("joined %d pserver(s): %d blocks of up to %zu bytes, %s mode, %d trainers", S,
-             u->plan.nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
+    for (int i = 0; i < r->plan.nblocks; i++) {
+        block_ctx *c = &r->blocks[i];
+        c->dst = params + c->b->offset;
+        c->done = start_pull_done;
+        c->done_arg = r;
+        atomic_store(&c->pending, 1);
+        batch_add(r, 1);
+        start_pull(c, 0);
+    }
+    st = batch_wait(r);
+    if (st == PST_OK)
+        PST_INFO("joined %d pserver(s): %d blocks of up to %zu bytes, %s mode, %d trainers", S,
+                 r->plan.nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
 out:
     for (int s = 0; s < S; s++) {
         free(calls[s].specs);
@@ -325,31 +353,148 @@ static void finish_done(void *arg, pst_status st, const char *detail, const Prot
     (void)reply;
     (void)payload;
     if (st != PST_OK)
-        record_error(arg, st, detail);
-    done_one(arg);
+        batch_error(arg, st, detail);
+    batch_done(arg);
 }
 
-static pst_status remote_finish(void *self)
+pst_status tr_remote_finish(tr_remote *r)
 {
-    remote_updater *u = self;
-    if (!u->client)
-        return PST_OK;
     Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
-    req.trainer_id = (uint32_t)u->cfg->trainer_id;
-    for (int s = 0; s < u->cfg->num_pservers; s++) {
-        add_pending(u, 1);
-        pst_status st = rpc_client_call_async(u->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
-                                              NULL, finish_done, u);
+    req.trainer_id = (uint32_t)r->cfg->trainer_id;
+    for (int s = 0; s < r->cfg->num_pservers; s++) {
+        batch_add(r, 1);
+        pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
+                                              NULL, finish_done, r);
         if (st != PST_OK) {
-            record_error(u, st, pst_error_detail());
-            done_one(u);
+            batch_error(r, st, pst_error_detail());
+            batch_done(r);
         }
     }
     /* Training is complete and its result stands; a pserver that is already gone (its
      * other trainers finished first) is worth a warning, not a failure. */
-    if (wait_all(u) != PST_OK)
+    if (batch_wait(r) != PST_OK)
         PST_WARN("Finish: %s", pst_error_detail());
     return PST_OK;
+}
+
+pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams, int ndevices)
+{
+    *out = NULL;
+    tr_remote *r = calloc(1, sizeof *r);
+    if (!r)
+        return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory");
+    r->cfg = cfg;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    pst_status st = tr_plan_build(&r->plan, nparams, cfg->block_bytes, cfg->num_pservers, ndevices);
+    if (st != PST_OK)
+        goto error;
+    r->blocks = calloc((size_t)r->plan.nblocks, sizeof *r->blocks);
+    if (!r->blocks) {
+        st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
+        goto error;
+    }
+    for (int i = 0; i < r->plan.nblocks; i++) {
+        block_ctx *c = &r->blocks[i];
+        c->r = r;
+        c->b = &r->plan.blocks[i];
+        pthread_mutex_init(&c->mu, NULL);
+        pstrain__push_request__init(&c->push);
+        c->push.trainer_id = (uint32_t)cfg->trainer_id;
+        c->push.block = c->b->id;
+        c->push.dtype = PSTRAIN__DTYPE__F32;
+        c->push.length = c->b->length;
+        pstrain__pull_request__init(&c->pull);
+        c->pull.block = c->b->id;
+        c->pull.dtype = PSTRAIN__DTYPE__F32;
+    }
+    rpc_global_init();
+    r->rpc_inited = 1;
+    const char *addrs[PST_MAX_PSERVERS];
+    for (int s = 0; s < cfg->num_pservers; s++)
+        addrs[s] = cfg->pservers[s];
+    rpc_client_config cc = {.servers = addrs, .num_servers = cfg->num_pservers,
+                            .call_timeout_ms = (int)cfg->rpc_timeout_ms,
+                            .connect_timeout_ms = cfg->connect_timeout_ms > 0
+                                                      ? (int)cfg->connect_timeout_ms : -1};
+    if ((st = rpc_client_init(&r->client, &cc)) != PST_OK)
+        goto error;
+    *out = r;
+    return PST_OK;
+error:
+    tr_remote_free(r);
+    return st;
+}
+
+void tr_remote_free(tr_remote *r)
+{
+    if (!r)
+        return;
+    rpc_client_free(r->client);
+    if (r->rpc_inited)
+        rpc_global_shutdown();
+    for (int i = 0; r->blocks && i < r->plan.nblocks; i++)
+        pthread_mutex_destroy(&r->blocks[i].mu);
+    free(r->blocks);
+    tr_plan_free(&r->plan);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+const tr_plan *tr_remote_plan(const tr_remote *r)
+{
+    return &r->plan;
+}
+
+/* ---- the whole-buffer updater --------------------------------------------------------- */
+
+typedef struct remote_updater {
+    const pst_config *cfg;
+    tr_remote *r;
+} remote_updater;
+
+static void updater_block_done(void *arg, pst_status st, const char *detail)
+{
+    tr_remote *r = arg;
+    if (st != PST_OK)
+        batch_error(r, st, detail);
+    batch_done(r);
+}
+
+static pst_status updater_start(void *self, float *params, size_t n)
+{
+    remote_updater *u = self;
+    PST_TRY(tr_remote_init(&u->r, u->cfg, n, 1));
+    return tr_remote_start(u->r, params);
+}
+
+static pst_status updater_update(void *self, long step, float *params, const float *grads,
+                                 size_t n)
+{
+    remote_updater *u = self;
+    const tr_plan *p = &u->r->plan;
+    if (n != p->nparams)
+        return pst_error_set(PST_ERR_INTERNAL, "update of %zu params with a plan for %zu", n,
+                             p->nparams);
+    /* Last block first: backward finishes the end of the buffer first. */
+    for (int i = p->nblocks - 1; i >= 0; i--) {
+        const tr_block *b = &p->blocks[i];
+        batch_add(u->r, 1);
+        pst_status st = tr_remote_exchange(u->r, i, step, grads + b->offset, params + b->offset,
+                                           updater_block_done, u->r);
+        if (st != PST_OK) {
+            batch_error(u->r, st, pst_error_detail());
+            batch_done(u->r);
+        }
+    }
+    return batch_wait(u->r);
+}
+
+static pst_status updater_finish(void *self)
+{
+    remote_updater *u = self;
+    return u->r ? tr_remote_finish(u->r) : PST_OK;
 }
 
 pst_status tr_remote_updater_init(tr_updater *out, const pst_config *cfg)
@@ -359,12 +504,10 @@ pst_status tr_remote_updater_init(tr_updater *out, const pst_config *cfg)
     if (!u)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory");
     u->cfg = cfg;
-    pthread_mutex_init(&u->mu, NULL);
-    pthread_cond_init(&u->cv, NULL);
     out->self = u;
-    out->start = remote_start;
-    out->update = remote_update;
-    out->finish = remote_finish;
+    out->start = updater_start;
+    out->update = updater_update;
+    out->finish = updater_finish;
     return PST_OK;
 }
 
@@ -373,13 +516,7 @@ void tr_remote_updater_free(tr_updater *upd)
     if (!upd || !upd->self)
         return;
     remote_updater *u = upd->self;
-    rpc_client_free(u->client);
-    if (u->rpc_inited)
-        rpc_global_shutdown();
-    tr_plan_free(&u->plan);
-    free(u->blocks);
-    pthread_mutex_destroy(&u->mu);
-    pthread_cond_destroy(&u->cv);
+    tr_remote_free(u->r);
     free(u);
     upd->self = NULL;
 }

@@ -1,24 +1,47 @@
-/* remote.h — the distributed updater: pushes gradient blocks to the pservers that own
- * them and pulls the new values, following the block plan (plan.h).
+/* remote.h — a trainer's link to the pservers: Init, per-block exchange, Finish.
  *
- * Step s, sync mode: for every block, in reverse buffer order (the order backward
- * finishes them), a Push of step s and a Pull of version s+1 are started together on the
- * block's pserver; the pserver answers the Pull once all trainers' gradients for step s
- * are summed in trainer-id order and applied. Async mode: the Pull (of whatever version
- * is current) starts when the Push is acknowledged. Pulled values are copied from the
- * received slices straight into the model's flat parameter buffer. Gradient payloads are
- * lent to gRPC without copying; the step returns only when gRPC has released them.
+ * A block exchange for step s pushes the block's gradient to the pserver that owns it and
+ * pulls the block's new values: in sync mode the Pull of version s+1 starts together with
+ * the Push (the pserver answers it once all trainers' gradients for step s are summed in
+ * trainer-id order and applied); in async mode the Pull (of the current version) starts
+ * when the Push is acknowledged. The pulled values are copied from the received slices
+ * straight into the caller's buffer, and the gradient is lent to gRPC without a copy; the
+ * exchange's done callback runs once both are finished (values written, gradient
+ * released), on an RPC thread.
  * Start: every trainer sends Init to every pserver (trainer 0 with the initial values of
  * the pserver's blocks), then pulls version 0 of every block, so all trainers begin from
  * trainer 0's parameters. Finish: a Finish call to every pserver.
- * Errors carry the pserver's address and what failed. */
+ * Errors name the pserver's address and what failed. Thread safety: exchanges of
+ * different blocks may be started from any threads; one exchange per block at a time. */
 #ifndef TR_REMOTE_H
 #define TR_REMOTE_H
 
 #include "common/config.h"
+#include "trainer/plan.h"
 #include "trainer/train.h"
 
-/* The config must outlive the updater. Free with tr_remote_updater_free. */
+typedef struct tr_remote tr_remote;
+
+/* Called once per exchange when it has finished; `detail` describes a failure. */
+typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);
+
+/* Builds the block plan for nparams over cfg's pservers and `ndevices` owner devices and
+ * connects (lazily). The config must outlive the link. */
+pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams, int ndevices);
+void tr_remote_free(tr_remote *r); /* accepts NULL */
+const tr_plan *tr_remote_plan(const tr_remote *r);
+/* Init on every pserver with the values in params (trainer 0's are the cluster's), then
+ * pulls every block's version 0 into params. Blocking. */
+pst_status tr_remote_start(tr_remote *r, float *params);
+/* Starts the exchange of block b for 0-based `step`: grad[0..len) is pushed (kept alive
+ * and unchanged until done runs), the new values land in dst[0..len). */
+pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
+                              tr_exchange_fn done, void *arg);
+/* Finish on every pserver. A pserver already gone is a warning, not an error. */
+pst_status tr_remote_finish(tr_remote *r);
+
+/* The whole-buffer updater over a link (used by the synthetic model): update() exchanges
+ * every block, last block first, and waits. Free with tr_remote_updater_free. */
 pst_status tr_remote_updater_init(tr_updater *out, const pst_config *cfg);
 void tr_remote_updater_free(tr_updater *u); /* accepts a zeroed one */
 
