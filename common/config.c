@@ -156,6 +156,23 @@ static pst_status parse_progress(pst_config *cfg, const char *v, const char *whe
     return bad(where, v, "expected auto, bar, lines or none", ex);
 }
 
+static pst_status parse_trace_steps(pst_config *cfg, const char *v, const char *where,
+                                   const char *ex)
+{
+    char *e;
+    errno = 0;
+    long a = strtol(v, &e, 10);
+    if (e == v || *e != ':' || errno)
+        return bad(where, v, "expected FIRST:LAST step numbers", ex);
+    const char *p = e + 1;
+    long b = strtol(p, &e, 10);
+    if (e == p || *e || errno || a < 0 || b < a)
+        return bad(where, v, "expected FIRST:LAST with 0 <= FIRST <= LAST", ex);
+    cfg->trace_first = a;
+    cfg->trace_last = b;
+    return PST_OK;
+}
+
 static pst_status parse_model(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     if (strcmp(v, "mlp") != 0 && strcmp(v, "synthetic") != 0)
@@ -212,6 +229,9 @@ static const opt options[] = {
     {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append per-step and per-epoch metrics as JSON lines to this file", R_TRAINER, OPT_STR, S(metrics_path), 0, 0, NULL},
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
+    {"overlap", "PSTRAIN_OVERLAP", NULL, NULL, "1", "1: send gradient blocks during backward and start the next forward per block; 0: serialized (backward, all sends, all pulls)", R_TRAINER, OPT_BOOL, F(overlap), 0, 0, NULL},
+    {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
+    {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
@@ -330,6 +350,18 @@ void pst_config_defaults(pst_config *cfg)
     cfg->optim.lr = 0.05f;
     cfg->log_level = PST_LOG_INFO;
     cfg->threads = 0;
+    cfg->overlap = 1;
+    cfg->trace_first = 10;
+    cfg->trace_last = 12;
+}
+
+static int is_bool_word(const char *v)
+{
+    static const char *const words[] = {"0", "1", "true", "false", "yes", "no"};
+    for (int i = 0; i < 6; i++)
+        if (strcasecmp(v, words[i]) == 0)
+            return 1;
+    return 0;
 }
 
 static const opt *find_flag(const char *name, size_t len, unsigned role)
@@ -377,6 +409,8 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         const char *v;
         if (eq)
             v = eq + 1;
+        else if (o->type == OPT_BOOL && i + 1 < argc && is_bool_word(argv[i + 1]))
+            v = argv[++i];
         else if (o->type == OPT_BOOL)
             v = "1";
         else if (i + 1 < argc)
@@ -507,8 +541,10 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "lr_schedule", pst_lr_schedule_name(cfg->optim.schedule), &first);
         fprintf(out, ",\"warmup_steps\":%ld,\"min_lr\":%g,\"connect_timeout_ms\":%ld",
                 cfg->optim.warmup_steps, cfg->optim.min_lr, cfg->connect_timeout_ms);
-        fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d", cfg->rpc_timeout_ms,
-                cfg->threads);
+        fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d,\"overlap\":%d", cfg->rpc_timeout_ms,
+                cfg->threads, cfg->overlap);
+        json_str(out, "trace", cfg->trace_path, &first);
+        fprintf(out, ",\"trace_steps\":\"%ld:%ld\"", cfg->trace_first, cfg->trace_last);
         json_str(out, "metrics", cfg->metrics_path, &first);
     }
     fputs("}\n", out);

@@ -60,6 +60,9 @@ typedef struct pst_config {
     char metrics_path[PST_PATH_MAX];
     pst_log_level log_level;
     pst_progress progress;
+    int overlap;                                   /* 1: communication overlaps compute */
+    char trace_path[PST_PATH_MAX];                 /* Chrome trace file, "" = none */
+    long trace_first, trace_last;                  /* steps traced (inclusive) */
     int threads;                                   /* BLAS threads per process, 0 = auto */
     int check_config;                              /* print the resolved config and exit */
     int help;

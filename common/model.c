@@ -86,7 +86,7 @@ void pst_mlp_free(pst_mlp *m)
     memset(m, 0, sizeof *m);
 }
 
-void pst_mlp_init_params(pst_mlp *m, uint64_t seed)
+void pst_mlp_init_params_into(const pst_mlp *m, float *dst, uint64_t seed)
 {
     for (int l = 0; l < m->nlayers; l++) {
         const pst_linear_view *v = &m->layer[l];
@@ -94,10 +94,15 @@ void pst_mlp_init_params(pst_mlp *m, uint64_t seed)
         pst_rng_seed(&r, seed, (uint64_t)l);
         float bound = 1.0f / sqrtf((float)v->in);
         size_t n = (size_t)v->out * v->in + v->out; /* weight then bias, contiguous */
-        float *p = m->params + v->w_off;
+        float *p = dst + v->w_off;
         for (size_t i = 0; i < n; i++)
             p[i] = (2.0f * pst_rng_uniform(&r) - 1.0f) * bound;
     }
+}
+
+void pst_mlp_init_params(pst_mlp *m, uint64_t seed)
+{
+    pst_mlp_init_params_into(m, m->params, seed);
 }
 
 double pst_mlp_forward(pst_mlp *m, const float *x, const int32_t *y, int B)

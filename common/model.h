@@ -56,6 +56,8 @@ pst_status pst_mlp_init(pst_mlp *m, const pst_mlp_config *cfg, int max_batch, ps
 void pst_mlp_free(pst_mlp *m); /* accepts a zeroed or half-built model */
 /* PyTorch's nn.Linear default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)), from `seed`. */
 void pst_mlp_init_params(pst_mlp *m, uint64_t seed);
+/* The same values written to dst (nparams host floats) instead of m->params. */
+void pst_mlp_init_params_into(const pst_mlp *m, float *dst, uint64_t seed);
 /* Forward on x (B, in_dim) with targets y (B); returns the SUM of the B losses.
  * B <= max_batch. Leaves logits/probs for backward and prediction. */
 double pst_mlp_forward(pst_mlp *m, const float *x, const int32_t *y, int B);

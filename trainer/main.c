@@ -61,19 +61,20 @@ int main(int argc, char **argv)
     int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     openblas_set_num_threads(threads > 0 ? threads : 1);
 
-    tr_updater upd;
-    st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
-                          : tr_local_updater_init(&upd, &cfg.optim, threads);
-    if (st != PST_OK) {
-        fprintf(stderr, "trainer: %s\n", pst_error_detail());
-        return exit_code(st);
-    }
     tr_summary sum;
-    st = tr_train(&cfg, &upd, &sum);
-    if (cfg.num_pservers)
-        tr_remote_updater_free(&upd);
-    else
-        tr_local_updater_free(&upd);
+    if (strcmp(cfg.model, "synthetic") == 0) {
+        tr_updater upd;
+        st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
+                              : tr_local_updater_init(&upd, &cfg.optim, threads);
+        if (st == PST_OK)
+            st = tr_train_synthetic(&cfg, &upd, &sum);
+        if (cfg.num_pservers)
+            tr_remote_updater_free(&upd);
+        else
+            tr_local_updater_free(&upd);
+    } else {
+        st = tr_train(&cfg, &sum);
+    }
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

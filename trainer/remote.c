@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "rpc/client.h"
@@ -29,7 +30,15 @@ typedef struct block_ctx {
     pthread_mutex_t mu; /* guards err */
     pst_status err;
     char detail[512];
+    tr_exchange_times times;
 } block_ctx;
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 struct tr_remote {
     const pst_config *cfg;
@@ -121,6 +130,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
 {
     block_ctx *c = arg;
     if (st == PST_OK) {
+        c->times.pull_end = mono_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
         pst_dtype dt;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
@@ -141,6 +151,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
 static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
+    c->times.pull_start = mono_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
     if (st != PST_OK) {
@@ -155,6 +166,7 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     block_ctx *c = arg;
     (void)reply;
     (void)payload;
+    c->times.push_end = mono_s();
     if (st != PST_OK) {
         exchange_error(c, st, detail);
         if (c->r->cfg->mode == PST_MODE_ASYNC)
@@ -176,6 +188,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     c->done_arg = arg;
     c->push.step = step;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    c->times.push_start = mono_s();
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
                                           grad, c->b->length * sizeof(float), push_released,
                                           push_done, c);
@@ -440,6 +453,11 @@ void tr_remote_free(tr_remote *r)
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+}
+
+void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out)
+{
+    *out = r->blocks[b].times;
 }
 
 const tr_plan *tr_remote_plan(const tr_remote *r)

@@ -37,6 +37,13 @@ pst_status tr_remote_start(tr_remote *r, float *params);
  * and unchanged until done runs), the new values land in dst[0..len). */
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
                               tr_exchange_fn done, void *arg);
+/* When the last exchange of block b sent and answered its Push and Pull (CLOCK_MONOTONIC
+ * seconds); read it in the done callback, for traces. */
+typedef struct tr_exchange_times {
+    double push_start, push_end, pull_start, pull_end;
+} tr_exchange_times;
+void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
+
 /* Finish on every pserver. A pserver already gone is a warning, not an error. */
 pst_status tr_remote_finish(tr_remote *r);
 

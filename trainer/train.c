@@ -21,6 +21,9 @@
 #include "common/model.h"
 #include "common/optim.h"
 #include "common/pool.h"
+#include "trainer/exec.h"
+#include "trainer/remote.h"
+#include "trainer/trace.h"
 
 static double now_s(void)
 {
@@ -130,25 +133,10 @@ static int cmp_double(const void *a, const void *b)
 
 /* ---- the loop ------------------------------------------------------------------------- */
 
-static double evaluate(pst_mlp *m, const pst_dataset *test, float *x, int32_t *y,
-                       uint32_t *idx)
-{
-    int correct = 0;
-    for (int start = 0; start < test->n; start += m->max_batch) {
-        int cnt = test->n - start < m->max_batch ? test->n - start : m->max_batch;
-        for (int i = 0; i < cnt; i++)
-            idx[i] = (uint32_t)(start + i);
-        pst_dataset_gather(test, idx, cnt, x, y);
-        pst_mlp_forward(m, x, y, cnt);
-        correct += pst_mlp_count_correct(m, y, cnt);
-    }
-    return test->n ? (double)correct / test->n : 0.0;
-}
-
 /* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
  * trainer (small values that depend on the index and the trainer id). It measures the
  * communication of the real programs. */
-static pst_status train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
+pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 {
     pst_status st = PST_OK;
     size_t n = (size_t)cfg->params;
@@ -188,7 +176,8 @@ static pst_status train_synthetic(const pst_config *cfg, tr_updater *upd, tr_sum
     sum->steps = total;
     sum->params = n;
     sum->param_l2 = sqrt(l2);
-    sum->peak_bytes = 2 * n * sizeof(float);
+    sum->ndevices = 1;
+    sum->peak_bytes[0] = 2 * n * sizeof(float);
     started = 0;
     if (upd->finish)
         st = upd->finish(upd->self);
@@ -205,32 +194,25 @@ out:
     return st;
 }
 
-pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
+pst_status tr_train(const pst_config *cfg, tr_summary *sum)
 {
-    if (strcmp(cfg->model, "synthetic") == 0)
-        return train_synthetic(cfg, upd, sum);
     pst_status st;
     pst_dataset train = {0}, test = {0};
     pst_runtime *rt = NULL;
-    pst_mlp model = {0};
     pst_metrics metrics = {0};
-    float *x = NULL;
+    tr_remote *remote = NULL;
+    tr_trace *trace = NULL;
+    tr_exec *ex = NULL;
+    float *x = NULL, *params = NULL;
     int32_t *y = NULL;
-    uint32_t *perm = NULL, *idx = NULL;
+    uint32_t *perm = NULL;
     double *step_ms = NULL;
     int started = 0;
     memset(sum, 0, sizeof *sum);
 
     if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
         goto error;
-    if (pst_runtime_count(rt) != 1) {
-        st = pst_error_set(PST_ERR_UNSUPPORTED,
-                           "PSTRAIN_DEVICES=%s: this trainer computes on one device per "
-                           "process for now; use PSTRAIN_DEVICES=cpu:1 and more trainers",
-                           cfg->devices);
-        goto error;
-    }
-    pst_device *dev = pst_runtime_device(rt, 0);
+    const int D = pst_runtime_count(rt);
     if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
         goto error;
     if ((st = pst_dataset_load_fashion_mnist(&train, &test, cfg->data_dir)) != PST_OK)
@@ -238,29 +220,39 @@ pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 
     const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
     const int max_part = (B + T - 1) / T;
-    const int max_batch = max_part > 256 ? max_part : 256; /* evaluation uses it too */
     pst_mlp_config mc = cfg->mlp;
     mc.in_dim = train.dim;
     mc.out_dim = train.nclasses > test.nclasses ? train.nclasses : test.nclasses;
-    if ((st = pst_mlp_init(&model, &mc, max_batch, dev)) != PST_OK)
-        goto error;
-    pst_mlp_init_params(&model, cfg->seed);
-
     const int nb = pst_batches_per_epoch(train.n, B);
     long total = (long)nb * cfg->epochs;
     if (cfg->steps > 0 && cfg->steps < total)
         total = cfg->steps;
-    x = malloc(sizeof(float) * (size_t)max_batch * train.dim);
-    y = malloc(sizeof(int32_t) * (size_t)max_batch);
+    if (cfg->num_pservers &&
+        (st = tr_remote_init(&remote, cfg, pst_mlp_param_count(&mc), D)) != PST_OK)
+        goto error;
+    if (cfg->trace_path[0]) {
+        long steps = cfg->trace_last - cfg->trace_first + 1;
+        size_t per_step = (size_t)(D * (2 * mc.nhidden + 2) + 4 * 1024 + 64);
+        if ((st = tr_trace_init(&trace, cfg->trace_path, cfg->trace_first, cfg->trace_last,
+                                per_step * (size_t)steps)) != PST_OK)
+            goto error;
+    }
+    tr_exec_config ec = {.cfg = cfg, .rt = rt, .mlp = mc, .max_rows = max_part,
+                         .eval_rows = 256, .remote = remote, .overlap = cfg->overlap,
+                         .trace = trace};
+    if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
+        goto error;
+
+    x = malloc(sizeof(float) * (size_t)max_part * train.dim);
+    y = malloc(sizeof(int32_t) * (size_t)max_part);
     perm = malloc(sizeof(uint32_t) * (size_t)train.n);
-    idx = malloc(sizeof(uint32_t) * (size_t)max_batch);
     step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
-    if (!x || !y || !perm || !idx || !step_ms) {
+    params = malloc(sizeof(float) * tr_exec_nparams(ex));
+    if (!x || !y || !perm || !step_ms || !params) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for batch buffers");
         goto error;
     }
-
-    if (upd->start && (st = upd->start(upd->self, model.params, model.nparams)) != PST_OK)
+    if ((st = tr_exec_start(ex, cfg->seed)) != PST_OK)
         goto error;
     started = 1;
 
@@ -281,23 +273,16 @@ pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
             pst_batch_part(len, rank, T, &lo, &hi);
             int cnt = hi - lo;
             pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
-            double t0 = now_s();
-            if (cnt > 0) {
-                loss_sum += pst_mlp_forward(&model, x, y, cnt);
-                pst_mlp_backward(&model, x, y, cnt, 1.0f / (float)len, 0, NULL, NULL);
-            } else {
-                memset(model.grads, 0, sizeof(float) * model.nparams);
-            }
-            loss_n += cnt;
-            if ((st = upd->update(upd->self, step, model.params, model.grads,
-                                  model.nparams)) != PST_OK)
+            double t0 = now_s(), loss = 0.0;
+            if ((st = tr_exec_step(ex, step, x, y, cnt, len, &loss)) != PST_OK)
                 goto error;
             double t1 = now_s();
+            loss_sum += loss;
+            loss_n += cnt;
             step_ms[step] = 1e3 * (t1 - t0);
             epoch_samples += (size_t)len;
             pst_metrics_write(&metrics, "step", "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f",
-                              step, epoch + 1, cnt ? loss_sum / (double)loss_n : 0.0,
-                              step_ms[step]);
+                              step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step]);
             if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
                 t_bar = t1;
                 progress_bar(epoch + 1, cfg->epochs, b + 1, nb,
@@ -305,11 +290,14 @@ pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
                              (double)epoch_samples / (t1 - t_epoch));
             }
         }
+        if ((st = tr_exec_sync(ex)) != PST_OK)
+            goto error;
         double dt = now_s() - t_epoch;
         train_time += dt;
         samples += epoch_samples;
         last_loss = loss_n ? loss_sum / (double)loss_n : 0.0;
-        test_acc = evaluate(&model, &test, x, y, idx);
+        if ((st = tr_exec_evaluate(ex, &test, &test_acc)) != PST_OK)
+            goto error;
         if (tty)
             fputc('\n', stderr);
         if (lines)
@@ -320,10 +308,11 @@ pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
                           epoch + 1, last_loss, test_acc, (double)epoch_samples / dt);
     }
     pst_log_set_step(-1);
-
+    if ((st = tr_exec_sync(ex)) != PST_OK || (st = tr_exec_params(ex, params)) != PST_OK)
+        goto error;
     double l2 = 0.0;
-    for (size_t i = 0; i < model.nparams; i++)
-        l2 += (double)model.params[i] * (double)model.params[i];
+    for (size_t i = 0; i < tr_exec_nparams(ex); i++)
+        l2 += (double)params[i] * (double)params[i];
     qsort(step_ms, (size_t)step, sizeof(double), cmp_double);
     sum->test_acc = test_acc;
     sum->train_loss = last_loss;
@@ -332,27 +321,32 @@ pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
                                           : 0.5 * (step_ms[step / 2 - 1] + step_ms[step / 2]))
                                : 0.0;
     sum->steps = step;
-    sum->params = model.nparams;
+    sum->params = tr_exec_nparams(ex);
     sum->param_l2 = sqrt(l2);
-    sum->peak_bytes = pst_device_peak_bytes(dev);
-    st = PST_OK;
-    if (upd->finish)
-        st = upd->finish(upd->self);
+    sum->ndevices = D < TR_MAX_DEVICES ? D : TR_MAX_DEVICES;
+    for (int i = 0; i < sum->ndevices; i++)
+        sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
+    if (trace && (st = tr_trace_write(trace)) != PST_OK)
+        goto error;
+    if (remote)
+        st = tr_remote_finish(remote);
     started = 0;
 error:
-    if (started && upd->finish) {
+    if (started && remote) {
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        upd->finish(upd->self);
+        tr_remote_finish(remote);
         pst_error_set(st, "%s", keep);
     }
+    tr_exec_free(ex);
+    tr_remote_free(remote);
+    tr_trace_free(trace);
     pst_metrics_close(&metrics);
     free(x);
     free(y);
     free(perm);
-    free(idx);
     free(step_ms);
-    pst_mlp_free(&model);
+    free(params);
     pst_dataset_free(&train);
     pst_dataset_free(&test);
     pst_runtime_free(rt);
@@ -364,8 +358,11 @@ void tr_summary_print(FILE *out, const tr_summary *s)
     fprintf(out,
             "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
             "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
-            "\"param_l2\":%.9g,\"peak_bytes_per_device\":[%zu]}\n",
+            "\"param_l2\":%.9g,\"peak_bytes_per_device\":[",
             s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
-            s->params, s->param_l2, s->peak_bytes);
+            s->params, s->param_l2);
+    for (int i = 0; i < s->ndevices; i++)
+        fprintf(out, "%s%zu", i ? "," : "", s->peak_bytes[i]);
+    fputs("]}\n", out);
     fflush(out);
 }

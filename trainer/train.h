@@ -24,6 +24,8 @@ typedef struct tr_updater {
     pst_status (*finish)(void *self);
 } tr_updater;
 
+#define TR_MAX_DEVICES 64
+
 typedef struct tr_summary {
     double test_acc;
     double train_loss;     /* mean loss of this trainer's examples in the last epoch run */
@@ -32,7 +34,8 @@ typedef struct tr_summary {
     long steps;
     size_t params;
     double param_l2;
-    size_t peak_bytes;     /* device 0 */
+    int ndevices;
+    size_t peak_bytes[TR_MAX_DEVICES]; /* per local device */
 } tr_summary;
 
 /* The local optimizer as an updater (the same optimizer code the pserver runs), its
@@ -41,9 +44,12 @@ typedef struct tr_summary {
 pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim, int threads);
 void tr_local_updater_free(tr_updater *u);
 
-/* Runs the training the config describes, through `upd`. Prints progress on stderr and
- * fills *sum. Errors: data, allocation or updater failures, with their detail. */
-pst_status tr_train(const pst_config *cfg, tr_updater *upd, tr_summary *sum);
+/* Trains the mlp model the config describes on the trainer's devices (the executor,
+ * exec.h), alone or with the configured pservers. Prints progress on stderr and fills
+ * *sum. Errors: device, data, allocation or pserver failures, with their detail. */
+pst_status tr_train(const pst_config *cfg, tr_summary *sum);
+/* Trains the synthetic model (no compute) through `upd`. */
+pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum);
 
 /* One JSON line: {"event":"summary",...}. */
 void tr_summary_print(FILE *out, const tr_summary *s);

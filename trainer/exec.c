@@ -1,0 +1,687 @@
+/* exec.c — the multi-device executor (see exec.h).
+ *
+ * DESIGN: everything a step touches is made at init: per device a model replica, three
+ * streams (compute, send, recv), an event per layer ("its gradient is final") and per
+ * block ("its new values are here"), the op argument structs; per block the pointer
+ * arrays the collectives take and, in local mode, the optimizer state on the owner.
+ * A step only fills in row counts and queues work; the host waits for the compute
+ * streams (to read the losses), never for the communication, unless overlap is off.
+ * Hazards are closed by events alone: a block is reduced after every device recorded
+ * grad_done for the lowest layer it covers; a device's next forward of layer l waits on
+ * ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
+ * payload released) and pull, so the next backward can never overwrite a gradient that is
+ * still being read. */
+#include "trainer/exec.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/collectives.h"
+#include "common/log.h"
+#include "common/ops.h"
+
+#define PST_DEVICE_MAX 64
+
+typedef struct exec_block exec_block;
+
+/* What a queued host function of a block needs to know about its step. The host queues
+ * step s+1 before step s's send/recv items have run, so each block has two, by step
+ * parity: step s+2 is queued only after step s+1's compute, which waited for every one
+ * of step s's items (through the ready events). */
+typedef struct exec_slot {
+    exec_block *eb;
+    long step;
+} exec_slot;
+
+typedef struct exec_dev {
+    pst_device *dev;
+    pst_stream *compute, *send, *recv;
+    pst_mlp m;
+    float *x;                     /* (max_batch, in) */
+    int32_t *y;                   /* (max_batch) */
+    float *losses;                /* (max_batch) */
+    int32_t *correct;             /* (1) */
+    pst_event **grad_done;        /* (L) */
+    pst_event **ready;            /* (nblocks) */
+    pst_linear_fwd_args fwd[PST_MLP_MAX_HIDDEN + 1];
+    pst_linear_bwd_args bwd[PST_MLP_MAX_HIDDEN + 1];
+    pst_relu_bwd_args relu[PST_MLP_MAX_HIDDEN + 1];
+    pst_xent_args xent;
+    int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
+} exec_dev;
+
+struct exec_block {
+    tr_exec *ex;
+    int index;
+    const tr_block *b;
+    int lmin;                     /* lowest layer the block covers */
+    float **gbufs, **pbufs;       /* (D) grads / params + offset on every device */
+    /* local mode */
+    float *state;                 /* optimizer state on the owner */
+    pst_optim_args optim[2];      /* by step parity */
+    pst_event *sent;              /* owner's send stream: optimizer done / exchange started */
+    /* distributed mode */
+    float *hgrad, *hparam;        /* host staging when device memory is not host memory */
+    exec_slot slot[2];            /* by step parity */
+    long step;                    /* of the exchange in flight (set when it starts) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int arrived;
+    pst_status st;
+    char detail[512];
+    /* trace */
+    tr_span *send_span, *recv_span;
+};
+
+struct tr_exec {
+    tr_exec_config c;
+    pst_optim_config optim;
+    int D, L, host_memory;
+    exec_dev *devs;
+    tr_plan own_plan;
+    const tr_plan *plan;
+    exec_block *blocks;
+    int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
+    pst_comm *comm;
+    pst_stream **send_streams, **recv_streams;
+    float *host_params;            /* (nparams) */
+    float *host_losses;            /* (max_batch) */
+    int max_batch;
+    int tr_compute[PST_DEVICE_MAX], tr_send[PST_DEVICE_MAX], tr_recv[PST_DEVICE_MAX];
+    int tr_push, tr_pull;
+};
+
+/* ---- trace marks ---------------------------------------------------------------------- */
+
+static pst_status span_begin(void *arg)
+{
+    ((tr_span *)arg)->t0 = tr_trace_clock();
+    return PST_OK;
+}
+
+static pst_status span_end(void *arg)
+{
+    ((tr_span *)arg)->t1 = tr_trace_clock();
+    return PST_OK;
+}
+
+/* Opens a span on stream s when the step is traced; returns it for mark_end (or NULL). */
+static tr_span *mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
+                           long arg)
+{
+    if (!tr_trace_on(ex->c.trace, step))
+        return NULL;
+    tr_span *sp = tr_trace_add(ex->c.trace, track, name, step, arg);
+    if (sp && pst_stream_launch(s, span_begin, sp) != PST_OK)
+        return NULL;
+    return sp;
+}
+
+static void mark_end(pst_stream *s, tr_span *sp)
+{
+    if (sp)
+        pst_stream_launch(s, span_end, sp);
+}
+
+/* ---- init / free ---------------------------------------------------------------------- */
+
+static pst_status alloc_dev(pst_device *dev, size_t bytes, void **p)
+{
+    return pst_device_alloc(dev, bytes ? bytes : 1, p);
+}
+
+static void set_layer_args(tr_exec *ex, exec_dev *d)
+{
+    pst_mlp *m = &d->m;
+    for (int l = 0; l < ex->L; l++) {
+        const pst_linear_view *v = &m->layer[l];
+        d->fwd[l] = (pst_linear_fwd_args){
+            .out = m->acts[l], .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off,
+            .b = m->params + v->b_off, .IC = v->in, .OC = v->out, .relu = l < ex->L - 1};
+    }
+    /* Backward ping-pongs between dbuf[0] and dbuf[1], starting from the loss gradient in
+     * dbuf[0]: layer l reads dout and writes dinp, which becomes layer l-1's dout. */
+    float *dout = m->dbuf[0], *dinp = m->dbuf[1];
+    for (int l = ex->L - 1; l >= 0; l--) {
+        const pst_linear_view *v = &m->layer[l];
+        d->bwd[l] = (pst_linear_bwd_args){
+            .dinp = l ? dinp : NULL, .dw = m->grads + v->w_off, .db = m->grads + v->b_off,
+            .dout = dout, .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off,
+            .IC = v->in, .OC = v->out, .accumulate = 0};
+        if (l) {
+            d->relu[l] = (pst_relu_bwd_args){.dinp = dinp, .dout = dinp, .out = m->acts[l - 1]};
+            float *t = dout;
+            dout = dinp;
+            dinp = t;
+        }
+    }
+    d->xent = (pst_xent_args){.losses = d->losses, .correct = d->correct,
+                              .dlogits = m->dbuf[0], .logits = m->acts[ex->L - 1],
+                              .targets = d->y, .C = m->cfg.out_dim};
+}
+
+pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
+{
+    *out = NULL;
+    pst_status st;
+    tr_exec *ex = calloc(1, sizeof *ex);
+    if (!ex)
+        return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    ex->c = *c;
+    ex->optim = c->cfg->optim;
+    ex->D = pst_runtime_count(c->rt);
+    ex->L = c->mlp.nhidden + 1;
+    ex->host_memory = pst_runtime_host_memory(c->rt);
+    if (ex->D > PST_DEVICE_MAX) {
+        int D = ex->D;
+        free(ex);
+        return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", D,
+                             PST_DEVICE_MAX);
+    }
+    int per_dev = (c->max_rows + ex->D - 1) / ex->D;
+    ex->max_batch = per_dev > c->eval_rows ? per_dev : c->eval_rows;
+    ex->devs = calloc((size_t)ex->D, sizeof *ex->devs);
+    ex->send_streams = calloc((size_t)ex->D, sizeof *ex->send_streams);
+    ex->recv_streams = calloc((size_t)ex->D, sizeof *ex->recv_streams);
+    if (!ex->devs || !ex->send_streams || !ex->recv_streams) {
+        st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+        goto error;
+    }
+    for (int i = 0; i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        d->dev = pst_runtime_device(c->rt, i);
+        if ((st = pst_mlp_init(&d->m, &c->mlp, ex->max_batch, d->dev)) != PST_OK)
+            goto error;
+        if ((st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
+            (st = pst_stream_create(d->dev, &d->send)) != PST_OK ||
+            (st = pst_stream_create(d->dev, &d->recv)) != PST_OK ||
+            (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch * c->mlp.in_dim, (void **)&d->x)) != PST_OK ||
+            (st = alloc_dev(d->dev, sizeof(int32_t) * (size_t)ex->max_batch, (void **)&d->y)) != PST_OK ||
+            (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch, (void **)&d->losses)) != PST_OK ||
+            (st = alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct)) != PST_OK)
+            goto error;
+        ex->send_streams[i] = d->send;
+        ex->recv_streams[i] = d->recv;
+        d->grad_done = calloc((size_t)ex->L, sizeof *d->grad_done);
+        if (!d->grad_done) {
+            st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+            goto error;
+        }
+        for (int l = 0; l < ex->L; l++)
+            if ((st = pst_event_create(d->dev, &d->grad_done[l])) != PST_OK)
+                goto error;
+        set_layer_args(ex, d);
+    }
+    size_t n = ex->devs[0].m.nparams;
+    if (c->remote) {
+        ex->plan = tr_remote_plan(c->remote);
+        if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
+            st = pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
+                               "model has %zu on %d", ex->plan->nparams, ex->plan->ndevices, n, ex->D);
+            goto error;
+        }
+    } else {
+        if ((st = tr_plan_build(&ex->own_plan, n, c->cfg->block_bytes, 1, ex->D)) != PST_OK)
+            goto error;
+        ex->plan = &ex->own_plan;
+    }
+    if ((st = pst_comm_init(&ex->comm, c->rt)) != PST_OK)
+        goto error;
+
+    const int nb = ex->plan->nblocks;
+    ex->blocks = calloc((size_t)nb, sizeof *ex->blocks);
+    ex->layer_first = calloc((size_t)ex->L, sizeof(int));
+    ex->layer_last = calloc((size_t)ex->L, sizeof(int));
+    ex->host_params = malloc(sizeof(float) * n);
+    ex->host_losses = malloc(sizeof(float) * (size_t)ex->max_batch);
+    if (!ex->blocks || !ex->layer_first || !ex->layer_last || !ex->host_params || !ex->host_losses) {
+        st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+        goto error;
+    }
+    for (int i = 0; i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        d->ready = calloc((size_t)nb, sizeof *d->ready);
+        if (!d->ready) {
+            st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+            goto error;
+        }
+        for (int b = 0; b < nb; b++)
+            if ((st = pst_event_create(d->dev, &d->ready[b])) != PST_OK)
+                goto error;
+    }
+    /* Which blocks each layer reads (layers and blocks are both in buffer order). */
+    const pst_mlp *m0 = &ex->devs[0].m;
+    for (int l = 0; l < ex->L; l++) {
+        size_t lo = m0->layer[l].w_off, hi = m0->layer[l].b_off + (size_t)m0->layer[l].out;
+        ex->layer_first[l] = -1;
+        for (int b = 0; b < nb; b++) {
+            const tr_block *blk = &ex->plan->blocks[b];
+            if (blk->offset < hi && blk->offset + blk->length > lo) {
+                if (ex->layer_first[l] < 0)
+                    ex->layer_first[l] = b;
+                ex->layer_last[l] = b;
+            }
+        }
+    }
+    int nk = pst_optim_state_floats(ex->optim.kind);
+    for (int b = 0; b < nb; b++) {
+        exec_block *eb = &ex->blocks[b];
+        eb->ex = ex;
+        eb->index = b;
+        eb->b = &ex->plan->blocks[b];
+        eb->lmin = ex->L - 1;
+        for (int l = 0; l < ex->L; l++)
+            if (b >= ex->layer_first[l] && b <= ex->layer_last[l] && l < eb->lmin)
+                eb->lmin = l;
+        pthread_mutex_init(&eb->mu, NULL);
+        pthread_cond_init(&eb->cv, NULL);
+        eb->gbufs = calloc((size_t)ex->D, sizeof(float *));
+        eb->pbufs = calloc((size_t)ex->D, sizeof(float *));
+        if (!eb->gbufs || !eb->pbufs) {
+            st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+            goto error;
+        }
+        for (int i = 0; i < ex->D; i++) {
+            eb->gbufs[i] = ex->devs[i].m.grads + eb->b->offset;
+            eb->pbufs[i] = ex->devs[i].m.params + eb->b->offset;
+        }
+        exec_dev *owner = &ex->devs[eb->b->owner_device];
+        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
+            goto error;
+        if (!c->remote) {
+            if (nk > 0 && (st = alloc_dev(owner->dev, sizeof(float) * (size_t)nk * eb->b->length,
+                                          (void **)&eb->state)) != PST_OK)
+                goto error;
+            for (int k = 0; k < 2; k++)
+                eb->optim[k] = (pst_optim_args){
+                    .cfg = &ex->optim, .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
+                    .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
+                    .n = eb->b->length};
+        } else if (!ex->host_memory) {
+            if ((st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
+                                            (void **)&eb->hgrad)) != PST_OK ||
+                (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
+                                            (void **)&eb->hparam)) != PST_OK)
+                goto error;
+        }
+    }
+    if (c->trace) {
+        char name[48];
+        for (int i = 0; i < ex->D; i++) {
+            const char *dn = pst_device_name(ex->devs[i].dev);
+            snprintf(name, sizeof name, "%s compute", dn);
+            ex->tr_compute[i] = tr_trace_track(c->trace, name);
+            snprintf(name, sizeof name, "%s send (reduce%s)", dn, c->remote ? ", push" : ", optimizer");
+            ex->tr_send[i] = tr_trace_track(c->trace, name);
+            snprintf(name, sizeof name, "%s recv (%sbroadcast)", dn, c->remote ? "pull, " : "");
+            ex->tr_recv[i] = tr_trace_track(c->trace, name);
+        }
+        ex->tr_push = tr_trace_track(c->trace, "rpc push");
+        ex->tr_pull = tr_trace_track(c->trace, "rpc pull");
+    }
+    *out = ex;
+    return PST_OK;
+error:
+    tr_exec_free(ex);
+    return st;
+}
+
+void tr_exec_free(tr_exec *ex)
+{
+    if (!ex)
+        return;
+    if (ex->devs)
+        tr_exec_sync(ex);
+    for (int b = 0; ex->blocks && b < ex->plan->nblocks; b++) {
+        exec_block *eb = &ex->blocks[b];
+        pst_device *owner = ex->devs[eb->b->owner_device].dev;
+        pst_device_free(owner, eb->state);
+        pst_event_destroy(eb->sent);
+        pst_device_free_host(owner, eb->hgrad);
+        pst_device_free_host(owner, eb->hparam);
+        free(eb->gbufs);
+        free(eb->pbufs);
+        pthread_mutex_destroy(&eb->mu);
+        pthread_cond_destroy(&eb->cv);
+    }
+    for (int i = 0; ex->devs && i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        pst_stream_destroy(d->compute);
+        pst_stream_destroy(d->send);
+        pst_stream_destroy(d->recv);
+        for (int l = 0; d->grad_done && l < ex->L; l++)
+            pst_event_destroy(d->grad_done[l]);
+        for (int b = 0; d->ready && ex->plan && b < ex->plan->nblocks; b++)
+            pst_event_destroy(d->ready[b]);
+        free(d->grad_done);
+        free(d->ready);
+        if (d->dev) {
+            pst_device_free(d->dev, d->x);
+            pst_device_free(d->dev, d->y);
+            pst_device_free(d->dev, d->losses);
+            pst_device_free(d->dev, d->correct);
+        }
+        pst_mlp_free(&d->m);
+    }
+    pst_comm_free(ex->comm);
+    tr_plan_free(&ex->own_plan);
+    free(ex->blocks);
+    free(ex->layer_first);
+    free(ex->layer_last);
+    free(ex->host_params);
+    free(ex->host_losses);
+    free(ex->devs);
+    free(ex->send_streams);
+    free(ex->recv_streams);
+    free(ex);
+}
+
+size_t tr_exec_nparams(const tr_exec *ex)
+{
+    return ex->devs[0].m.nparams;
+}
+
+size_t tr_exec_peak_bytes(const tr_exec *ex, int device)
+{
+    return device >= 0 && device < ex->D ? pst_device_peak_bytes(ex->devs[device].dev) : 0;
+}
+
+pst_status tr_exec_sync(tr_exec *ex)
+{
+    pst_status first = PST_OK;
+    char detail[512] = "";
+    for (int i = 0; i < ex->D; i++) {
+        pst_stream *ss[3] = {ex->devs[i].compute, ex->devs[i].send, ex->devs[i].recv};
+        for (int k = 0; k < 3; k++) {
+            pst_status st = ss[k] ? pst_stream_synchronize(ss[k]) : PST_OK;
+            if (st != PST_OK && first == PST_OK) {
+                first = st;
+                snprintf(detail, sizeof detail, "%s", pst_error_detail());
+            }
+        }
+    }
+    if (first != PST_OK)
+        pst_error_set(first, "%s", detail);
+    return first;
+}
+
+/* ---- start ---------------------------------------------------------------------------- */
+
+pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
+{
+    size_t n = tr_exec_nparams(ex);
+    pst_mlp_init_params_into(&ex->devs[0].m, ex->host_params, seed);
+    if (ex->c.remote)
+        PST_TRY(tr_remote_start(ex->c.remote, ex->host_params));
+    for (int i = 0; i < ex->D; i++)
+        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].m.params, ex->host_params,
+                                 n * sizeof(float), PST_COPY_HOST_TO_DEVICE));
+    return tr_exec_sync(ex);
+}
+
+/* ---- the step ------------------------------------------------------------------------- */
+
+static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float scale)
+{
+    pst_stream *s = d->compute;
+    if (d->rows == 0) {
+        /* No rows here this step: a zero gradient still takes part in the reduce. */
+        PST_TRY(pst_memset_async(s, d->m.grads, 0, d->m.nparams * sizeof(float)));
+        for (int l = 0; l < ex->L; l++)
+            PST_TRY(pst_event_record(d->grad_done[l], s));
+        return PST_OK;
+    }
+    int di = (int)(d - ex->devs);
+    for (int l = 0; l < ex->L; l++) {
+        for (int b = ex->layer_first[l]; b <= ex->layer_last[l]; b++)
+            PST_TRY(pst_stream_wait_event(s, d->ready[b]));
+        tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
+        d->fwd[l].B = d->rows;
+        PST_TRY(pst_op_linear_forward(s, &d->fwd[l]));
+        mark_end(s, sp);
+    }
+    d->xent.B = d->rows;
+    d->xent.scale = scale;
+    PST_TRY(pst_op_softmax_xent(s, &d->xent));
+    for (int l = ex->L - 1; l >= 0; l--) {
+        tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "backward", step, l);
+        d->bwd[l].B = d->rows;
+        PST_TRY(pst_op_linear_backward(s, &d->bwd[l]));
+        PST_TRY(pst_event_record(d->grad_done[l], s));
+        if (l) {
+            d->relu[l].n = (int64_t)d->rows * d->m.layer[l].in;
+            PST_TRY(pst_op_relu_backward(s, &d->relu[l]));
+        }
+        mark_end(s, sp);
+    }
+    return PST_OK;
+}
+
+static void exchange_done(void *arg, pst_status st, const char *detail)
+{
+    exec_block *eb = arg;
+    tr_exec *ex = eb->ex;
+    if (tr_trace_on(ex->c.trace, eb->step)) {
+        tr_exchange_times t;
+        tr_remote_times(ex->c.remote, eb->index, &t);
+        tr_span *p = tr_trace_add(ex->c.trace, ex->tr_push, "push", eb->step, eb->index);
+        if (p) {
+            p->t0 = t.push_start;
+            p->t1 = t.push_end;
+        }
+        tr_span *q = tr_trace_add(ex->c.trace, ex->tr_pull, "pull", eb->step, eb->index);
+        if (q) {
+            q->t0 = t.pull_start;
+            q->t1 = t.pull_end;
+        }
+    }
+    pthread_mutex_lock(&eb->mu);
+    eb->st = st;
+    snprintf(eb->detail, sizeof eb->detail, "%s", detail ? detail : "");
+    eb->arrived = 1;
+    pthread_cond_signal(&eb->cv);
+    pthread_mutex_unlock(&eb->mu);
+}
+
+/* On the owner's send stream, after the reduce: starts the block's push + pull. */
+static pst_status issue_exchange(void *arg)
+{
+    exec_slot *slot = arg;
+    exec_block *eb = slot->eb;
+    tr_exec *ex = eb->ex;
+    eb->step = slot->step;
+    exec_dev *owner = &ex->devs[eb->b->owner_device];
+    const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
+    float *dst = eb->hparam ? eb->hparam : owner->m.params + eb->b->offset;
+    return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, dst, exchange_done, eb);
+}
+
+/* On the owner's recv stream: waits until the block's pull has landed. */
+static pst_status wait_exchange(void *arg)
+{
+    exec_block *eb = arg;
+    pthread_mutex_lock(&eb->mu);
+    while (!eb->arrived)
+        pthread_cond_wait(&eb->cv, &eb->mu);
+    eb->arrived = 0;
+    pst_status st = eb->st;
+    if (st != PST_OK)
+        pst_error_set(st, "%s", eb->detail);
+    pthread_mutex_unlock(&eb->mu);
+    return st;
+}
+
+static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
+{
+    const int o = eb->b->owner_device;
+    exec_dev *owner = &ex->devs[o];
+    for (int i = 0; i < ex->D; i++)
+        PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->lmin]));
+    tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o], ex->c.remote ? "reduce+push" : "reduce+optimizer",
+                             step, eb->index);
+    PST_TRY(pst_comm_reduce(ex->comm, eb->gbufs, eb->b->length, o, ex->send_streams));
+    if (!ex->c.remote) {
+        pst_optim_args *oa = &eb->optim[step & 1];
+        oa->t = step + 1;
+        PST_TRY(pst_op_optim_apply(owner->send, oa));
+        PST_TRY(pst_event_record(eb->sent, owner->send));
+    } else {
+        exec_slot *slot = &eb->slot[step & 1];
+        slot->eb = eb;
+        slot->step = step;
+        if (eb->hgrad)
+            PST_TRY(pst_memcpy_async(owner->send, eb->hgrad, eb->gbufs[o],
+                                     eb->b->length * sizeof(float), PST_COPY_DEVICE_TO_HOST));
+        PST_TRY(pst_stream_launch(owner->send, issue_exchange, slot));
+        /* Without it, a send stream that failed before starting the exchange would leave
+         * the recv stream waiting for a pull that never comes; through the event the recv
+         * stream takes the failure instead. */
+        PST_TRY(pst_event_record(eb->sent, owner->send));
+    }
+    mark_end(owner->send, sp);
+    return PST_OK;
+}
+
+static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
+{
+    const int o = eb->b->owner_device;
+    exec_dev *owner = &ex->devs[o];
+    tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], ex->c.remote ? "pull+broadcast" : "broadcast",
+                             step, eb->index);
+    PST_TRY(pst_stream_wait_event(owner->recv, eb->sent));
+    if (ex->c.remote) {
+        PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+        if (eb->hparam)
+            PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
+                                     eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
+    }
+    PST_TRY(pst_comm_broadcast(ex->comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
+    for (int i = 0; i < ex->D; i++)
+        PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
+    mark_end(owner->recv, sp);
+    return PST_OK;
+}
+
+static pst_status sync_streams(tr_exec *ex, int which)
+{
+    for (int i = 0; i < ex->D; i++) {
+        pst_stream *s = which == 0 ? ex->devs[i].compute : which == 1 ? ex->devs[i].send
+                                                                      : ex->devs[i].recv;
+        PST_TRY(pst_stream_synchronize(s));
+    }
+    return PST_OK;
+}
+
+pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y, int rows,
+                        int global_rows, double *loss_sum)
+{
+    const int in = ex->c.mlp.in_dim;
+    const float scale = 1.0f / (float)global_rows;
+    *loss_sum = 0.0;
+    for (int i = 0; i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        int lo, hi;
+        pst_batch_part(rows, i, ex->D, &lo, &hi);
+        d->lo = lo;
+        d->rows = hi - lo;
+        if (d->rows) {
+            PST_TRY(pst_memcpy_async(d->compute, d->x, x + (size_t)lo * in,
+                                     sizeof(float) * (size_t)d->rows * in, PST_COPY_HOST_TO_DEVICE));
+            PST_TRY(pst_memcpy_async(d->compute, d->y, y + lo, sizeof(int32_t) * (size_t)d->rows,
+                                     PST_COPY_HOST_TO_DEVICE));
+        }
+        PST_TRY(enqueue_compute(ex, d, step, scale));
+    }
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 0));
+    for (int b = ex->plan->nblocks - 1; b >= 0; b--) /* the order backward finishes them */
+        PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 1));
+    for (int b = 0; b < ex->plan->nblocks; b++) /* forward order: the next step needs these first */
+        PST_TRY(enqueue_recv(ex, &ex->blocks[b], step));
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 2));
+    else
+        PST_TRY(sync_streams(ex, 0));
+    /* The losses, in device and row order. */
+    for (int i = 0; i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        if (!d->rows)
+            continue;
+        const float *l = d->losses;
+        if (!ex->host_memory) {
+            PST_TRY(pst_memcpy_async(d->compute, ex->host_losses, d->losses,
+                                     sizeof(float) * (size_t)d->rows, PST_COPY_DEVICE_TO_HOST));
+            PST_TRY(pst_stream_synchronize(d->compute));
+            l = ex->host_losses;
+        }
+        for (int r = 0; r < d->rows; r++)
+            *loss_sum += l[r];
+    }
+    return PST_OK;
+}
+
+/* ---- evaluation and results ----------------------------------------------------------- */
+
+pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
+{
+    exec_dev *d = &ex->devs[0];
+    pst_stream *s = d->compute;
+    const int in = ex->c.mlp.in_dim, chunk = ex->max_batch;
+    float *hx = malloc(sizeof(float) * (size_t)chunk * in);
+    int32_t *hy = malloc(sizeof(int32_t) * (size_t)chunk);
+    uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)chunk);
+    pst_status st = PST_OK;
+    int32_t correct = 0;
+    if (!hx || !hy || !idx) {
+        st = pst_error_set(PST_ERR_NOMEM, "evaluation: out of memory");
+        goto out;
+    }
+    if ((st = pst_memset_async(s, d->correct, 0, sizeof(int32_t))) != PST_OK)
+        goto out;
+    for (int start = 0; start < test->n; start += chunk) {
+        int cnt = test->n - start < chunk ? test->n - start : chunk;
+        for (int i = 0; i < cnt; i++)
+            idx[i] = (uint32_t)(start + i);
+        pst_dataset_gather(test, idx, cnt, hx, hy);
+        if ((st = pst_memcpy_async(s, d->x, hx, sizeof(float) * (size_t)cnt * in,
+                                   PST_COPY_HOST_TO_DEVICE)) != PST_OK ||
+            (st = pst_memcpy_async(s, d->y, hy, sizeof(int32_t) * (size_t)cnt,
+                                   PST_COPY_HOST_TO_DEVICE)) != PST_OK)
+            goto out;
+        for (int l = 0; l < ex->L; l++) {
+            d->fwd[l].B = cnt;
+            if ((st = pst_op_linear_forward(s, &d->fwd[l])) != PST_OK)
+                goto out;
+        }
+        d->xent.B = cnt;
+        d->xent.scale = 0.0f;
+        if ((st = pst_op_softmax_xent(s, &d->xent)) != PST_OK)
+            goto out;
+        /* hx/hy are reused by the next chunk: let this one's copies run first. */
+        if ((st = pst_stream_synchronize(s)) != PST_OK)
+            goto out;
+    }
+    if ((st = pst_memcpy_async(s, &correct, d->correct, sizeof(int32_t),
+                               PST_COPY_DEVICE_TO_HOST)) != PST_OK ||
+        (st = pst_stream_synchronize(s)) != PST_OK)
+        goto out;
+    *acc = test->n ? (double)correct / test->n : 0.0;
+out:
+    free(hx);
+    free(hy);
+    free(idx);
+    return st;
+}
+
+pst_status tr_exec_params(tr_exec *ex, float *dst)
+{
+    exec_dev *d = &ex->devs[0];
+    PST_TRY(pst_memcpy_async(d->compute, dst, d->m.params, sizeof(float) * d->m.nparams,
+                             PST_COPY_DEVICE_TO_HOST));
+    return pst_stream_synchronize(d->compute);
+}

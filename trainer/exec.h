@@ -1,0 +1,63 @@
+/* exec.h — the executor: one training step over the trainer's local devices, scheduled
+ * on per-device streams (DESIGN.md, "The step, end to end").
+ *
+ * Every device holds a replica of the model (params, grads, activations) and computes its
+ * share of the trainer's rows on its COMPUTE stream. Each gradient block of the plan has
+ * an owner device. As soon as backward has finished the layers a block covers on every
+ * device, the owner's SEND stream sums the devices' copies into the owner (collectives,
+ * fixed device order) and then either applies the optimizer to the block (local mode) or
+ * starts its push + pull (distributed). The owner's RECV stream takes blocks in forward
+ * order: it waits for the block's new values (local: the optimizer; distributed: the
+ * pull) and broadcasts them to the other devices, then records the block's ready event on
+ * every device. The next step's forward of layer l waits only on the ready events of the
+ * blocks that layer reads, so compute restarts before the last block is back.
+ * With overlap off the same work runs serialized: backward, then all sends, then all
+ * receives, then the next step.
+ * Not thread safe: one thread drives an executor. */
+#ifndef TR_EXEC_H
+#define TR_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/data.h"
+#include "common/device.h"
+#include "common/model.h"
+#include "trainer/remote.h"
+#include "trainer/trace.h"
+
+typedef struct tr_exec tr_exec;
+
+typedef struct tr_exec_config {
+    const pst_config *cfg;  /* optimizer, mode, block bytes, overlap */
+    pst_runtime *rt;        /* the trainer's devices */
+    pst_mlp_config mlp;     /* with in_dim/out_dim set */
+    int max_rows;           /* most rows of one step on this trainer */
+    int eval_rows;          /* rows per evaluation batch */
+    tr_remote *remote;      /* NULL: local mode (the optimizer runs on the owner devices) */
+    int overlap;            /* 0: serialized schedule */
+    tr_trace *trace;        /* may be NULL */
+} tr_exec_config;
+
+/* Allocates everything a step needs. Local mode builds its own block plan (one pserver's
+ * worth of blocks over the devices); distributed mode uses the remote link's plan. */
+pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c);
+void tr_exec_free(tr_exec *ex); /* waits for the streams; accepts NULL */
+size_t tr_exec_nparams(const tr_exec *ex);
+/* Initial parameters from `seed` on every device; distributed: Init + pull first. */
+pst_status tr_exec_start(tr_exec *ex, uint64_t seed);
+/* Queues step `step` over rows x (rows, in) and y (rows) in host memory, this trainer's
+ * share of a global batch of `global_rows`; returns when the step's compute has run (its
+ * communication may still be running), with the sum of the rows' losses. */
+pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y, int rows,
+                        int global_rows, double *loss_sum);
+/* Waits for all queued work. */
+pst_status tr_exec_sync(tr_exec *ex);
+/* Test accuracy on device 0 (call after tr_exec_sync). */
+pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
+/* L2 norm of device 0's parameters and a copy of them (after tr_exec_sync). */
+pst_status tr_exec_params(tr_exec *ex, float *dst);
+size_t tr_exec_peak_bytes(const tr_exec *ex, int device);
+
+#endif /* TR_EXEC_H */
