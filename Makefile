@@ -1,10 +1,12 @@
 # pstrain: `make` builds into build/ (binaries in build/bin/), `make test` runs the whole
 # suite, `make demo` runs the main job. test and demo install missing Debian packages first.
+# The CUDA backend is compiled whenever the CUDA toolkit is found (PSTRAIN_CUDA=AUTO); pass
+# CMAKE_FLAGS=-DPSTRAIN_CUDA=OFF for a CPU-only build. `make test-gpu` is for GPU machines.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-tsan demo bench clean
+.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench clean
 
 all: build
 
@@ -24,11 +26,29 @@ test: deps
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 	$(MAKE) test-tsan
 
-# The device-runtime tests again under ThreadSanitizer, in a build of their own.
+# The device-runtime tests again under ThreadSanitizer, in a build of their own. They
+# exercise the CPU backend, so this build skips the (slow to compile) CUDA backend.
 test-tsan: deps
-	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DPSTRAIN_TSAN=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DPSTRAIN_TSAN=ON -DPSTRAIN_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-tsan -j $(JOBS) --target tsan_tests
 	cd $(BUILD)-tsan && ctest --output-on-failure -L tsan --timeout 900
+
+# The whole suite in a CPU-only build (-DPSTRAIN_CUDA=OFF), as on a machine without the
+# CUDA toolkit.
+test-nocuda: deps
+	cmake -S . -B $(BUILD)-nocuda -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-nocuda -j $(JOBS)
+	cd $(BUILD)-nocuda && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# For machines WITH a GPU: a build that requires CUDA (configure fails without the toolkit
+# and NCCL), then the CUDA-vs-CPU op parity test and the collectives (NCCL on the GPUs).
+# Fails at the end when no GPU was used (the tests themselves skip with "skipped: no GPU").
+test-gpu: deps
+	cmake -S . -B $(BUILD)-gpu -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_CUDA=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-gpu -j $(JOBS) --target test_ops test_collectives test_cuda_nogpu
+	cd $(BUILD)-gpu && ctest --output-on-failure --timeout 900 -R '^(test_ops|test_collectives|test_cuda_nogpu)$$'
+	@cd $(BUILD)-gpu && ./tests/test_ops --filter 'ops_backends/*' 2>&1 | grep 'parity runs on' \
+	  || { echo "test-gpu: no GPU was used (CUDA parity skipped); run it on a machine with a GPU" >&2; exit 1; }
 
 demo: deps
 	$(MAKE) build
@@ -40,4 +60,4 @@ bench: deps
 	bench/run.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-tsan
+	rm -rf $(BUILD) $(BUILD)-tsan $(BUILD)-nocuda $(BUILD)-gpu

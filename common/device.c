@@ -13,6 +13,9 @@
 #include <string.h>
 
 #include "common/device_impl.h"
+#ifdef PSTRAIN_HAVE_CUDA
+#include "common/cuda/cuda_impl.h"
+#endif
 
 /* How much of a bad spec string is quoted back in an error detail. */
 #define PST_SPEC_QUOTE_MAX 64
@@ -45,9 +48,13 @@ static pst_status spec_invalid(const char *spec, const char *why)
                          PST_SPEC_QUOTE_MAX, spec, why, PST_DEVICE_MAX_COUNT);
 }
 
-/* Reads `spec` into a backend and a device count. CUDA specs are checked for form (so a
- * typo is still PST_ERR_INVALID) and then refused: this build has no CUDA backend. */
-static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *count)
+/* Reads `spec` into a backend and a device count; for CUDA also the GPU ordinals of the
+ * devices in order (ordinals[count]). CUDA specs are checked for form first, so a typo is
+ * PST_ERR_INVALID whether or not this build has CUDA; then a build without the CUDA
+ * backend refuses them, and "cuda" (every GPU) asks the CUDA runtime how many there are
+ * (PST_ERR_UNSUPPORTED with the no-GPU detail when none). */
+static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *count,
+                             int ordinals[PST_DEVICE_MAX_COUNT])
 {
     if (strcmp(spec, "cpu") == 0) {
         *kind = PST_BACKEND_CPU;
@@ -66,6 +73,7 @@ static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *coun
         return PST_OK;
     }
     if (strcmp(spec, "cuda") == 0 || strncmp(spec, "cuda:", 5) == 0) {
+        int n = 0;
         if (spec[4] == ':') {
             /* A comma list of distinct GPU ordinals. */
             uint64_t seen = 0;
@@ -77,6 +85,7 @@ static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *coun
                 if (seen & (UINT64_C(1) << id))
                     return spec_invalid(spec, "a GPU ordinal is listed twice");
                 seen |= UINT64_C(1) << id;
+                ordinals[n++] = id; /* at most 64: the ordinals are distinct and < 64 */
                 if (*p == '\0')
                     break;
                 if (*p != ',')
@@ -84,10 +93,27 @@ static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *coun
                 p++;
             }
         }
+#ifdef PSTRAIN_HAVE_CUDA
+        if (n == 0) {
+            /* "cuda": every GPU of the machine, in ordinal order. */
+            pst_status st = pst_cuda_device_count(&n);
+            if (st != PST_OK)
+                return pst_error_wrap(st, "PSTRAIN_DEVICES=%.*s", PST_SPEC_QUOTE_MAX, spec);
+            if (n > PST_DEVICE_MAX_COUNT)
+                n = PST_DEVICE_MAX_COUNT;
+            for (int i = 0; i < n; i++)
+                ordinals[i] = i;
+        }
+        *kind = PST_BACKEND_CUDA;
+        *count = n;
+        return PST_OK;
+#else
         return pst_error_set(PST_ERR_UNSUPPORTED,
-                             "PSTRAIN_DEVICES=%.*s: this build has no CUDA backend; "
+                             "PSTRAIN_DEVICES=%.*s: this build has no CUDA backend "
+                             "(configured with PSTRAIN_CUDA=OFF or without the CUDA toolkit); "
                              "use PSTRAIN_DEVICES=cpu:N",
                              PST_SPEC_QUOTE_MAX, spec);
+#endif
     }
     return spec_invalid(spec, "unknown device kind");
 }
@@ -98,6 +124,7 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
 {
     pst_backend_kind kind = PST_BACKEND_CPU;
     int count = 0;
+    int ordinals[PST_DEVICE_MAX_COUNT];
     pst_runtime *rt;
     pst_status st;
 
@@ -107,12 +134,16 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
     if (!spec)
         return pst_error_set(PST_ERR_INVALID,
                              "pst_runtime_init: device spec is NULL; give one such as cpu:2");
-    PST_TRY(parse_spec(spec, &kind, &count));
+    PST_TRY(parse_spec(spec, &kind, &count, ordinals));
 
     rt = calloc(1, sizeof *rt);
     if (!rt)
         return pst_error_set(PST_ERR_NOMEM, "pst_runtime_init: out of memory");
     rt->iface = &pst_cpu_backend_iface;
+#ifdef PSTRAIN_HAVE_CUDA
+    if (kind == PST_BACKEND_CUDA)
+        rt->iface = &pst_cuda_backend_iface;
+#endif
     rt->kind = kind;
     rt->devices = calloc((size_t)count, sizeof *rt->devices);
     if (!rt->devices) {
@@ -125,7 +156,10 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
         pst_device *dev = &rt->devices[i];
         dev->rt = rt;
         dev->index = i;
-        snprintf(dev->name, sizeof dev->name, "%s:%d", rt->iface->name, i);
+        /* CPU devices are numbered; a CUDA device is named by its GPU ordinal, which the
+         * CUDA backend reads back (common/cuda/cuda_impl.h). */
+        snprintf(dev->name, sizeof dev->name, "%s:%d", rt->iface->name,
+                 kind == PST_BACKEND_CUDA ? ordinals[i] : i);
         atomic_init(&dev->live_bytes, 0);
         atomic_init(&dev->peak_bytes, 0);
     }
@@ -136,6 +170,9 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
     }
     st = rt->iface->runtime_init(rt);
     if (st != PST_OK) {
+        /* "PSTRAIN_DEVICES=cuda:0: no CUDA GPU available: ...; use PSTRAIN_DEVICES=cpu:N" */
+        if (kind == PST_BACKEND_CUDA)
+            pst_error_wrap(st, "PSTRAIN_DEVICES=%.*s", PST_SPEC_QUOTE_MAX, spec);
         pthread_mutex_destroy(&rt->mu);
         free(rt->devices);
         free(rt);

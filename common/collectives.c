@@ -1,0 +1,309 @@
+/* collectives.c — the collectives' public functions (argument checks, per-comm
+ * serialization, choice of implementation) and the host implementation used on CPU
+ * runtimes (see collectives.h).
+ *
+ * DESIGN (host). A reduce to `root` is three steps queued with the device runtime's own
+ * tools, so the CPU backend's FIFO and event semantics give the ordering of collectives.h:
+ *   1. every other device d records ready[d] on streams[d]; streams[root] waits on each;
+ *   2. streams[root] runs one host function that sums the buffers in device order into
+ *      bufs[root] (per element: acc = b0; acc += b1; ...; so any root gives the same bits);
+ *   3. streams[root] records done[root]; every other streams[d] waits on it, so work the
+ *      caller queues later on d cannot overwrite bufs[d] before the sum has read it.
+ * A broadcast is the same with step 2 replaced by copies bufs[root] -> bufs[d] queued on
+ * streams[root]. The events are made once per device at init; re-recording them for the
+ * next call is safe because each wait keeps the mark it captured (device.h), and calls on a
+ * comm are serialized. The reduce's job record (the buffer pointers the host function
+ * reads) comes from a free list; the host function returns it. A job whose host function
+ * is skipped (its stream failed) is not reused but is freed with the comm. */
+#include "common/collectives.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/collectives_impl.h"
+#include "common/device.h"
+#include "common/device_impl.h"
+
+/* ---- public functions -------------------------------------------------------------- */
+
+pst_status pst_comm_init(pst_comm **out, pst_runtime *rt)
+{
+    if (!out)
+        return pst_error_set(PST_ERR_INVALID, "pst_comm_init: out is NULL");
+    *out = NULL;
+    if (!rt)
+        return pst_error_set(PST_ERR_INVALID, "pst_comm_init: runtime is NULL");
+    const pst_comm_iface *iface = &pst_comm_host_iface;
+    if (pst_runtime_backend(rt) == PST_BACKEND_CUDA) {
+#ifdef PSTRAIN_HAVE_CUDA
+        iface = &pst_comm_nccl_iface;
+#else
+        return pst_error_set(PST_ERR_UNSUPPORTED,
+                             "pst_comm_init: a CUDA runtime in a build without NCCL");
+#endif
+    }
+    pst_comm *c = calloc(1, sizeof *c);
+    if (!c)
+        return pst_error_set(PST_ERR_NOMEM, "pst_comm_init: out of memory");
+    c->iface = iface;
+    c->rt = rt;
+    c->count = pst_runtime_count(rt);
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return pst_error_set(PST_ERR_INTERNAL, "pst_comm_init: pthread_mutex_init failed");
+    }
+    pst_status st = iface->init(c);
+    if (st != PST_OK) {
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return st;
+    }
+    *out = c;
+    return PST_OK;
+}
+
+void pst_comm_free(pst_comm *c)
+{
+    if (!c)
+        return;
+    c->iface->free(c);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+const char *pst_comm_name(const pst_comm *c)
+{
+    return c ? c->iface->name : "(no comm)";
+}
+
+/* The checks every implementation relies on (collectives_impl.h). */
+static pst_status check_args(const char *what, pst_comm *c, float *const bufs[], size_t n,
+                             int root, pst_stream *const streams[])
+{
+    if (!c)
+        return pst_error_set(PST_ERR_INVALID, "%s: comm is NULL", what);
+    if (!bufs || !streams)
+        return pst_error_set(PST_ERR_INVALID, "%s: %s array is NULL", what,
+                             bufs ? "streams" : "bufs");
+    if (root < 0 || root >= c->count)
+        return pst_error_set(PST_ERR_INVALID,
+                             "%s: root %d is not a device of the runtime (0..%d)", what, root,
+                             c->count - 1);
+    if (n > SIZE_MAX / sizeof(float))
+        return pst_error_set(PST_ERR_INVALID, "%s: %zu floats do not fit in memory", what, n);
+    for (int d = 0; d < c->count; d++) {
+        pst_device *dev = pst_runtime_device(c->rt, d);
+        if (!streams[d])
+            return pst_error_set(PST_ERR_INVALID, "%s: streams[%d] is NULL", what, d);
+        if (pst_stream_device(streams[d]) != dev)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "%s: streams[%d] is a stream of %s, not of %s (streams[d] "
+                                 "must be a stream of device d of the comm's runtime)",
+                                 what, d, pst_device_name(pst_stream_device(streams[d])),
+                                 pst_device_name(dev));
+        if (n > 0 && !bufs[d])
+            return pst_error_set(PST_ERR_INVALID, "%s: bufs[%d] is NULL", what, d);
+    }
+    return PST_OK;
+}
+
+pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
+                           pst_stream *const streams[])
+{
+    PST_TRY(check_args("pst_comm_reduce", c, bufs, n, root, streams));
+    if (n == 0 || c->count == 1)
+        return PST_OK; /* the sum of one buffer is itself */
+    pthread_mutex_lock(&c->mu);
+    pst_status st = c->iface->reduce(c, bufs, n, root, streams);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
+                              pst_stream *const streams[])
+{
+    PST_TRY(check_args("pst_comm_broadcast", c, bufs, n, root, streams));
+    if (n == 0 || c->count == 1)
+        return PST_OK;
+    pthread_mutex_lock(&c->mu);
+    pst_status st = c->iface->broadcast(c, bufs, n, root, streams);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* ---- host implementation ----------------------------------------------------------- */
+
+/* Elements summed per pass: the partial sums of one chunk stay in cache. */
+#define HOST_CHUNK 1024
+
+struct host_ctx;
+
+/* What the reduce's host function reads. */
+typedef struct host_job {
+    struct host_ctx *hc;
+    float *bufs[PST_DEVICE_MAX_COUNT]; /* (count) */
+    int count, root;
+    size_t n;
+    struct host_job *next_free;
+    struct host_job *next_all;
+} host_job;
+
+typedef struct host_ctx {
+    pst_event *ready[PST_DEVICE_MAX_COUNT]; /* on device d: streams[d] reached the call */
+    pst_event *done[PST_DEVICE_MAX_COUNT];  /* on device d: the collective rooted at d ran */
+    pthread_mutex_t pool_mu;                /* guards free_jobs, all_jobs */
+    host_job *free_jobs;
+    host_job *all_jobs;
+} host_ctx;
+
+static void host_free(pst_comm *c)
+{
+    host_ctx *hc = c->ctx;
+    if (!hc)
+        return;
+    for (int d = 0; d < c->count; d++) {
+        pst_event_destroy(hc->ready[d]);
+        pst_event_destroy(hc->done[d]);
+    }
+    while (hc->all_jobs) {
+        host_job *j = hc->all_jobs;
+        hc->all_jobs = j->next_all;
+        free(j);
+    }
+    pthread_mutex_destroy(&hc->pool_mu);
+    free(hc);
+    c->ctx = NULL;
+}
+
+static pst_status host_init(pst_comm *c)
+{
+    host_ctx *hc = calloc(1, sizeof *hc);
+    if (!hc)
+        return pst_error_set(PST_ERR_NOMEM, "pst_comm_init: out of memory");
+    if (pthread_mutex_init(&hc->pool_mu, NULL) != 0) {
+        free(hc);
+        return pst_error_set(PST_ERR_INTERNAL, "pst_comm_init: pthread_mutex_init failed");
+    }
+    c->ctx = hc;
+    for (int d = 0; d < c->count; d++) {
+        pst_device *dev = pst_runtime_device(c->rt, d);
+        pst_status st = pst_event_create(dev, &hc->ready[d]);
+        if (st == PST_OK)
+            st = pst_event_create(dev, &hc->done[d]);
+        if (st != PST_OK) {
+            host_free(c);
+            return st;
+        }
+    }
+    return PST_OK;
+}
+
+static host_job *job_get(host_ctx *hc)
+{
+    pthread_mutex_lock(&hc->pool_mu);
+    host_job *j = hc->free_jobs;
+    if (j) {
+        hc->free_jobs = j->next_free;
+    } else {
+        j = calloc(1, sizeof *j);
+        if (j) {
+            j->hc = hc;
+            j->next_all = hc->all_jobs;
+            hc->all_jobs = j;
+        }
+    }
+    pthread_mutex_unlock(&hc->pool_mu);
+    return j;
+}
+
+static void job_put(host_ctx *hc, host_job *j)
+{
+    pthread_mutex_lock(&hc->pool_mu);
+    j->next_free = hc->free_jobs;
+    hc->free_jobs = j;
+    pthread_mutex_unlock(&hc->pool_mu);
+}
+
+/* The sum, on streams[root]'s worker: out[i] = ((b0[i] + b1[i]) + b2[i]) + ... */
+static pst_status host_reduce_run(void *arg)
+{
+    host_job *j = arg;
+    float acc[HOST_CHUNK];
+    float *out = j->bufs[j->root];
+    for (size_t off = 0; off < j->n; off += HOST_CHUNK) {
+        size_t len = j->n - off < HOST_CHUNK ? j->n - off : HOST_CHUNK;
+        memcpy(acc, j->bufs[0] + off, len * sizeof(float));
+        for (int d = 1; d < j->count; d++) {
+            const float *b = j->bufs[d] + off;
+            for (size_t i = 0; i < len; i++)
+                acc[i] += b[i];
+        }
+        memcpy(out + off, acc, len * sizeof(float));
+    }
+    job_put(j->hc, j);
+    return PST_OK;
+}
+
+/* Step 1: streams[root] waits until every other stream has reached this call. */
+static pst_status host_enter(host_ctx *hc, int count, int root, pst_stream *const streams[])
+{
+    for (int d = 0; d < count; d++) {
+        if (d == root)
+            continue;
+        PST_TRY(pst_event_record(hc->ready[d], streams[d]));
+        PST_TRY(pst_stream_wait_event(streams[root], hc->ready[d]));
+    }
+    return PST_OK;
+}
+
+/* Step 3: every other stream waits until streams[root] has finished the collective. */
+static pst_status host_leave(host_ctx *hc, int count, int root, pst_stream *const streams[])
+{
+    PST_TRY(pst_event_record(hc->done[root], streams[root]));
+    for (int d = 0; d < count; d++)
+        if (d != root)
+            PST_TRY(pst_stream_wait_event(streams[d], hc->done[root]));
+    return PST_OK;
+}
+
+static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
+                              pst_stream *const streams[])
+{
+    host_ctx *hc = c->ctx;
+    host_job *j = job_get(hc);
+    if (!j)
+        return pst_error_set(PST_ERR_NOMEM, "pst_comm_reduce: out of memory for a job");
+    memcpy(j->bufs, bufs, (size_t)c->count * sizeof *bufs);
+    j->count = c->count;
+    j->root = root;
+    j->n = n;
+    pst_status st = host_enter(hc, c->count, root, streams);
+    if (st == PST_OK)
+        st = pst_stream_launch(streams[root], host_reduce_run, j);
+    if (st != PST_OK) {
+        job_put(hc, j);
+        return st;
+    }
+    return host_leave(hc, c->count, root, streams);
+}
+
+static pst_status host_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
+                                 pst_stream *const streams[])
+{
+    host_ctx *hc = c->ctx;
+    PST_TRY(host_enter(hc, c->count, root, streams));
+    for (int d = 0; d < c->count; d++)
+        if (d != root)
+            PST_TRY(pst_memcpy_async(streams[root], bufs[d], bufs[root], n * sizeof(float),
+                                     PST_COPY_DEVICE_TO_DEVICE));
+    return host_leave(hc, c->count, root, streams);
+}
+
+const pst_comm_iface pst_comm_host_iface = {
+    .name = "host",
+    .init = host_init,
+    .free = host_free,
+    .reduce = host_reduce,
+    .broadcast = host_broadcast,
+};

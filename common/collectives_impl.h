@@ -1,0 +1,40 @@
+/* collectives_impl.h — the collectives' implementation table (private; users include
+ * common/collectives.h). collectives.c checks every argument, serializes the calls of one
+ * comm, then calls the table: an implementation may trust that bufs and streams hold one
+ * valid entry per device, that streams[d] belongs to device d, that root is in range and
+ * that n > 0 and the runtime has at least two devices. */
+#ifndef PST_COLLECTIVES_IMPL_H
+#define PST_COLLECTIVES_IMPL_H
+
+#include <pthread.h>
+
+#include "common/collectives.h"
+
+typedef struct pst_comm_iface {
+    const char *name; /* "host", "nccl" */
+    /* Creates c->ctx for c->rt (c->count devices). On failure releases what it made. */
+    pst_status (*init)(pst_comm *c);
+    /* Releases c->ctx; accepts a NULL ctx. */
+    void (*free)(pst_comm *c);
+    pst_status (*reduce)(pst_comm *c, float *const bufs[], size_t n, int root,
+                         pst_stream *const streams[]);
+    pst_status (*broadcast)(pst_comm *c, float *const bufs[], size_t n, int root,
+                            pst_stream *const streams[]);
+} pst_comm_iface;
+
+struct pst_comm {
+    const pst_comm_iface *iface;
+    pst_runtime *rt;
+    int count;          /* devices */
+    pthread_mutex_t mu; /* serializes the calls */
+    void *ctx;          /* implementation state */
+};
+
+/* Host implementation (collectives.c), always built. */
+extern const pst_comm_iface pst_comm_host_iface;
+#ifdef PSTRAIN_HAVE_CUDA
+/* NCCL implementation (cuda/collectives_nccl.c). */
+extern const pst_comm_iface pst_comm_nccl_iface;
+#endif
+
+#endif /* PST_COLLECTIVES_IMPL_H */

@@ -1,0 +1,126 @@
+/* collectives_nccl.c — the collectives of collectives.h on a CUDA runtime, through NCCL.
+ *
+ * Built with PSTRAIN_HAVE_CUDA only. COMPILED AND LINKED HERE, NOT RUN: it needs GPUs
+ * (tests/test_collectives.c runs it under `make test-gpu` when one is present).
+ *
+ * DESIGN. One process drives every GPU of the runtime, so the communicators come from
+ * ncclCommInitAll (one per device, in device order; created once per runtime and shared by
+ * its comms, see pst_cuda_nccl_comms). A reduce or broadcast is one NCCL call per device,
+ * grouped (ncclGroupStart/End) so a single thread can issue them without deadlock, each on
+ * the caller's stream of that device: NCCL work is stream-ordered, which is exactly the
+ * ordering collectives.h promises (after the work queued before, before the work queued
+ * after, on every stream). Reduce is in place on the root (sendbuff == recvbuff); the other
+ * devices' buffers are only read. NCCL's summation order is its own (ring/tree, chosen by
+ * size and topology): deterministic on one machine and device count, not bit-identical to
+ * the host implementation or across device counts.
+ * A stream whose status is sticky (a failed host function) still takes part: every rank
+ * must issue the call or the others would hang; the step is failed anyway. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/collectives_impl.h"
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/cuda_impl.h"
+#include "common/device_impl.h"
+
+typedef struct nccl_ctx {
+    ncclComm_t *comms; /* (count), owned by the runtime */
+} nccl_ctx;
+
+static pst_status nccl_init(pst_comm *c)
+{
+    ncclComm_t *comms = NULL;
+    PST_TRY(pst_cuda_nccl_comms(c->rt, &comms));
+    nccl_ctx *nc = calloc(1, sizeof *nc);
+    if (!nc)
+        return pst_error_set(PST_ERR_NOMEM, "pst_comm_init: out of memory");
+    nc->comms = comms;
+    c->ctx = nc;
+    return PST_OK;
+}
+
+static void nccl_free(pst_comm *c)
+{
+    free(c->ctx);
+    c->ctx = NULL;
+}
+
+/* The cudaStream_t of every streams[d] (makes each device current in turn). */
+static pst_status cuda_streams(int count, pst_stream *const streams[],
+                               cudaStream_t out[PST_DEVICE_MAX_COUNT])
+{
+    for (int d = 0; d < count; d++) {
+        int skip; /* ignored: see DESIGN */
+        PST_TRY(pst_cuda_stream_begin(streams[d], &out[d], &skip));
+    }
+    return PST_OK;
+}
+
+static pst_status group_start(void)
+{
+    PST_CUDA_CHECK(ncclGroupStart());
+    return PST_OK;
+}
+
+static pst_status group_end(void)
+{
+    PST_CUDA_CHECK(ncclGroupEnd());
+    return PST_OK;
+}
+
+static pst_status reduce_calls(const nccl_ctx *nc, int count, float *const bufs[], size_t n,
+                               int root, const cudaStream_t *cs)
+{
+    for (int d = 0; d < count; d++)
+        PST_CUDA_CHECK(ncclReduce(bufs[d], bufs[d], n, ncclFloat, ncclSum, root, nc->comms[d],
+                                  cs[d]));
+    return PST_OK;
+}
+
+static pst_status bcast_calls(const nccl_ctx *nc, int count, float *const bufs[], size_t n,
+                              int root, const cudaStream_t *cs)
+{
+    for (int d = 0; d < count; d++)
+        PST_CUDA_CHECK(ncclBcast(bufs[d], n, ncclFloat, root, nc->comms[d], cs[d]));
+    return PST_OK;
+}
+
+/* Runs the per-device calls inside one NCCL group; the group is always closed. */
+static pst_status grouped(pst_comm *c, float *const bufs[], size_t n, int root,
+                          pst_stream *const streams[], int broadcast)
+{
+    cudaStream_t cs[PST_DEVICE_MAX_COUNT];
+    const nccl_ctx *nc = c->ctx;
+    PST_TRY(cuda_streams(c->count, streams, cs));
+    PST_TRY(group_start());
+    pst_status st = broadcast ? bcast_calls(nc, c->count, bufs, n, root, cs)
+                              : reduce_calls(nc, c->count, bufs, n, root, cs);
+    if (st != PST_OK) {
+        char keep[PST_DEVICE_DETAIL_MAX];
+        snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        (void)group_end();
+        return pst_error_set(st, "%s", keep);
+    }
+    return group_end();
+}
+
+static pst_status nccl_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
+                              pst_stream *const streams[])
+{
+    return grouped(c, bufs, n, root, streams, 0);
+}
+
+static pst_status nccl_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
+                                 pst_stream *const streams[])
+{
+    return grouped(c, bufs, n, root, streams, 1);
+}
+
+const pst_comm_iface pst_comm_nccl_iface = {
+    .name = "nccl",
+    .init = nccl_init,
+    .free = nccl_free,
+    .reduce = nccl_reduce,
+    .broadcast = nccl_broadcast,
+};

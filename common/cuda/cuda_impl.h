@@ -1,0 +1,58 @@
+/* cuda_impl.h — private interface of the CUDA backend (common/cuda/), shared by the
+ * runtime (device_cuda.c), the ops (ops_cuda.cu), the NCCL collectives
+ * (collectives_nccl.c) and device.c's spec dispatch. Compiled only with PSTRAIN_HAVE_CUDA.
+ * Includable from C and from CUDA C++: it exposes CUDA handles behind pst_ objects without
+ * the C-only layout of device_impl.h (which uses <stdatomic.h>).
+ *
+ * Device naming: device.c names device i of a CUDA runtime "cuda:<GPU ordinal>" (for
+ * "cuda:3,1" device 0 is "cuda:3"); the runtime reads the ordinal back from the name. */
+#ifndef PST_CUDA_IMPL_H
+#define PST_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "common/device.h"
+#include "common/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct pst_backend_iface;
+struct pst_ops_iface;
+/* The CUDA runtime's function table (device_cuda.c) and its ops (ops_cuda.cu). */
+extern const struct pst_backend_iface pst_cuda_backend_iface;
+extern const struct pst_ops_iface pst_cuda_ops_iface;
+
+/* Number of CUDA GPUs this process can use. Errors: PST_ERR_UNSUPPORTED when
+ * cudaGetDeviceCount fails or finds none, with the detail
+ * "no CUDA GPU available: <why>; use PSTRAIN_DEVICES=cpu:N". */
+pst_status pst_cuda_device_count(int *count);
+
+/* The GPU ordinal of a CUDA device (its name's number). */
+int pst_cuda_device_ordinal(const pst_device *dev);
+
+/* Prepares an op on stream s of the CUDA runtime: makes s's GPU current on this thread
+ * and returns its cudaStream_t. Returns PST_ERR_STATE (detail set) when called from a
+ * host function (CUDA forbids CUDA calls there). *skip is 1 when s's status is already
+ * sticky: the op is then dropped (device.h: later items of a failed stream are skipped). */
+pst_status pst_cuda_stream_begin(pst_stream *s, cudaStream_t *cs, int *skip);
+
+/* The cuBLAS handle of s's device, bound to s's stream, under the device's cuBLAS lock
+ * (one handle per device is shared by its streams, and cublasSetStream + the GEMM calls
+ * must not interleave with another thread's). Call pst_cuda_blas_release after the last
+ * cuBLAS call, whatever it returned. */
+pst_status pst_cuda_blas_acquire(pst_stream *s, cublasHandle_t *handle);
+void pst_cuda_blas_release(pst_stream *s);
+
+/* The NCCL communicators of the runtime's GPUs, one per device in device order, created
+ * with ncclCommInitAll on the first call and destroyed with the runtime. */
+pst_status pst_cuda_nccl_comms(pst_runtime *rt, ncclComm_t **comms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PST_CUDA_IMPL_H */

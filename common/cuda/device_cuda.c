@@ -1,0 +1,961 @@
+/* device_cuda.c — the CUDA backend of the device runtime (device.h, device_impl.h).
+ *
+ * Built with PSTRAIN_HAVE_CUDA only; plain C over the CUDA runtime API (the kernels live in
+ * ops_cuda.cu). Not for: argument checking (device.c did it) or the model's kernels.
+ * COMPILED AND LINKED ON MACHINES WITHOUT A GPU; only the no-GPU path runs there
+ * (tests/test_cuda_nogpu.c). Everything else is exercised by `make test-gpu`.
+ *
+ * DESIGN. A device is a GPU ordinal with one cuBLAS handle (shared by its streams under a
+ * lock) and a table of its allocations (cudaMalloc does not tell a pointer's size, and the
+ * live/peak counters need it). A stream is a non-blocking cudaStream_t, an event a
+ * cudaEvent_t without timing: CUDA already gives device.h's ordering rules (FIFO per
+ * stream, waits that keep the mark they captured, never-recorded events that do not wait).
+ * Host functions go through cudaLaunchHostFunc with a small item from a free list.
+ *
+ * Sticky status. device.h wants a failed host function to make its stream's status sticky
+ * and that status to follow event dependencies. Each stream keeps a status + detail that
+ * only its host functions set. Work submitted after the status is set is dropped at submit
+ * time; GPU work queued before the failure was known still runs (the GPU cannot skip it),
+ * and its results are as garbage as the failed step's. An event records the recording
+ * stream's status at its mark in a refcounted *mark*, filled by a snapshot host function
+ * queued just before cudaEventRecord; a wait queues, after cudaStreamWaitEvent, an "adopt"
+ * host function that copies a failed mark's status. Both are needed only when the
+ * recording stream has ever queued a host function (otherwise its status at the mark is
+ * necessarily PST_OK), so a pure GPU pipeline pays no host round trip for them.
+ * CUDA errors themselves (a bad launch, a faulted kernel) are returned by the call that
+ * sees them, through PST_CUDA_CHECK, with the library's message.
+ *
+ * Locks: rt mu guards the mark and item free lists and refcounts and is never held across
+ * a CUDA call (host functions take it, and a CUDA call may wait for host functions); an
+ * event's mu makes "record + publish the mark" and "wait + capture the mark" atomic; a
+ * stream's mu guards its status and detail; a device's blas_mu its cuBLAS handle and
+ * alloc_mu its allocation table; nccl_mu the lazily created NCCL communicators. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cuda/cuda_check.h"
+#include "common/cuda/cuda_impl.h"
+#include "common/device.h"
+#include "common/device_impl.h"
+#include "common/error.h"
+#include "common/ops_impl.h"
+
+/* One live allocation of a device. */
+typedef struct pst_cuda_alloc {
+    void *ptr;
+    size_t bytes;
+} pst_cuda_alloc;
+
+typedef struct pst_cuda_device {
+    int ordinal;               /* CUDA device number */
+    cublasHandle_t blas;       /* NULL until created */
+    pthread_mutex_t blas_mu;   /* held from cublasSetStream to the op's last cuBLAS call */
+    pthread_mutex_t alloc_mu;  /* guards allocs */
+    pst_cuda_alloc *allocs;    /* (nallocs) live allocations, unordered */
+    size_t nallocs, cap;
+} pst_cuda_device;
+
+/* A recording stream's status at an event's mark; guarded by pst_cuda_runtime.mu. */
+typedef struct pst_cuda_mark {
+    int refs;                  /* the event while current + the snapshot item + adopters */
+    int done;                  /* the snapshot ran */
+    pst_status status;
+    char detail[PST_DEVICE_DETAIL_MAX];
+    struct pst_cuda_mark *next_free;
+} pst_cuda_mark;
+
+typedef enum pst_cuda_item_kind {
+    PST_CUDA_ITEM_USER = 0, /* the caller's pst_host_fn */
+    PST_CUDA_ITEM_SNAPSHOT, /* copy the stream's status into `mark` */
+    PST_CUDA_ITEM_ADOPT     /* take `mark`'s status when it failed */
+} pst_cuda_item_kind;
+
+struct pst_cuda_stream;
+
+/* The argument of one cudaLaunchHostFunc; recycled through the runtime's free list. */
+typedef struct pst_cuda_item {
+    pst_cuda_item_kind kind;
+    struct pst_cuda_stream *cs;
+    pst_host_fn fn;
+    void *arg;
+    pst_cuda_mark *mark; /* SNAPSHOT, ADOPT: a counted reference, dropped by the item */
+    struct pst_cuda_item *next_free;
+} pst_cuda_item;
+
+typedef struct pst_cuda_runtime {
+    pthread_mutex_t mu;          /* free lists and mark refcounts; no CUDA call under it */
+    pst_cuda_mark *free_marks;
+    pst_cuda_item *free_items;
+    pthread_mutex_t nccl_mu;     /* guards comms */
+    ncclComm_t *comms;           /* (rt->count) or NULL until first asked for */
+} pst_cuda_runtime;
+
+typedef struct pst_cuda_stream {
+    pst_stream *pub;
+    pst_cuda_runtime *crt;
+    cudaStream_t stream;
+    atomic_int failed;           /* status != PST_OK, readable without the lock */
+    atomic_int host_items;       /* user + adopt host functions ever queued */
+    pthread_mutex_t mu;          /* guards status, detail */
+    pst_status status;           /* sticky; set by host functions only */
+    char detail[PST_DEVICE_DETAIL_MAX];
+} pst_cuda_stream;
+
+typedef struct pst_cuda_event {
+    cudaEvent_t event;
+    pthread_mutex_t mu;          /* record/wait vs mark */
+    pst_cuda_mark *mark;         /* status at the current mark; NULL: PST_OK or never recorded */
+} pst_cuda_event;
+
+/* Set while a host function runs on CUDA's callback thread: CUDA calls are forbidden there,
+ * so the hooks refuse them with PST_ERR_STATE instead of deadlocking. */
+static _Thread_local int pst_cuda_in_host_fn;
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+/* Makes `ordinal` current on this thread; refuses inside a host function. */
+static pst_status cuda_use(int ordinal)
+{
+    if (pst_cuda_in_host_fn)
+        return pst_error_set(PST_ERR_STATE,
+                             "cuda:%d: a device call from a host function "
+                             "(pst_stream_launch) is not allowed by CUDA; queue it from "
+                             "the submitting thread instead",
+                             ordinal);
+    PST_CUDA_CHECK(cudaSetDevice(ordinal));
+    return PST_OK;
+}
+
+static pst_cuda_device *dev_ctx(const pst_device *dev)
+{
+    return dev->ctx;
+}
+
+int pst_cuda_device_ordinal(const pst_device *dev)
+{
+    const pst_cuda_device *dc = dev->ctx;
+    if (dc)
+        return dc->ordinal;
+    /* Before runtime_init filled the context: the name is "cuda:<ordinal>". */
+    return (int)strtol(dev->name + sizeof "cuda:" - 1, NULL, 10);
+}
+
+/* Records the first failure of cs; later ones keep the first detail. */
+static void stream_fail(pst_cuda_stream *cs, pst_status st, const char *detail)
+{
+    pthread_mutex_lock(&cs->mu);
+    if (cs->status == PST_OK) {
+        cs->status = st;
+        snprintf(cs->detail, sizeof cs->detail, "%s", detail);
+        atomic_store(&cs->failed, 1);
+    }
+    pthread_mutex_unlock(&cs->mu);
+}
+
+/* ---- device count and the no-GPU error --------------------------------------------- */
+
+static pst_status cuda_count(int *n)
+{
+    PST_CUDA_CHECK(cudaGetDeviceCount(n));
+    return PST_OK;
+}
+
+pst_status pst_cuda_device_count(int *count)
+{
+    int n = 0;
+    *count = 0;
+    if (cuda_count(&n) != PST_OK) {
+        char why[PST_DEVICE_DETAIL_MAX];
+        snprintf(why, sizeof why, "%s", pst_error_detail());
+        return pst_error_set(PST_ERR_UNSUPPORTED,
+                             "no CUDA GPU available: %s; use PSTRAIN_DEVICES=cpu:N", why);
+    }
+    if (n <= 0)
+        return pst_error_set(PST_ERR_UNSUPPORTED,
+                             "no CUDA GPU available: cudaGetDeviceCount found 0 devices; "
+                             "use PSTRAIN_DEVICES=cpu:N");
+    *count = n;
+    return PST_OK;
+}
+
+/* ---- runtime ----------------------------------------------------------------------- */
+
+static pst_status blas_destroy(cublasHandle_t h)
+{
+    PST_CUDA_CHECK(cublasDestroy(h));
+    return PST_OK;
+}
+
+static pst_status cuda_free_checked(void *p)
+{
+    PST_CUDA_CHECK(cudaFree(p));
+    return PST_OK;
+}
+
+static pst_status nccl_destroy(ncclComm_t c)
+{
+    PST_CUDA_CHECK(ncclCommDestroy(c));
+    return PST_OK;
+}
+
+static void cuda_runtime_free(pst_runtime *rt)
+{
+    pst_cuda_runtime *crt = rt->ctx;
+    /* Teardown errors are not reported (nothing can be done); statuses are ignored. */
+    if (crt && crt->comms) {
+        for (int i = 0; i < rt->count; i++)
+            if (crt->comms[i])
+                (void)nccl_destroy(crt->comms[i]);
+        free(crt->comms);
+        crt->comms = NULL;
+    }
+    for (int i = 0; i < rt->count; i++) {
+        pst_cuda_device *dc = rt->devices[i].ctx;
+        if (!dc)
+            continue;
+        if (cuda_use(dc->ordinal) == PST_OK) {
+            if (dc->blas)
+                (void)blas_destroy(dc->blas);
+            /* Memory the caller did not free dies with the runtime. */
+            for (size_t k = 0; k < dc->nallocs; k++) {
+                (void)cuda_free_checked(dc->allocs[k].ptr);
+                pst_device_count_free(&rt->devices[i], dc->allocs[k].bytes);
+            }
+        }
+        free(dc->allocs);
+        pthread_mutex_destroy(&dc->alloc_mu);
+        pthread_mutex_destroy(&dc->blas_mu);
+        free(dc);
+        rt->devices[i].ctx = NULL;
+    }
+    if (crt) {
+        while (crt->free_marks) {
+            pst_cuda_mark *m = crt->free_marks;
+            crt->free_marks = m->next_free;
+            free(m);
+        }
+        while (crt->free_items) {
+            pst_cuda_item *it = crt->free_items;
+            crt->free_items = it->next_free;
+            free(it);
+        }
+        pthread_mutex_destroy(&crt->nccl_mu);
+        pthread_mutex_destroy(&crt->mu);
+        free(crt);
+        rt->ctx = NULL;
+    }
+}
+
+/* cudaDeviceEnablePeerAccess where possible, so ops may read another GPU's memory
+ * (pst_add_args.src) and copies between GPUs go direct. "Already enabled" is fine. */
+static cudaError_t enable_peer(int peer)
+{
+    cudaError_t r = cudaDeviceEnablePeerAccess(peer, 0);
+    if (r == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError(); /* resets the (non-sticky) last error it left */
+        r = cudaSuccess;
+    }
+    return r;
+}
+
+static pst_status device_setup(pst_device *dev, int ngpus)
+{
+    pst_cuda_device *dc = calloc(1, sizeof *dc);
+    if (!dc)
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory", dev->name);
+    dc->ordinal = pst_cuda_device_ordinal(dev);
+    if (pthread_mutex_init(&dc->blas_mu, NULL) != 0) {
+        free(dc);
+        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    }
+    if (pthread_mutex_init(&dc->alloc_mu, NULL) != 0) {
+        pthread_mutex_destroy(&dc->blas_mu);
+        free(dc);
+        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    }
+    dev->ctx = dc; /* from here on, cuda_runtime_free releases it */
+    if (dc->ordinal < 0 || dc->ordinal >= ngpus)
+        return pst_error_set(PST_ERR_INVALID,
+                             "%s: no such GPU: this machine has %d CUDA GPU%s (cuda:0..cuda:%d); "
+                             "use PSTRAIN_DEVICES=cuda for all of them",
+                             dev->name, ngpus, ngpus == 1 ? "" : "s", ngpus - 1);
+    PST_TRY(cuda_use(dc->ordinal));
+    PST_CUDA_CHECK(cublasCreate(&dc->blas));
+    return PST_OK;
+}
+
+static pst_status peers_setup(pst_runtime *rt)
+{
+    for (int i = 0; i < rt->count; i++) {
+        int oi = pst_cuda_device_ordinal(&rt->devices[i]);
+        PST_TRY(cuda_use(oi));
+        for (int j = 0; j < rt->count; j++) {
+            int oj = pst_cuda_device_ordinal(&rt->devices[j]), can = 0;
+            if (oi == oj)
+                continue;
+            PST_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, oi, oj));
+            if (can)
+                PST_CUDA_CHECK(enable_peer(oj));
+        }
+    }
+    return PST_OK;
+}
+
+static pst_status cuda_runtime_setup(pst_runtime *rt)
+{
+    int ngpus = 0;
+    PST_TRY(pst_cuda_device_count(&ngpus));
+    pst_cuda_runtime *crt = calloc(1, sizeof *crt);
+    if (!crt)
+        return pst_error_set(PST_ERR_NOMEM, "cuda runtime: out of memory");
+    if (pthread_mutex_init(&crt->mu, NULL) != 0) {
+        free(crt);
+        return pst_error_set(PST_ERR_INTERNAL, "cuda runtime: pthread_mutex_init failed");
+    }
+    if (pthread_mutex_init(&crt->nccl_mu, NULL) != 0) {
+        pthread_mutex_destroy(&crt->mu);
+        free(crt);
+        return pst_error_set(PST_ERR_INTERNAL, "cuda runtime: pthread_mutex_init failed");
+    }
+    rt->ctx = crt;
+    for (int i = 0; i < rt->count; i++)
+        PST_TRY(device_setup(&rt->devices[i], ngpus));
+    return peers_setup(rt);
+}
+
+static pst_status cuda_runtime_init(pst_runtime *rt)
+{
+    pst_status st = cuda_runtime_setup(rt);
+    if (st != PST_OK) {
+        char keep[PST_DEVICE_DETAIL_MAX];
+        snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        cuda_runtime_free(rt); /* may overwrite the detail */
+        return pst_error_set(st, "%s", keep);
+    }
+    return PST_OK;
+}
+
+static pst_status nccl_init_all(ncclComm_t *comms, int n, const int *ordinals)
+{
+    PST_CUDA_CHECK(ncclCommInitAll(comms, n, ordinals));
+    return PST_OK;
+}
+
+pst_status pst_cuda_nccl_comms(pst_runtime *rt, ncclComm_t **comms)
+{
+    pst_cuda_runtime *crt = rt->ctx;
+    pst_status st = PST_OK;
+    if (pst_cuda_in_host_fn)
+        return pst_error_set(PST_ERR_STATE, "NCCL setup from a host function "
+                             "(pst_stream_launch) is not allowed by CUDA");
+    pthread_mutex_lock(&crt->nccl_mu);
+    if (!crt->comms) {
+        int ordinals[PST_DEVICE_MAX_COUNT];
+        ncclComm_t *c = calloc((size_t)rt->count, sizeof *c);
+        if (!c) {
+            st = pst_error_set(PST_ERR_NOMEM, "cuda runtime: out of memory for NCCL");
+        } else {
+            for (int i = 0; i < rt->count; i++)
+                ordinals[i] = pst_cuda_device_ordinal(&rt->devices[i]);
+            st = nccl_init_all(c, rt->count, ordinals);
+            if (st == PST_OK)
+                crt->comms = c;
+            else
+                free(c);
+        }
+    }
+    *comms = crt->comms;
+    pthread_mutex_unlock(&crt->nccl_mu);
+    return st;
+}
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+/* cudaMalloc + zero fill, finished before returning: our streams are non-blocking and
+ * would not wait for a memset on the legacy default stream. */
+static pst_status alloc_zeroed(void **p, size_t bytes)
+{
+    PST_CUDA_CHECK(cudaMalloc(p, bytes));
+    PST_CUDA_CHECK(cudaMemsetAsync(*p, 0, bytes, 0));
+    PST_CUDA_CHECK(cudaStreamSynchronize(0));
+    return PST_OK;
+}
+
+static pst_status cuda_device_alloc(pst_device *dev, size_t bytes, void **ptr)
+{
+    pst_cuda_device *dc = dev_ctx(dev);
+    void *p = NULL;
+    PST_TRY(cuda_use(dc->ordinal));
+    pthread_mutex_lock(&dc->alloc_mu);
+    if (dc->nallocs == dc->cap) {
+        size_t cap = dc->cap ? 2 * dc->cap : 16;
+        pst_cuda_alloc *a = realloc(dc->allocs, cap * sizeof *a);
+        if (!a) {
+            pthread_mutex_unlock(&dc->alloc_mu);
+            return pst_error_set(PST_ERR_NOMEM, "%s: out of host memory for the allocation "
+                                 "table", dev->name);
+        }
+        dc->allocs = a;
+        dc->cap = cap;
+    }
+    pst_status st = alloc_zeroed(&p, bytes);
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&dc->alloc_mu);
+        if (p) {
+            char keep[PST_DEVICE_DETAIL_MAX];
+            snprintf(keep, sizeof keep, "%s", pst_error_detail());
+            (void)cuda_free_checked(p);
+            pst_error_set(st, "%s", keep);
+        }
+        return pst_error_wrap(st, "%s: allocating %zu bytes (%zu live)", dev->name, bytes,
+                              pst_device_live_bytes(dev));
+    }
+    dc->allocs[dc->nallocs++] = (pst_cuda_alloc){.ptr = p, .bytes = bytes};
+    pthread_mutex_unlock(&dc->alloc_mu);
+    pst_device_count_alloc(dev, bytes);
+    *ptr = p;
+    return PST_OK;
+}
+
+static void cuda_device_free(pst_device *dev, void *ptr)
+{
+    pst_cuda_device *dc = dev_ctx(dev);
+    size_t bytes = 0;
+    int found = 0;
+    pthread_mutex_lock(&dc->alloc_mu);
+    for (size_t k = 0; k < dc->nallocs; k++) {
+        if (dc->allocs[k].ptr == ptr) {
+            bytes = dc->allocs[k].bytes;
+            dc->allocs[k] = dc->allocs[--dc->nallocs];
+            found = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dc->alloc_mu);
+    if (!found)
+        return; /* not ours (device_impl.h: left alone) */
+    if (cuda_use(dc->ordinal) == PST_OK)
+        (void)cuda_free_checked(ptr); /* a void hook: nothing to report to */
+    pst_device_count_free(dev, bytes);
+}
+
+static pst_status host_alloc_pinned(void **ptr, size_t bytes)
+{
+    /* Portable: pinned for every GPU of the process, not just the current one. */
+    PST_CUDA_CHECK(cudaHostAlloc(ptr, bytes, cudaHostAllocPortable));
+    return PST_OK;
+}
+
+static pst_status cuda_host_alloc(pst_device *dev, size_t bytes, void **ptr)
+{
+    PST_TRY(cuda_use(dev_ctx(dev)->ordinal));
+    pst_status st = host_alloc_pinned(ptr, bytes);
+    if (st != PST_OK) {
+        *ptr = NULL;
+        return pst_error_wrap(st, "%s: pinned host buffer of %zu bytes", dev->name, bytes);
+    }
+    memset(*ptr, 0, bytes);
+    return PST_OK;
+}
+
+static pst_status host_free_pinned(void *ptr)
+{
+    PST_CUDA_CHECK(cudaFreeHost(ptr));
+    return PST_OK;
+}
+
+static void cuda_host_free(pst_device *dev, void *ptr)
+{
+    (void)dev;
+    (void)host_free_pinned(ptr);
+}
+
+/* ---- marks and host-function items --------------------------------------------------- */
+
+static pst_cuda_mark *mark_get(pst_cuda_runtime *crt, int refs)
+{
+    pthread_mutex_lock(&crt->mu);
+    pst_cuda_mark *m = crt->free_marks;
+    if (m)
+        crt->free_marks = m->next_free;
+    pthread_mutex_unlock(&crt->mu);
+    if (!m)
+        m = malloc(sizeof *m);
+    if (m) {
+        m->refs = refs;
+        m->done = 0;
+        m->status = PST_OK;
+        m->detail[0] = '\0';
+        m->next_free = NULL;
+    }
+    return m;
+}
+
+static void mark_unref(pst_cuda_runtime *crt, pst_cuda_mark *m)
+{
+    pthread_mutex_lock(&crt->mu);
+    if (--m->refs == 0) {
+        m->next_free = crt->free_marks;
+        crt->free_marks = m;
+    }
+    pthread_mutex_unlock(&crt->mu);
+}
+
+static pst_cuda_item *item_get(pst_cuda_runtime *crt)
+{
+    pthread_mutex_lock(&crt->mu);
+    pst_cuda_item *it = crt->free_items;
+    if (it)
+        crt->free_items = it->next_free;
+    pthread_mutex_unlock(&crt->mu);
+    return it ? it : malloc(sizeof *it);
+}
+
+static void item_put(pst_cuda_runtime *crt, pst_cuda_item *it)
+{
+    pthread_mutex_lock(&crt->mu);
+    it->next_free = crt->free_items;
+    crt->free_items = it;
+    pthread_mutex_unlock(&crt->mu);
+}
+
+/* Runs on CUDA's callback thread, in stream order. No CUDA call may happen here. */
+static void CUDART_CB host_entry(void *p)
+{
+    pst_cuda_item *it = p;
+    pst_cuda_stream *cs = it->cs;
+    pst_cuda_runtime *crt = cs->crt;
+    char detail[PST_DEVICE_DETAIL_MAX];
+
+    pst_cuda_in_host_fn = 1;
+    switch (it->kind) {
+    case PST_CUDA_ITEM_USER:
+        if (!atomic_load(&cs->failed)) {
+            pst_error_clear();
+            pst_status st = it->fn(it->arg);
+            if (st != PST_OK) {
+                const char *d = pst_error_detail();
+                snprintf(detail, sizeof detail, "%s stream %d: %s", cs->pub->dev->name,
+                         cs->pub->id, d[0] ? d : pst_strerror(st));
+                stream_fail(cs, st, detail);
+            }
+        }
+        break;
+    case PST_CUDA_ITEM_SNAPSHOT: {
+        pthread_mutex_lock(&cs->mu);
+        pst_status st = cs->status;
+        snprintf(detail, sizeof detail, "%s", cs->detail);
+        pthread_mutex_unlock(&cs->mu);
+        pthread_mutex_lock(&crt->mu);
+        it->mark->status = st;
+        if (st != PST_OK)
+            memcpy(it->mark->detail, detail, sizeof detail);
+        it->mark->done = 1;
+        pthread_mutex_unlock(&crt->mu);
+        mark_unref(crt, it->mark);
+        break;
+    }
+    case PST_CUDA_ITEM_ADOPT: {
+        /* The snapshot ran before the event completed, and this item runs after it. */
+        pthread_mutex_lock(&crt->mu);
+        pst_status mst = it->mark->done ? it->mark->status : PST_OK;
+        if (mst != PST_OK)
+            snprintf(detail, sizeof detail, "%s stream %d waited on a failed event: %s",
+                     cs->pub->dev->name, cs->pub->id, it->mark->detail);
+        pthread_mutex_unlock(&crt->mu);
+        if (mst != PST_OK)
+            stream_fail(cs, mst, detail);
+        mark_unref(crt, it->mark);
+        break;
+    }
+    }
+    pst_cuda_in_host_fn = 0;
+    item_put(crt, it);
+}
+
+static pst_status launch_host(cudaStream_t s, pst_cuda_item *it)
+{
+    PST_CUDA_CHECK(cudaLaunchHostFunc(s, host_entry, it));
+    return PST_OK;
+}
+
+/* Queues an item on cs; on failure the item is recycled (its mark is the caller's). */
+static pst_status queue_item(pst_cuda_stream *cs, pst_cuda_item_kind kind, pst_host_fn fn,
+                             void *arg, pst_cuda_mark *mark)
+{
+    pst_cuda_item *it = item_get(cs->crt);
+    if (!it)
+        return pst_error_set(PST_ERR_NOMEM, "%s stream %d: out of memory for a work item",
+                             cs->pub->dev->name, cs->pub->id);
+    *it = (pst_cuda_item){.kind = kind, .cs = cs, .fn = fn, .arg = arg, .mark = mark};
+    if (kind != PST_CUDA_ITEM_SNAPSHOT)
+        atomic_fetch_add(&cs->host_items, 1);
+    pst_status st = launch_host(cs->stream, it);
+    if (st != PST_OK)
+        item_put(cs->crt, it);
+    return st;
+}
+
+/* ---- streams ----------------------------------------------------------------------- */
+
+static pst_status stream_create(cudaStream_t *s)
+{
+    PST_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    return PST_OK;
+}
+
+static pst_status cuda_stream_init(pst_stream *s)
+{
+    pst_cuda_stream *cs = calloc(1, sizeof *cs);
+    if (!cs)
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a stream", s->dev->name);
+    cs->pub = s;
+    cs->crt = s->dev->rt->ctx;
+    cs->status = PST_OK;
+    atomic_init(&cs->failed, 0);
+    atomic_init(&cs->host_items, 0);
+    if (pthread_mutex_init(&cs->mu, NULL) != 0) {
+        free(cs);
+        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", s->dev->name);
+    }
+    pst_status st = cuda_use(dev_ctx(s->dev)->ordinal);
+    if (st == PST_OK)
+        st = stream_create(&cs->stream);
+    if (st != PST_OK) {
+        pthread_mutex_destroy(&cs->mu);
+        free(cs);
+        return st;
+    }
+    s->ctx = cs;
+    return PST_OK;
+}
+
+static pst_status stream_drain_destroy(cudaStream_t s)
+{
+    PST_CUDA_CHECK(cudaStreamSynchronize(s));
+    PST_CUDA_CHECK(cudaStreamDestroy(s));
+    return PST_OK;
+}
+
+static void cuda_stream_free(pst_stream *s)
+{
+    pst_cuda_stream *cs = s->ctx;
+    if (!cs)
+        return;
+    if (cuda_use(dev_ctx(s->dev)->ordinal) == PST_OK)
+        (void)stream_drain_destroy(cs->stream); /* queued host items run before this returns */
+    pthread_mutex_destroy(&cs->mu);
+    free(cs);
+    s->ctx = NULL;
+}
+
+pst_status pst_cuda_stream_begin(pst_stream *s, cudaStream_t *stream, int *skip)
+{
+    pst_cuda_stream *cs = s->ctx;
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    *stream = cs->stream;
+    *skip = atomic_load(&cs->failed);
+    return PST_OK;
+}
+
+static pst_status blas_bind(cublasHandle_t h, cudaStream_t s)
+{
+    PST_CUDA_CHECK(cublasSetStream(h, s));
+    return PST_OK;
+}
+
+pst_status pst_cuda_blas_acquire(pst_stream *s, cublasHandle_t *handle)
+{
+    pst_cuda_device *dc = dev_ctx(s->dev);
+    pst_cuda_stream *cs = s->ctx;
+    pthread_mutex_lock(&dc->blas_mu);
+    pst_status st = blas_bind(dc->blas, cs->stream);
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&dc->blas_mu);
+        return st;
+    }
+    *handle = dc->blas;
+    return PST_OK;
+}
+
+void pst_cuda_blas_release(pst_stream *s)
+{
+    pthread_mutex_unlock(&dev_ctx(s->dev)->blas_mu);
+}
+
+static pst_status cuda_stream_launch(pst_stream *s, pst_host_fn fn, void *arg)
+{
+    pst_cuda_stream *cs = s->ctx;
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    if (atomic_load(&cs->failed))
+        return PST_OK; /* skipped, as on the CPU backend */
+    return queue_item(cs, PST_CUDA_ITEM_USER, fn, arg, NULL);
+}
+
+static enum cudaMemcpyKind copy_kind(pst_copy_kind k)
+{
+    switch (k) {
+    case PST_COPY_HOST_TO_DEVICE: return cudaMemcpyHostToDevice;
+    case PST_COPY_DEVICE_TO_HOST: return cudaMemcpyDeviceToHost;
+    case PST_COPY_DEVICE_TO_DEVICE: return cudaMemcpyDeviceToDevice;
+    case PST_COPY_HOST_TO_HOST: return cudaMemcpyHostToHost;
+    }
+    return cudaMemcpyDefault;
+}
+
+static pst_status cuda_memcpy_async(pst_stream *s, void *dst, const void *src, size_t bytes,
+                                    pst_copy_kind kind)
+{
+    pst_cuda_stream *cs = s->ctx;
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    if (bytes == 0 || atomic_load(&cs->failed))
+        return PST_OK; /* a no-op keeps its place trivially; a failed stream skips */
+    PST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, copy_kind(kind), cs->stream));
+    return PST_OK;
+}
+
+static pst_status cuda_memset_async(pst_stream *s, void *dst, int value, size_t bytes)
+{
+    pst_cuda_stream *cs = s->ctx;
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    if (bytes == 0 || atomic_load(&cs->failed))
+        return PST_OK;
+    PST_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, cs->stream));
+    return PST_OK;
+}
+
+static pst_status stream_sync(cudaStream_t s)
+{
+    PST_CUDA_CHECK(cudaStreamSynchronize(s));
+    return PST_OK;
+}
+
+static pst_status cuda_stream_synchronize(pst_stream *s)
+{
+    pst_cuda_stream *cs = s->ctx;
+    char detail[PST_DEVICE_DETAIL_MAX];
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    PST_TRY(stream_sync(cs->stream));
+    pthread_mutex_lock(&cs->mu);
+    pst_status st = cs->status;
+    if (st != PST_OK)
+        memcpy(detail, cs->detail, sizeof detail);
+    pthread_mutex_unlock(&cs->mu);
+    if (st != PST_OK)
+        return pst_error_set(st, "%s", detail);
+    return PST_OK;
+}
+
+/* ---- events ------------------------------------------------------------------------ */
+
+static pst_status event_create(cudaEvent_t *e)
+{
+    PST_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    return PST_OK;
+}
+
+static pst_status cuda_event_init(pst_event *ev)
+{
+    pst_cuda_event *ce = calloc(1, sizeof *ce);
+    if (!ce)
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for an event", ev->dev->name);
+    if (pthread_mutex_init(&ce->mu, NULL) != 0) {
+        free(ce);
+        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", ev->dev->name);
+    }
+    pst_status st = cuda_use(dev_ctx(ev->dev)->ordinal);
+    if (st == PST_OK)
+        st = event_create(&ce->event);
+    if (st != PST_OK) {
+        pthread_mutex_destroy(&ce->mu);
+        free(ce);
+        return st;
+    }
+    ev->ctx = ce;
+    return PST_OK;
+}
+
+static pst_status event_destroy(cudaEvent_t e)
+{
+    PST_CUDA_CHECK(cudaEventDestroy(e));
+    return PST_OK;
+}
+
+static void cuda_event_free(pst_event *ev)
+{
+    pst_cuda_event *ce = ev->ctx;
+    if (!ce)
+        return;
+    if (ce->mark)
+        mark_unref(ev->dev->rt->ctx, ce->mark);
+    /* CUDA keeps the event alive for waits already queued. */
+    if (cuda_use(dev_ctx(ev->dev)->ordinal) == PST_OK)
+        (void)event_destroy(ce->event);
+    pthread_mutex_destroy(&ce->mu);
+    free(ce);
+    ev->ctx = NULL;
+}
+
+static pst_status event_record_on(cudaEvent_t e, cudaStream_t s)
+{
+    PST_CUDA_CHECK(cudaEventRecord(e, s));
+    return PST_OK;
+}
+
+static pst_status cuda_event_record(pst_event *ev, pst_stream *s)
+{
+    pst_cuda_event *ce = ev->ctx;
+    pst_cuda_stream *cs = s->ctx;
+    pst_cuda_runtime *crt = cs->crt;
+    pst_cuda_mark *m = NULL;
+    pst_status st;
+
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    pthread_mutex_lock(&ce->mu);
+    if (atomic_load(&cs->host_items) > 0) {
+        /* One reference for the event, one for the snapshot item. */
+        m = mark_get(crt, 2);
+        if (!m) {
+            pthread_mutex_unlock(&ce->mu);
+            return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for an event mark",
+                                 s->dev->name);
+        }
+        st = queue_item(cs, PST_CUDA_ITEM_SNAPSHOT, NULL, NULL, m);
+        if (st != PST_OK) {
+            pthread_mutex_unlock(&ce->mu);
+            mark_unref(crt, m);
+            mark_unref(crt, m);
+            return st;
+        }
+    }
+    st = event_record_on(ce->event, cs->stream);
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&ce->mu);
+        if (m)
+            mark_unref(crt, m); /* the snapshot item drops its own */
+        return st;
+    }
+    pst_cuda_mark *old = ce->mark;
+    ce->mark = m;
+    pthread_mutex_unlock(&ce->mu);
+    if (old)
+        mark_unref(crt, old);
+    return PST_OK;
+}
+
+static pst_status stream_wait_on(cudaStream_t s, cudaEvent_t e)
+{
+    PST_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+    return PST_OK;
+}
+
+static pst_status cuda_stream_wait_event(pst_stream *s, pst_event *ev)
+{
+    pst_cuda_event *ce = ev->ctx;
+    pst_cuda_stream *cs = s->ctx;
+    pst_cuda_runtime *crt = cs->crt;
+
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    pthread_mutex_lock(&ce->mu);
+    pst_cuda_mark *m = ce->mark;
+    if (m) {
+        pthread_mutex_lock(&crt->mu);
+        m->refs++;
+        pthread_mutex_unlock(&crt->mu);
+    }
+    pst_status st = stream_wait_on(cs->stream, ce->event);
+    pthread_mutex_unlock(&ce->mu);
+    if (st == PST_OK && m)
+        st = queue_item(cs, PST_CUDA_ITEM_ADOPT, NULL, NULL, m);
+    if (st != PST_OK && m)
+        mark_unref(crt, m);
+    return st;
+}
+
+static pst_status event_sync(cudaEvent_t e)
+{
+    PST_CUDA_CHECK(cudaEventSynchronize(e));
+    return PST_OK;
+}
+
+static pst_status cuda_event_synchronize(pst_event *ev)
+{
+    pst_cuda_event *ce = ev->ctx;
+    pst_cuda_runtime *crt = ev->dev->rt->ctx;
+    char detail[PST_DEVICE_DETAIL_MAX];
+
+    PST_TRY(cuda_use(dev_ctx(ev->dev)->ordinal));
+    pthread_mutex_lock(&ce->mu);
+    pst_cuda_mark *m = ce->mark;
+    if (m) {
+        pthread_mutex_lock(&crt->mu);
+        m->refs++;
+        pthread_mutex_unlock(&crt->mu);
+    }
+    pthread_mutex_unlock(&ce->mu);
+    pst_status st = event_sync(ce->event);
+    if (st == PST_OK && m) {
+        pthread_mutex_lock(&crt->mu);
+        /* done: the snapshot precedes the event in its stream (a concurrent re-record on
+         * another stream may leave an older mark not yet reached: counted as PST_OK). */
+        if (m->done && m->status != PST_OK) {
+            st = m->status;
+            memcpy(detail, m->detail, sizeof detail);
+        }
+        pthread_mutex_unlock(&crt->mu);
+        if (st != PST_OK)
+            pst_error_set(st, "%s", detail);
+    }
+    if (m)
+        mark_unref(crt, m);
+    return st;
+}
+
+static pst_status event_ready(cudaEvent_t e, int *ready)
+{
+    cudaError_t r = cudaEventQuery(e);
+    *ready = r != cudaErrorNotReady;
+    /* Not ready is an answer, not an error. */
+    cudaError_t err = r == cudaErrorNotReady ? cudaSuccess : r;
+    return PST_CUDA_RESULT(err, "cudaEventQuery(event)");
+}
+
+static int cuda_event_query(pst_event *ev)
+{
+    pst_cuda_event *ce = ev->ctx;
+    int ready = 1;
+    if (cuda_use(dev_ctx(ev->dev)->ordinal) != PST_OK)
+        return 1;
+    /* A failed query counts as reached: the error surfaces at the next synchronize. */
+    if (event_ready(ce->event, &ready) != PST_OK)
+        return 1;
+    return ready;
+}
+
+const pst_backend_iface pst_cuda_backend_iface = {
+    .name = "cuda",
+    .kind = PST_BACKEND_CUDA,
+    .runtime_init = cuda_runtime_init,
+    .runtime_free = cuda_runtime_free,
+    .device_alloc = cuda_device_alloc,
+    .device_free = cuda_device_free,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_init = cuda_stream_init,
+    .stream_free = cuda_stream_free,
+    .stream_launch = cuda_stream_launch,
+    .memcpy_async = cuda_memcpy_async,
+    .memset_async = cuda_memset_async,
+    .stream_synchronize = cuda_stream_synchronize,
+    .event_init = cuda_event_init,
+    .event_free = cuda_event_free,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_synchronize = cuda_event_synchronize,
+    .event_query = cuda_event_query,
+    .set_jitter = NULL, /* the CPU backend's test hook; GPUs have their own timing */
+    .ops = &pst_cuda_ops_iface,
+};

@@ -1,0 +1,590 @@
+/* test_collectives.c — reduce and broadcast among the devices of one runtime
+ * (common/collectives.h).
+ *
+ * The host implementation on cpu:1, cpu:2 and cpu:4 runtimes: the reduce equals the
+ * device-order sum ((b0 + b1) + b2) + ... bit for bit for every root and odd sizes (with
+ * values spread over many binades, so another order would give other bits — checked);
+ * broadcast copies the root's bits; both are ordered against other work on the streams
+ * (work queued before is included, work queued after cannot disturb them), also under
+ * injected random delays (pst_runtime_set_jitter) for several seeds; argument checks with
+ * exact error codes. With CUDA built and a GPU present, the NCCL implementation is checked
+ * against the same sums (within a tolerance: NCCL's order is its own); otherwise that test
+ * is skipped with a visible "skipped: no GPU". Sleeps only make a race likely; no assertion
+ * depends on timing. Also built with ThreadSanitizer (PST_TSAN_TESTS), which reports a sum
+ * or copy that is not ordered after the writes it reads. */
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/collectives.h"
+#include "common/device.h"
+#include "common/error.h"
+#include "common/rng.h"
+
+#define CHECK_OK(expr)                                                                    \
+    do {                                                                                  \
+        pst_status check_st_ = (expr);                                                    \
+        cr_assert_eq(check_st_, PST_OK, "%s -> %s: %s", #expr, pst_strerror(check_st_),   \
+                     pst_error_detail());                                                 \
+    } while (0)
+
+#define CHECK_ERR(expr, want)                                                             \
+    do {                                                                                  \
+        pst_error_clear();                                                                \
+        pst_status check_st_ = (expr);                                                    \
+        cr_assert_eq(check_st_, (want), "%s -> %s, want %s (%s)", #expr,                  \
+                     pst_strerror(check_st_), pst_strerror(want), pst_error_detail());    \
+        cr_assert_neq(pst_error_detail()[0], '\0', "%s left no detail", #expr);           \
+    } while (0)
+
+#define MAXD 4
+
+/* The ThreadSanitizer build's runner (tests/tsan/) has no skip: there a skipped test
+ * passes after printing why. */
+#ifndef cr_skip_test
+#define cr_skip_test(...) return
+#endif
+
+static void sleep_us(unsigned us)
+{
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* A runtime with one stream and one buffer of n floats per device, and a comm. */
+typedef struct fixture {
+    pst_runtime *rt;
+    int D;
+    size_t n;
+    pst_stream *s[MAXD];
+    float *buf[MAXD];
+    pst_comm *comm;
+} fixture;
+
+static void fx_init(fixture *f, const char *spec, size_t n)
+{
+    memset(f, 0, sizeof *f);
+    CHECK_OK(pst_runtime_init(&f->rt, spec));
+    f->D = pst_runtime_count(f->rt);
+    cr_assert(f->D <= MAXD);
+    f->n = n;
+    for (int d = 0; d < f->D; d++) {
+        pst_device *dev = pst_runtime_device(f->rt, d);
+        void *p = NULL;
+        CHECK_OK(pst_stream_create(dev, &f->s[d]));
+        CHECK_OK(pst_device_alloc(dev, (n ? n : 1) * sizeof(float), &p));
+        f->buf[d] = p;
+    }
+    CHECK_OK(pst_comm_init(&f->comm, f->rt));
+}
+
+static void fx_sync(fixture *f)
+{
+    for (int d = 0; d < f->D; d++)
+        CHECK_OK(pst_stream_synchronize(f->s[d]));
+}
+
+static void fx_free(fixture *f)
+{
+    fx_sync(f);
+    pst_comm_free(f->comm);
+    for (int d = 0; d < f->D; d++) {
+        pst_device_free(pst_runtime_device(f->rt, d), f->buf[d]);
+        pst_stream_destroy(f->s[d]);
+    }
+    pst_runtime_free(f->rt);
+}
+
+/* A value in +-[2^-20, 2^20): sums of such values depend on the order of the additions. */
+static float spread(pst_rng *r)
+{
+    float u = pst_rng_uniform(r) * 2.0f - 1.0f;
+    return ldexpf(u, (int)pst_rng_below(r, 41) - 20);
+}
+
+/* Deterministic value of element i of device d in round k (for host functions). */
+static float value_at(uint64_t k, int d, size_t i)
+{
+    pst_rng r;
+    pst_rng_seed(&r, k * 1000003u + (uint64_t)d, i);
+    return spread(&r);
+}
+
+/* Fills every device buffer (the streams are idle) and keeps a copy in host[d]. */
+static void fx_fill(fixture *f, uint64_t seed, float *host[MAXD])
+{
+    pst_rng r;
+    pst_rng_seed(&r, seed, 7);
+    for (int d = 0; d < f->D; d++)
+        for (size_t i = 0; i < f->n; i++) {
+            host[d][i] = spread(&r);
+            f->buf[d][i] = host[d][i];
+        }
+}
+
+/* out = ((in0 + in1) + in2) + ... */
+static void device_order_sum(float *out, float *const in[], int D, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float acc = in[0][i];
+        for (int d = 1; d < D; d++)
+            acc += in[d][i];
+        out[i] = acc;
+    }
+}
+
+static void assert_bits(const float *got, const float *want, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t g, w;
+        memcpy(&g, &got[i], 4);
+        memcpy(&w, &want[i], 4);
+        cr_assert_eq(g, w, "%s: element %zu is %a (0x%08x), want %a (0x%08x)", what, i,
+                     (double)got[i], g, (double)want[i], w);
+    }
+}
+
+static float *host_floats(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof *p);
+    cr_assert_not_null(p);
+    return p;
+}
+
+/* ---- host functions queued on the streams ------------------------------------------ */
+
+/* Sleeps, then writes value_at(k, d, .) into buf: "slow work queued before". */
+typedef struct write_job {
+    float *buf;
+    size_t n;
+    uint64_t k;
+    int d;
+    unsigned sleep_us;
+} write_job;
+
+static pst_status write_fn(void *arg)
+{
+    write_job *w = arg;
+    if (w->sleep_us)
+        sleep_us(w->sleep_us);
+    for (size_t i = 0; i < w->n; i++)
+        w->buf[i] = value_at(w->k, w->d, i);
+    return PST_OK;
+}
+
+/* Counts the elements of buf that differ from the device-order sum of round k. */
+typedef struct check_job {
+    const float *buf;
+    size_t n;
+    uint64_t k;
+    int D;
+    atomic_int *mismatches;
+} check_job;
+
+static pst_status check_sum_fn(void *arg)
+{
+    check_job *c = arg;
+    for (size_t i = 0; i < c->n; i++) {
+        float acc = value_at(c->k, 0, i);
+        for (int d = 1; d < c->D; d++)
+            acc += value_at(c->k, d, i);
+        if (memcmp(&acc, &c->buf[i], 4) != 0)
+            atomic_fetch_add(c->mismatches, 1);
+    }
+    return PST_OK;
+}
+
+/* A work item that blocks its stream until the test opens it. */
+typedef struct gate {
+    atomic_int open;
+} gate;
+
+static pst_status gate_fn(void *arg)
+{
+    gate *g = arg;
+    while (!atomic_load(&g->open))
+        sleep_us(200);
+    return PST_OK;
+}
+
+/* ---- reduce and broadcast results --------------------------------------------------- */
+
+static const char *const specs[] = {"cpu:1", "cpu:2", "cpu:4"};
+static const size_t sizes[] = {1, 7, 1001, 4099}; /* odd; 4099 spans several chunks */
+
+Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
+{
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
+        for (size_t zi = 0; zi < sizeof sizes / sizeof sizes[0]; zi++) {
+            fixture f;
+            fx_init(&f, specs[si], sizes[zi]);
+            cr_assert_str_eq(pst_comm_name(f.comm), "host");
+            float *host[MAXD], *want = host_floats(f.n);
+            for (int d = 0; d < f.D; d++)
+                host[d] = host_floats(f.n);
+            for (int root = 0; root < f.D; root++) {
+                fx_fill(&f, 100 * si + 10 * zi + (uint64_t)root, host);
+                device_order_sum(want, host, f.D, f.n);
+                CHECK_OK(pst_comm_reduce(f.comm, f.buf, f.n, root, f.s));
+                fx_sync(&f);
+                char what[64];
+                snprintf(what, sizeof what, "%s n=%zu root=%d", specs[si], f.n, root);
+                assert_bits(f.buf[root], want, f.n, what);
+                for (int d = 0; d < f.D; d++)
+                    if (d != root)
+                        assert_bits(f.buf[d], host[d], f.n, "a non-root buffer changed");
+            }
+            for (int d = 0; d < f.D; d++)
+                free(host[d]);
+            free(want);
+            fx_free(&f);
+        }
+    }
+}
+
+/* The data above would catch a wrong order: summing in reverse gives other bits. */
+Test(collectives_host, test_data_distinguishes_orders)
+{
+    fixture f;
+    fx_init(&f, "cpu:4", 1001);
+    float *host[MAXD], *fwd = host_floats(f.n), *rev = host_floats(f.n);
+    for (int d = 0; d < f.D; d++)
+        host[d] = host_floats(f.n);
+    fx_fill(&f, 7, host);
+    device_order_sum(fwd, host, f.D, f.n);
+    float *back[MAXD] = {host[3], host[2], host[1], host[0]};
+    device_order_sum(rev, back, f.D, f.n);
+    cr_assert_neq(memcmp(fwd, rev, f.n * sizeof(float)), 0,
+                  "forward and reverse sums agree everywhere: the data is too tame");
+    for (int d = 0; d < f.D; d++)
+        free(host[d]);
+    free(fwd);
+    free(rev);
+    fx_free(&f);
+}
+
+Test(collectives_host, broadcast_copies_the_root_bits)
+{
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
+        fixture f;
+        fx_init(&f, specs[si], 1001);
+        float *host[MAXD];
+        for (int d = 0; d < f.D; d++)
+            host[d] = host_floats(f.n);
+        for (int root = 0; root < f.D; root++) {
+            fx_fill(&f, 50 + (uint64_t)root, host);
+            CHECK_OK(pst_comm_broadcast(f.comm, f.buf, f.n, root, f.s));
+            fx_sync(&f);
+            for (int d = 0; d < f.D; d++)
+                assert_bits(f.buf[d], host[root], f.n, "broadcast");
+        }
+        for (int d = 0; d < f.D; d++)
+            free(host[d]);
+        fx_free(&f);
+    }
+}
+
+Test(collectives_host, zero_length_and_single_device_queue_nothing)
+{
+    fixture f;
+    fx_init(&f, "cpu:2", 3);
+    f.buf[0][0] = 1.0f;
+    f.buf[1][0] = 2.0f;
+    CHECK_OK(pst_comm_reduce(f.comm, f.buf, 0, 0, f.s));
+    CHECK_OK(pst_comm_broadcast(f.comm, f.buf, 0, 1, f.s));
+    fx_sync(&f);
+    cr_assert_eq(f.buf[0][0], 1.0f);
+    cr_assert_eq(f.buf[1][0], 2.0f);
+    fx_free(&f);
+
+    fx_init(&f, "cpu:1", 3);
+    f.buf[0][1] = 5.0f;
+    CHECK_OK(pst_comm_reduce(f.comm, f.buf, 3, 0, f.s));
+    CHECK_OK(pst_comm_broadcast(f.comm, f.buf, 3, 0, f.s));
+    fx_sync(&f);
+    cr_assert_eq(f.buf[0][1], 5.0f);
+    fx_free(&f);
+}
+
+/* ---- ordering against other work on the streams ----------------------------------- */
+
+/* Slow writes queued before the reduce on non-root streams are part of the sum. */
+Test(collectives_host, reduce_includes_work_queued_before, .timeout = 30)
+{
+    fixture f;
+    fx_init(&f, "cpu:4", 513);
+    const int root = 1;
+    write_job w[MAXD];
+    for (int d = 0; d < f.D; d++) {
+        w[d] = (write_job){.buf = f.buf[d], .n = f.n, .k = 3, .d = d,
+                           .sleep_us = d == root ? 0 : 20000u * (unsigned)d};
+        CHECK_OK(pst_stream_launch(f.s[d], write_fn, &w[d]));
+    }
+    CHECK_OK(pst_comm_reduce(f.comm, f.buf, f.n, root, f.s));
+    atomic_int bad = 0;
+    check_job c = {.buf = f.buf[root], .n = f.n, .k = 3, .D = f.D, .mismatches = &bad};
+    CHECK_OK(pst_stream_launch(f.s[root], check_sum_fn, &c));
+    fx_sync(&f);
+    cr_assert_eq(atomic_load(&bad), 0, "%d elements miss a slow earlier write", bad);
+    fx_free(&f);
+}
+
+/* A write queued after the reduce on a non-root stream waits until the sum has read the
+ * buffer: the root stream is held by a gate so the sum runs late, and the write must not
+ * overtake it. */
+Test(collectives_host, reduce_is_not_disturbed_by_work_queued_after, .timeout = 30)
+{
+    fixture f;
+    fx_init(&f, "cpu:4", 257);
+    for (int root = 0; root < f.D; root++) {
+        float *host[MAXD], *want = host_floats(f.n);
+        for (int d = 0; d < f.D; d++)
+            host[d] = host_floats(f.n);
+        fx_fill(&f, 900 + (uint64_t)root, host);
+        device_order_sum(want, host, f.D, f.n);
+        gate g = {0};
+        CHECK_OK(pst_stream_launch(f.s[root], gate_fn, &g));
+        CHECK_OK(pst_comm_reduce(f.comm, f.buf, f.n, root, f.s));
+        float big = 1e30f;
+        for (int d = 0; d < f.D; d++)
+            if (d != root)
+                for (size_t off = 0; off < f.n; off += 64) /* several items per stream */
+                    CHECK_OK(pst_memcpy_async(f.s[d], f.buf[d] + off, &big, sizeof big,
+                                              PST_COPY_HOST_TO_DEVICE));
+        sleep_us(20000); /* let a misordered stream run ahead */
+        atomic_store(&g.open, 1);
+        fx_sync(&f);
+        assert_bits(f.buf[root], want, f.n, "sum disturbed by later writes");
+        for (int d = 0; d < f.D; d++)
+            if (d != root)
+                cr_assert_eq(f.buf[d][0], big, "the later write on stream %d did not run", d);
+        for (int d = 0; d < f.D; d++)
+            free(host[d]);
+        free(want);
+    }
+    fx_free(&f);
+}
+
+/* Broadcast: earlier slow work on the root is what gets copied; earlier work on the
+ * others still sees their old values; later writes on the others are not overwritten. */
+Test(collectives_host, broadcast_is_ordered_both_ways, .timeout = 30)
+{
+    fixture f;
+    fx_init(&f, "cpu:4", 129);
+    const int root = 2;
+    float *host[MAXD];
+    for (int d = 0; d < f.D; d++)
+        host[d] = host_floats(f.n);
+    fx_fill(&f, 77, host);
+
+    /* Before: the root slowly writes round-5 values; d = 1 slowly snapshots its old ones. */
+    write_job w = {.buf = f.buf[root], .n = f.n, .k = 5, .d = root, .sleep_us = 30000};
+    CHECK_OK(pst_stream_launch(f.s[root], write_fn, &w));
+    float *snap = host_floats(f.n);
+    CHECK_OK(pst_stream_launch(f.s[1], gate_fn, &(gate){.open = 1}));
+    gate g1 = {0};
+    CHECK_OK(pst_stream_launch(f.s[1], gate_fn, &g1));
+    CHECK_OK(pst_memcpy_async(f.s[1], snap, f.buf[1], f.n * sizeof(float),
+                              PST_COPY_DEVICE_TO_HOST));
+    CHECK_OK(pst_comm_broadcast(f.comm, f.buf, f.n, root, f.s));
+    /* After: device 3 overwrites its copy; the root's stream is still busy writing. */
+    float after = -7.0f;
+    CHECK_OK(pst_memcpy_async(f.s[3], f.buf[3], &after, sizeof after,
+                              PST_COPY_HOST_TO_DEVICE));
+    sleep_us(60000); /* past the root's slow write: a misordered copy would land first */
+    atomic_store(&g1.open, 1);
+    fx_sync(&f);
+
+    assert_bits(snap, host[1], f.n, "earlier work on a non-root stream saw the broadcast");
+    for (size_t i = 0; i < f.n; i++) {
+        float want = value_at(5, root, i);
+        cr_assert_eq(memcmp(&f.buf[0][i], &want, 4), 0, "device 0 element %zu", i);
+        cr_assert_eq(memcmp(&f.buf[1][i], &want, 4), 0, "device 1 element %zu", i);
+        if (i > 0)
+            cr_assert_eq(memcmp(&f.buf[3][i], &want, 4), 0, "device 3 element %zu", i);
+    }
+    cr_assert_eq(f.buf[3][0], after, "a later write on device 3 was overwritten");
+    free(snap);
+    for (int d = 0; d < f.D; d++)
+        free(host[d]);
+    fx_free(&f);
+}
+
+/* Rounds of: every stream writes new values, reduce to a rotating root, check on the root
+ * stream, broadcast, check on every stream — with random delays before each work item. */
+Test(collectives_host, rounds_under_jitter, .timeout = 120)
+{
+    enum { ROUNDS = 12 };
+    static const uint64_t seeds[] = {1, 2, 3, 42, 1234567};
+    for (size_t si = 0; si < sizeof seeds / sizeof seeds[0]; si++) {
+        fixture f;
+        fx_init(&f, "cpu:4", 37);
+        pst_runtime_set_jitter(f.rt, seeds[si], 300);
+        atomic_int bad = 0;
+        write_job w[ROUNDS][MAXD];
+        check_job root_check[ROUNDS], all_check[ROUNDS][MAXD];
+        for (int k = 0; k < ROUNDS; k++) {
+            int root = (k * 3 + (int)si) % f.D;
+            for (int d = 0; d < f.D; d++) {
+                w[k][d] = (write_job){.buf = f.buf[d], .n = f.n, .k = (uint64_t)k + 1, .d = d};
+                CHECK_OK(pst_stream_launch(f.s[d], write_fn, &w[k][d]));
+            }
+            CHECK_OK(pst_comm_reduce(f.comm, f.buf, f.n, root, f.s));
+            root_check[k] = (check_job){.buf = f.buf[root], .n = f.n, .k = (uint64_t)k + 1,
+                                        .D = f.D, .mismatches = &bad};
+            CHECK_OK(pst_stream_launch(f.s[root], check_sum_fn, &root_check[k]));
+            CHECK_OK(pst_comm_broadcast(f.comm, f.buf, f.n, root, f.s));
+            for (int d = 0; d < f.D; d++) {
+                all_check[k][d] = root_check[k];
+                all_check[k][d].buf = f.buf[d];
+                CHECK_OK(pst_stream_launch(f.s[d], check_sum_fn, &all_check[k][d]));
+            }
+        }
+        fx_sync(&f);
+        cr_assert_eq(atomic_load(&bad), 0, "seed %llu: %d mismatching elements",
+                     (unsigned long long)seeds[si], atomic_load(&bad));
+        pst_runtime_set_jitter(f.rt, 0, 0);
+        fx_free(&f);
+    }
+}
+
+/* ---- argument checks ---------------------------------------------------------------- */
+
+Test(collectives_args, init_and_free)
+{
+    pst_runtime *rt = NULL;
+    pst_comm *c = (pst_comm *)&rt;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:2"));
+    CHECK_ERR(pst_comm_init(NULL, rt), PST_ERR_INVALID);
+    CHECK_ERR(pst_comm_init(&c, NULL), PST_ERR_INVALID);
+    cr_assert_null(c);
+    pst_comm_free(NULL);
+    cr_assert_str_eq(pst_comm_name(NULL), "(no comm)");
+    CHECK_OK(pst_comm_init(&c, rt));
+    pst_comm_free(c);
+    pst_runtime_free(rt);
+}
+
+Test(collectives_args, bad_arguments_are_invalid)
+{
+    fixture f;
+    fx_init(&f, "cpu:2", 8);
+    float *nobuf[MAXD] = {f.buf[0], NULL};
+    pst_stream *swapped[MAXD] = {f.s[1], f.s[0]};
+    pst_stream *nostream[MAXD] = {f.s[0], NULL};
+    for (int bcast = 0; bcast < 2; bcast++) {
+        pst_status (*op)(pst_comm *, float *const[], size_t, int, pst_stream *const[]) =
+            bcast ? pst_comm_broadcast : pst_comm_reduce;
+        CHECK_ERR(op(NULL, f.buf, 8, 0, f.s), PST_ERR_INVALID);
+        CHECK_ERR(op(f.comm, NULL, 8, 0, f.s), PST_ERR_INVALID);
+        CHECK_ERR(op(f.comm, f.buf, 8, 0, NULL), PST_ERR_INVALID);
+        CHECK_ERR(op(f.comm, f.buf, 8, -1, f.s), PST_ERR_INVALID);
+        CHECK_ERR(op(f.comm, f.buf, 8, 2, f.s), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "root 2") != NULL, "%s", pst_error_detail());
+        CHECK_ERR(op(f.comm, nobuf, 8, 0, f.s), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "bufs[1]") != NULL, "%s", pst_error_detail());
+        CHECK_ERR(op(f.comm, f.buf, 8, 0, swapped), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "streams[0]") != NULL, "%s", pst_error_detail());
+        CHECK_ERR(op(f.comm, f.buf, 8, 0, nostream), PST_ERR_INVALID);
+        CHECK_ERR(op(f.comm, f.buf, SIZE_MAX / 2, 0, f.s), PST_ERR_INVALID);
+    }
+    /* A stream of another runtime is not a stream of the comm's devices. */
+    fixture g;
+    fx_init(&g, "cpu:2", 8);
+    CHECK_ERR(pst_comm_reduce(f.comm, f.buf, 8, 0, g.s), PST_ERR_INVALID);
+    fx_free(&g);
+    fx_free(&f);
+}
+
+/* ---- NCCL (needs CUDA and a GPU) ------------------------------------------------------ */
+
+#ifdef PSTRAIN_HAVE_CUDA
+/* Sum of |x| over the devices: the scale of the rounding error of any summation order. */
+static float abs_sum(float *const in[], int D, size_t i)
+{
+    float s = 0.0f;
+    for (int d = 0; d < D; d++)
+        s += fabsf(in[d][i]);
+    return s;
+}
+#endif
+
+Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
+{
+#ifndef PSTRAIN_HAVE_CUDA
+    fprintf(stderr, "[SKIP] collectives_nccl: skipped: this build has no CUDA backend\n");
+    cr_skip_test("skipped: built without CUDA");
+#else
+    pst_runtime *rt = NULL;
+    if (pst_runtime_init(&rt, "cuda") != PST_OK) {
+        fprintf(stderr, "[SKIP] collectives_nccl: skipped: no GPU (%s)\n", pst_error_detail());
+        cr_skip_test("skipped: no GPU");
+    }
+    /* At most MAXD GPUs: cuda:0,1,... */
+    char spec[32] = "cuda:0";
+    for (int d = 1; d < pst_runtime_count(rt) && d < MAXD; d++)
+        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", d);
+    pst_runtime_free(rt);
+    rt = NULL;
+
+    const size_t n = 4099;
+    CHECK_OK(pst_runtime_init(&rt, spec));
+    const int D = pst_runtime_count(rt);
+    pst_stream *s[MAXD];
+    float *buf[MAXD], *host[MAXD], *want = host_floats(n), *got = host_floats(n);
+    for (int d = 0; d < D; d++) {
+        void *p = NULL;
+        CHECK_OK(pst_stream_create(pst_runtime_device(rt, d), &s[d]));
+        CHECK_OK(pst_device_alloc(pst_runtime_device(rt, d), n * sizeof(float), &p));
+        buf[d] = p;
+        host[d] = host_floats(n);
+    }
+    pst_comm *c = NULL;
+    CHECK_OK(pst_comm_init(&c, rt));
+    cr_assert_str_eq(pst_comm_name(c), "nccl");
+    pst_rng r;
+    pst_rng_seed(&r, 11, 0);
+    for (int root = 0; root < D; root++) {
+        for (int d = 0; d < D; d++) {
+            for (size_t i = 0; i < n; i++)
+                host[d][i] = spread(&r);
+            CHECK_OK(pst_memcpy_async(s[d], buf[d], host[d], n * sizeof(float),
+                                      PST_COPY_HOST_TO_DEVICE));
+        }
+        device_order_sum(want, host, D, n);
+        CHECK_OK(pst_comm_reduce(c, buf, n, root, s));
+        CHECK_OK(pst_memcpy_async(s[root], got, buf[root], n * sizeof(float),
+                                  PST_COPY_DEVICE_TO_HOST));
+        for (int d = 0; d < D; d++)
+            CHECK_OK(pst_stream_synchronize(s[d]));
+        /* NCCL's order is its own: each sum within a few roundings of the total size. */
+        for (size_t i = 0; i < n; i++)
+            cr_assert(fabsf(got[i] - want[i]) <= 4.0f * (float)D * FLT_EPSILON *
+                                                     abs_sum(host, D, i),
+                      "root %d element %zu: %g, want %g", root, i, (double)got[i],
+                      (double)want[i]);
+        CHECK_OK(pst_comm_broadcast(c, buf, n, root, s));
+        for (int d = 0; d < D; d++) {
+            CHECK_OK(pst_memcpy_async(s[d], host[d], buf[d], n * sizeof(float),
+                                      PST_COPY_DEVICE_TO_HOST));
+            CHECK_OK(pst_stream_synchronize(s[d]));
+            assert_bits(host[d], got, n, "NCCL broadcast");
+        }
+    }
+    pst_comm_free(c);
+    for (int d = 0; d < D; d++) {
+        pst_device_free(pst_runtime_device(rt, d), buf[d]);
+        pst_stream_destroy(s[d]);
+        free(host[d]);
+    }
+    free(want);
+    free(got);
+    pst_runtime_free(rt);
+#endif
+}
