@@ -173,6 +173,23 @@ static pst_status parse_trace_steps(pst_config *cfg, const char *v, const char *
     return PST_OK;
 }
 
+static pst_status parse_jitter(pst_config *cfg, const char *v, const char *where,
+                               const char *ex)
+{
+    char *e;
+    errno = 0;
+    unsigned long long seed = strtoull(v, &e, 10);
+    if (e == v || *e != ':' || errno || v[0] == '-')
+        return bad(where, v, "expected SEED:MAX_MICROSECONDS", ex);
+    const char *p = e + 1;
+    long us = strtol(p, &e, 10);
+    if (e == p || *e || errno || us < 0 || us > 1000000)
+        return bad(where, v, "expected SEED:MAX_MICROSECONDS with 0..1000000 microseconds", ex);
+    cfg->jitter_seed = seed;
+    cfg->jitter_us = (unsigned)us;
+    return PST_OK;
+}
+
 static pst_status parse_model(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     if (strcmp(v, "mlp") != 0 && strcmp(v, "synthetic") != 0)
@@ -232,6 +249,7 @@ static const opt options[] = {
     {"overlap", "PSTRAIN_OVERLAP", NULL, NULL, "1", "1: send gradient blocks during backward and start the next forward per block; 0: serialized (backward, all sends, all pulls)", R_TRAINER, OPT_BOOL, F(overlap), 0, 0, NULL},
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
+    {"test-jitter", "PSTRAIN_TEST_JITTER", NULL, NULL, "7:200", "test hook: random delays of 0..US microseconds before every stream item and RPC, SEED:US", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_jitter},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},

@@ -63,6 +63,8 @@ typedef struct pst_config {
     int overlap;                                   /* 1: communication overlaps compute */
     char trace_path[PST_PATH_MAX];                 /* Chrome trace file, "" = none */
     long trace_first, trace_last;                  /* steps traced (inclusive) */
+    uint64_t jitter_seed;                          /* test hook: random delays in streams */
+    unsigned jitter_us;                            /* and before RPCs, 0..jitter_us each */
     int threads;                                   /* BLAS threads per process, 0 = auto */
     int check_config;                              /* print the resolved config and exit */
     int help;

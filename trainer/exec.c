@@ -18,10 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/collectives.h"
 #include "common/log.h"
 #include "common/ops.h"
+#include "common/rng.h"
 
 #define PST_DEVICE_MAX 64
 
@@ -66,6 +68,7 @@ struct exec_block {
     /* distributed mode */
     float *hgrad, *hparam;        /* host staging when device memory is not host memory */
     exec_slot slot[2];            /* by step parity */
+    pst_rng jitter;               /* test hook: delay before each exchange */
     long step;                    /* of the exchange in flight (set when it starts) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -278,6 +281,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 eb->lmin = l;
         pthread_mutex_init(&eb->mu, NULL);
         pthread_cond_init(&eb->cv, NULL);
+        pst_rng_seed(&eb->jitter, c->cfg->jitter_seed, 7000 + (uint64_t)b);
         eb->gbufs = calloc((size_t)ex->D, sizeof(float *));
         eb->pbufs = calloc((size_t)ex->D, sizeof(float *));
         if (!eb->gbufs || !eb->pbufs) {
@@ -308,6 +312,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 goto error;
         }
     }
+    if (c->cfg->jitter_us)
+        pst_runtime_set_jitter(c->rt, c->cfg->jitter_seed, c->cfg->jitter_us);
     if (c->trace) {
         char name[48];
         for (int i = 0; i < ex->D; i++) {
@@ -493,6 +499,8 @@ static pst_status issue_exchange(void *arg)
     exec_block *eb = slot->eb;
     tr_exec *ex = eb->ex;
     eb->step = slot->step;
+    if (ex->c.cfg->jitter_us)
+        usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
     float *dst = eb->hparam ? eb->hparam : owner->m.params + eb->b->offset;
