@@ -550,3 +550,8 @@ int pst_event_query(pst_event *ev)
         return 1;
     return ev->dev->rt->iface->event_query(ev);
 }
+
+int pst_runtime_host_memory(const pst_runtime *rt)
+{
+    return rt && rt->kind == PST_BACKEND_CPU;
+}

@@ -66,6 +66,9 @@ int pst_runtime_count(const pst_runtime *rt);
  * a NULL runtime or a backend without the hook. */
 void pst_runtime_set_jitter(pst_runtime *rt, uint64_t seed, unsigned max_us);
 pst_backend_kind pst_runtime_backend(const pst_runtime *rt);
+/* 1 when device memory is ordinary host memory that the host may read and write directly
+ * (the CPU backend), 0 when copies are needed (CUDA). */
+int pst_runtime_host_memory(const pst_runtime *rt);
 /* Device i in [0, count), or NULL when out of range. */
 pst_device *pst_runtime_device(pst_runtime *rt, int i);
 
