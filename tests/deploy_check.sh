@@ -176,7 +176,13 @@ else
       continue
     fi
     missing=""
+    cuda_libs=""
     while read -r lib path; do
+      case "$path" in
+        # The image is CPU-only (its builder has no CUDA toolkit: PSTRAIN_CUDA=OFF); a local
+        # build with the CUDA backend also loads the toolkit's libraries.
+        /usr/local/cuda*) cuda_libs="$cuda_libs $lib"; continue ;;
+      esac
       if [ "$path" = "not" ]; then
         missing="$missing $lib(not found)"
         continue
@@ -187,6 +193,9 @@ else
         missing="$missing $lib(${pkg:-no package})"
       fi
     done < <(ldd "$exe" | sed -n 's/^[[:space:]]*\([^ ]*\) => \([^ ]*\).*/\1 \2/p')
+    if [ -n "$cuda_libs" ]; then
+      skip "runtime libraries of $prog from the CUDA toolkit (not in the CPU-only image):$cuda_libs"
+    fi
     if [ -z "$missing" ]; then
       pass "runtime libraries of $prog: all from RUNTIME_PACKAGES or their dependencies"
     else
