@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# make bench: every benchmark in bench/, one after the other (each alternates pstrain and
+# its peer or baseline in one run and prints ratios of medians). usage: bench/run.sh [BUILD]
+set -euo pipefail
+build=${1:-build}
+here=$(cd "$(dirname "$0")" && pwd)
+"$here/mlp.sh" "$build" 3
+"$here/ps_sync.sh" "$build" 3
+"$here/overlap.sh" "$build" 3
