@@ -32,6 +32,8 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int B, int IC, int OC,
                          int accumulate)
 {
+    if (!dweight)
+        goto input;
     /* dbias: column sums, rows added in order so the result does not depend on threads. */
     if (!accumulate)
         memset(dbias, 0, sizeof(float) * (size_t)OC);
@@ -42,6 +44,7 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
     }
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, B, 1.0f, dout, OC, inp, IC,
                 accumulate ? 1.0f : 0.0f, dweight, IC);
+input:
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, IC, OC, 1.0f, dout, OC,
                     weight, IC, 0.0f, dinp, IC);

@@ -17,7 +17,8 @@ void pst_linear_forward(float *out, const float *inp, const float *weight, const
 /* Gradients of out = inp @ weight^T + bias given dout (B, OC):
  *   dweight (OC, IC) = dout^T @ inp,  dbias (OC) = column sums of dout,
  *   dinp (B, IC) = dout @ weight (skipped when dinp is NULL).
- * dweight/dbias are overwritten, or added to when accumulate != 0; dinp is overwritten. */
+ * dweight/dbias are overwritten, or added to when accumulate != 0; dinp is overwritten.
+ * dweight and dbias may both be NULL: only dinp is computed. */
 void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                          const float *inp, const float *weight, int B, int IC, int OC,
                          int accumulate);

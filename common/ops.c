@@ -28,7 +28,8 @@ pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
 pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
-    CHECK(o && a && a->dw && a->db && a->dout && a->inp && a->w, "linear_backward");
+    CHECK(o && a && a->dout && a->inp && a->w, "linear_backward");
+    CHECK((a->dw && a->db) || (!a->dw && !a->db && a->dinp), "linear_backward");
     CHECK(a->B > 0 && a->IC > 0 && a->OC > 0, "linear_backward");
     return o->linear_backward(s, a);
 }

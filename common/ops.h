@@ -29,7 +29,9 @@ typedef struct pst_linear_fwd_args {
 } pst_linear_fwd_args;
 
 /* dw (OC, IC) = dout^T @ inp, db (OC) = column sums of dout (overwritten, or added when
- * accumulate), dinp (B, IC) = dout @ w (skipped when NULL). */
+ * accumulate), dinp (B, IC) = dout @ w (skipped when NULL). dw and db may both be NULL
+ * (only dinp): the executor computes the weight gradient first, so the block can leave
+ * while the input gradient is still being computed. */
 typedef struct pst_linear_bwd_args {
     float *dinp, *dw, *db;
     const float *dout, *inp, *w;

@@ -46,10 +46,12 @@ typedef struct exec_dev {
     int32_t *y;                   /* (max_batch) */
     float *losses;                /* (max_batch) */
     int32_t *correct;             /* (1) */
-    pst_event **grad_done;        /* (L) */
+    pst_event **grad_done;        /* (L) layer l's weight and bias gradients are final */
+    pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
     pst_event **ready;            /* (nblocks) */
     pst_linear_fwd_args fwd[PST_MLP_MAX_HIDDEN + 1];
-    pst_linear_bwd_args bwd[PST_MLP_MAX_HIDDEN + 1];
+    pst_linear_bwd_args bwd_w[PST_MLP_MAX_HIDDEN + 1]; /* weight and bias gradients */
+    pst_linear_bwd_args bwd_x[PST_MLP_MAX_HIDDEN + 1]; /* input gradient (l > 0) */
     pst_relu_bwd_args relu[PST_MLP_MAX_HIDDEN + 1];
     pst_xent_args xent;
     int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
@@ -66,7 +68,8 @@ struct exec_block {
     pst_optim_args optim[2];      /* by step parity */
     pst_event *sent;              /* owner's send stream: optimizer done / exchange started */
     /* distributed mode */
-    float *hgrad, *hparam;        /* host staging when device memory is not host memory */
+    float *hgrad;                 /* push staging when device memory is not host memory */
+    float *hparam;                /* pull staging (distributed mode) */
     exec_slot slot[2];            /* by step parity */
     pst_rng jitter;               /* test hook: delay before each exchange */
     long step;                    /* of the exchange in flight (set when it starts) */
@@ -150,10 +153,13 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
     float *dout = m->dbuf[0], *dinp = m->dbuf[1];
     for (int l = ex->L - 1; l >= 0; l--) {
         const pst_linear_view *v = &m->layer[l];
-        d->bwd[l] = (pst_linear_bwd_args){
-            .dinp = l ? dinp : NULL, .dw = m->grads + v->w_off, .db = m->grads + v->b_off,
-            .dout = dout, .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off,
-            .IC = v->in, .OC = v->out, .accumulate = 0};
+        d->bwd_w[l] = (pst_linear_bwd_args){
+            .dw = m->grads + v->w_off, .db = m->grads + v->b_off, .dout = dout,
+            .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off, .IC = v->in,
+            .OC = v->out};
+        d->bwd_x[l] = (pst_linear_bwd_args){.dinp = l ? dinp : NULL, .dout = dout,
+                                            .inp = l ? m->acts[l - 1] : d->x,
+                                            .w = m->params + v->w_off, .IC = v->in, .OC = v->out};
         if (l) {
             d->relu[l] = (pst_relu_bwd_args){.dinp = dinp, .dout = dinp, .out = m->acts[l - 1]};
             float *t = dout;
@@ -209,12 +215,14 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         ex->send_streams[i] = d->send;
         ex->recv_streams[i] = d->recv;
         d->grad_done = calloc((size_t)ex->L, sizeof *d->grad_done);
-        if (!d->grad_done) {
+        d->x_done = calloc((size_t)ex->L, sizeof *d->x_done);
+        if (!d->grad_done || !d->x_done) {
             st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
             goto error;
         }
         for (int l = 0; l < ex->L; l++)
-            if ((st = pst_event_create(d->dev, &d->grad_done[l])) != PST_OK)
+            if ((st = pst_event_create(d->dev, &d->grad_done[l])) != PST_OK ||
+                (st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
                 goto error;
         set_layer_args(ex, d);
     }
@@ -304,9 +312,13 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                     .cfg = &ex->optim, .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
                     .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
                     .n = eb->b->length};
-        } else if (!ex->host_memory) {
-            if ((st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
-                                            (void **)&eb->hgrad)) != PST_OK ||
+        } else {
+            /* Pulls land in host staging: a pull may come back while backward still reads
+             * the block's weights (dinp), so it is copied in only after that. Pushes are
+             * sent straight from device memory when the host can read it. */
+            if ((!ex->host_memory &&
+                 (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
+                                             (void **)&eb->hgrad)) != PST_OK) ||
                 (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
                                             (void **)&eb->hparam)) != PST_OK)
                 goto error;
@@ -360,6 +372,9 @@ void tr_exec_free(tr_exec *ex)
         pst_stream_destroy(d->recv);
         for (int l = 0; d->grad_done && l < ex->L; l++)
             pst_event_destroy(d->grad_done[l]);
+        for (int l = 0; d->x_done && l < ex->L; l++)
+            pst_event_destroy(d->x_done[l]);
+        free(d->x_done);
         for (int b = 0; d->ready && ex->plan && b < ex->plan->nblocks; b++)
             pst_event_destroy(d->ready[b]);
         free(d->grad_done);
@@ -436,8 +451,10 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
     if (d->rows == 0) {
         /* No rows here this step: a zero gradient still takes part in the reduce. */
         PST_TRY(pst_memset_async(s, d->m.grads, 0, d->m.nparams * sizeof(float)));
-        for (int l = 0; l < ex->L; l++)
+        for (int l = 0; l < ex->L; l++) {
             PST_TRY(pst_event_record(d->grad_done[l], s));
+            PST_TRY(pst_event_record(d->x_done[l], s));
+        }
         return PST_OK;
     }
     int di = (int)(d - ex->devs);
@@ -454,13 +471,17 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
     PST_TRY(pst_op_softmax_xent(s, &d->xent));
     for (int l = ex->L - 1; l >= 0; l--) {
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "backward", step, l);
-        d->bwd[l].B = d->rows;
-        PST_TRY(pst_op_linear_backward(s, &d->bwd[l]));
+        /* The weight gradient first: the layer's blocks can leave while dinp is computed. */
+        d->bwd_w[l].B = d->rows;
+        PST_TRY(pst_op_linear_backward(s, &d->bwd_w[l]));
         PST_TRY(pst_event_record(d->grad_done[l], s));
         if (l) {
+            d->bwd_x[l].B = d->rows;
+            PST_TRY(pst_op_linear_backward(s, &d->bwd_x[l]));
             d->relu[l].n = (int64_t)d->rows * d->m.layer[l].in;
             PST_TRY(pst_op_relu_backward(s, &d->relu[l]));
         }
+        PST_TRY(pst_event_record(d->x_done[l], s));
         mark_end(s, sp);
     }
     return PST_OK;
@@ -503,7 +524,7 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
-    float *dst = eb->hparam ? eb->hparam : owner->m.params + eb->b->offset;
+    float *dst = eb->hparam;
     return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, dst, exchange_done, eb);
 }
 
@@ -532,6 +553,8 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
                              step, eb->index);
     PST_TRY(pst_comm_reduce(ex->comm, eb->gbufs, eb->b->length, o, ex->send_streams));
     if (!ex->c.remote) {
+        /* The optimizer writes the owner's weights: backward must be done reading them. */
+        PST_TRY(pst_stream_wait_event(owner->send, owner->x_done[eb->lmin]));
         pst_optim_args *oa = &eb->optim[step & 1];
         oa->t = step + 1;
         PST_TRY(pst_op_optim_apply(owner->send, oa));
@@ -560,11 +583,13 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], ex->c.remote ? "pull+broadcast" : "broadcast",
                              step, eb->index);
     PST_TRY(pst_stream_wait_event(owner->recv, eb->sent));
+    /* The new values overwrite weights that backward reads for dinp until x_done. */
+    for (int i = 0; i < ex->D; i++)
+        PST_TRY(pst_stream_wait_event(ex->devs[i].recv, ex->devs[i].x_done[eb->lmin]));
     if (ex->c.remote) {
         PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
-        if (eb->hparam)
-            PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
-                                     eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
+        PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
+                                 eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
     }
     PST_TRY(pst_comm_broadcast(ex->comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
     for (int i = 0; i < ex->D; i++)

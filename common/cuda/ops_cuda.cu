@@ -135,15 +135,18 @@ static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args 
     PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
     if (skip)
         return PST_OK;
-    PST_CUDA_CHECK(launch_bias_grad(cs, a->db, a->dout, a->B, a->OC, a->accumulate));
+    if (a->db)
+        PST_CUDA_CHECK(launch_bias_grad(cs, a->db, a->dout, a->B, a->OC, a->accumulate));
     PST_TRY(pst_cuda_blas_acquire(s, &h));
     /* Row-major dw (OC, IC) (+)= dout^T (OC, B) @ inp (B, IC).
      * Column-major: dw^T (IC, OC) = inp^T (IC, B) @ dout (B, OC), where
      *   the buffer of inp is inp^T (IC, B), ld IC     -> op N;
      *   the buffer of dout is dout^T (OC, B), ld OC   -> op T gives (B, OC);
      *   dw^T (IC, OC) has ld IC; beta 1 accumulates. */
-    pst_status st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, a->OC, a->B, a->inp, a->IC,
-                         a->dout, a->OC, a->accumulate ? 1.0f : 0.0f, a->dw, a->IC);
+    pst_status st = PST_OK;
+    if (a->dw)
+        st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, a->OC, a->B, a->inp, a->IC, a->dout,
+                  a->OC, a->accumulate ? 1.0f : 0.0f, a->dw, a->IC);
     /* Row-major dinp (B, IC) = dout (B, OC) @ w (OC, IC).
      * Column-major: dinp^T (IC, B) = w^T (IC, OC) @ dout^T (OC, B), where
      *   the buffer of w is w^T (IC, OC), ld IC        -> op N;
