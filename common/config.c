@@ -250,7 +250,7 @@ static const opt options[] = {
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
     {"test-jitter", "PSTRAIN_TEST_JITTER", NULL, NULL, "7:200", "test hook: random delays of 0..US microseconds before every stream item and RPC, SEED:US", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_jitter},
-    {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "BLAS threads (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
+    {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "compute threads, shared by the local CPU devices (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
 };

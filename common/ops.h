@@ -67,9 +67,13 @@ typedef struct pst_add_args {
     size_t n;
 } pst_add_args;
 
-/* The optimizer update of optim.h on device memory (param, state, grad). */
+/* The optimizer update of optim.h on device memory (param, state, grad). On CPU the
+ * elementwise pass is split over `pool` when given (NULL: the stream's thread alone); the
+ * split does not change a bit. */
+struct pst_pool;
 typedef struct pst_optim_args {
     const pst_optim_config *cfg; /* host memory, read when the op runs */
+    struct pst_pool *pool;       /* CPU only, may be NULL */
     long t;
     float *param, *state;
     size_t state_stride;

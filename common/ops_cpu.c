@@ -5,6 +5,7 @@
 
 #include "common/layers.h"
 #include "common/ops_impl.h"
+#include "common/pool.h"
 
 static pst_status run_linear_fwd(void *arg)
 {
@@ -58,10 +59,18 @@ static pst_status run_add(void *arg)
     return PST_OK;
 }
 
-static pst_status run_optim(void *arg)
+static void optim_part(void *arg, int part, int nparts)
 {
     const pst_optim_args *a = arg;
-    pst_optim_apply(a->cfg, a->t, a->param, a->state, a->state_stride, a->grad, a->n);
+    size_t lo, hi;
+    pst_pool_split(a->n, part, nparts, 16, &lo, &hi);
+    pst_optim_apply(a->cfg, a->t, a->param + lo, a->state ? a->state + lo : NULL,
+                    a->state_stride, a->grad + lo, hi - lo);
+}
+
+static pst_status run_optim(void *arg)
+{
+    pst_pool_run(((const pst_optim_args *)arg)->pool, optim_part, arg);
     return PST_OK;
 }
 

@@ -23,6 +23,7 @@
 #include "common/collectives.h"
 #include "common/log.h"
 #include "common/ops.h"
+#include "common/pool.h"
 #include "common/rng.h"
 
 #define PST_DEVICE_MAX 64
@@ -92,6 +93,7 @@ struct tr_exec {
     exec_block *blocks;
     int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
     pst_comm *comm;
+    pst_pool *pool;                /* CPU: splits the local optimizer over the cores */
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
     float *host_losses;            /* (max_batch) */
@@ -241,6 +243,9 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     }
     if ((st = pst_comm_init(&ex->comm, c->rt)) != PST_OK)
         goto error;
+    if (!c->remote && ex->host_memory &&
+        (st = pst_pool_init(&ex->pool, c->threads > 0 ? c->threads : 1)) != PST_OK)
+        goto error;
 
     const int nb = ex->plan->nblocks;
     ex->blocks = calloc((size_t)nb, sizeof *ex->blocks);
@@ -309,7 +314,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 goto error;
             for (int k = 0; k < 2; k++)
                 eb->optim[k] = (pst_optim_args){
-                    .cfg = &ex->optim, .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
+                    .cfg = &ex->optim, .pool = ex->pool,
+                    .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
                     .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
                     .n = eb->b->length};
         } else {
@@ -388,6 +394,7 @@ void tr_exec_free(tr_exec *ex)
         pst_mlp_free(&d->m);
     }
     pst_comm_free(ex->comm);
+    pst_pool_free(ex->pool);
     tr_plan_free(&ex->own_plan);
     free(ex->blocks);
     free(ex->layer_first);

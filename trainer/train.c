@@ -21,6 +21,7 @@
 #include "common/model.h"
 #include "common/optim.h"
 #include "common/pool.h"
+#include <cblas.h>
 #include "trainer/exec.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
@@ -237,8 +238,13 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
                                 per_step * (size_t)steps)) != PST_OK)
             goto error;
     }
+    /* The cores are shared by the devices: each device's GEMMs get their share. */
+    int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int threads_per_device = cores / D > 0 ? cores / D : 1;
+    openblas_set_num_threads(threads_per_device);
     tr_exec_config ec = {.cfg = cfg, .rt = rt, .mlp = mc, .max_rows = max_part,
                          .eval_rows = 256, .remote = remote, .overlap = cfg->overlap,
+                         .threads = threads_per_device,
                          .trace = trace};
     if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
         goto error;
