@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: the multi-device trainer's overlapped schedule against the same work
 # serialized (--overlap 0), on a run where communication and compute are comparable:
-# MLP 784-4096-4096-10, batch 128, 1 pserver, 1 trainer with 2 CPU devices (one BLAS
-# thread each), alternating, RUNS times each; plus the local compute-only step (same
+# MLP 784-4096-4096-10, batch 128, 1 pserver, 1 trainer with 2 CPU devices (the cores
+# shared: one BLAS thread each), alternating, RUNS times each; plus the local compute-only step (same
 # devices, no pserver). Prints JSON lines: every run, then the medians and ratios, and
 # writes a Chrome trace of steps 10-11 of the last overlapped run to bench/out/overlap.json.
 # Not a test: it reports, it never gates.
@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$here/bench/out"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 flags=(--model mlp --hidden 4096,4096 --batch 128 --steps "$steps" --optimizer momentum
-       --lr 0.01 --momentum 0.9 --seed 0 --threads 1 --progress none --log-level warn)
+       --lr 0.01 --momentum 0.9 --seed 0 --progress none --log-level warn)
 export PSTRAIN_DEVICES=cpu:2
 echo "{\"bench\":\"overlap\",\"hidden\":\"4096,4096\",\"devices\":\"cpu:2\",\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs}"
 for i in $(seq 1 "$runs"); do
