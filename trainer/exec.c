@@ -10,7 +10,14 @@
  * grad_done for the lowest layer it covers; a device's next forward of layer l waits on
  * ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
  * payload released) and pull, so the next backward can never overwrite a gradient that is
- * still being read. */
+ * still being read.
+ * On CPU runtimes the devices share ONE parameter buffer (device memory is host memory,
+ * so a replica per device would only cost a copy per block per step): there is no
+ * broadcast; instead every write of new values (the local optimizer, a pull) waits until
+ * every device's backward has stopped reading the block's weights (x_done), and every
+ * device's forward waits on the owner's ready event. Pulls are then deferred: the push
+ * leaves at grad_done, the pull is started (into the parameters directly) at x_done by the
+ * owner's pull stream. */
 #include "trainer/exec.h"
 
 #include <math.h>
@@ -42,6 +49,7 @@ typedef struct exec_slot {
 typedef struct exec_dev {
     pst_device *dev;
     pst_stream *compute, *send, *recv;
+    pst_stream *pullq;            /* shared distributed mode: starts the deferred pulls */
     pst_mlp m;
     float *x;                     /* (max_batch, in) */
     int32_t *y;                   /* (max_batch) */
@@ -68,6 +76,7 @@ struct exec_block {
     float *state;                 /* optimizer state on the owner */
     pst_optim_args optim[2];      /* by step parity */
     pst_event *sent;              /* owner's send stream: optimizer done / exchange started */
+    pst_event *pulling;           /* owner's pull stream: the deferred pull was started */
     /* distributed mode */
     float *hgrad;                 /* push staging when device memory is not host memory */
     float *hparam;                /* pull staging (distributed mode) */
@@ -87,6 +96,7 @@ struct tr_exec {
     tr_exec_config c;
     pst_optim_config optim;
     int D, L, host_memory;
+    int shared;                    /* CPU: one parameter buffer for every device */
     exec_dev *devs;
     tr_plan own_plan;
     const tr_plan *plan;
@@ -186,6 +196,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->mlp.nhidden + 1;
     ex->host_memory = pst_runtime_host_memory(c->rt);
+    ex->shared = ex->host_memory;
     if (ex->D > PST_DEVICE_MAX) {
         int D = ex->D;
         free(ex);
@@ -209,6 +220,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         if ((st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
             (st = pst_stream_create(d->dev, &d->send)) != PST_OK ||
             (st = pst_stream_create(d->dev, &d->recv)) != PST_OK ||
+            (st = pst_stream_create(d->dev, &d->pullq)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch * c->mlp.in_dim, (void **)&d->x)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(int32_t) * (size_t)ex->max_batch, (void **)&d->y)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch, (void **)&d->losses)) != PST_OK ||
@@ -226,6 +238,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             if ((st = pst_event_create(d->dev, &d->grad_done[l])) != PST_OK ||
                 (st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
                 goto error;
+        if (ex->shared && i > 0) {
+            pst_device_free(d->dev, d->m.params);
+            d->m.params = ex->devs[0].m.params; /* not freed through this replica */
+        }
         set_layer_args(ex, d);
     }
     size_t n = ex->devs[0].m.nparams;
@@ -306,7 +322,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             eb->pbufs[i] = ex->devs[i].m.params + eb->b->offset;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
-        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
+        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK ||
+            (st = pst_event_create(owner->dev, &eb->pulling)) != PST_OK)
             goto error;
         if (!c->remote) {
             if (nk > 0 && (st = alloc_dev(owner->dev, sizeof(float) * (size_t)nk * eb->b->length,
@@ -318,7 +335,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                     .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
                     .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
                     .n = eb->b->length};
-        } else {
+        } else if (!ex->shared) {
             /* Pulls land in host staging: a pull may come back while backward still reads
              * the block's weights (dinp), so it is copied in only after that. Pushes are
              * sent straight from device memory when the host can read it. */
@@ -364,6 +381,7 @@ void tr_exec_free(tr_exec *ex)
         pst_device *owner = ex->devs[eb->b->owner_device].dev;
         pst_device_free(owner, eb->state);
         pst_event_destroy(eb->sent);
+        pst_event_destroy(eb->pulling);
         pst_device_free_host(owner, eb->hgrad);
         pst_device_free_host(owner, eb->hparam);
         free(eb->gbufs);
@@ -376,6 +394,7 @@ void tr_exec_free(tr_exec *ex)
         pst_stream_destroy(d->compute);
         pst_stream_destroy(d->send);
         pst_stream_destroy(d->recv);
+        pst_stream_destroy(d->pullq);
         for (int l = 0; d->grad_done && l < ex->L; l++)
             pst_event_destroy(d->grad_done[l]);
         for (int l = 0; d->x_done && l < ex->L; l++)
@@ -391,6 +410,8 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->losses);
             pst_device_free(d->dev, d->correct);
         }
+        if (ex->shared && i > 0)
+            d->m.params = NULL; /* device 0's buffer */
         pst_mlp_free(&d->m);
     }
     pst_comm_free(ex->comm);
@@ -422,8 +443,9 @@ pst_status tr_exec_sync(tr_exec *ex)
     pst_status first = PST_OK;
     char detail[512] = "";
     for (int i = 0; i < ex->D; i++) {
-        pst_stream *ss[3] = {ex->devs[i].compute, ex->devs[i].send, ex->devs[i].recv};
-        for (int k = 0; k < 3; k++) {
+        pst_stream *ss[4] = {ex->devs[i].compute, ex->devs[i].send, ex->devs[i].pullq,
+                             ex->devs[i].recv};
+        for (int k = 0; k < 4; k++) {
             pst_status st = ss[k] ? pst_stream_synchronize(ss[k]) : PST_OK;
             if (st != PST_OK && first == PST_OK) {
                 first = st;
@@ -444,7 +466,7 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     pst_mlp_init_params_into(&ex->devs[0].m, ex->host_params, seed);
     if (ex->c.remote)
         PST_TRY(tr_remote_start(ex->c.remote, ex->host_params));
-    for (int i = 0; i < ex->D; i++)
+    for (int i = 0; i < (ex->shared ? 1 : ex->D); i++)
         PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].m.params, ex->host_params,
                                  n * sizeof(float), PST_COPY_HOST_TO_DEVICE));
     return tr_exec_sync(ex);
@@ -466,8 +488,10 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
     }
     int di = (int)(d - ex->devs);
     for (int l = 0; l < ex->L; l++) {
-        for (int b = ex->layer_first[l]; b <= ex->layer_last[l]; b++)
-            PST_TRY(pst_stream_wait_event(s, d->ready[b]));
+        for (int b = ex->layer_first[l]; b <= ex->layer_last[l]; b++) {
+            exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
+            PST_TRY(pst_stream_wait_event(s, src->ready[b]));
+        }
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
         d->fwd[l].B = d->rows;
         PST_TRY(pst_op_linear_forward(s, &d->fwd[l]));
@@ -531,8 +555,17 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
-    float *dst = eb->hparam;
+    float *dst = ex->shared ? NULL : eb->hparam; /* shared: the pull stream gives it later */
     return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, dst, exchange_done, eb);
+}
+
+/* On the owner's pull stream, once backward no longer reads the block's weights: lets
+ * the deferred pull write them. */
+static pst_status start_pull(void *arg)
+{
+    exec_block *eb = arg;
+    tr_remote_exchange_pull(eb->ex->c.remote, eb->index, eb->pbufs[eb->b->owner_device]);
+    return PST_OK;
 }
 
 /* On the owner's recv stream: waits until the block's pull has landed. */
@@ -560,8 +593,11 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
                              step, eb->index);
     PST_TRY(pst_comm_reduce(ex->comm, eb->gbufs, eb->b->length, o, ex->send_streams));
     if (!ex->c.remote) {
-        /* The optimizer writes the owner's weights: backward must be done reading them. */
-        PST_TRY(pst_stream_wait_event(owner->send, owner->x_done[eb->lmin]));
+        /* The optimizer writes the owner's weights (every device's, when shared): backward
+         * must be done reading them. */
+        for (int i = 0; i < ex->D; i++)
+            if (i == o || ex->shared)
+                PST_TRY(pst_stream_wait_event(owner->send, ex->devs[i].x_done[eb->lmin]));
         pst_optim_args *oa = &eb->optim[step & 1];
         oa->t = step + 1;
         PST_TRY(pst_op_optim_apply(owner->send, oa));
@@ -578,6 +614,13 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
          * the recv stream waiting for a pull that never comes; through the event the recv
          * stream takes the failure instead. */
         PST_TRY(pst_event_record(eb->sent, owner->send));
+        if (ex->shared) {
+            PST_TRY(pst_stream_wait_event(owner->pullq, eb->sent));
+            for (int i = 0; i < ex->D; i++)
+                PST_TRY(pst_stream_wait_event(owner->pullq, ex->devs[i].x_done[eb->lmin]));
+            PST_TRY(pst_stream_launch(owner->pullq, start_pull, eb));
+            PST_TRY(pst_event_record(eb->pulling, owner->pullq));
+        }
     }
     mark_end(owner->send, sp);
     return PST_OK;
@@ -589,7 +632,20 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     exec_dev *owner = &ex->devs[o];
     tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], ex->c.remote ? "pull+broadcast" : "broadcast",
                              step, eb->index);
+    /* Through sent (and pulling) the recv stream also takes a failure of the streams
+     * before it, instead of waiting for a pull that never comes. */
     PST_TRY(pst_stream_wait_event(owner->recv, eb->sent));
+    if (ex->shared) {
+        /* One buffer: nothing to broadcast. Local: the optimizer (send stream) already
+         * waited for x_done everywhere; distributed: the pull was started after it. */
+        if (ex->c.remote) {
+            PST_TRY(pst_stream_wait_event(owner->recv, eb->pulling));
+            PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+        }
+        PST_TRY(pst_event_record(owner->ready[eb->index], owner->recv));
+        mark_end(owner->recv, sp);
+        return PST_OK;
+    }
     /* The new values overwrite weights that backward reads for dinp until x_done. */
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].recv, ex->devs[i].x_done[eb->lmin]));

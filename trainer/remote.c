@@ -31,6 +31,10 @@ typedef struct block_ctx {
     pst_status err;
     char detail[512];
     tr_exchange_times times;
+    /* deferred pull (dst given later by tr_remote_exchange_pull) */
+    atomic_int pull_gate;   /* conditions left before the pull may start */
+    atomic_int pull_skip;   /* the push failed: count the pull as finished instead */
+    int64_t pull_version;
 } block_ctx;
 
 static double mono_s(void)
@@ -160,6 +164,18 @@ static void start_pull(block_ctx *c, int64_t version)
     }
 }
 
+/* One condition of a deferred pull is met; the last one starts it (or, after a failed
+ * push, counts it as finished). */
+static void pull_gate_open(block_ctx *c)
+{
+    if (atomic_fetch_sub(&c->pull_gate, 1) != 1)
+        return;
+    if (atomic_load(&c->pull_skip))
+        exchange_step_done(c);
+    else
+        start_pull(c, c->pull_version);
+}
+
 static void push_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
@@ -167,14 +183,30 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     (void)reply;
     (void)payload;
     c->times.push_end = mono_s();
+    int deferred = atomic_load(&c->pull_gate) > 0;
     if (st != PST_OK) {
         exchange_error(c, st, detail);
-        if (c->r->cfg->mode == PST_MODE_ASYNC)
+        if (deferred) {
+            atomic_store(&c->pull_skip, 1);
+            if (c->r->cfg->mode == PST_MODE_ASYNC)
+                pull_gate_open(c);
+        } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
             exchange_step_done(c); /* the pull that would have followed */
+        }
     } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
-        start_pull(c, 0);
+        if (deferred)
+            pull_gate_open(c);
+        else
+            start_pull(c, 0);
     }
     exchange_step_done(c);
+}
+
+void tr_remote_exchange_pull(tr_remote *r, int b, float *dst)
+{
+    block_ctx *c = &r->blocks[b];
+    c->dst = dst;
+    pull_gate_open(c);
 }
 
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
@@ -183,23 +215,36 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     if (b < 0 || b >= r->plan.nblocks)
         return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan.nblocks);
     block_ctx *c = &r->blocks[b];
+    const int sync = r->cfg->mode == PST_MODE_SYNC;
     c->dst = dst;
     c->done = done;
     c->done_arg = arg;
     c->push.step = step;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    atomic_store(&c->pull_skip, 0);
+    /* Deferred pull: it needs its destination (tr_remote_exchange_pull) and, in async
+     * mode, the push's acknowledgement. */
+    c->pull_version = sync ? step + 1 : 0;
+    atomic_store(&c->pull_gate, dst ? 0 : (sync ? 1 : 2));
     c->times.push_start = mono_s();
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
                                           grad, c->b->length * sizeof(float), push_released,
                                           push_done, c);
     if (st != PST_OK) {
-        /* The release has run; neither done nor the pull will. */
+        /* The release has run; done will not. A deferred pull is skipped when its
+         * destination arrives; otherwise the exchange ends here. */
         exchange_error(c, st, pst_error_detail());
+        if (!dst) {
+            atomic_store(&c->pull_skip, 1);
+            atomic_store(&c->pending, 1);
+            atomic_store(&c->pull_gate, 1);
+            return PST_OK;
+        }
         atomic_store(&c->pending, 1);
         exchange_step_done(c);
         return PST_OK;
     }
-    if (r->cfg->mode == PST_MODE_SYNC)
+    if (sync && dst)
         start_pull(c, step + 1);
     return PST_OK;
 }
