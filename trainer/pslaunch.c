@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+
 #define MAX_PROCS 128
 #define LINE_MAX_LEN 4096
 
@@ -48,12 +50,6 @@ static void on_signal(int sig)
     got_signal = sig;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(FILE *f)
 {
@@ -212,18 +208,18 @@ static void stop_all(double grace)
     for (int i = 0; i < nprocs; i++)
         if (!procs[i].exited && procs[i].pid > 0)
             kill(procs[i].pid, SIGTERM);
-    double until = now_s() + grace;
+    double until = pst_clock_s() + grace;
     for (;;) {
         int alive = 0;
         for (int i = 0; i < nprocs; i++)
             alive += !procs[i].exited && procs[i].pid > 0;
         if (!alive)
             break;
-        if (now_s() > until) {
+        if (pst_clock_s() > until) {
             for (int i = 0; i < nprocs; i++)
                 if (!procs[i].exited && procs[i].pid > 0)
                     kill(procs[i].pid, SIGKILL);
-            until = now_s() + 60;
+            until = pst_clock_s() + 60;
         }
         service(50);
     }
@@ -293,7 +289,7 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    double deadline = timeout > 0 ? now_s() + (double)timeout : 0;
+    double deadline = timeout > 0 ? pst_clock_s() + (double)timeout : 0;
     int rc = 0;
 
     /* Pservers first; wait for each to announce its port. */
@@ -326,7 +322,7 @@ int main(int argc, char **argv)
         }
         if (ready == S)
             break;
-        if (got_signal || (deadline && now_s() > deadline)) {
+        if (got_signal || (deadline && pst_clock_s() > deadline)) {
             rc = 1;
             goto out;
         }
@@ -376,8 +372,8 @@ int main(int argc, char **argv)
             break;
         if (!trainers_left) {
             if (pserver_grace_until == 0)
-                pserver_grace_until = now_s() + 10;
-            else if (now_s() > pserver_grace_until) {
+                pserver_grace_until = pst_clock_s() + 10;
+            else if (pst_clock_s() > pserver_grace_until) {
                 fprintf(stderr, "pslaunch: trainers done; stopping the pservers that are still up\n");
                 break;
             }
@@ -387,7 +383,7 @@ int main(int argc, char **argv)
             rc = 1;
             goto out;
         }
-        if (deadline && now_s() > deadline) {
+        if (deadline && pst_clock_s() > deadline) {
             fprintf(stderr, "pslaunch: --timeout %ld s passed; stopping everything\n", timeout);
             rc = 1;
             goto out;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
@@ -37,12 +38,6 @@ typedef struct block_ctx {
     int64_t pull_version;
 } block_ctx;
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 struct tr_remote {
     const pst_config *cfg;
@@ -134,7 +129,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
 {
     block_ctx *c = arg;
     if (st == PST_OK) {
-        c->times.pull_end = mono_s();
+        c->times.pull_end = pst_clock_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
         pst_dtype dt;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
@@ -155,7 +150,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
 static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
-    c->times.pull_start = mono_s();
+    c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
     if (st != PST_OK) {
@@ -182,7 +177,7 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     block_ctx *c = arg;
     (void)reply;
     (void)payload;
-    c->times.push_end = mono_s();
+    c->times.push_end = pst_clock_s();
     int deferred = atomic_load(&c->pull_gate) > 0;
     if (st != PST_OK) {
         exchange_error(c, st, detail);
@@ -226,7 +221,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
      * mode, the push's acknowledgement. */
     c->pull_version = sync ? step + 1 : 0;
     atomic_store(&c->pull_gate, dst ? 0 : (sync ? 1 : 2));
-    c->times.push_start = mono_s();
+    c->times.push_start = pst_clock_s();
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
                                           grad, c->b->length * sizeof(float), push_released,
                                           push_done, c);

@@ -1,6 +1,8 @@
 /* trace.c — Chrome trace writer (see trace.h). */
 #include "trainer/trace.h"
 
+#include "common/clock.h"
+
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -60,9 +62,7 @@ int tr_trace_on(const tr_trace *t, long step)
 
 double tr_trace_clock(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return pst_clock_s();
 }
 
 tr_span *tr_trace_add(tr_trace *t, int track, const char *name, long step, long arg)

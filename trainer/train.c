@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/data.h"
 #include "common/device.h"
 #include "common/log.h"
@@ -26,12 +27,6 @@
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- the local updater ---------------------------------------------------------------- */
 
@@ -156,15 +151,15 @@ pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary
     if (upd->start && (st = upd->start(upd->self, params, n)) != PST_OK)
         goto out;
     started = 1;
-    double t_start = now_s();
+    double t_start = pst_clock_s();
     for (long step = 0; step < total; step++) {
         pst_log_set_step(step);
-        double t0 = now_s();
+        double t0 = pst_clock_s();
         if ((st = upd->update(upd->self, step, params, grads, n)) != PST_OK)
             goto out;
-        step_ms[step] = 1e3 * (now_s() - t0);
+        step_ms[step] = 1e3 * (pst_clock_s() - t0);
     }
-    double dt = now_s() - t_start;
+    double dt = pst_clock_s() - t_start;
     pst_log_set_step(-1);
     double l2 = 0.0;
     for (size_t i = 0; i < n; i++)
@@ -269,7 +264,7 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
     double train_time = 0.0, last_loss = 0.0, test_acc = 0.0;
     size_t samples = 0;
     for (int epoch = 0; epoch < cfg->epochs && step < total; epoch++) {
-        double t_epoch = now_s(), t_bar = 0.0, loss_sum = 0.0;
+        double t_epoch = pst_clock_s(), t_bar = 0.0, loss_sum = 0.0;
         long loss_n = 0;
         size_t epoch_samples = 0;
         pst_epoch_order(perm, train.n, cfg->seed, epoch);
@@ -279,10 +274,10 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
             pst_batch_part(len, rank, T, &lo, &hi);
             int cnt = hi - lo;
             pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
-            double t0 = now_s(), loss = 0.0;
+            double t0 = pst_clock_s(), loss = 0.0;
             if ((st = tr_exec_step(ex, step, x, y, cnt, len, &loss)) != PST_OK)
                 goto error;
-            double t1 = now_s();
+            double t1 = pst_clock_s();
             loss_sum += loss;
             loss_n += cnt;
             step_ms[step] = 1e3 * (t1 - t0);
@@ -298,7 +293,7 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
         }
         if ((st = tr_exec_sync(ex)) != PST_OK)
             goto error;
-        double dt = now_s() - t_epoch;
+        double dt = pst_clock_s() - t_epoch;
         train_time += dt;
         samples += epoch_samples;
         last_loss = loss_n ? loss_sum / (double)loss_n : 0.0;
