@@ -51,8 +51,9 @@ test-gpu: deps
 	  || { echo "test-gpu: no GPU was used (CUDA parity skipped); run it on a machine with a GPU" >&2; exit 1; }
 
 demo: deps
-	$(MAKE) build
-	scripts/demo.sh $(BUILD)
+	@# the build's progress goes to stderr: stdout carries only trainer 0's summary line
+	@$(MAKE) --no-print-directory build >&2
+	@scripts/demo.sh $(BUILD)
 
 bench: deps
 	@scripts/deps.sh python3-torch iperf3
