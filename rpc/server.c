@@ -528,18 +528,18 @@ int rpc_server_port(const rpc_server *s)
  * sends are posted outside the lock because a refused one re-enters it (live_done). */
 static void fail_pending(rpc_server *s)
 {
-    rpc_call *todo = NULL;
+    rpc_call *to_fail = NULL;
     pthread_mutex_lock(&s->mu);
     for (rpc_call *c = s->calls; c != NULL; c = c->next) {
         if (atomic_exchange(&c->completed, 1))
             continue;
-        c->fail_next = todo;
-        todo = c;
+        c->fail_next = to_fail;
+        to_fail = c;
     }
     pthread_mutex_unlock(&s->mu);
-    while (todo != NULL) {
-        rpc_call *c = todo;
-        todo = c->fail_next;
+    while (to_fail != NULL) {
+        rpc_call *c = to_fail;
+        to_fail = c->fail_next;
         call_send(c, PST_ERR_UNAVAILABLE, "server shutting down", NULL);
     }
 }
