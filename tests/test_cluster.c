@@ -438,6 +438,36 @@ static double summary_l2_of(const char *const argv[], const char *devices)
 #define DEVICE_FLAGS "--hidden", "32", "--batch", "64", "--steps", "25", "--seed", "9", \
                      "--block-bytes", "8192", "--progress", "none", "--log-level", "warn", CONNECT_5S
 
+/* Same seed and flags: the same summary, bit for bit, except the timing fields. */
+static void deterministic_fields(const char *out, char *buf, size_t n)
+{
+    const char *keys[] = {"\"test_acc\":", "\"train_loss\":", "\"steps\":", "\"params\":",
+                          "\"param_l2\":"};
+    buf[0] = '\0';
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const char *p = strstr(out, keys[k]);
+        cr_assert_not_null(p, "summary lacks %s: %s", keys[k], out);
+        size_t len = strcspn(p, ",}");
+        snprintf(buf + strlen(buf), n - strlen(buf), "%.*s;", (int)len, p);
+    }
+}
+
+Test(cluster, same_seed_same_summary)
+{
+    const char *argv[] = {TRAINER, "--hidden", "32", "--batch", "64", "--steps", "30", "--seed",
+                          "4", "--progress", "none", "--log-level", "warn", NULL};
+    char a[512], b[512];
+    for (int i = 0; i < 2; i++) {
+        char *out, *err;
+        int rc = run(argv, NULL, RUN_WAIT_MS, &out, &err);
+        cr_assert_eq(rc, 0, "trainer exited %d; stderr:\n%s", rc, err);
+        deterministic_fields(out, i ? b : a, sizeof a);
+        free(out);
+        free(err);
+    }
+    cr_assert_str_eq(a, b, "two runs with the same seed differ");
+}
+
 Test(cluster, devices_1_2_4_local_and_distributed_equal)
 {
     const char *local[] = {TRAINER, DEVICE_FLAGS, NULL};
