@@ -2,6 +2,7 @@
  * Exit status: 0 on success, 2 for bad configuration or input data, 1 for other failures
  * (an unreachable pserver, out of memory). */
 #include <cblas.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,6 +14,12 @@
 #include "trainer/blas_core.h"
 #include "trainer/remote.h"
 #include "trainer/train.h"
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    tr_request_stop();
+}
 
 static const char *env_lookup(const char *name)
 {
@@ -58,6 +65,9 @@ int main(int argc, char **argv)
         return 0;
     }
     pst_log_init(cfg.log_level, "trainer", cfg.num_pservers ? cfg.trainer_id : -1);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     openblas_set_num_threads(threads > 0 ? threads : 1);
 

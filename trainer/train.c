@@ -9,6 +9,7 @@
 #include "trainer/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,18 @@
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
+
+static volatile sig_atomic_t stop_requested;
+
+void tr_request_stop(void)
+{
+    stop_requested = 1;
+}
+
+static pst_status check_stop(void)
+{
+    return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
+}
 
 /* ---- the local updater ---------------------------------------------------------------- */
 
@@ -155,7 +168,8 @@ pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary
     for (long step = 0; step < total; step++) {
         pst_log_set_step(step);
         double t0 = pst_clock_s();
-        if ((st = upd->update(upd->self, step, params, grads, n)) != PST_OK)
+        if ((st = check_stop()) != PST_OK ||
+            (st = upd->update(upd->self, step, params, grads, n)) != PST_OK)
             goto out;
         step_ms[step] = 1e3 * (pst_clock_s() - t0);
     }
@@ -275,7 +289,8 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
             int cnt = hi - lo;
             pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
             double t0 = pst_clock_s(), loss = 0.0;
-            if ((st = tr_exec_step(ex, step, x, y, cnt, len, &loss)) != PST_OK)
+            if ((st = check_stop()) != PST_OK ||
+                (st = tr_exec_step(ex, step, x, y, cnt, len, &loss)) != PST_OK)
                 goto error;
             double t1 = pst_clock_s();
             loss_sum += loss;

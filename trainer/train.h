@@ -51,6 +51,11 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum);
 /* Trains the synthetic model (no compute) through `upd`. */
 pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum);
 
+/* Asks a running tr_train/tr_train_synthetic to stop after the current step (it then
+ * returns PST_ERR_STATE "stopped by signal"). Async-signal-safe: main() calls it from its
+ * SIGTERM/SIGINT handler, so a trainer that is PID 1 in a container stops when asked. */
+void tr_request_stop(void);
+
 /* One JSON line: {"event":"summary",...}. */
 void tr_summary_print(FILE *out, const tr_summary *s);
 
