@@ -26,8 +26,8 @@ static void load(void)
 }
 
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
-static float *train(const char *devices, int overlap, uint64_t jitter_seed, unsigned jitter_us,
-                    int steps, size_t *n_out, double *acc_out)
+static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
+                      unsigned jitter_us, int steps, int B, size_t *n_out, double *acc_out)
 {
     load();
     pst_config cfg;
@@ -40,7 +40,6 @@ static float *train(const char *devices, int overlap, uint64_t jitter_seed, unsi
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
-    const int B = 37; /* odd: devices get unequal shares */
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .mlp = mc, .max_rows = B, .eval_rows = 64,
                          .overlap = overlap};
     tr_exec *ex = NULL;
@@ -71,6 +70,13 @@ static float *train(const char *devices, int overlap, uint64_t jitter_seed, unsi
     free(perm);
     *n_out = n;
     return p;
+}
+
+/* B = 37: odd, so the devices get unequal shares. */
+static float *train(const char *devices, int overlap, uint64_t jitter_seed, unsigned jitter_us,
+                    int steps, size_t *n_out, double *acc_out)
+{
+    return train_b(devices, overlap, jitter_seed, jitter_us, steps, 37, n_out, acc_out);
 }
 
 static double l2(const float *p, size_t n)
@@ -127,4 +133,17 @@ Test(exec, random_stream_delays_lose_nothing, .timeout = 300)
         free(p);
     }
     free(ref);
+}
+
+Test(exec, fewer_rows_than_devices, .timeout = 120)
+{
+    /* 3 rows on 4 devices: one device has none and contributes a zero gradient. */
+    size_t n, m;
+    float *a = train_b("cpu:1", 1, 0, 0, 20, 3, &n, NULL);
+    float *b = train_b("cpu:4", 1, 0, 0, 20, 3, &m, NULL);
+    cr_assert_eq(n, m);
+    double la = l2(a, n), lb = l2(b, m);
+    cr_assert_leq(fabs(la - lb) / la, 1e-6, "cpu:4 %.9g vs cpu:1 %.9g", lb, la);
+    free(a);
+    free(b);
 }

@@ -478,7 +478,13 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
 {
     pst_stream *s = d->compute;
     if (d->rows == 0) {
-        /* No rows here this step: a zero gradient still takes part in the reduce. */
+        /* No rows here this step: a zero gradient still takes part in the reduce. The
+         * previous step's reduce may still read this device's gradient; every block's
+         * ready event comes after its reduce, so wait for all of them first. */
+        for (int b = 0; b < ex->plan->nblocks; b++) {
+            exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
+            PST_TRY(pst_stream_wait_event(s, src->ready[b]));
+        }
         PST_TRY(pst_memset_async(s, d->m.grads, 0, d->m.nparams * sizeof(float)));
         for (int l = 0; l < ex->L; l++) {
             PST_TRY(pst_event_record(d->grad_done[l], s));
