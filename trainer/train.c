@@ -1,18 +1,21 @@
-/* train.c — the training loop (see train.h).
+/* train.c — the training loops (see train.h).
  *
- * DESIGN: everything the loop needs is allocated before step 0 (batch buffers, the
- * model's activations, the per-step timing array); a step gathers this trainer's slice of
- * the global batch, runs forward and backward with the loss scaled by 1/global_batch (so
- * the trainers' gradients SUM to the global batch's gradient), and hands the gradient to
- * the updater. Timing follows the PyTorch peer: step_ms covers forward+backward+update,
- * samples/s covers the whole training loop including batch gathering, not evaluation. */
+ * DESIGN: everything a loop needs is allocated before step 0 (batch buffers, the
+ * executor's per-device state, the per-step timing array). An mlp step gathers this
+ * trainer's slice of the global batch and hands it to the executor (exec.h), which runs
+ * forward and backward on the local devices with the loss scaled by 1/global_batch (so
+ * the trainers' gradients SUM to the global batch's gradient) and the update, locally or
+ * through the pservers. The synthetic model has no compute: its fixed gradient goes
+ * through an updater (the local optimizer, or every block's push and pull).
+ * Timing follows the PyTorch peer: step_ms covers forward+backward+update, samples/s covers
+ * the whole training loop including batch gathering, not evaluation. */
 #include "trainer/train.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -23,11 +26,9 @@
 #include "common/model.h"
 #include "common/optim.h"
 #include "common/pool.h"
-#include <cblas.h>
 #include "trainer/exec.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
-
 
 static volatile sig_atomic_t stop_requested;
 
@@ -41,7 +42,7 @@ static pst_status check_stop(void)
     return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
 }
 
-/* ---- the local updater ---------------------------------------------------------------- */
+/* ---- the local updater (synthetic model without pservers) ------------------------------ */
 
 typedef struct local_updater {
     pst_optim_config optim;
