@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/model.h"
+#include "common/ops.h"
 #include "common/optim.h"
 #include "common/pool.h"
 #include "trainer/exec.h"
@@ -49,21 +50,8 @@ typedef struct local_updater {
     float *state; /* state_floats arrays of n floats */
     size_t n;
     pst_pool *pool;
-    /* the update being run, for the pool's parts */
-    long t;
-    float *params;
-    const float *grads;
+    pst_optim_args args; /* the update being run */
 } local_updater;
-
-/* One part of the update: elementwise, so any split gives the same bits. */
-static void local_update_part(void *arg, int part, int nparts)
-{
-    local_updater *u = arg;
-    size_t lo, hi;
-    pst_pool_split(u->n, part, nparts, 16, &lo, &hi);
-    pst_optim_apply(&u->optim, u->t, u->params + lo, u->state ? u->state + lo : NULL, u->n,
-                    u->grads + lo, hi - lo);
-}
 
 static pst_status local_update(void *self, long step, float *params, const float *grads,
                                size_t n)
@@ -72,10 +60,10 @@ static pst_status local_update(void *self, long step, float *params, const float
     if (n != u->n)
         return pst_error_set(PST_ERR_INTERNAL, "local update of %zu params, state for %zu", n,
                              u->n);
-    u->t = step + 1;
-    u->params = params;
-    u->grads = grads;
-    pst_pool_run(u->pool, local_update_part, u);
+    u->args = (pst_optim_args){.cfg = &u->optim, .pool = u->pool, .t = step + 1,
+                               .param = params, .state = u->state, .state_stride = u->n,
+                               .grad = grads, .n = n};
+    pst_optim_apply_host(&u->args);
     return PST_OK;
 }
 
@@ -141,6 +129,15 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Median of v[0..n) (sorts v); 0 for n == 0. */
+static double median(double *v, long n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 /* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
@@ -179,11 +176,9 @@ pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary
     double l2 = 0.0;
     for (size_t i = 0; i < n; i++)
         l2 += (double)params[i] * (double)params[i];
-    qsort(step_ms, (size_t)total, sizeof(double), cmp_double);
     memset(sum, 0, sizeof *sum);
     sum->samples_per_s = dt > 0 ? (double)total * cfg->batch / dt : 0.0;
-    sum->step_ms_median = total % 2 ? step_ms[total / 2]
-                                    : 0.5 * (step_ms[total / 2 - 1] + step_ms[total / 2]);
+    sum->step_ms_median = median(step_ms, total);
     sum->steps = total;
     sum->params = n;
     sum->param_l2 = sqrt(l2);
@@ -330,13 +325,10 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
     double l2 = 0.0;
     for (size_t i = 0; i < tr_exec_nparams(ex); i++)
         l2 += (double)params[i] * (double)params[i];
-    qsort(step_ms, (size_t)step, sizeof(double), cmp_double);
     sum->test_acc = test_acc;
     sum->train_loss = last_loss;
     sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
-    sum->step_ms_median = step ? (step % 2 ? step_ms[step / 2]
-                                          : 0.5 * (step_ms[step / 2 - 1] + step_ms[step / 2]))
-                               : 0.0;
+    sum->step_ms_median = median(step_ms, step);
     sum->steps = step;
     sum->params = tr_exec_nparams(ex);
     sum->param_l2 = sqrt(l2);
