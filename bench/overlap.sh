@@ -7,24 +7,56 @@
 # writes a Chrome trace of steps 10-11 of the last overlapped run to bench/out/overlap.json.
 # Not a test: it reports, it never gates.
 #
-# usage: bench/overlap.sh [BUILD_DIR=build] [RUNS=3] [STEPS=30]
+# LINK=RATE (e.g. LINK=10gbit) emulates a network link between trainer and pserver: tc
+# shapes the pserver port's traffic on lo to RATE in each direction (htb, full duplex, like
+# a NIC), everything else on lo is untouched, and the qdisc is removed on exit. Without it
+# the link is raw loopback, where "communication" is kernel memcpy on the same 2 cores the
+# GEMMs use, so overlap can only reclaim the CPU that the serialized run leaves idle.
+# Needs root or passwordless sudo, and no root qdisc already on lo.
+#
+# usage: [LINK=10gbit] [BATCH=128] bench/overlap.sh [BUILD_DIR=build] [RUNS=3] [STEPS=30]
 set -euo pipefail
 build=${1:-build}; runs=${2:-3}; steps=${3:-30}
+link=${LINK:-}; batch=${BATCH:-128}
 here=$(cd "$(dirname "$0")/.." && pwd)
 [ -x "$build/bin/pslaunch" ] || { echo "bench: $build/bin/pslaunch not built (run make)" >&2; exit 2; }
 mkdir -p "$here/bench/out"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-flags=(--model mlp --hidden 4096,4096 --batch 128 --steps "$steps" --optimizer momentum
+tmp=$(mktemp -d)
+shaped=0
+sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo -n)
+cleanup() {
+  [ "$shaped" = 1 ] && "${sudo[@]}" tc qdisc del dev lo root 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+port_args=()
+if [ -n "$link" ]; then
+  command -v tc >/dev/null || { echo "bench: LINK=$link needs tc (apt-get install iproute2)" >&2; exit 2; }
+  if "${sudo[@]}" tc qdisc show dev lo | grep -q "^qdisc htb\|^qdisc tbf"; then
+    echo "bench: lo already has a shaping qdisc; remove it first (tc qdisc del dev lo root)" >&2; exit 2
+  fi
+  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  shaped=1
+  "${sudo[@]}" tc qdisc add dev lo root handle 1: htb || { shaped=0; echo "bench: LINK=$link: cannot add a qdisc to lo (needs root or sudo)" >&2; exit 2; }
+  for dir in 1:dport 2:sport; do
+    "${sudo[@]}" tc class add dev lo parent 1: classid "1:${dir%%:*}" htb rate "$link" ceil "$link" \
+      burst 1m cburst 1m quantum 200000
+    "${sudo[@]}" tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip "${dir#*:}" "$port" 0xffff \
+      flowid "1:${dir%%:*}"
+  done
+  port_args=(--base-port "$port")
+fi
+flags=(--model mlp --hidden 4096,4096 --batch "$batch" --steps "$steps" --optimizer momentum
        --lr 0.01 --momentum 0.9 --seed 0 --progress none --log-level warn)
 export PSTRAIN_DEVICES=cpu:2
-echo "{\"bench\":\"overlap\",\"hidden\":\"4096,4096\",\"devices\":\"cpu:2\",\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs}"
+echo "{\"bench\":\"overlap\",\"hidden\":\"4096,4096\",\"batch\":$batch,\"devices\":\"cpu:2\",\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs,\"link\":\"${link:-loopback}\"}"
 for i in $(seq 1 "$runs"); do
   trace=()
   [ "$i" = "$runs" ] && trace=(--trace "$here/bench/out/overlap.json" --trace-steps 10:11)
-  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 -- "$build/bin/trainer" \
+  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
     "${flags[@]}" --overlap 1 "${trace[@]}" 2>/dev/null | tail -n 1 > "$tmp/o$i.json"
   echo "{\"run\":$i,\"schedule\":\"overlap\",\"result\":$(cat "$tmp/o$i.json")}"
-  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 -- "$build/bin/trainer" \
+  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
     "${flags[@]}" --overlap 0 2>/dev/null | tail -n 1 > "$tmp/s$i.json"
   echo "{\"run\":$i,\"schedule\":\"serialized\",\"result\":$(cat "$tmp/s$i.json")}"
   "$build/bin/trainer" "${flags[@]}" 2>/dev/null | tail -n 1 > "$tmp/l$i.json"

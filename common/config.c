@@ -220,6 +220,7 @@ static const opt options[] = {
     {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address", R_PSERVER, OPT_STR, S(bind_host), 0, 0, NULL},
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
+    {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "8M", "bytes of pushes in flight per pserver; waiting blocks go in forward order (first layer first); 0 = no limit", R_TRAINER, OPT_BYTES, F(send_window), 0, (double)(1ull << 40), NULL},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
@@ -322,8 +323,11 @@ static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char
                 mult = 0;
         }
         n *= mult;
-        if (e == v || errno || mult == 0 || n < o->min || n > o->max || n != floor(n))
-            return bad(where, v, "expected a whole number of bytes in 1K..1G", example);
+        if (e == v || errno || mult == 0 || n < o->min || n > o->max || n != floor(n)) {
+            snprintf(range, sizeof range, "expected a whole number of bytes in %s..%s (K/M/G suffixes)",
+                     o->min >= 1024 ? "1K" : "0", o->max >= 1099511627776.0 ? "1024G" : "1G");
+            return bad(where, v, range, example);
+        }
         *(size_t *)(base + o->off) = (size_t)n;
         return PST_OK;
     }
@@ -350,6 +354,7 @@ void pst_config_defaults(pst_config *cfg)
     snprintf(cfg->bind_host, sizeof cfg->bind_host, "0.0.0.0");
     cfg->mode = PST_MODE_SYNC;
     cfg->block_bytes = 4u << 20;
+    cfg->send_window = 8u << 20;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
     cfg->connect_timeout_ms = 30000;
@@ -538,7 +543,8 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     } else {
         fprintf(out, ",\"trainers\":%d,\"trainer_id\":%d", cfg->trainers, cfg->trainer_id);
         json_str(out, "mode", pst_mode_name(cfg->mode), &first);
-        fprintf(out, ",\"block_bytes\":%zu", cfg->block_bytes);
+        fprintf(out, ",\"block_bytes\":%zu,\"send_window\":%zu", cfg->block_bytes,
+                cfg->send_window);
         json_str(out, "devices", cfg->devices, &first);
         json_str(out, "model", cfg->model, &first);
         buf[0] = '\0';

@@ -41,6 +41,7 @@ typedef struct pst_config {
     char bind_host[PST_ADDR_MAX];                  /* pserver listen address */
     pst_mode mode;
     size_t block_bytes;
+    size_t send_window;                            /* push bytes in flight per pserver, 0: any */
     char devices[64];                              /* "cpu:N" */
     long rpc_timeout_ms;                           /* deadline of one RPC */
     long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */

@@ -11,13 +11,14 @@
  * ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
  * payload released) and pull, so the next backward can never overwrite a gradient that is
  * still being read.
- * On CPU runtimes the devices share ONE parameter buffer (device memory is host memory,
+ * On CPU runtimes the devices share one set of parameters (device memory is host memory,
  * so a replica per device would only cost a copy per block per step): there is no
- * broadcast; instead every write of new values (the local optimizer, a pull) waits until
- * every device's backward has stopped reading the block's weights (x_done), and every
- * device's forward waits on the owner's ready event. Pulls are then deferred: the push
- * leaves at grad_done, the pull is started (into the parameters directly) at x_done by the
- * owner's pull stream. */
+ * broadcast, and every device's forward waits on the owner's ready event. The local
+ * optimizer updates that buffer in place, after every device's backward has stopped
+ * reading the block's weights (x_done). Distributed, there are TWO buffers, by step
+ * parity: step s computes with one while its pulls land in the other, so a pull starts
+ * with its push (at grad_done) instead of waiting for backward to finish with the old
+ * weights; step s+1 computes with the new buffer. */
 #include "trainer/exec.h"
 
 #include <math.h>
@@ -44,12 +45,12 @@ typedef struct exec_block exec_block;
 typedef struct exec_slot {
     exec_block *eb;
     long step;
+    float *dst;  /* where the pull lands */
 } exec_slot;
 
 typedef struct exec_dev {
     pst_device *dev;
     pst_stream *compute, *send, *recv;
-    pst_stream *pullq;            /* shared distributed mode: starts the deferred pulls */
     pst_mlp m;
     float *x;                     /* (max_batch, in) */
     int32_t *y;                   /* (max_batch) */
@@ -76,7 +77,6 @@ struct exec_block {
     float *state;                 /* optimizer state on the owner */
     pst_optim_args optim[2];      /* by step parity */
     pst_event *sent;              /* owner's send stream: optimizer done / exchange started */
-    pst_event *pulling;           /* owner's pull stream: the deferred pull was started */
     /* distributed mode */
     float *hgrad;                 /* push staging when device memory is not host memory */
     float *hparam;                /* pull staging (distributed mode) */
@@ -97,6 +97,8 @@ struct tr_exec {
     pst_optim_config optim;
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
+    float *pbuf[2];                /* shared distributed mode: by step parity (see DESIGN) */
+    int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
     tr_plan own_plan;
     const tr_plan *plan;
@@ -184,6 +186,17 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
                               .targets = d->y, .C = m->cfg.out_dim};
 }
 
+/* Points every replica at the newest parameters (two buffers: pbuf[cur]). */
+static void use_newest_params(tr_exec *ex)
+{
+    if (!ex->pbuf[1])
+        return;
+    for (int i = 0; i < ex->D; i++) {
+        ex->devs[i].m.params = ex->pbuf[ex->cur];
+        set_layer_args(ex, &ex->devs[i]);
+    }
+}
+
 pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
 {
     *out = NULL;
@@ -220,7 +233,6 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         if ((st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
             (st = pst_stream_create(d->dev, &d->send)) != PST_OK ||
             (st = pst_stream_create(d->dev, &d->recv)) != PST_OK ||
-            (st = pst_stream_create(d->dev, &d->pullq)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch * c->mlp.in_dim, (void **)&d->x)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(int32_t) * (size_t)ex->max_batch, (void **)&d->y)) != PST_OK ||
             (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch, (void **)&d->losses)) != PST_OK ||
@@ -245,6 +257,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         set_layer_args(ex, d);
     }
     size_t n = ex->devs[0].m.nparams;
+    ex->pbuf[0] = ex->devs[0].m.params;
+    if (ex->shared && c->remote &&
+        (st = alloc_dev(ex->devs[0].dev, sizeof(float) * n, (void **)&ex->pbuf[1])) != PST_OK)
+        goto error;
     if (c->remote) {
         ex->plan = tr_remote_plan(c->remote);
         if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
@@ -322,8 +338,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             eb->pbufs[i] = ex->devs[i].m.params + eb->b->offset;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
-        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK ||
-            (st = pst_event_create(owner->dev, &eb->pulling)) != PST_OK)
+        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
             goto error;
         if (!c->remote) {
             if (nk > 0 && (st = alloc_dev(owner->dev, sizeof(float) * (size_t)nk * eb->b->length,
@@ -381,7 +396,6 @@ void tr_exec_free(tr_exec *ex)
         pst_device *owner = ex->devs[eb->b->owner_device].dev;
         pst_device_free(owner, eb->state);
         pst_event_destroy(eb->sent);
-        pst_event_destroy(eb->pulling);
         pst_device_free_host(owner, eb->hgrad);
         pst_device_free_host(owner, eb->hparam);
         free(eb->gbufs);
@@ -394,7 +408,6 @@ void tr_exec_free(tr_exec *ex)
         pst_stream_destroy(d->compute);
         pst_stream_destroy(d->send);
         pst_stream_destroy(d->recv);
-        pst_stream_destroy(d->pullq);
         for (int l = 0; d->grad_done && l < ex->L; l++)
             pst_event_destroy(d->grad_done[l]);
         for (int l = 0; d->x_done && l < ex->L; l++)
@@ -410,10 +423,12 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->losses);
             pst_device_free(d->dev, d->correct);
         }
-        if (ex->shared && i > 0)
-            d->m.params = NULL; /* device 0's buffer */
+        if (ex->shared)
+            d->m.params = i > 0 ? NULL : ex->pbuf[0]; /* owned by device 0's replica */
         pst_mlp_free(&d->m);
     }
+    if (ex->pbuf[1])
+        pst_device_free(ex->devs[0].dev, ex->pbuf[1]);
     pst_comm_free(ex->comm);
     pst_pool_free(ex->pool);
     tr_plan_free(&ex->own_plan);
@@ -443,9 +458,8 @@ pst_status tr_exec_sync(tr_exec *ex)
     pst_status first = PST_OK;
     char detail[512] = "";
     for (int i = 0; i < ex->D; i++) {
-        pst_stream *ss[4] = {ex->devs[i].compute, ex->devs[i].send, ex->devs[i].pullq,
-                             ex->devs[i].recv};
-        for (int k = 0; k < 4; k++) {
+        pst_stream *ss[3] = {ex->devs[i].compute, ex->devs[i].send, ex->devs[i].recv};
+        for (int k = 0; k < 3; k++) {
             pst_status st = ss[k] ? pst_stream_synchronize(ss[k]) : PST_OK;
             if (st != PST_OK && first == PST_OK) {
                 first = st;
@@ -561,17 +575,8 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
-    float *dst = ex->shared ? NULL : eb->hparam; /* shared: the pull stream gives it later */
-    return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, dst, exchange_done, eb);
-}
-
-/* On the owner's pull stream, once backward no longer reads the block's weights: lets
- * the deferred pull write them. */
-static pst_status start_pull(void *arg)
-{
-    exec_block *eb = arg;
-    tr_remote_exchange_pull(eb->ex->c.remote, eb->index, eb->pbufs[eb->b->owner_device]);
-    return PST_OK;
+    return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, slot->dst, exchange_done,
+                              eb);
 }
 
 /* On the owner's recv stream: waits until the block's pull has landed. */
@@ -612,6 +617,8 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
         exec_slot *slot = &eb->slot[step & 1];
         slot->eb = eb;
         slot->step = step;
+        /* Shared: into the other parameter buffer, which no compute reads this step. */
+        slot->dst = ex->shared ? ex->pbuf[ex->cur ^ 1] + eb->b->offset : eb->hparam;
         if (eb->hgrad)
             PST_TRY(pst_memcpy_async(owner->send, eb->hgrad, eb->gbufs[o],
                                      eb->b->length * sizeof(float), PST_COPY_DEVICE_TO_HOST));
@@ -620,13 +627,6 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
          * the recv stream waiting for a pull that never comes; through the event the recv
          * stream takes the failure instead. */
         PST_TRY(pst_event_record(eb->sent, owner->send));
-        if (ex->shared) {
-            PST_TRY(pst_stream_wait_event(owner->pullq, eb->sent));
-            for (int i = 0; i < ex->D; i++)
-                PST_TRY(pst_stream_wait_event(owner->pullq, ex->devs[i].x_done[eb->lmin]));
-            PST_TRY(pst_stream_launch(owner->pullq, start_pull, eb));
-            PST_TRY(pst_event_record(eb->pulling, owner->pullq));
-        }
     }
     mark_end(owner->send, sp);
     return PST_OK;
@@ -638,16 +638,14 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     exec_dev *owner = &ex->devs[o];
     tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], ex->c.remote ? "pull+broadcast" : "broadcast",
                              step, eb->index);
-    /* Through sent (and pulling) the recv stream also takes a failure of the streams
-     * before it, instead of waiting for a pull that never comes. */
+    /* Through sent the recv stream also takes a failure of the streams before it, instead
+     * of waiting for a pull that never comes. */
     PST_TRY(pst_stream_wait_event(owner->recv, eb->sent));
     if (ex->shared) {
-        /* One buffer: nothing to broadcast. Local: the optimizer (send stream) already
-         * waited for x_done everywhere; distributed: the pull was started after it. */
-        if (ex->c.remote) {
-            PST_TRY(pst_stream_wait_event(owner->recv, eb->pulling));
+        /* Nothing to broadcast. Local: the optimizer (send stream) already waited for
+         * x_done everywhere; distributed: the pull lands in the other buffer. */
+        if (ex->c.remote)
             PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
-        }
         PST_TRY(pst_event_record(owner->ready[eb->index], owner->recv));
         mark_end(owner->recv, sp);
         return PST_OK;
@@ -683,6 +681,7 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
     const int in = ex->c.mlp.in_dim;
     const float scale = 1.0f / (float)global_rows;
     *loss_sum = 0.0;
+    use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         int lo, hi;
@@ -701,6 +700,8 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
         PST_TRY(sync_streams(ex, 0));
     for (int b = ex->plan->nblocks - 1; b >= 0; b--) /* the order backward finishes them */
         PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
+    if (ex->pbuf[1])
+        ex->cur ^= 1; /* the pulls above land there */
     if (!ex->c.overlap)
         PST_TRY(sync_streams(ex, 1));
     for (int b = 0; b < ex->plan->nblocks; b++) /* forward order: the next step needs these first */
@@ -731,6 +732,7 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
 
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
 {
+    use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
     pst_stream *s = d->compute;
     const int in = ex->c.mlp.in_dim, chunk = ex->max_batch;
@@ -782,6 +784,7 @@ out:
 
 pst_status tr_exec_params(tr_exec *ex, float *dst)
 {
+    use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
     PST_TRY(pst_memcpy_async(d->compute, dst, d->m.params, sizeof(float) * d->m.nparams,
                              PST_COPY_DEVICE_TO_HOST));

@@ -1,9 +1,11 @@
 /* pslaunch.c — runs a whole pstrain cluster on this machine: S pservers and T trainers on
  * 127.0.0.1, for the demo, tests and benchmarks.
  *
- *   pslaunch [--pservers S] [--trainers T] [--pserver-cmd PATH] [--timeout SEC] -- TRAINER_CMD...
+ *   pslaunch [--pservers S] [--trainers T] [--pserver-cmd PATH] [--timeout SEC]
+ *            [--base-port P] -- TRAINER_CMD...
  *
- * DESIGN: pservers start first with PSTRAIN_PORT=0 and announce the port they bound on
+ * DESIGN: pservers start first with PSTRAIN_PORT=0 (or P, P+1, ... with --base-port, for
+ * a benchmark that shapes their traffic by port) and announce the port they bound on
  * their first stdout line ({"event":"listening","port":N}), so there is no port race.
  * Trainers then start with PSTRAIN_PSERVERS / PSTRAIN_TRAINERS / PSTRAIN_TRAINER_ID set.
  * One poll() loop reads every child's stdout and stderr: trainer 0's stdout passes through
@@ -53,9 +55,9 @@ static void on_signal(int sig)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pslaunch [--pservers S] [--trainers T] [--pserver-cmd PATH] "
-               "[--timeout SEC] -- TRAINER_COMMAND [ARGS...]\n"
-               "Starts S pservers (default 1) and T trainers (default 2) on 127.0.0.1 and "
-               "stops them all if one fails.\n");
+               "[--timeout SEC] [--base-port P] -- TRAINER_COMMAND [ARGS...]\n"
+               "Starts S pservers (default 1; on ports P..P+S-1 with --base-port, else any free "
+               "ports) and T trainers (default 2) on 127.0.0.1 and stops them all if one fails.\n");
 }
 
 static int spawn(child *c, char *const argv[], char *const extra_env[])
@@ -241,7 +243,7 @@ static long parse_count(const char *flag, const char *v, long lo, long hi)
 
 int main(int argc, char **argv)
 {
-    long S = 1, T = 2, timeout = 0;
+    long S = 1, T = 2, timeout = 0, base_port = 0;
     const char *pserver_cmd = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -254,6 +256,8 @@ int main(int argc, char **argv)
             T = parse_count("--trainers", i + 1 < argc ? argv[++i] : NULL, 1, 64);
         } else if (strcmp(argv[i], "--timeout") == 0) {
             timeout = parse_count("--timeout", i + 1 < argc ? argv[++i] : NULL, 0, 864000);
+        } else if (strcmp(argv[i], "--base-port") == 0) {
+            base_port = parse_count("--base-port", i + 1 < argc ? argv[++i] : NULL, 1, 65535 - 32);
         } else if (strcmp(argv[i], "--pserver-cmd") == 0 && i + 1 < argc) {
             pserver_cmd = argv[++i];
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -296,7 +300,7 @@ int main(int argc, char **argv)
     for (int s = 0; s < S; s++) {
         child *c = &procs[nprocs++];
         *c = (child){.role = "pserver", .rank = s, .out_fd = -1, .err_fd = -1};
-        snprintf(env_store[s][0], PATH_MAX, "PSTRAIN_PORT=0");
+        snprintf(env_store[s][0], PATH_MAX, "PSTRAIN_PORT=%ld", base_port ? base_port + s : 0);
         snprintf(env_store[s][1], PATH_MAX, "PSTRAIN_BIND=127.0.0.1");
         snprintf(env_store[s][2], PATH_MAX, "PSTRAIN_PSERVER_ID=%d", s);
         snprintf(env_store[s][3], PATH_MAX, "PSTRAIN_ROLE=pserver");

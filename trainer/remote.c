@@ -4,7 +4,16 @@
  * state of its exchange (a count of outstanding callbacks: push done, push payload
  * released, pull done), so an exchange allocates nothing. Init and Finish are waited for
  * with one counter under the link's mutex; every call has a deadline, so waits are
- * bounded. */
+ * bounded.
+ * Scheduling (after P3 and ByteScheduler): each pserver's link lets at most
+ * cfg->send_window bytes of Pushes be in flight (from the call until its answer); the
+ * others wait in a queue taken lowest (step, block) first. Blocks are in buffer order, so
+ * that is forward order: backward produces the first layer's gradient last, and with the
+ * window its exchange overtakes the later layers' still waiting, instead of queueing
+ * behind all of them, so the next forward can start sooner. A narrow window also makes
+ * the pushes finish one after the other instead of all together at the end, so the pulls
+ * (which the pserver answers once the push is applied) start coming back early. The
+ * Pulls are not windowed: in sync mode each one waits at the pserver for its push. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
@@ -31,11 +40,18 @@ typedef struct block_ctx {
     pst_status err;
     char detail[512];
     tr_exchange_times times;
-    /* deferred pull (dst given later by tr_remote_exchange_pull) */
-    atomic_int pull_gate;   /* conditions left before the pull may start */
-    atomic_int pull_skip;   /* the push failed: count the pull as finished instead */
-    int64_t pull_version;
+    /* waiting for the window */
+    long step;
+    const float *grad;
 } block_ctx;
+
+/* One pserver's window: the exchanges in flight and those waiting. */
+typedef struct link_sched {
+    pthread_mutex_t mu;
+    size_t inflight;     /* bytes */
+    block_ctx **waiting; /* unordered; taken by lowest (step, block) */
+    int nwaiting;
+} link_sched;
 
 
 struct tr_remote {
@@ -44,6 +60,7 @@ struct tr_remote {
     rpc_client *client;
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
+    link_sched *links; /* (num_pservers) */
     /* blocking batches (Init, Finish, start's pulls) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -104,6 +121,18 @@ static void exchange_error(block_ctx *c, pst_status st, const char *detail)
     pthread_mutex_unlock(&c->mu);
 }
 
+static void link_pump(tr_remote *r, int s);
+
+/* The block's push has been answered (or failed): the next waiting exchange may start. */
+static void window_release(block_ctx *c)
+{
+    link_sched *ls = &c->r->links[c->b->pserver];
+    pthread_mutex_lock(&ls->mu);
+    ls->inflight -= c->b->length * sizeof(float);
+    pthread_mutex_unlock(&ls->mu);
+    link_pump(c->r, c->b->pserver);
+}
+
 static void exchange_step_done(block_ctx *c)
 {
     if (atomic_fetch_sub(&c->pending, 1) != 1)
@@ -158,18 +187,6 @@ static void start_pull(block_ctx *c, int64_t version)
     }
 }
 
-/* One condition of a deferred pull is met; the last one starts it (or, after a failed
- * push, counts it as finished). */
-static void pull_gate_open(block_ctx *c)
-{
-    if (atomic_fetch_sub(&c->pull_gate, 1) != 1)
-        return;
-    if (atomic_load(&c->pull_skip))
-        exchange_step_done(c);
-    else
-        start_pull(c, c->pull_version);
-}
-
 static void push_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
@@ -177,30 +194,70 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     (void)reply;
     (void)payload;
     c->times.push_end = pst_clock_s();
-    int deferred = atomic_load(&c->pull_gate) > 0;
+    window_release(c);
     if (st != PST_OK) {
         exchange_error(c, st, detail);
-        if (deferred) {
-            atomic_store(&c->pull_skip, 1);
-            if (c->r->cfg->mode == PST_MODE_ASYNC)
-                pull_gate_open(c);
-        } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
+        if (c->r->cfg->mode == PST_MODE_ASYNC)
             exchange_step_done(c); /* the pull that would have followed */
-        }
     } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
-        if (deferred)
-            pull_gate_open(c);
-        else
-            start_pull(c, 0);
+        start_pull(c, 0);
     }
     exchange_step_done(c);
 }
 
-void tr_remote_exchange_pull(tr_remote *r, int b, float *dst)
+/* Starts a block's exchange (it is counted in its link's window already). */
+static void exchange_start(block_ctx *c)
 {
-    block_ctx *c = &r->blocks[b];
-    c->dst = dst;
-    pull_gate_open(c);
+    tr_remote *r = c->r;
+    const int sync = r->cfg->mode == PST_MODE_SYNC;
+    const long step = c->step;
+    c->push.step = step;
+    atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    c->times.push_start = pst_clock_s();
+    pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
+                                          c->grad, c->b->length * sizeof(float), push_released,
+                                          push_done, c);
+    if (st != PST_OK) {
+        /* The release has run; done will not: the exchange ends here. */
+        exchange_error(c, st, pst_error_detail());
+        atomic_store(&c->pending, 1);
+        window_release(c);
+        exchange_step_done(c);
+        return;
+    }
+    if (sync)
+        start_pull(c, step + 1);
+}
+
+/* Starts waiting exchanges of pserver s, lowest (step, block) first, while the window
+ * has room (an exchange larger than the window starts when nothing else is in flight). */
+static void link_pump(tr_remote *r, int s)
+{
+    link_sched *ls = &r->links[s];
+    const size_t window = r->cfg->send_window;
+    for (;;) {
+        block_ctx *next = NULL;
+        pthread_mutex_lock(&ls->mu);
+        int best = -1;
+        for (int i = 0; i < ls->nwaiting; i++) {
+            const block_ctx *c = ls->waiting[i];
+            if (best < 0 || c->step < ls->waiting[best]->step ||
+                (c->step == ls->waiting[best]->step && c->b->id < ls->waiting[best]->b->id))
+                best = i;
+        }
+        if (best >= 0) {
+            size_t bytes = ls->waiting[best]->b->length * sizeof(float);
+            if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
+                next = ls->waiting[best];
+                ls->waiting[best] = ls->waiting[--ls->nwaiting];
+                ls->inflight += bytes;
+            }
+        }
+        pthread_mutex_unlock(&ls->mu);
+        if (!next)
+            return;
+        exchange_start(next);
+    }
 }
 
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
@@ -209,37 +266,16 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     if (b < 0 || b >= r->plan.nblocks)
         return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan.nblocks);
     block_ctx *c = &r->blocks[b];
-    const int sync = r->cfg->mode == PST_MODE_SYNC;
     c->dst = dst;
     c->done = done;
     c->done_arg = arg;
-    c->push.step = step;
-    atomic_store(&c->pending, 3); /* push done, push released, pull done */
-    atomic_store(&c->pull_skip, 0);
-    /* Deferred pull: it needs its destination (tr_remote_exchange_pull) and, in async
-     * mode, the push's acknowledgement. */
-    c->pull_version = sync ? step + 1 : 0;
-    atomic_store(&c->pull_gate, dst ? 0 : (sync ? 1 : 2));
-    c->times.push_start = pst_clock_s();
-    pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
-                                          grad, c->b->length * sizeof(float), push_released,
-                                          push_done, c);
-    if (st != PST_OK) {
-        /* The release has run; done will not. A deferred pull is skipped when its
-         * destination arrives; otherwise the exchange ends here. */
-        exchange_error(c, st, pst_error_detail());
-        if (!dst) {
-            atomic_store(&c->pull_skip, 1);
-            atomic_store(&c->pending, 1);
-            atomic_store(&c->pull_gate, 1);
-            return PST_OK;
-        }
-        atomic_store(&c->pending, 1);
-        exchange_step_done(c);
-        return PST_OK;
-    }
-    if (sync && dst)
-        start_pull(c, step + 1);
+    c->step = step;
+    c->grad = grad;
+    link_sched *ls = &r->links[c->b->pserver];
+    pthread_mutex_lock(&ls->mu);
+    ls->waiting[ls->nwaiting++] = c;
+    pthread_mutex_unlock(&ls->mu);
+    link_pump(r, c->b->pserver);
     return PST_OK;
 }
 
@@ -442,7 +478,17 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams
     if (st != PST_OK)
         goto error;
     r->blocks = calloc((size_t)r->plan.nblocks, sizeof *r->blocks);
-    if (!r->blocks) {
+    r->links = calloc((size_t)cfg->num_pservers, sizeof *r->links);
+    for (int s = 0; r->links && s < cfg->num_pservers; s++) {
+        pthread_mutex_init(&r->links[s].mu, NULL);
+        /* at most one exchange per block at a time */
+        r->links[s].waiting = calloc((size_t)r->plan.nblocks, sizeof(block_ctx *));
+        if (!r->links[s].waiting) {
+            st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
+            goto error;
+        }
+    }
+    if (!r->blocks || !r->links) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
@@ -487,6 +533,11 @@ void tr_remote_free(tr_remote *r)
         rpc_global_shutdown();
     for (int i = 0; r->blocks && i < r->plan.nblocks; i++)
         pthread_mutex_destroy(&r->blocks[i].mu);
+    for (int s = 0; r->links && s < r->cfg->num_pservers; s++) {
+        pthread_mutex_destroy(&r->links[s].mu);
+        free(r->links[s].waiting);
+    }
+    free(r->links);
     free(r->blocks);
     tr_plan_free(&r->plan);
     pthread_mutex_destroy(&r->mu);

@@ -34,13 +34,10 @@ const tr_plan *tr_remote_plan(const tr_remote *r);
  * pulls every block's version 0 into params. Blocking. */
 pst_status tr_remote_start(tr_remote *r, float *params);
 /* Starts the exchange of block b for 0-based `step`: grad[0..len) is pushed (kept alive
- * and unchanged until done runs), the new values land in dst[0..len). With dst NULL the
- * pull is deferred until tr_remote_exchange_pull gives its destination (the caller may
- * still be reading the old values there). done runs once, after the pull. */
+ * and unchanged until done runs), the new values land in dst[0..len). done runs once,
+ * after the pull. */
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
                               tr_exchange_fn done, void *arg);
-/* Gives a deferred exchange of block b its destination and lets its pull start. */
-void tr_remote_exchange_pull(tr_remote *r, int b, float *dst);
 /* When the last exchange of block b sent and answered its Push and Pull (CLOCK_MONOTONIC
  * seconds); read it in the done callback, for traces. */
 typedef struct tr_exchange_times {
