@@ -233,10 +233,10 @@ typedef struct push_fill {
     pst_dtype dtype;
 } push_fill;
 
-static pst_status fill_from_payload(void *arg, float *dst, uint64_t length)
+static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
-    return rpc_payload_read_f32(f->payload, f->dtype, 0, dst, length);
+    return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
 }
 
 static ps_store *store_or_fail(ps_service *svc, rpc_call *call)

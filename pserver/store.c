@@ -83,6 +83,8 @@ static ps_block *find_block(const ps_store *st, uint32_t id)
 
 /* Index of the first NaN or infinity in g[0..n), or n when all are finite. The bit test
  * (exponent all ones) vectorizes; the position is only looked for on failure. */
+#define FILL_PIECE 16384 /* floats: 64 KiB */
+
 static uint64_t find_nonfinite(const float *g, uint64_t n)
 {
     uint32_t bad = 0;
@@ -417,18 +419,22 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
     }
 
     /* The destination is a buffer no one else reads until this push is accepted below, so
-     * a failed fill or a rejected gradient leaves the store as it was. */
-    rc = fill(fill_arg, dst, b->length);
-    if (rc != PST_OK)
-        goto out;
-    uint64_t bad = find_nonfinite(dst, b->length);
-    if (bad < b->length) {
-        rc = pst_error_set(PST_ERR_INVALID,
-                           "push: gradient of block %u from trainer %u, step %lld has %s at "
-                           "element %llu; discarded",
-                           (unsigned)block, (unsigned)trainer, (long long)step,
-                           nonfinite_name(dst[bad]), (unsigned long long)bad);
-        goto out;
+     * a failed fill or a rejected gradient leaves the store as it was. 64 KiB pieces: each
+     * is checked while it is still in cache, instead of a second pass over the block. */
+    for (uint64_t off = 0; off < b->length; off += FILL_PIECE) {
+        uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
+        rc = fill(fill_arg, dst + off, off, n);
+        if (rc != PST_OK)
+            goto out;
+        uint64_t bad = find_nonfinite(dst + off, n);
+        if (bad < n) {
+            rc = pst_error_set(PST_ERR_INVALID,
+                               "push: gradient of block %u from trainer %u, step %lld has %s "
+                               "at element %llu; discarded",
+                               (unsigned)block, (unsigned)trainer, (long long)step,
+                               nonfinite_name(dst[off + bad]), (unsigned long long)(off + bad));
+            goto out;
+        }
     }
 
     if (st->mode == PS_MODE_SYNC) {

@@ -59,11 +59,13 @@ typedef struct ps_store_config {
     int nblocks;               /* >= 0; a pserver may own no block */
 } ps_store_config;
 
-/* Writes a pushed gradient into dst[0..length) as f32 (casting from the wire dtype).
- * Called by ps_store_push, on its thread, with the block's lock held: it must not call
- * back into the store. Returns PST_OK, or an error with its detail set (pst_error_set);
- * on error the push is discarded and ps_store_push returns that status. */
-typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t length);
+/* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
+ * (casting from the wire dtype). ps_store_push calls it piece by piece, in order, so each
+ * piece is checked for NaN/Inf while it is still in cache. Called on ps_store_push's
+ * thread with the block's lock held: it must not call back into the store. Returns PST_OK,
+ * or an error with its detail set (pst_error_set); on error the push is discarded and
+ * ps_store_push returns that status. */
+typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t first, uint64_t length);
 
 /* Answers a pull. On success `st` is PST_OK and values[0..length) are the block's values at
  * `version` (>= the version wanted). On failure (ps_store_cancel_waiters) `st` is that

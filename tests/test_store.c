@@ -89,13 +89,13 @@ typedef struct fill_src {
     pst_status fail; /* returned instead of filling when not PST_OK */
 } fill_src;
 
-static pst_status fill_copy(void *arg, float *dst, uint64_t n)
+static pst_status fill_copy(void *arg, float *dst, uint64_t first, uint64_t n)
 {
     fill_src *f = arg;
     f->calls++;
     if (f->fail != PST_OK)
         return pst_error_set(f->fail, "test fill failed");
-    memcpy(dst, f->g, (size_t)n * sizeof(float));
+    memcpy(dst, f->g + first, (size_t)n * sizeof(float));
     return PST_OK;
 }
 
@@ -720,6 +720,40 @@ Test(store, nonfinite_gradient_rejected)
     cr_assert_eq(box.calls, 1);
     cr_assert(memcmp(box.values, ref.p, 17 * sizeof(float)) == 0);
 
+    ps_store_free(st);
+}
+
+/* A block of several fill pieces (64 KiB each): a NaN in a later piece names its element
+ * and changes nothing; a clean push is copied whole (every piece, in order). */
+Test(store, large_block_filled_in_pieces)
+{
+    enum { N = 3 * 16384 + 77 };
+    static float initial[N], g[N], v[N];
+    ps_block_spec spec = {.id = 0, .offset = 0, .length = N};
+    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 1, .blocks = &spec, .nblocks = 1};
+    optim_for(PST_OPTIM_SGD, &cfg.optim);
+    fill_normal(initial, N, 1, 0, 1.0f);
+    fill_normal(g, N, 2, 0, 1.0f);
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
+    g[2 * 16384 + 5] = NAN;
+    int calls = 0;
+    cr_assert_eq(push_grad(st, 0, 0, 0, g, N, NULL, &calls), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "element 32773") != NULL, "%s", pst_error_detail());
+    cr_assert_eq(calls, 3, "stops at the piece with the NaN");
+    int64_t version = -1;
+    cr_assert_eq(ps_store_read(st, 0, v, &version), PST_OK);
+    cr_assert_eq(version, 0);
+    cr_assert(memcmp(v, initial, sizeof v) == 0, "a rejected push changed the values");
+    g[2 * 16384 + 5] = 0.25f;
+    cr_assert_eq(push_grad(st, 0, 0, 0, g, N, NULL, &calls), PST_OK);
+    cr_assert_eq(calls, 4);
+    cr_assert_eq(ps_store_read(st, 0, v, &version), PST_OK);
+    cr_assert_eq(version, 1);
+    static float ref[N];
+    memcpy(ref, initial, sizeof ref);
+    pst_optim_apply(&cfg.optim, 1, ref, NULL, N, g, N);
+    cr_assert(memcmp(v, ref, sizeof v) == 0, "the update differs from one pass over the block");
     ps_store_free(st);
 }
 
