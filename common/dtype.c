@@ -199,42 +199,31 @@ void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n)
      * buffers often have none); the compiler turns it into plain loads and stores. */
     const char *s = src;
     char *d = dst;
+/* One specialized loop per common pair: load an S from s, convert, store a D to d. */
+#define CAST_LOOP(S, D, CONVERT)                                                           \
+    for (size_t i = 0; i < n; i++) {                                                       \
+        S x;                                                                               \
+        memcpy(&x, s + sizeof(S) * i, sizeof(S));                                          \
+        D y = CONVERT(x);                                                                  \
+        memcpy(d + sizeof(D) * i, &y, sizeof(D));                                          \
+    }
     if (st == PST_F32 && dt == PST_F16) {
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, s + 4 * i, 4);
-            uint16_t h = pst_f32_to_f16(f);
-            memcpy(d + 2 * i, &h, 2);
-        }
+        CAST_LOOP(float, uint16_t, pst_f32_to_f16);
         return;
     }
     if (st == PST_F16 && dt == PST_F32) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            float f = pst_f16_to_f32(h);
-            memcpy(d + 4 * i, &f, 4);
-        }
+        CAST_LOOP(uint16_t, float, pst_f16_to_f32);
         return;
     }
     if (st == PST_F32 && dt == PST_BF16) {
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, s + 4 * i, 4);
-            uint16_t h = pst_f32_to_bf16(f);
-            memcpy(d + 2 * i, &h, 2);
-        }
+        CAST_LOOP(float, uint16_t, pst_f32_to_bf16);
         return;
     }
     if (st == PST_BF16 && dt == PST_F32) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, s + 2 * i, 2);
-            float f = pst_bf16_to_f32(h);
-            memcpy(d + 4 * i, &f, 4);
-        }
+        CAST_LOOP(uint16_t, float, pst_bf16_to_f32);
         return;
     }
+#undef CAST_LOOP
     /* f16 <-> bf16 through an exact f32 intermediate. */
     for (size_t i = 0; i < n; i++)
         store_f32(dst, dt, i, load_f32(src, st, i));

@@ -81,10 +81,10 @@ static ps_block *find_block(const ps_store *st, uint32_t id)
     return NULL;
 }
 
+#define FILL_PIECE 16384 /* floats (64 KiB) a push is filled and checked in */
+
 /* Index of the first NaN or infinity in g[0..n), or n when all are finite. The bit test
  * (exponent all ones) vectorizes; the position is only looked for on failure. */
-#define FILL_PIECE 16384 /* floats: 64 KiB */
-
 static uint64_t find_nonfinite(const float *g, uint64_t n)
 {
     uint32_t bad = 0;
