@@ -52,6 +52,7 @@
 #include "rpc/global.h"
 #include "rpc/wire.h"
 #include "trainer/remote.h"
+#include "tests/raw_call.h"
 
 #define PSERVER PST_BIN_DIR "/pserver"
 #define TRAINER PST_BIN_DIR "/trainer"
@@ -858,75 +859,6 @@ Test(cluster, dead_pserver_fails_in_bounded_time_naming_it)
 
 /* ---- 5. malformed requests ------------------------------------------------------------ */
 
-typedef struct raw_result {
-    grpc_status_code code;
-    int pst; /* RPC_STATUS_METADATA_KEY, -1 when absent */
-} raw_result;
-
-/* One unary call with a hand-made body, straight on gRPC core. */
-static raw_result raw_call(int port, const char *method, const void *body, size_t len)
-{
-    raw_result r = {.code = GRPC_STATUS_UNKNOWN, .pst = -1};
-    char target[64];
-    snprintf(target, sizeof target, "127.0.0.1:%d", port);
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
-    grpc_channel_credentials_release(creds);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-    gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                         gpr_time_from_millis(10000, GPR_TIMESPAN));
-    grpc_slice mslice = grpc_slice_from_static_string(method);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, mslice,
-                                               NULL, deadline, NULL);
-    grpc_slice s = grpc_slice_from_copied_buffer(body, len);
-    grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
-    grpc_slice_unref(s);
-    grpc_byte_buffer *recv = NULL;
-    grpc_metadata_array imd, tmd;
-    grpc_metadata_array_init(&imd);
-    grpc_metadata_array_init(&tmd);
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &imd;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &tmd;
-    ops[5].data.recv_status_on_client.status = &r.code;
-    ops[5].data.recv_status_on_client.status_details = &details;
-    cr_assert_eq(grpc_call_start_batch(call, ops, 6, (void *)1, NULL), GRPC_CALL_OK);
-    grpc_event ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    cr_assert_eq(ev.type, GRPC_OP_COMPLETE);
-    for (size_t i = 0; i < tmd.count; i++)
-        if (!grpc_slice_str_cmp(tmd.metadata[i].key, RPC_STATUS_METADATA_KEY)) {
-            char num[16] = {0};
-            size_t k = GRPC_SLICE_LENGTH(tmd.metadata[i].value);
-            memcpy(num, GRPC_SLICE_START_PTR(tmd.metadata[i].value), k < 15 ? k : 15);
-            r.pst = atoi(num);
-        }
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&imd);
-    grpc_metadata_array_destroy(&tmd);
-    grpc_byte_buffer_destroy(send);
-    if (recv)
-        grpc_byte_buffer_destroy(recv);
-    grpc_call_unref(call);
-    grpc_slice_unref(mslice);
-    grpc_completion_queue_shutdown(cq);
-    while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN)
-        ;
-    grpc_completion_queue_destroy(cq);
-    grpc_channel_destroy(ch);
-    return r;
-}
-
 Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
 {
     proc *ps;
@@ -1024,12 +956,13 @@ Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
         {bad_pb, sizeof bad_pb, "header that is not protobuf"},
     };
     for (size_t i = 0; i < sizeof garbage / sizeof *garbage; i++) {
-        raw_result r = raw_call(port, "/pstrain.PServer/Push", garbage[i].body, garbage[i].len);
+        raw_result r = raw_call(port, "/pstrain.PServer/Push", garbage[i].body, garbage[i].len, 10000);
         cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT, "%s: gRPC status %d", garbage[i].what,
                      (int)r.code);
         cr_assert_eq(r.pst, (int)PST_ERR_FORMAT, "%s: pst-status %d", garbage[i].what, r.pst);
     }
-    raw_result r = raw_call(port, "/pstrain.PServer/NoSuchMethod", short_body, sizeof short_body);
+    raw_result r = raw_call(port, "/pstrain.PServer/NoSuchMethod", short_body, sizeof short_body,
+                            10000);
     cr_assert_eq(r.code, GRPC_STATUS_UNIMPLEMENTED, "unknown method: gRPC status %d", (int)r.code);
 
     /* After all that, the pserver still serves a correct step of both trainers. */
