@@ -26,22 +26,7 @@
 #include "common/device.h"
 #include "common/error.h"
 #include "common/rng.h"
-
-#define CHECK_OK(expr)                                                                    \
-    do {                                                                                  \
-        pst_status check_st_ = (expr);                                                    \
-        cr_assert_eq(check_st_, PST_OK, "%s -> %s: %s", #expr, pst_strerror(check_st_),   \
-                     pst_error_detail());                                                 \
-    } while (0)
-
-#define CHECK_ERR(expr, want)                                                             \
-    do {                                                                                  \
-        pst_error_clear();                                                                \
-        pst_status check_st_ = (expr);                                                    \
-        cr_assert_eq(check_st_, (want), "%s -> %s, want %s (%s)", #expr,                  \
-                     pst_strerror(check_st_), pst_strerror(want), pst_error_detail());    \
-        cr_assert_neq(pst_error_detail()[0], '\0', "%s left no detail", #expr);           \
-    } while (0)
+#include "tests/check.h"
 
 #define MAXD 4
 

@@ -18,23 +18,7 @@
 
 #include "common/device.h"
 #include "common/error.h"
-
-#define CHECK_OK(expr)                                                                    \
-    do {                                                                                  \
-        pst_status check_st_ = (expr);                                                    \
-        cr_assert_eq(check_st_, PST_OK, "%s -> %s: %s", #expr, pst_strerror(check_st_),   \
-                     pst_error_detail());                                                 \
-    } while (0)
-
-/* Asserts `expr` returns `want` and leaves a detail on this thread. */
-#define CHECK_ERR(expr, want)                                                             \
-    do {                                                                                  \
-        pst_error_clear();                                                                \
-        pst_status check_st_ = (expr);                                                    \
-        cr_assert_eq(check_st_, (want), "%s -> %s, want %s (%s)", #expr,                  \
-                     pst_strerror(check_st_), pst_strerror(want), pst_error_detail());    \
-        cr_assert_neq(pst_error_detail()[0], '\0', "%s left no detail", #expr);           \
-    } while (0)
+#include "tests/check.h"
 
 static pst_runtime *make_rt(const char *spec)
 {
