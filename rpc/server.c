@@ -164,6 +164,17 @@ static void call_grpc_unref(rpc_call *c)
     call_unref(c);
 }
 
+/* The reply batch is over (sent, dropped, or never started): frees what it held. */
+static void reply_finished(rpc_call *c)
+{
+    if (c->reply_bb != NULL)
+        grpc_byte_buffer_destroy(c->reply_bb);
+    c->reply_bb = NULL;
+    grpc_slice_unref(c->status_details);
+    c->status_details = grpc_empty_slice();
+    call_grpc_unref(c);
+}
+
 /* Posts the reply batch; the caller won the `completed` flag. Takes `bb` (may be NULL). */
 static void call_send(rpc_call *c, pst_status st, const char *detail, grpc_byte_buffer *bb)
 {
@@ -194,12 +205,7 @@ static void call_send(rpc_call *c, pst_status st, const char *detail, grpc_byte_
     if (err != GRPC_CALL_OK) {
         PST_DEBUG("rpc server: %s reply not sent: %s", rpc_method_name(c->method),
                   grpc_call_error_to_string(err));
-        if (c->reply_bb != NULL)
-            grpc_byte_buffer_destroy(c->reply_bb);
-        c->reply_bb = NULL;
-        grpc_slice_unref(c->status_details);
-        c->status_details = grpc_empty_slice();
-        call_grpc_unref(c);
+        reply_finished(c);
     }
 }
 
@@ -208,12 +214,7 @@ static void on_send_done(rpc_call *c, int success)
     if (!success)
         PST_DEBUG("rpc server: %s reply to %s dropped (client gone)",
                   rpc_method_name(c->method), c->peer != NULL ? c->peer : "?");
-    if (c->reply_bb != NULL)
-        grpc_byte_buffer_destroy(c->reply_bb);
-    c->reply_bb = NULL;
-    grpc_slice_unref(c->status_details);
-    c->status_details = grpc_empty_slice();
-    call_grpc_unref(c);
+    reply_finished(c);
 }
 
 static void on_close(rpc_call *c)
