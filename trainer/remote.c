@@ -49,9 +49,43 @@ typedef struct block_ctx {
 typedef struct link_sched {
     pthread_mutex_t mu;
     size_t inflight;     /* bytes */
-    block_ctx **waiting; /* unordered; taken by lowest (step, block) */
+    block_ctx **waiting; /* a binary min-heap by (step, block) */
     int nwaiting;
 } link_sched;
+
+static int goes_before(const block_ctx *a, const block_ctx *b)
+{
+    return a->step != b->step ? a->step < b->step : a->b->id < b->b->id;
+}
+
+static void heap_push(link_sched *ls, block_ctx *c)
+{
+    int i = ls->nwaiting++;
+    while (i > 0 && goes_before(c, ls->waiting[(i - 1) / 2])) {
+        ls->waiting[i] = ls->waiting[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    ls->waiting[i] = c;
+}
+
+static void heap_pop(link_sched *ls)
+{
+    block_ctx *last = ls->waiting[--ls->nwaiting];
+    int i = 0, n = ls->nwaiting;
+    for (;;) {
+        int k = 2 * i + 1;
+        if (k >= n)
+            break;
+        if (k + 1 < n && goes_before(ls->waiting[k + 1], ls->waiting[k]))
+            k++;
+        if (!goes_before(ls->waiting[k], last))
+            break;
+        ls->waiting[i] = ls->waiting[k];
+        i = k;
+    }
+    if (n > 0)
+        ls->waiting[i] = last;
+}
 
 
 struct tr_remote {
@@ -238,18 +272,11 @@ static void link_pump(tr_remote *r, int s)
     for (;;) {
         block_ctx *next = NULL;
         pthread_mutex_lock(&ls->mu);
-        int best = -1;
-        for (int i = 0; i < ls->nwaiting; i++) {
-            const block_ctx *c = ls->waiting[i];
-            if (best < 0 || c->step < ls->waiting[best]->step ||
-                (c->step == ls->waiting[best]->step && c->b->id < ls->waiting[best]->b->id))
-                best = i;
-        }
-        if (best >= 0) {
-            size_t bytes = ls->waiting[best]->b->length * sizeof(float);
+        if (ls->nwaiting > 0) {
+            size_t bytes = ls->waiting[0]->b->length * sizeof(float);
             if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
-                next = ls->waiting[best];
-                ls->waiting[best] = ls->waiting[--ls->nwaiting];
+                next = ls->waiting[0];
+                heap_pop(ls);
                 ls->inflight += bytes;
             }
         }
@@ -273,7 +300,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     c->grad = grad;
     link_sched *ls = &r->links[c->b->pserver];
     pthread_mutex_lock(&ls->mu);
-    ls->waiting[ls->nwaiting++] = c;
+    heap_push(ls, c);
     pthread_mutex_unlock(&ls->mu);
     link_pump(r, c->b->pserver);
     return PST_OK;
