@@ -4,7 +4,8 @@
 # MLP 784-4096-4096-10, batch 128, 1 pserver, 1 trainer with 2 CPU devices (the cores
 # shared: one BLAS thread each), alternating, RUNS times each; plus the local compute-only step (same
 # devices, no pserver). Prints JSON lines: every run, then the medians and ratios, and
-# writes a Chrome trace of steps 10-11 of the last overlapped run to bench/out/overlap.json.
+# writes a Chrome trace of steps 10-11 of the last overlapped run to bench/out/overlap.json
+# and summarizes it (bench/trace_summary.py).
 # Not a test: it reports, it never gates.
 #
 # LINK=RATE (e.g. LINK=10gbit) emulates a network link between trainer and pserver: tc
@@ -74,3 +75,6 @@ print(json.dumps({"overlap_step_ms_median": o, "serialized_step_ms_median": s,
                   "overlap_over_local_compute": round(o / l, 3),
                   "serialized_over_local_compute": round(s / l, 3)}))
 PY
+# What the trace of the last overlapped run shows (pushes during backward; the next forward
+# before the last pull returns).
+/usr/bin/python3 "$here/bench/trace_summary.py" "$here/bench/out/overlap.json"
