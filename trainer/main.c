@@ -44,8 +44,10 @@ static int exit_code(pst_status st)
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--blas-core") == 0) {
-        const char *core = getenv("OPENBLAS_CORETYPE");
-        puts(core ? core : (tr_blas_core_pick() ? tr_blas_core_pick() : ""));
+        /* The best family for this CPU whatever the environment says (the benches use it
+         * to run pstrain and its peer on the same, best kernels). */
+        const char *core = tr_blas_core_pick();
+        puts(core ? core : "");
         return 0;
     }
     tr_blas_core_reexec(argv);
@@ -65,6 +67,11 @@ int main(int argc, char **argv)
         return 0;
     }
     pst_log_init(cfg.log_level, "trainer", cfg.num_pservers ? cfg.trainer_id : -1);
+    tr_cpu_features cpu;
+    char advice[512];
+    tr_cpu_features_read(&cpu);
+    if (tr_blas_core_advice(getenv("OPENBLAS_CORETYPE"), &cpu, advice, sizeof advice))
+        PST_WARN("%s", advice);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);

@@ -1,0 +1,135 @@
+/* test_blas_core.c — OpenBLAS kernel family by CPU features: the choice for Intel- and
+ * AMD-like feature sets, the class table, the startup warning under a forced slower
+ * family (the real trainer program), and the feature reader against /proc/cpuinfo. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/blas_core.h"
+
+#define TRAINER PST_BIN_DIR "/trainer"
+
+static const tr_cpu_features avx2_only = {.avx2 = 1, .fma = 1};
+static const tr_cpu_features avx512 = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512dq = 1,
+                                       .avx512bw = 1, .avx512vl = 1};
+static const tr_cpu_features avx512_bf16 = {.avx2 = 1, .fma = 1, .avx512f = 1, .avx512dq = 1,
+                                            .avx512bw = 1, .avx512vl = 1, .avx512bf16 = 1};
+
+Test(blas_core, chosen_by_features_not_vendor)
+{
+    /* Skylake-X Xeon and Zen 4 alike: AVX-512 F/DQ/BW/VL. Zen 4/5 and Cooper Lake add BF16. */
+    cr_assert_str_eq(tr_blas_core_best(&avx512), "SkylakeX");
+    cr_assert_str_eq(tr_blas_core_best(&avx512_bf16), "Cooperlake");
+    cr_assert_str_eq(tr_blas_core_best(&avx2_only), "Haswell");
+    /* AVX-512F alone (Knights Landing) lacks BW/VL: the AVX2 kernels. */
+    tr_cpu_features knl = avx2_only;
+    knl.avx512f = 1;
+    cr_assert_str_eq(tr_blas_core_best(&knl), "Haswell");
+    /* AVX2 without FMA, or nothing: OpenBLAS's own detection. */
+    tr_cpu_features nofma = {.avx2 = 1};
+    cr_assert_null(tr_blas_core_best(&nofma));
+    tr_cpu_features none = {0};
+    cr_assert_null(tr_blas_core_best(&none));
+}
+
+Test(blas_core, class_table)
+{
+    cr_assert_eq(tr_blas_core_class("Cooperlake"), 3);
+    cr_assert_eq(tr_blas_core_class("skylakex"), 3); /* OpenBLAS compares without case */
+    cr_assert_eq(tr_blas_core_class("Haswell"), 2);
+    cr_assert_eq(tr_blas_core_class("Zen"), 2);
+    cr_assert_eq(tr_blas_core_class("Sandybridge"), 1);
+    cr_assert_eq(tr_blas_core_class("Prescott"), 0);
+    cr_assert_eq(tr_blas_core_class("Pentium9000"), -1);
+    cr_assert_eq(tr_blas_core_class(NULL), -1);
+}
+
+Test(blas_core, advice_only_when_slower)
+{
+    char msg[512];
+    cr_assert_eq(tr_blas_core_advice("Haswell", &avx512_bf16, msg, sizeof msg), 1);
+    cr_assert(strstr(msg, "OPENBLAS_CORETYPE=Haswell"), "%s", msg);
+    cr_assert(strstr(msg, "OPENBLAS_CORETYPE=Cooperlake"), "%s", msg);
+    cr_assert(strstr(msg, "unset OPENBLAS_CORETYPE"), "%s", msg);
+    cr_assert_eq(tr_blas_core_advice("Zen", &avx512, msg, sizeof msg), 1);
+    cr_assert(strstr(msg, "OPENBLAS_CORETYPE=SkylakeX"), "%s", msg);
+    cr_assert_eq(tr_blas_core_advice("Prescott", &avx2_only, msg, sizeof msg), 1);
+    cr_assert(strstr(msg, "Haswell"), "%s", msg);
+    /* The best class already, same sgemm kernels, unknown names, nothing forced: quiet. */
+    cr_assert_eq(tr_blas_core_advice("Cooperlake", &avx512_bf16, msg, sizeof msg), 0);
+    cr_assert_eq(tr_blas_core_advice("SkylakeX", &avx512_bf16, msg, sizeof msg), 0);
+    cr_assert_eq(tr_blas_core_advice("Haswell", &avx2_only, msg, sizeof msg), 0);
+    cr_assert_eq(tr_blas_core_advice("Pentium9000", &avx512, msg, sizeof msg), 0);
+    cr_assert_eq(tr_blas_core_advice(NULL, &avx512, msg, sizeof msg), 0);
+    cr_assert_str_eq(msg, "");
+}
+
+/* Whether /proc/cpuinfo's flags line lists `flag` as a whole word. */
+static int cpuinfo_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    cr_assert_not_null(f);
+    char line[8192];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        char pat[64];
+        snprintf(pat, sizeof pat, " %s", flag);
+        for (char *p = strstr(line, pat); p; p = strstr(p + 1, pat)) {
+            char end = p[strlen(pat)];
+            if (end == ' ' || end == '\n' || end == '\0')
+                found = 1;
+        }
+        break;
+    }
+    fclose(f);
+    return found;
+}
+
+Test(blas_core, reader_agrees_with_the_kernel)
+{
+    tr_cpu_features f;
+    tr_cpu_features_read(&f);
+    /* The kernel lists a flag only when the OS supports its state, as the reader checks. */
+    cr_assert_eq(f.avx2, cpuinfo_has("avx2"));
+    cr_assert_eq(f.fma, cpuinfo_has("fma"));
+    cr_assert_eq(f.avx512f, cpuinfo_has("avx512f"));
+    cr_assert_eq(f.avx512dq, cpuinfo_has("avx512dq"));
+    cr_assert_eq(f.avx512bw, cpuinfo_has("avx512bw"));
+    cr_assert_eq(f.avx512vl, cpuinfo_has("avx512vl"));
+    cr_assert_eq(f.avx512bf16, cpuinfo_has("avx512_bf16"));
+}
+
+/* Runs the trainer for one synthetic step under OPENBLAS_CORETYPE=core (NULL: unset);
+ * returns whether its stderr carries the kernel warning. */
+static int trainer_warns(const char *core)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s%s timeout 60 " TRAINER " --model synthetic --params 1000 --steps 1 "
+             "--progress none 2>&1 >/dev/null",
+             core ? "OPENBLAS_CORETYPE=" : "env -u OPENBLAS_CORETYPE", core ? core : "");
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    char line[1024];
+    int warned = 0;
+    while (fgets(line, sizeof line, p))
+        if (strstr(line, "WARN") && strstr(line, "OPENBLAS_CORETYPE="))
+            warned = 1;
+    cr_assert_eq(pclose(p), 0, "trainer failed: %s", cmd);
+    return warned;
+}
+
+Test(blas_core, trainer_warns_only_under_a_slower_family, .timeout = 120)
+{
+    const char *best = tr_blas_core_pick();
+    if (!best)
+        cr_skip_test("this CPU has no AVX2+FMA: no family to prefer");
+    cr_assert_eq(trainer_warns(best), 0, "warned under the best family %s", best);
+    cr_assert_eq(trainer_warns(NULL), 0, "warned with OPENBLAS_CORETYPE unset");
+    cr_assert_eq(trainer_warns("Prescott"), 1, "no warning under Prescott (best: %s)", best);
+    if (tr_blas_core_class(best) == 3)
+        cr_assert_eq(trainer_warns("Haswell"), 1, "no warning under Haswell on AVX-512");
+}
