@@ -2,52 +2,87 @@
  *
  * DESIGN: the three GEMMs of a linear layer go to OpenBLAS; everything else is one pass
  * fused onto data that is still in cache: bias + ReLU after the forward GEMM, the bias
- * gradient as a column sum of dout. */
+ * gradient as a column sum of dout. Each GEMM also comes as a slice of its output (columns
+ * of out and dinp, rows of dweight) so the CPU ops can split one layer over a thread team
+ * with single-threaded OpenBLAS: every element is still one dot product over the same K,
+ * and no two slices write the same cache line when cut at 16 floats. */
 #include "common/layers.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
-void pst_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
-                        int B, int IC, int OC, int relu)
+void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
+                             const float *bias, int B, int IC, int OC, int relu, int j0, int j1)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OC, IC, 1.0f, inp, IC, weight, IC,
-                0.0f, out, OC);
+    const int n = j1 - j0;
+    if (n <= 0 || B <= 0)
+        return;
+    /* out[:, j0:j1] = inp @ weight[j0:j1, :]^T: rows j0.. of weight, columns j0.. of out. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, n, IC, 1.0f, inp, IC,
+                weight + (int64_t)j0 * IC, IC, 0.0f, out + j0, OC);
     for (int b = 0; b < B; b++) {
         float *o = out + (int64_t)b * OC;
         if (relu) {
-            for (int j = 0; j < OC; j++) {
+            for (int j = j0; j < j1; j++) {
                 float v = o[j] + bias[j];
                 o[j] = v > 0.0f ? v : 0.0f;
             }
         } else {
-            for (int j = 0; j < OC; j++)
+            for (int j = j0; j < j1; j++)
                 o[j] += bias[j];
         }
     }
+}
+
+void pst_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
+                        int B, int IC, int OC, int relu)
+{
+    pst_linear_forward_cols(out, inp, weight, bias, B, IC, OC, relu, 0, OC);
+}
+
+void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,
+                                     const float *inp, int B, int IC, int OC, int accumulate,
+                                     int j0, int j1)
+{
+    const int n = j1 - j0;
+    if (n <= 0)
+        return;
+    /* dbias: column sums, rows added in order so the result does not depend on threads. */
+    if (!accumulate)
+        memset(dbias + j0, 0, sizeof(float) * (size_t)n);
+    for (int b = 0; b < B; b++) {
+        const float *d = dout + (int64_t)b * OC;
+        for (int j = j0; j < j1; j++)
+            dbias[j] += d[j];
+    }
+    /* dweight[j0:j1, :] = dout[:, j0:j1]^T @ inp. */
+    if (B > 0)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, IC, B, 1.0f, dout + j0, OC,
+                    inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)j0 * IC, IC);
+    else if (!accumulate)
+        memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
+}
+
+void pst_linear_backward_input_cols(float *dinp, const float *dout, const float *weight, int B,
+                                    int IC, int OC, int i0, int i1)
+{
+    const int n = i1 - i0;
+    if (n <= 0 || B <= 0)
+        return;
+    /* dinp[:, i0:i1] = dout @ weight[:, i0:i1]. */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, n, OC, 1.0f, dout, OC,
+                weight + i0, IC, 0.0f, dinp + i0, IC);
 }
 
 void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                          const float *inp, const float *weight, int B, int IC, int OC,
                          int accumulate)
 {
-    if (!dweight)
-        goto input;
-    /* dbias: column sums, rows added in order so the result does not depend on threads. */
-    if (!accumulate)
-        memset(dbias, 0, sizeof(float) * (size_t)OC);
-    for (int b = 0; b < B; b++) {
-        const float *d = dout + (int64_t)b * OC;
-        for (int j = 0; j < OC; j++)
-            dbias[j] += d[j];
-    }
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, B, 1.0f, dout, OC, inp, IC,
-                accumulate ? 1.0f : 0.0f, dweight, IC);
-input:
+    if (dweight)
+        pst_linear_backward_weight_rows(dweight, dbias, dout, inp, B, IC, OC, accumulate, 0, OC);
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, IC, OC, 1.0f, dout, OC,
-                    weight, IC, 0.0f, dinp, IC);
+        pst_linear_backward_input_cols(dinp, dout, weight, B, IC, OC, 0, IC);
 }
 
 void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N)

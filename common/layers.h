@@ -23,6 +23,17 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int B, int IC, int OC,
                          int accumulate);
 
+/* Slices of the two kernels above, for splitting a layer over threads (same arithmetic
+ * per element): columns [j0, j1) of out; rows [j0, j1) of dweight and dbias; columns
+ * [i0, i1) of dinp. An empty range does nothing. */
+void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
+                             const float *bias, int B, int IC, int OC, int relu, int j0, int j1);
+void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,
+                                     const float *inp, int B, int IC, int OC, int accumulate,
+                                     int j0, int j1);
+void pst_linear_backward_input_cols(float *dinp, const float *dout, const float *weight, int B,
+                                    int IC, int OC, int i0, int i1);
+
 /* dinp (N) = dout where out > 0, else 0 (out is the ReLU's output). In place allowed. */
 void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N);
 

@@ -21,11 +21,16 @@
 #include "common/error.h"
 #include "common/optim.h"
 
-/* out (B, OC) = inp (B, IC) @ w^T (OC, IC) + b (OC), then ReLU when relu != 0. */
+struct pst_pool;
+
+/* out (B, OC) = inp (B, IC) @ w^T (OC, IC) + b (OC), then ReLU when relu != 0.
+ * On CPU the GEMM and the bias/ReLU pass are split over `pool` by output columns when
+ * given (NULL: the stream's thread alone), each part a single-threaded OpenBLAS call. */
 typedef struct pst_linear_fwd_args {
     float *out;
     const float *inp, *w, *b;
     int B, IC, OC, relu;
+    struct pst_pool *pool;       /* CPU only, may be NULL */
 } pst_linear_fwd_args;
 
 /* dw (OC, IC) = dout^T @ inp, db (OC) = column sums of dout (overwritten, or added when
@@ -36,6 +41,7 @@ typedef struct pst_linear_bwd_args {
     float *dinp, *dw, *db;
     const float *dout, *inp, *w;
     int B, IC, OC, accumulate;
+    struct pst_pool *pool;       /* CPU only, may be NULL: split as the forward */
 } pst_linear_bwd_args;
 
 /* dinp (n) = out > 0 ? dout : 0. dinp may equal dout. */
@@ -70,7 +76,6 @@ typedef struct pst_add_args {
 /* The optimizer update of optim.h on device memory (param, state, grad). On CPU the
  * elementwise pass is split over `pool` when given (NULL: the stream's thread alone); the
  * split does not change a bit. */
-struct pst_pool;
 typedef struct pst_optim_args {
     const pst_optim_config *cfg; /* host memory, read when the op runs */
     struct pst_pool *pool;       /* CPU only, may be NULL */

@@ -1,5 +1,6 @@
 /* ops_cpu.c — the CPU ops: each op is a host function queued on the stream that calls
- * the reference kernel (layers.h, optim.h, dtype.h) with the caller's argument struct. */
+ * the reference kernel (layers.h, optim.h, dtype.h) with the caller's argument struct;
+ * the linear layers and the optimizer split their work over the args' thread pool. */
 #include <math.h>
 #include <string.h>
 
@@ -7,18 +8,43 @@
 #include "common/ops_impl.h"
 #include "common/pool.h"
 
-static pst_status run_linear_fwd(void *arg)
+/* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
+ * parts never write the same line and each element's arithmetic is the same whatever the
+ * split. A part whose slice is empty (a 10-wide output over 2 threads) does nothing. */
+static void linear_fwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_fwd_args *a = arg;
-    pst_linear_forward(a->out, a->inp, a->w, a->b, a->B, a->IC, a->OC, a->relu);
+    size_t j0, j1;
+    pst_pool_split((size_t)a->OC, part, nparts, 16, &j0, &j1);
+    pst_linear_forward_cols(a->out, a->inp, a->w, a->b, a->B, a->IC, a->OC, a->relu, (int)j0,
+                            (int)j1);
+}
+
+static void linear_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_linear_bwd_args *a = arg;
+    size_t lo, hi;
+    if (a->dw) {
+        pst_pool_split((size_t)a->OC, part, nparts, 16, &lo, &hi);
+        pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
+                                        a->accumulate, (int)lo, (int)hi);
+    }
+    if (a->dinp) {
+        pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);
+        pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
+                                       (int)hi);
+    }
+}
+
+static pst_status run_linear_fwd(void *arg)
+{
+    pst_pool_run(((const pst_linear_fwd_args *)arg)->pool, linear_fwd_part, arg);
     return PST_OK;
 }
 
 static pst_status run_linear_bwd(void *arg)
 {
-    const pst_linear_bwd_args *a = arg;
-    pst_linear_backward(a->dinp, a->dw, a->db, a->dout, a->inp, a->w, a->B, a->IC, a->OC,
-                        a->accumulate);
+    pst_pool_run(((const pst_linear_bwd_args *)arg)->pool, linear_bwd_part, arg);
     return PST_OK;
 }
 

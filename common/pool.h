@@ -2,10 +2,12 @@
  *
  * pst_pool_run(pool, fn, arg) calls fn(arg, part, nparts) once for every part in
  * [0, nparts), nparts = the pool's thread count: the caller runs part 0, the workers the
- * rest, and it returns when all are done. Used for elementwise passes (optimizer updates)
- * that OpenBLAS does not parallelize for us. Workers sleep on a condition variable between
- * runs; nothing is allocated per run. One run at a time per pool (runs from several
- * threads are serialized by a lock). */
+ * rest, and it returns when all are done. A CPU device's team: its layers' GEMM slices
+ * (each a single-threaded OpenBLAS call) and the optimizer's elementwise pass. Between runs
+ * workers spin for a few tens of microseconds, then sleep on a condition variable; nothing
+ * is allocated per run. One run at a time per pool (runs from several threads, e.g. the
+ * compute and the send stream, are serialized by a lock, so they never oversubscribe the
+ * cores). */
 #ifndef PST_POOL_H
 #define PST_POOL_H
 

@@ -574,3 +574,70 @@ Test(softmax_xent, backward_finite_differences)
     }
     free(dl);
 }
+
+/* ---- slices (the CPU ops split a layer over threads with these) --------------------- */
+
+/* Elementwise closeness of two float arrays (a slice's GEMM is a smaller OpenBLAS call,
+ * which may pick another kernel and round differently: same math, not the same bits). */
+static void expect_close(const char *what, const float *got, const float *want, size_t n,
+                         double atol)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(close_enough(got[i], want[i], atol, 1e-5), "%s[%zu] = %.9g, whole call %.9g",
+                  what, i, got[i], want[i]);
+}
+
+/* The kernels run slice by slice, cut at `cuts`, agree with the whole call, and a slice
+ * writes nothing outside its range. */
+static void check_slices(int B, int IC, int OC, const int *cuts, int ncuts, uint64_t seed)
+{
+    float *inp = falloc((size_t)B * IC), *w = falloc((size_t)OC * IC), *b = falloc(OC);
+    float *dout = falloc((size_t)B * OC);
+    fill_uniform(inp, (size_t)B * IC, -1, 1, seed);
+    fill_uniform(w, (size_t)OC * IC, -1, 1, seed + 1);
+    fill_uniform(b, OC, -1, 1, seed + 2);
+    fill_uniform(dout, (size_t)B * OC, -1, 1, seed + 3);
+    float *out = falloc((size_t)B * OC), *out_s = falloc((size_t)B * OC);
+    float *dw = falloc((size_t)OC * IC), *dw_s = falloc((size_t)OC * IC);
+    float *db = falloc(OC), *db_s = falloc(OC);
+    float *dinp = falloc((size_t)B * IC), *dinp_s = falloc((size_t)B * IC);
+    pst_linear_forward(out, inp, w, b, B, IC, OC, 1);
+    pst_linear_backward(dinp, dw, db, dout, inp, w, B, IC, OC, 0);
+    fill_nan(out_s, (size_t)B * OC);
+    fill_nan(dw_s, (size_t)OC * IC);
+    fill_nan(db_s, OC);
+    fill_nan(dinp_s, (size_t)B * IC);
+    for (int k = 0; k + 1 < ncuts; k++) {
+        const int j0 = cuts[k] < OC ? cuts[k] : OC, j1 = cuts[k + 1] < OC ? cuts[k + 1] : OC;
+        pst_linear_forward_cols(out_s, inp, w, b, B, IC, OC, 1, j0, j1);
+        pst_linear_backward_weight_rows(dw_s, db_s, dout, inp, B, IC, OC, 0, j0, j1);
+        /* Before the last slice, everything from j1 on is still untouched. */
+        if (j1 < OC) {
+            cr_assert(isnan(out_s[j1]) && isnan(db_s[j1]) && isnan(dw_s[(size_t)j1 * IC]),
+                      "slice [%d, %d) wrote past its end", j0, j1);
+        }
+        const int i0 = cuts[k] < IC ? cuts[k] : IC, i1 = cuts[k + 1] < IC ? cuts[k + 1] : IC;
+        pst_linear_backward_input_cols(dinp_s, dout, w, B, IC, OC, i0, i1);
+    }
+    /* The last cut reaches the end of every dimension: nothing is left NaN. */
+    expect_close("out", out_s, out, (size_t)B * OC, 1e-5 * sqrt(IC));
+    expect_close("dweight", dw_s, dw, (size_t)OC * IC, 1e-5 * sqrt(B));
+    expect_close("dinp", dinp_s, dinp, (size_t)B * IC, 1e-5 * sqrt(OC));
+    /* The bias gradient is our own loop: the same bits in any slice. */
+    cr_assert_eq(memcmp(db, db_s, sizeof(float) * OC), 0, "bias-gradient slices differ");
+    free(inp); free(w); free(b); free(dout); free(out); free(out_s); free(dw); free(dw_s);
+    free(db); free(db_s); free(dinp); free(dinp_s);
+}
+
+Test(linear_slices, assemble_to_the_whole_call)
+{
+    const int odd[] = {0, 16, 48, 1 << 20};
+    check_slices(33, 65, 70, odd, 4, 71);
+    /* The MLP's shapes at batch 128, cut in two as a 2-thread team does. */
+    const int halves_1024[] = {0, 512, 1 << 20}, halves_784[] = {0, 400, 1 << 20};
+    check_slices(128, 784, 1024, halves_1024, 3, 72);
+    check_slices(128, 784, 10, halves_784, 3, 73);
+    /* A slice may be empty (a 10-wide output over two threads). */
+    const int empty[] = {0, 0, 16, 16, 1 << 20};
+    check_slices(7, 20, 10, empty, 5, 74);
+}

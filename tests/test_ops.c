@@ -25,6 +25,7 @@
 #include "common/error.h"
 #include "common/layers.h"
 #include "common/ops.h"
+#include "common/pool.h"
 #include "common/optim.h"
 #include "common/rng.h"
 #include "tests/check.h"
@@ -195,6 +196,74 @@ Test(ops_parity, linear_forward)
         free(got);
     }
     backends_close(be, nb);
+}
+
+/* The CPU ops split a layer over their pool (single-threaded OpenBLAS per part). A part is
+ * a smaller OpenBLAS call that may take another kernel, so a split is checked against the
+ * whole call within the GEMM tolerance, and for determinism: the same team size gives the
+ * same bits every time, and a team of one gives the reference kernel's bits. */
+static void linear_via_pool(pst_stream *s, pst_pool *pool, const float *inp, const float *w,
+                            const float *bias, const float *dout, int B, int IC, int OC,
+                            float *out, float *dw, float *db, float *dx)
+{
+    pst_linear_fwd_args f = {.out = out, .inp = inp, .w = w, .b = bias, .B = B, .IC = IC,
+                             .OC = OC, .relu = 1, .pool = pool};
+    pst_linear_bwd_args g = {.dinp = dx, .dw = dw, .db = db, .dout = dout, .inp = inp, .w = w,
+                             .B = B, .IC = IC, .OC = OC, .pool = pool};
+    memset(out, 0xff, sizeof(float) * B * OC);
+    memset(dw, 0xff, sizeof(float) * OC * IC);
+    memset(db, 0xff, sizeof(float) * OC);
+    memset(dx, 0xff, sizeof(float) * B * IC);
+    CHECK_OK(pst_op_linear_forward(s, &f));
+    CHECK_OK(pst_op_linear_backward(s, &g));
+    CHECK_OK(pst_stream_synchronize(s));
+}
+
+Test(ops_parity, linear_split_over_a_pool)
+{
+    pst_runtime *rt;
+    pst_stream *s;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
+    const int B = 64, IC = 300, OC = 130;
+    float *inp = randn((size_t)B * IC, 91), *w = randn((size_t)OC * IC, 92);
+    float *bias = randn((size_t)OC, 93), *dout = randn((size_t)B * OC, 94);
+    float *r[4], *g[4], *h[4];
+    const size_t n[4] = {(size_t)B * OC, (size_t)OC * IC, (size_t)OC, (size_t)B * IC};
+    const char *what[4] = {"forward", "dw", "db", "dinp"};
+    for (int k = 0; k < 4; k++) {
+        r[k] = malloc(sizeof(float) * n[k]);
+        g[k] = malloc(sizeof(float) * n[k]);
+        h[k] = malloc(sizeof(float) * n[k]);
+    }
+    pst_linear_forward(r[0], inp, w, bias, B, IC, OC, 1);
+    pst_linear_backward(r[3], r[1], r[2], dout, inp, w, B, IC, OC, 0);
+    for (int threads = 1; threads <= 3; threads++) {
+        pst_pool *pool;
+        CHECK_OK(pst_pool_init(&pool, threads));
+        linear_via_pool(s, pool, inp, w, bias, dout, B, IC, OC, g[0], g[1], g[2], g[3]);
+        linear_via_pool(s, pool, inp, w, bias, dout, B, IC, OC, h[0], h[1], h[2], h[3]);
+        for (int k = 0; k < 4; k++) {
+            cr_assert_eq(memcmp(g[k], h[k], sizeof(float) * n[k]), 0,
+                         "%s: %d threads gave other bits the second time", what[k], threads);
+            if (threads == 1)
+                cr_assert_eq(memcmp(g[k], r[k], sizeof(float) * n[k]), 0,
+                             "%s: a team of one differs from the reference kernel", what[k]);
+            for (size_t i = 0; i < n[k]; i++)
+                cr_assert(fabs(g[k][i] - r[k][i]) <= TOL_GEMM_ATOL + TOL_GEMM_RTOL * fabs(r[k][i]),
+                          "%s[%zu], %d threads: %.9g, whole call %.9g", what[k], i, threads,
+                          g[k][i], r[k][i]);
+        }
+        pst_pool_free(pool);
+    }
+    for (int k = 0; k < 4; k++) {
+        free(r[k]);
+        free(g[k]);
+        free(h[k]);
+    }
+    free(inp); free(w); free(bias); free(dout);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
 }
 
 Test(ops_parity, linear_backward)

@@ -51,6 +51,7 @@ typedef struct exec_slot {
 typedef struct exec_dev {
     pst_device *dev;
     pst_stream *compute, *send, *recv;
+    pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
     pst_mlp m;
     float *x;                     /* (max_batch, in) */
     int32_t *y;                   /* (max_batch) */
@@ -105,7 +106,6 @@ struct tr_exec {
     exec_block *blocks;
     int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
     pst_comm *comm;
-    pst_pool *pool;                /* CPU: splits the local optimizer over the cores */
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
     float *host_losses;            /* (max_batch) */
@@ -160,7 +160,8 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
         const pst_linear_view *v = &m->layer[l];
         d->fwd[l] = (pst_linear_fwd_args){
             .out = m->acts[l], .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off,
-            .b = m->params + v->b_off, .IC = v->in, .OC = v->out, .relu = l < ex->L - 1};
+            .b = m->params + v->b_off, .IC = v->in, .OC = v->out, .relu = l < ex->L - 1,
+            .pool = d->pool};
     }
     /* Backward ping-pongs between dbuf[0] and dbuf[1], starting from the loss gradient in
      * dbuf[0]: layer l reads dout and writes dinp, which becomes layer l-1's dout. */
@@ -170,10 +171,11 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
         d->bwd_w[l] = (pst_linear_bwd_args){
             .dw = m->grads + v->w_off, .db = m->grads + v->b_off, .dout = dout,
             .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off, .IC = v->in,
-            .OC = v->out};
+            .OC = v->out, .pool = d->pool};
         d->bwd_x[l] = (pst_linear_bwd_args){.dinp = l ? dinp : NULL, .dout = dout,
                                             .inp = l ? m->acts[l - 1] : d->x,
-                                            .w = m->params + v->w_off, .IC = v->in, .OC = v->out};
+                                            .w = m->params + v->w_off, .IC = v->in, .OC = v->out,
+                                            .pool = d->pool};
         if (l) {
             d->relu[l] = (pst_relu_bwd_args){.dinp = dinp, .dout = dinp, .out = m->acts[l - 1]};
             float *t = dout;
@@ -228,6 +230,11 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         d->dev = pst_runtime_device(c->rt, i);
+        /* CPU devices split each layer and the optimizer over a team of their own threads
+         * (OpenBLAS itself runs single-threaded, see train.c). */
+        if (ex->host_memory &&
+            (st = pst_pool_init(&d->pool, c->threads > 0 ? c->threads : 1)) != PST_OK)
+            goto error;
         if ((st = pst_mlp_init(&d->m, &c->mlp, ex->max_batch, d->dev)) != PST_OK)
             goto error;
         if ((st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
@@ -274,9 +281,6 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         ex->plan = &ex->own_plan;
     }
     if ((st = pst_comm_init(&ex->comm, c->rt)) != PST_OK)
-        goto error;
-    if (!c->remote && ex->host_memory &&
-        (st = pst_pool_init(&ex->pool, c->threads > 0 ? c->threads : 1)) != PST_OK)
         goto error;
 
     const int nb = ex->plan->nblocks;
@@ -346,7 +350,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 goto error;
             for (int k = 0; k < 2; k++)
                 eb->optim[k] = (pst_optim_args){
-                    .cfg = &ex->optim, .pool = ex->pool,
+                    .cfg = &ex->optim, .pool = owner->pool,
                     .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
                     .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
                     .n = eb->b->length};
@@ -426,11 +430,11 @@ void tr_exec_free(tr_exec *ex)
         if (ex->shared)
             d->m.params = i > 0 ? NULL : ex->pbuf[0]; /* owned by device 0's replica */
         pst_mlp_free(&d->m);
+        pst_pool_free(d->pool);
     }
     if (ex->pbuf[1])
         pst_device_free(ex->devs[0].dev, ex->pbuf[1]);
     pst_comm_free(ex->comm);
-    pst_pool_free(ex->pool);
     tr_plan_free(&ex->own_plan);
     free(ex->blocks);
     free(ex->layer_first);

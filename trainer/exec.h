@@ -37,7 +37,7 @@ typedef struct tr_exec_config {
     int eval_rows;          /* rows per evaluation batch */
     tr_remote *remote;      /* NULL: local mode (the optimizer runs on the owner devices) */
     int overlap;            /* 0: serialized schedule */
-    int threads;            /* CPU threads the local optimizer may use (0: 1) */
+    int threads;            /* CPU threads per device: its layers and optimizer (0: 1) */
     tr_trace *trace;        /* may be NULL */
 } tr_exec_config;
 
