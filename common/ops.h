@@ -36,11 +36,14 @@ typedef struct pst_linear_fwd_args {
 /* dw (OC, IC) = dout^T @ inp, db (OC) = column sums of dout (overwritten, or added when
  * accumulate), dinp (B, IC) = dout @ w (skipped when NULL). dw and db may both be NULL
  * (only dinp): the executor computes the weight gradient first, so the block can leave
- * while the input gradient is still being computed. */
+ * while the input gradient is still being computed. When row1 > 0 only rows [row0, row1)
+ * of dw and db are computed (0 <= row0 < row1 <= OC): the executor cuts a layer's weight
+ * gradient at its block boundaries, so each block leaves as soon as its rows are done. */
 typedef struct pst_linear_bwd_args {
     float *dinp, *dw, *db;
     const float *dout, *inp, *w;
     int B, IC, OC, accumulate;
+    int row0, row1;              /* weight-gradient rows; row1 == 0: all */
     struct pst_pool *pool;       /* CPU only, may be NULL: split as the forward */
 } pst_linear_bwd_args;
 

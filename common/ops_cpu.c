@@ -25,9 +25,10 @@ static void linear_bwd_part(void *arg, int part, int nparts)
     const pst_linear_bwd_args *a = arg;
     size_t lo, hi;
     if (a->dw) {
-        pst_pool_split((size_t)a->OC, part, nparts, 16, &lo, &hi);
+        const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
+        pst_pool_split((size_t)(r1 - r0), part, nparts, 16, &lo, &hi);
         pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
-                                        a->accumulate, (int)lo, (int)hi);
+                                        a->accumulate, r0 + (int)lo, r0 + (int)hi);
     }
     if (a->dinp) {
         pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);

@@ -336,6 +336,58 @@ Test(ops_parity, linear_backward)
 
 /* ---- ReLU backward, add ----------------------------------------------------------- */
 
+/* A weight-gradient row range (the executor's chunks): rows [r0, r1) of dw and db as the
+ * reference slice kernel computes them, every other row untouched, on every backend. */
+Test(ops_parity, linear_backward_row_range)
+{
+    backend be[MAX_BACKENDS];
+    int nb = backends_open(be);
+    const int B = 33, IC = 65, OC = 37, r0 = 9, r1 = 30;
+    const size_t nw = (size_t)OC * IC, ni = (size_t)B * IC, no = (size_t)B * OC;
+    float *inp = randn(ni, 141), *w = randn(nw, 142), *dout = randn(no, 143);
+    float *dw0 = randn(nw, 144), *db0 = randn((size_t)OC, 145);
+    for (int acc = 0; acc < 2; acc++) {
+        float *ref_dw = copy_floats(dw0, nw), *ref_db = copy_floats(db0, OC);
+        pst_linear_backward_weight_rows(ref_dw, ref_db, dout, inp, B, IC, OC, acc, r0, r1);
+        for (int i = 0; i < nb; i++) {
+            backend *b = &be[i];
+            float *d_inp = dev_put(b, inp, sizeof(float) * ni);
+            float *d_w = dev_put(b, w, sizeof(float) * nw);
+            float *d_dout = dev_put(b, dout, sizeof(float) * no);
+            float *d_dw = dev_put(b, dw0, sizeof(float) * nw);
+            float *d_db = dev_put(b, db0, sizeof(float) * OC);
+            pst_linear_bwd_args a = {.dw = d_dw, .db = d_db, .dout = d_dout, .inp = d_inp,
+                                     .w = d_w, .B = B, .IC = IC, .OC = OC, .accumulate = acc,
+                                     .row0 = r0, .row1 = r1};
+            CHECK_OK(pst_op_linear_backward(b->s, &a));
+            float *g_dw = malloc(sizeof(float) * nw), *g_db = malloc(sizeof(float) * OC);
+            dev_get(b, g_dw, d_dw, sizeof(float) * nw);
+            dev_get(b, g_db, d_db, sizeof(float) * OC);
+            CHECK_OK(pst_stream_synchronize(b->s));
+            compare("linear_backward rows dw", b, g_dw, ref_dw, nw, b->exact_gemm,
+                    TOL_GEMM_ATOL, TOL_GEMM_RTOL);
+            compare("linear_backward rows db", b, g_db, ref_db, (size_t)OC, 1, 0, 0);
+            /* Outside the range: the initial values, bit for bit. */
+            cr_assert_eq(memcmp(g_dw, dw0, sizeof(float) * (size_t)r0 * IC), 0, "rows < r0 written");
+            cr_assert_eq(memcmp(g_dw + (size_t)r1 * IC, dw0 + (size_t)r1 * IC,
+                                sizeof(float) * (size_t)(OC - r1) * IC), 0, "rows >= r1 written");
+            cr_assert_eq(memcmp(g_db, db0, sizeof(float) * r0), 0, "db < r0 written");
+            cr_assert_eq(memcmp(g_db + r1, db0 + r1, sizeof(float) * (OC - r1)), 0, "db >= r1 written");
+            free(g_dw);
+            free(g_db);
+            dev_free(b, d_inp);
+            dev_free(b, d_w);
+            dev_free(b, d_dout);
+            dev_free(b, d_dw);
+            dev_free(b, d_db);
+        }
+        free(ref_dw);
+        free(ref_db);
+    }
+    free(inp); free(w); free(dout); free(dw0); free(db0);
+    backends_close(be, nb);
+}
+
 Test(ops_parity, relu_backward)
 {
     backend be[MAX_BACKENDS];
@@ -688,6 +740,21 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
     lbb.B = 0;
     CHECK_ERR(pst_op_linear_backward(s, &lbb), PST_ERR_INVALID);
     CHECK_OK(pst_op_linear_backward(s, &lb)); /* dinp NULL is allowed */
+    /* Weight-gradient rows: inside [0, OC), not empty, only with dw. */
+    const int ranges[][2] = {{1, 1}, {-1, 1}, {0, 3}, {2, 1}, {1, 0}};
+    for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
+        pst_linear_bwd_args x = lb;
+        x.row0 = ranges[k][0];
+        x.row1 = ranges[k][1];
+        CHECK_ERR(pst_op_linear_backward(s, &x), PST_ERR_INVALID);
+    }
+    pst_linear_bwd_args rows = lb;
+    rows.row0 = 1;
+    rows.row1 = 2;
+    CHECK_OK(pst_op_linear_backward(s, &rows));
+    rows.dw = rows.db = NULL;
+    rows.dinp = f + 40;
+    CHECK_ERR(pst_op_linear_backward(s, &rows), PST_ERR_INVALID); /* rows without dw */
 
     pst_relu_bwd_args rb = {.dinp = f, .dout = f, .out = f + 8, .n = 8};
     CHECK_ERR(pst_op_relu_backward(NULL, &rb), PST_ERR_INVALID);

@@ -7,7 +7,7 @@
  * A step only fills in row counts and queues work; the host waits for the compute
  * streams (to read the losses), never for the communication, unless overlap is off.
  * Hazards are closed by events alone: a block is reduced after every device recorded
- * grad_done for the lowest layer it covers; a device's next forward of layer l waits on
+ * its grad_done (see the weight-gradient chunks below); a device's next forward of layer l waits on
  * ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
  * payload released) and pull, so the next backward can never overwrite a gradient that is
  * still being read.
@@ -18,7 +18,12 @@
  * reading the block's weights (x_done). Distributed, there are TWO buffers, by step
  * parity: step s computes with one while its pulls land in the other, so a pull starts
  * with its push (at grad_done) instead of waiting for backward to finish with the old
- * weights; step s+1 computes with the new buffer. */
+ * weights; step s+1 computes with the new buffer.
+ * A layer's weight gradient is computed in chunks of rows cut at the block boundaries
+ * (ascending), and each block's grad_done is recorded right after the chunk that finishes
+ * it: a large layer's first blocks leave while the rest of its weight gradient is still
+ * being computed (on a GPU host that is communication hidden behind compute; on CPU the
+ * same). A block spanning two layers is finished by the lower layer, later in backward. */
 #include "trainer/exec.h"
 
 #include <math.h>
@@ -57,11 +62,12 @@ typedef struct exec_dev {
     int32_t *y;                   /* (max_batch) */
     float *losses;                /* (max_batch) */
     int32_t *correct;             /* (1) */
-    pst_event **grad_done;        /* (L) layer l's weight and bias gradients are final */
+    pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
     pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
     pst_event **ready;            /* (nblocks) */
     pst_linear_fwd_args fwd[PST_MLP_MAX_HIDDEN + 1];
     pst_linear_bwd_args bwd_w[PST_MLP_MAX_HIDDEN + 1]; /* weight and bias gradients */
+    pst_linear_bwd_args *bwd_chunk;                    /* (nchunks) bwd_w cut into rows */
     pst_linear_bwd_args bwd_x[PST_MLP_MAX_HIDDEN + 1]; /* input gradient (l > 0) */
     pst_relu_bwd_args relu[PST_MLP_MAX_HIDDEN + 1];
     pst_xent_args xent;
@@ -93,6 +99,13 @@ struct exec_block {
     tr_span *send_span, *recv_span;
 };
 
+/* Rows [row0, row1) of layer `layer`'s weight gradient; afterwards blocks
+ * [block_first, block_last] are final (none when block_first > block_last). */
+typedef struct exec_chunk {
+    int layer, row0, row1;
+    int block_first, block_last;
+} exec_chunk;
+
 struct tr_exec {
     tr_exec_config c;
     pst_optim_config optim;
@@ -105,6 +118,9 @@ struct tr_exec {
     const tr_plan *plan;
     exec_block *blocks;
     int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
+    exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
+    int nchunks;
+    int *layer_chunk0, *layer_nchunks; /* (L) layer l's chunks */
     pst_comm *comm;
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
@@ -188,6 +204,67 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
                               .targets = d->y, .C = m->cfg.out_dim};
 }
 
+/* The weight-gradient chunks' arguments: the layer's, restricted to the chunk's rows. */
+static void set_chunk_args(tr_exec *ex, exec_dev *d)
+{
+    for (int c = 0; d->bwd_chunk && c < ex->nchunks; c++) {
+        d->bwd_chunk[c] = d->bwd_w[ex->chunks[c].layer];
+        d->bwd_chunk[c].row0 = ex->chunks[c].row0;
+        d->bwd_chunk[c].row1 = ex->chunks[c].row1;
+    }
+}
+
+/* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN). A block is
+ * finished by its lowest layer lmin: by the chunk holding its last element in that layer,
+ * or by the layer's last chunk when it reaches into the bias (every chunk adds its rows'
+ * bias gradient). */
+static pst_status build_chunks(tr_exec *ex)
+{
+    const pst_mlp *m = &ex->devs[0].m;
+    const int nb = ex->plan->nblocks;
+    ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
+    ex->layer_chunk0 = calloc((size_t)ex->L, sizeof(int));
+    ex->layer_nchunks = calloc((size_t)ex->L, sizeof(int));
+    if (!ex->chunks || !ex->layer_chunk0 || !ex->layer_nchunks)
+        return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    for (int l = 0; l < ex->L; l++) {
+        const pst_linear_view *v = &m->layer[l];
+        const size_t w_end = v->w_off + (size_t)v->out * v->in;
+        ex->layer_chunk0[l] = ex->nchunks;
+        int row0 = 0;
+        /* Blocks whose lowest layer is l, ascending: their cut rows ascend too. */
+        for (int b = 0; b < nb; b++) {
+            if (ex->blocks[b].lmin != l)
+                continue;
+            const tr_block *blk = &ex->plan->blocks[b];
+            size_t end = blk->offset + blk->length;
+            int cut = end > w_end ? v->out : (int)((end - v->w_off + v->in - 1) / v->in);
+            if (cut < row0)
+                cut = row0;
+            exec_chunk *prev = ex->nchunks > ex->layer_chunk0[l] ? &ex->chunks[ex->nchunks - 1] : NULL;
+            if (cut == row0 && prev) {
+                prev->block_last = b; /* finished by the chunk already cut there */
+                continue;
+            }
+            if (cut == row0) /* cut at row 0 with no chunk yet: leave it to the first one */
+                cut = row0 + 1 <= v->out ? row0 + 1 : v->out;
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, cut, b, b};
+            row0 = cut;
+        }
+        if (row0 < v->out) /* rows after the last block that ends in this layer */
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, v->out, 1, 0};
+        ex->layer_nchunks[l] = ex->nchunks - ex->layer_chunk0[l];
+    }
+    for (int i = 0; i < ex->D; i++) {
+        exec_dev *d = &ex->devs[i];
+        d->bwd_chunk = calloc((size_t)ex->nchunks, sizeof *d->bwd_chunk);
+        if (!d->bwd_chunk)
+            return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+        set_chunk_args(ex, d);
+    }
+    return PST_OK;
+}
+
 /* Points every replica at the newest parameters (two buffers: pbuf[cur]). */
 static void use_newest_params(tr_exec *ex)
 {
@@ -196,6 +273,7 @@ static void use_newest_params(tr_exec *ex)
     for (int i = 0; i < ex->D; i++) {
         ex->devs[i].m.params = ex->pbuf[ex->cur];
         set_layer_args(ex, &ex->devs[i]);
+        set_chunk_args(ex, &ex->devs[i]);
     }
 }
 
@@ -247,15 +325,13 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             goto error;
         ex->send_streams[i] = d->send;
         ex->recv_streams[i] = d->recv;
-        d->grad_done = calloc((size_t)ex->L, sizeof *d->grad_done);
         d->x_done = calloc((size_t)ex->L, sizeof *d->x_done);
-        if (!d->grad_done || !d->x_done) {
+        if (!d->x_done) {
             st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
             goto error;
         }
         for (int l = 0; l < ex->L; l++)
-            if ((st = pst_event_create(d->dev, &d->grad_done[l])) != PST_OK ||
-                (st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
+            if ((st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
                 goto error;
         if (ex->shared && i > 0) {
             pst_device_free(d->dev, d->m.params);
@@ -296,12 +372,14 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         d->ready = calloc((size_t)nb, sizeof *d->ready);
-        if (!d->ready) {
+        d->grad_done = calloc((size_t)nb, sizeof *d->grad_done);
+        if (!d->ready || !d->grad_done) {
             st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
             goto error;
         }
         for (int b = 0; b < nb; b++)
-            if ((st = pst_event_create(d->dev, &d->ready[b])) != PST_OK)
+            if ((st = pst_event_create(d->dev, &d->ready[b])) != PST_OK ||
+                (st = pst_event_create(d->dev, &d->grad_done[b])) != PST_OK)
                 goto error;
     }
     /* Which blocks each layer reads (layers and blocks are both in buffer order). */
@@ -366,6 +444,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 goto error;
         }
     }
+    if ((st = build_chunks(ex)) != PST_OK)
+        goto error;
     if (c->cfg->jitter_us)
         pst_runtime_set_jitter(c->rt, c->cfg->jitter_seed, c->cfg->jitter_us);
     if (c->trace) {
@@ -412,13 +492,14 @@ void tr_exec_free(tr_exec *ex)
         pst_stream_destroy(d->compute);
         pst_stream_destroy(d->send);
         pst_stream_destroy(d->recv);
-        for (int l = 0; d->grad_done && l < ex->L; l++)
-            pst_event_destroy(d->grad_done[l]);
         for (int l = 0; d->x_done && l < ex->L; l++)
             pst_event_destroy(d->x_done[l]);
         free(d->x_done);
         for (int b = 0; d->ready && ex->plan && b < ex->plan->nblocks; b++)
             pst_event_destroy(d->ready[b]);
+        for (int b = 0; d->grad_done && ex->plan && b < ex->plan->nblocks; b++)
+            pst_event_destroy(d->grad_done[b]);
+        free(d->bwd_chunk);
         free(d->grad_done);
         free(d->ready);
         if (d->dev) {
@@ -439,6 +520,9 @@ void tr_exec_free(tr_exec *ex)
     free(ex->blocks);
     free(ex->layer_first);
     free(ex->layer_last);
+    free(ex->chunks);
+    free(ex->layer_chunk0);
+    free(ex->layer_nchunks);
     free(ex->host_params);
     free(ex->host_losses);
     free(ex->devs);
@@ -504,10 +588,10 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
         PST_TRY(pst_memset_async(s, d->m.grads, 0, d->m.nparams * sizeof(float)));
-        for (int l = 0; l < ex->L; l++) {
-            PST_TRY(pst_event_record(d->grad_done[l], s));
+        for (int b = 0; b < ex->plan->nblocks; b++)
+            PST_TRY(pst_event_record(d->grad_done[b], s));
+        for (int l = 0; l < ex->L; l++)
             PST_TRY(pst_event_record(d->x_done[l], s));
-        }
         return PST_OK;
     }
     int di = (int)(d - ex->devs);
@@ -526,10 +610,14 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
     PST_TRY(pst_op_softmax_xent(s, &d->xent));
     for (int l = ex->L - 1; l >= 0; l--) {
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "backward", step, l);
-        /* The weight gradient first: the layer's blocks can leave while dinp is computed. */
-        d->bwd_w[l].B = d->rows;
-        PST_TRY(pst_op_linear_backward(s, &d->bwd_w[l]));
-        PST_TRY(pst_event_record(d->grad_done[l], s));
+        /* The weight gradient first, chunk by chunk: each block leaves as soon as its rows
+         * are done, while the rest of the layer (and dinp) is still being computed. */
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l] + ex->layer_nchunks[l]; c++) {
+            d->bwd_chunk[c].B = d->rows;
+            PST_TRY(pst_op_linear_backward(s, &d->bwd_chunk[c]));
+            for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
+                PST_TRY(pst_event_record(d->grad_done[b], s));
+        }
         if (l) {
             d->bwd_x[l].B = d->rows;
             PST_TRY(pst_op_linear_backward(s, &d->bwd_x[l]));
@@ -603,7 +691,7 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
     const int o = eb->b->owner_device;
     exec_dev *owner = &ex->devs[o];
     for (int i = 0; i < ex->D; i++)
-        PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->lmin]));
+        PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
     tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o], ex->c.remote ? "reduce+push" : "reduce+optimizer",
                              step, eb->index);
     PST_TRY(pst_comm_reduce(ex->comm, eb->gbufs, eb->b->length, o, ex->send_streams));
@@ -702,8 +790,12 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
     }
     if (!ex->c.overlap)
         PST_TRY(sync_streams(ex, 0));
-    for (int b = ex->plan->nblocks - 1; b >= 0; b--) /* the order backward finishes them */
-        PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
+    /* In the order backward finishes them (the send streams are FIFO): the top layer
+     * first, each layer's chunks by ascending rows. */
+    for (int l = ex->L - 1; l >= 0; l--)
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l] + ex->layer_nchunks[l]; c++)
+            for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
+                PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
     if (ex->pbuf[1])
         ex->cur ^= 1; /* the pulls above land there */
     if (!ex->c.overlap)

@@ -63,15 +63,15 @@ static __global__ void bias_act_kernel(float *out, const float *bias, size_t B, 
 
 /* dbias (OC) = (accumulate ? dbias : 0) + dout[0] + dout[1] + ..., rows in order, one
  * thread per column: the same additions in the same order as layers.c (bit-identical). */
-static __global__ void bias_grad_kernel(float *dbias, const float *dout, int B, int OC,
+static __global__ void bias_grad_kernel(float *dbias, const float *dout, int B, int n, int ld,
                                         int accumulate)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= OC)
+    if (j >= n)
         return;
     float acc = accumulate ? dbias[j] : 0.0f;
     for (int b = 0; b < B; b++)
-        acc = __fadd_rn(acc, dout[(size_t)b * OC + j]);
+        acc = __fadd_rn(acc, dout[(size_t)b * ld + j]);
     dbias[j] = acc;
 }
 
@@ -84,11 +84,12 @@ static cudaError_t launch_bias_act(cudaStream_t s, float *out, const float *bias
     return cudaGetLastError();
 }
 
+/* Columns [0, n) of dout (B rows, leading dimension ld) into dbias[0, n). */
 static cudaError_t launch_bias_grad(cudaStream_t s, float *dbias, const float *dout, int B,
-                                    int OC, int accumulate)
+                                    int n, int ld, int accumulate)
 {
-    unsigned blocks = (unsigned)((OC + PST_CUDA_THREADS - 1) / PST_CUDA_THREADS);
-    bias_grad_kernel<<<blocks, PST_CUDA_THREADS, 0, s>>>(dbias, dout, B, OC, accumulate);
+    unsigned blocks = (unsigned)((n + PST_CUDA_THREADS - 1) / PST_CUDA_THREADS);
+    bias_grad_kernel<<<blocks, PST_CUDA_THREADS, 0, s>>>(dbias, dout, B, n, ld, accumulate);
     return cudaGetLastError();
 }
 
@@ -135,8 +136,11 @@ static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args 
     PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
     if (skip)
         return PST_OK;
+    /* Weight-gradient rows [r0, r1): columns r0.. of dout, rows r0.. of dw and db. */
+    const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
     if (a->db)
-        PST_CUDA_CHECK(launch_bias_grad(cs, a->db, a->dout, a->B, a->OC, a->accumulate));
+        PST_CUDA_CHECK(launch_bias_grad(cs, a->db + r0, a->dout + r0, a->B, r1 - r0, a->OC,
+                                        a->accumulate));
     PST_TRY(pst_cuda_blas_acquire(s, &h));
     /* Row-major dw (OC, IC) (+)= dout^T (OC, B) @ inp (B, IC).
      * Column-major: dw^T (IC, OC) = inp^T (IC, B) @ dout (B, OC), where
@@ -145,8 +149,9 @@ static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args 
      *   dw^T (IC, OC) has ld IC; beta 1 accumulates. */
     pst_status st = PST_OK;
     if (a->dw)
-        st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, a->OC, a->B, a->inp, a->IC, a->dout,
-                  a->OC, a->accumulate ? 1.0f : 0.0f, a->dw, a->IC);
+        st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, r1 - r0, a->B, a->inp, a->IC,
+                  a->dout + r0, a->OC, a->accumulate ? 1.0f : 0.0f, a->dw + (size_t)r0 * a->IC,
+                  a->IC);
     /* Row-major dinp (B, IC) = dout (B, OC) @ w (OC, IC).
      * Column-major: dinp^T (IC, B) = w^T (IC, OC) @ dout^T (OC, B), where
      *   the buffer of w is w^T (IC, OC), ld IC        -> op N;
