@@ -23,7 +23,8 @@
  * (ascending), and each block's grad_done is recorded right after the chunk that finishes
  * it: a large layer's first blocks leave while the rest of its weight gradient is still
  * being computed (on a GPU host that is communication hidden behind compute; on CPU the
- * same). A block spanning two layers is finished by the lower layer, later in backward. */
+ * same). A block spanning two layers is finished by the lower layer, later in backward.
+ * Training alone (no pserver) each layer is one chunk. */
 #include "trainer/exec.h"
 
 #include <math.h>
@@ -239,6 +240,10 @@ static pst_status build_chunks(tr_exec *ex)
             const tr_block *blk = &ex->plan->blocks[b];
             size_t end = blk->offset + blk->length;
             int cut = end > w_end ? v->out : (int)((end - v->w_off + v->in - 1) / v->in);
+            /* Training alone there is nothing to send early: the local optimizer waits for
+             * the layer's x_done anyway, and smaller GEMMs only cost speed. */
+            if (!ex->c.remote)
+                cut = v->out;
             if (cut < row0)
                 cut = row0;
             exec_chunk *prev = ex->nchunks > ex->layer_chunk0[l] ? &ex->chunks[ex->nchunks - 1] : NULL;
