@@ -40,8 +40,10 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
+    /* Two threads per device: every layer and optimizer pass is split over a team (the
+     * TSan build sees the team's hand-overs too). */
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .mlp = mc, .max_rows = B, .eval_rows = 64,
-                         .overlap = overlap};
+                         .overlap = overlap, .threads = 2};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
