@@ -56,7 +56,7 @@ demo: deps
 	@scripts/demo.sh $(BUILD)
 
 bench: deps
-	@scripts/deps.sh python3-torch iperf3
+	@scripts/deps.sh python3-torch iperf3 libblis4-pthread
 	$(MAKE) build
 	bench/run.sh $(BUILD)
 

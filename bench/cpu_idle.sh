@@ -7,11 +7,17 @@
 # middle of a 60-step run. Prints one JSON line per schedule. Not a test.
 #
 # usage: bench/cpu_idle.sh [BUILD_DIR=build] [RUNS=2] [SKIP_S=8] [WINDOW_S=6]
+# BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (see bench_blas_core in bench/lib.sh).
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-2}; skip=${3:-8}; window=${4:-6}
-[ -x "$build/bin/pslaunch" ] || { echo "bench: $build/bin/pslaunch not built (run make)" >&2; exit 2; }
+bench_need_built "$build" pslaunch pserver trainer
+bench_need_python
+bench_blas_core "$build"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export PSTRAIN_DEVICES=cpu:2
+bench_header cpu_idle "\"hidden\":\"4096,4096\",\"batch\":128,\"devices\":\"cpu:2\",\"pservers\":1,\"trainers\":1,\"steps\":60,\"runs\":$runs,\"skip_s\":$skip,\"window_s\":$window"
 flags=(--model mlp --hidden 4096,4096 --batch 128 --steps 60 --optimizer momentum --lr 0.01
        --momentum 0.9 --seed 0 --progress none --log-level warn)
 for i in $(seq 1 "$runs"); do

@@ -14,13 +14,33 @@
 # the link is raw loopback, where "communication" is kernel memcpy on the same 2 cores the
 # GEMMs use, so overlap can only reclaim the CPU that the serialized run leaves idle.
 # Needs root or passwordless sudo, and no root qdisc already on lo.
+# Trainer and pserver run under the OpenBLAS kernel family bench_blas_core picks
+# (BENCH_CORETYPE=keep|NAME to choose otherwise; bench/lib.sh).
 #
-# usage: [LINK=10gbit] [BATCH=128] bench/overlap.sh [BUILD_DIR=build] [RUNS=3] [STEPS=30]
+# HOST=gpu-like: the setting of a GPU trainer, whose host cores are free for communication
+# while the GPU computes: the trainer computes on ONE device with ONE thread (cpu:1,
+# --threads 1), so on a 2-core machine the compute has one core and the pserver, gRPC and
+# the send/recv streams the other. The default (HOST=cpu) gives the trainer 2 devices on
+# the 2 cores, as a CPU trainer runs. The result's "exposed_fraction" is the share of the
+# serialized run's communication the overlapped run still shows:
+# (overlapped - local compute) / (serialized - local compute).
+#
+# usage: [HOST=cpu|gpu-like] [LINK=10gbit] [BATCH=128] bench/overlap.sh [BUILD_DIR=build] [RUNS=3] [STEPS=30]
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; steps=${3:-30}
-link=${LINK:-}; batch=${BATCH:-128}
+link=${LINK:-}; batch=${BATCH:-128}; host=${HOST:-cpu}
+case "$host" in
+  cpu) devices=cpu:2; threads=2 ;;
+  gpu-like) devices=cpu:1; threads=1 ;;
+  *) bench_die "HOST=$host: expected cpu or gpu-like (e.g. HOST=gpu-like)" ;;
+esac
 here=$(cd "$(dirname "$0")/.." && pwd)
-[ -x "$build/bin/pslaunch" ] || { echo "bench: $build/bin/pslaunch not built (run make)" >&2; exit 2; }
+bench_need_built "$build" pslaunch pserver trainer
+bench_need_python
+if [ -n "$link" ]; then bench_need_tc "LINK=$link"; fi
+bench_blas_core "$build"
 mkdir -p "$here/bench/out"
 tmp=$(mktemp -d)
 shaped=0
@@ -32,11 +52,10 @@ cleanup() {
 trap cleanup EXIT
 port_args=()
 if [ -n "$link" ]; then
-  command -v tc >/dev/null || { echo "bench: LINK=$link needs tc (apt-get install iproute2)" >&2; exit 2; }
   if "${sudo[@]}" tc qdisc show dev lo | grep -q "^qdisc htb\|^qdisc tbf"; then
     echo "bench: lo already has a shaping qdisc; remove it first (tc qdisc del dev lo root)" >&2; exit 2
   fi
-  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$("$BENCH_PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   shaped=1
   "${sudo[@]}" tc qdisc add dev lo root handle 1: htb || { shaped=0; echo "bench: LINK=$link: cannot add a qdisc to lo (needs root or sudo)" >&2; exit 2; }
   for dir in 1:dport 2:sport; do
@@ -48,9 +67,9 @@ if [ -n "$link" ]; then
   port_args=(--base-port "$port")
 fi
 flags=(--model mlp --hidden 4096,4096 --batch "$batch" --steps "$steps" --optimizer momentum
-       --lr 0.01 --momentum 0.9 --seed 0 --progress none --log-level warn)
-export PSTRAIN_DEVICES=cpu:2
-echo "{\"bench\":\"overlap\",\"hidden\":\"4096,4096\",\"batch\":$batch,\"devices\":\"cpu:2\",\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs,\"link\":\"${link:-loopback}\"}"
+       --lr 0.01 --momentum 0.9 --seed 0 --progress none --log-level warn --threads "$threads")
+export PSTRAIN_DEVICES=$devices
+bench_header overlap "\"host\":\"$host\",\"hidden\":\"4096,4096\",\"batch\":$batch,\"devices\":\"$devices\",\"threads\":$threads,\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs,\"link\":\"${link:-loopback}\""
 for i in $(seq 1 "$runs"); do
   trace=()
   [ "$i" = "$runs" ] && trace=(--trace "$here/bench/out/overlap.json" --trace-steps 10:11)
@@ -63,7 +82,7 @@ for i in $(seq 1 "$runs"); do
   "$build/bin/trainer" "${flags[@]}" 2>/dev/null | tail -n 1 > "$tmp/l$i.json"
   echo "{\"run\":$i,\"schedule\":\"local compute only\",\"result\":$(cat "$tmp/l$i.json")}"
 done
-/usr/bin/python3 - "$tmp" "$runs" <<'PY'
+"$BENCH_PY" - "$tmp" "$runs" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
 med = lambda p: statistics.median(json.load(open("%s/%s%d.json" % (d, p, i)))["step_ms_median"]
@@ -72,9 +91,10 @@ o, s, l = med("o"), med("s"), med("l")
 print(json.dumps({"overlap_step_ms_median": o, "serialized_step_ms_median": s,
                   "local_compute_step_ms_median": l,
                   "overlap_over_serialized": round(o / s, 3),
+                  "exposed_fraction": round((o - l) / (s - l), 3) if s > l else None,
                   "overlap_over_local_compute": round(o / l, 3),
                   "serialized_over_local_compute": round(s / l, 3)}))
 PY
 # What the trace of the last overlapped run shows (pushes during backward; the next forward
 # before the last pull returns).
-/usr/bin/python3 "$here/bench/trace_summary.py" "$here/bench/out/overlap.json"
+"$BENCH_PY" "$here/bench/trace_summary.py" "$here/bench/out/overlap.json"

@@ -4,32 +4,34 @@
 # the PyTorch RPC parameter-server peer (../shared/peers/torch_rpc_ps.py, same sizes,
 # plain SGD), alternating, RUNS times each; then iperf3's loopback figure for scale.
 # Prints JSON lines: every run, then the medians and the ratio of step-time medians.
-# Not a test: it reports, it never gates.
+# Not a test: it reports, it never gates. Needs iperf3 (apt-get install iperf3).
 #
 # usage: bench/ps_sync.sh [BUILD_DIR=build] [RUNS=3] [PARAMS=25000000] [STEPS=20]
+# BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (see bench_blas_core in bench/lib.sh).
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; params=${3:-25000000}; steps=${4:-20}
-here=$(cd "$(dirname "$0")/.." && pwd)
-peer="$here/../shared/peers/torch_rpc_ps.py"
-[ -x "$build/bin/pslaunch" ] || { echo "bench: $build/bin/pslaunch not built (run make)" >&2; exit 2; }
-[ -f "$peer" ] || { echo "bench: $peer not found (../shared/peers beside the repo)" >&2; exit 2; }
+peer="$BENCH_PEERS/torch_rpc_ps.py"
+bench_need_built "$build" pslaunch pserver trainer
+bench_need_peer torch_rpc_ps.py
+bench_need_torch
+bench_need_iperf3
+bench_blas_core "$build"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-echo "{\"bench\":\"ps_sync\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs}"
+bench_header ps_sync "\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
   "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- "$build/bin/trainer" \
     --model synthetic --params "$params" --steps "$steps" --optimizer sgd --lr 0.01 \
     --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
   echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
-  /usr/bin/python3 "$peer" --params "$params" --steps "$steps" --transport tcp 2>/dev/null \
+  "$BENCH_PY" "$peer" --params "$params" --steps "$steps" --transport tcp 2>/dev/null \
     | tail -n 1 > "$tmp/t$i.json"
   echo "{\"run\":$i,\"who\":\"torch_rpc\",\"result\":$(cat "$tmp/t$i.json")}"
 done
-iperf=""
-if command -v iperf3 >/dev/null && [ -x "$here/../shared/peers/iperf3_loopback.sh" ]; then
-  "$here/../shared/peers/iperf3_loopback.sh" 3 15201 1 2>/dev/null | head -n 1 > "$tmp/iperf.json" || true
-  iperf=$(cat "$tmp/iperf.json")
-fi
-/usr/bin/python3 - "$tmp" "$runs" "$params" "${iperf:-null}" <<'PY'
+"$BENCH_PEERS/iperf3_loopback.sh" 3 15201 1 2>/dev/null | head -n 1 > "$tmp/iperf.json" || true
+iperf=$(cat "$tmp/iperf.json")
+"$BENCH_PY" - "$tmp" "$runs" "$params" "${iperf:-null}" <<'PY'
 import json, statistics, sys
 d, n, params, iperf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
