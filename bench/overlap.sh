@@ -19,8 +19,9 @@
 #
 # HOST=gpu-like: the setting of a GPU trainer, whose host cores are free for communication
 # while the GPU computes: the trainer computes on ONE device with ONE thread (cpu:1,
-# --threads 1), so on a 2-core machine the compute has one core and the pserver, gRPC and
-# the send/recv streams the other. The default (HOST=cpu) gives the trainer 2 devices on
+# --threads 1) pinned to CPU 0 (--compute-cpus 0), and everything else (the pserver, gRPC,
+# the send/recv streams) runs on the other CPUs (taskset), so communication can neither
+# use nor slow down the compute core, as on a GPU. The default (HOST=cpu) gives the trainer 2 devices on
 # the 2 cores, as a CPU trainer runs. The result's "exposed_fraction" is the share of the
 # serialized run's communication the overlapped run still shows:
 # (overlapped - local compute) / (serialized - local compute).
@@ -31,9 +32,14 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; steps=${3:-30}
 link=${LINK:-}; batch=${BATCH:-128}; host=${HOST:-cpu}
+pin=()
 case "$host" in
   cpu) devices=cpu:2; threads=2 ;;
-  gpu-like) devices=cpu:1; threads=1 ;;
+  gpu-like)
+    devices=cpu:1; threads=1
+    [ "$(nproc)" -ge 2 ] || bench_die "HOST=gpu-like needs 2 or more CPUs (this machine has $(nproc))"
+    bench_need_cmd taskset "apt-get install util-linux"
+    pin=(taskset -c "1-$(($(nproc) - 1))") ;;
   *) bench_die "HOST=$host: expected cpu or gpu-like (e.g. HOST=gpu-like)" ;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,18 +74,19 @@ if [ -n "$link" ]; then
 fi
 flags=(--model mlp --hidden 4096,4096 --batch "$batch" --steps "$steps" --optimizer momentum
        --lr 0.01 --momentum 0.9 --seed 0 --progress none --log-level warn --threads "$threads")
+[ "$host" = gpu-like ] && flags+=(--compute-cpus 0)
 export PSTRAIN_DEVICES=$devices
 bench_header overlap "\"host\":\"$host\",\"hidden\":\"4096,4096\",\"batch\":$batch,\"devices\":\"$devices\",\"threads\":$threads,\"pservers\":1,\"trainers\":1,\"steps\":$steps,\"runs\":$runs,\"link\":\"${link:-loopback}\""
 for i in $(seq 1 "$runs"); do
   trace=()
   [ "$i" = "$runs" ] && trace=(--trace "$here/bench/out/overlap.json" --trace-steps 10:11)
-  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
+  "${pin[@]}" "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
     "${flags[@]}" --overlap 1 "${trace[@]}" 2>/dev/null | tail -n 1 > "$tmp/o$i.json"
   echo "{\"run\":$i,\"schedule\":\"overlap\",\"result\":$(cat "$tmp/o$i.json")}"
-  "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
+  "${pin[@]}" "$build/bin/pslaunch" --pservers 1 --trainers 1 --timeout 900 "${port_args[@]}" -- "$build/bin/trainer" \
     "${flags[@]}" --overlap 0 2>/dev/null | tail -n 1 > "$tmp/s$i.json"
   echo "{\"run\":$i,\"schedule\":\"serialized\",\"result\":$(cat "$tmp/s$i.json")}"
-  "$build/bin/trainer" "${flags[@]}" 2>/dev/null | tail -n 1 > "$tmp/l$i.json"
+  "${pin[@]}" "$build/bin/trainer" "${flags[@]}" 2>/dev/null | tail -n 1 > "$tmp/l$i.json"
   echo "{\"run\":$i,\"schedule\":\"local compute only\",\"result\":$(cat "$tmp/l$i.json")}"
 done
 "$BENCH_PY" - "$tmp" "$runs" <<'PY'

@@ -207,6 +207,38 @@ static pst_status parse_dataset(pst_config *cfg, const char *v, const char *wher
     return PST_OK;
 }
 
+/* A CPU list as taskset and cpusets write it: "0", "0-3", "0,2,4-7"; CPUs below 1024. */
+static pst_status parse_cpus(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    const char *p = v;
+    if (*v == '\0') {
+        cfg->compute_cpus[0] = '\0';
+        return PST_OK;
+    }
+    if (strlen(v) >= sizeof cfg->compute_cpus)
+        return bad(where, v, "CPU list too long", ex);
+    while (*p) {
+        char *e;
+        errno = 0;
+        long lo = strtol(p, &e, 10), hi = lo;
+        if (e == p || errno || lo < 0 || lo > 1023 || *p == '-' || *p == '+')
+            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+        if (*e == '-') {
+            p = e + 1;
+            hi = strtol(p, &e, 10);
+            if (e == p || errno || hi < lo || hi > 1023 || *p == '-' || *p == '+')
+                return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+        }
+        if (*e && *e != ',')
+            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+        p = *e ? e + 1 : e;
+        if (*e && !*p)
+            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+    }
+    snprintf(cfg->compute_cpus, sizeof cfg->compute_cpus, "%s", v);
+    return PST_OK;
+}
+
 #define F(field) offsetof(pst_config, field), 0
 #define S(field) offsetof(pst_config, field), sizeof(((pst_config *)0)->field)
 
@@ -252,6 +284,7 @@ static const opt options[] = {
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
     {"test-jitter", "PSTRAIN_TEST_JITTER", NULL, NULL, "7:200", "test hook: random delays of 0..US microseconds before every stream item and RPC, SEED:US", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_jitter},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "compute threads, shared by the local CPU devices (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
+    {"compute-cpus", "PSTRAIN_COMPUTE_CPUS", NULL, NULL, "0-3", "pin the compute threads (every CPU device's compute stream and thread team) to these CPUs, e.g. to keep them apart from the communication's; unset = not pinned", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_cpus},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
 };
@@ -546,6 +579,7 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         fprintf(out, ",\"block_bytes\":%zu,\"send_window\":%zu", cfg->block_bytes,
                 cfg->send_window);
         json_str(out, "devices", cfg->devices, &first);
+        json_str(out, "compute_cpus", cfg->compute_cpus, &first);
         json_str(out, "model", cfg->model, &first);
         buf[0] = '\0';
         for (int i = 0; i < cfg->mlp.nhidden; i++)

@@ -67,6 +67,8 @@ typedef struct pst_config {
     uint64_t jitter_seed;                          /* test hook: random delays in streams */
     unsigned jitter_us;                            /* and before RPCs, 0..jitter_us each */
     int threads;                                   /* BLAS threads per process, 0 = auto */
+    char compute_cpus[128];                        /* CPU list the compute threads are pinned
+                                                    * to ("0", "0-3,8"), "" = not pinned */
     int check_config;                              /* print the resolved config and exit */
     int help;
 } pst_config;

@@ -29,6 +29,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -55,6 +56,7 @@ typedef struct exec_slot {
 } exec_slot;
 
 typedef struct exec_dev {
+    tr_exec *ex;
     pst_device *dev;
     pst_stream *compute, *send, *recv;
     pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
@@ -127,9 +129,13 @@ struct tr_exec {
     float *host_params;            /* (nparams) */
     float *host_losses;            /* (max_batch) */
     int max_batch;
+    cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
+    int pin_compute;
     int tr_compute[PST_DEVICE_MAX], tr_send[PST_DEVICE_MAX], tr_recv[PST_DEVICE_MAX];
     int tr_push, tr_pull;
 };
+
+static void parse_cpu_list(const char *v, cpu_set_t *set);
 
 /* ---- trace marks ---------------------------------------------------------------------- */
 
@@ -291,6 +297,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     ex->c = *c;
     ex->optim = c->cfg->optim;
+    if (c->cfg->compute_cpus[0]) {
+        ex->pin_compute = 1;
+        parse_cpu_list(c->cfg->compute_cpus, &ex->compute_cpus);
+    }
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->mlp.nhidden + 1;
     ex->host_memory = pst_runtime_host_memory(c->rt);
@@ -312,6 +322,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     }
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
+        d->ex = ex;
         d->dev = pst_runtime_device(c->rt, i);
         /* CPU devices split each layer and the optimizer over a team of their own threads
          * (OpenBLAS itself runs single-threaded, see train.c). */
@@ -567,9 +578,51 @@ pst_status tr_exec_sync(tr_exec *ex)
 
 /* ---- start ---------------------------------------------------------------------------- */
 
+/* --compute-cpus: "0", "0-3,8" (validated by the config) into a CPU set. */
+static void parse_cpu_list(const char *v, cpu_set_t *set)
+{
+    CPU_ZERO(set);
+    while (*v) {
+        char *e;
+        long lo = strtol(v, &e, 10), hi = lo;
+        if (*e == '-')
+            hi = strtol(e + 1, &e, 10);
+        for (long c = lo; c <= hi && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, set);
+        v = *e ? e + 1 : e;
+    }
+}
+
+static void pin_part(void *arg, int part, int nparts)
+{
+    (void)part;
+    (void)nparts;
+    tr_exec *ex = arg;
+    /* Failures are seen by pin_compute, which checks its own thread's mask. */
+    pthread_setaffinity_np(pthread_self(), sizeof ex->compute_cpus, &ex->compute_cpus);
+}
+
+/* On a compute stream: pins its worker thread and its device's thread team. */
+static pst_status pin_compute(void *arg)
+{
+    exec_dev *d = arg;
+    tr_exec *ex = d->ex;
+    int rc = pthread_setaffinity_np(pthread_self(), sizeof ex->compute_cpus, &ex->compute_cpus);
+    if (rc != 0)
+        return pst_error_set(PST_ERR_INVALID, "--compute-cpus=%s: cannot pin the compute "
+                             "threads there (%s); name CPUs this process may use (see "
+                             "taskset -p %d)", ex->c.cfg->compute_cpus, strerror(rc),
+                             (int)getpid());
+    pst_pool_run(d->pool, pin_part, ex);
+    return PST_OK;
+}
+
 pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
 {
     size_t n = tr_exec_nparams(ex);
+    if (ex->pin_compute && ex->host_memory) /* CPU devices: a GPU computes on the GPU */
+        for (int i = 0; i < ex->D; i++)
+            PST_TRY(pst_stream_launch(ex->devs[i].compute, pin_compute, &ex->devs[i]));
     pst_mlp_init_params_into(&ex->devs[0].m, ex->host_params, seed);
     if (ex->c.remote)
         PST_TRY(tr_remote_start(ex->c.remote, ex->host_params));
