@@ -230,6 +230,19 @@ Test(config, hidden_lists)
     cr_expect_eq(c.mlp.hidden[15], 16);
 }
 
+Test(config, compute_cpu_lists)
+{
+    static const char *ok[] = {"0", "1", "0-3", "0,2,4-7", "1023", ""};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        pst_config c;
+        EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_COMPUTE_CPUS", ok[i])));
+        cr_expect_str_eq(c.compute_cpus, ok[i]);
+    }
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_str_eq(c.compute_cpus, "", "pinned by default");
+}
+
 Test(config, enums_are_case_insensitive_where_documented)
 {
     pst_config c;
@@ -543,6 +556,12 @@ static const bad_case bad_values[] = {
     {T, NULL, NULL, {"--mode", "fast"}, "--mode"},
     {T, NULL, NULL, {"--seed=-3"}, "--seed"},
     {T, NULL, NULL, {"--check-config=maybe"}, "--check-config"},
+    {T, "PSTRAIN_COMPUTE_CPUS", "all", {0}, "PSTRAIN_COMPUTE_CPUS"},
+    {T, NULL, NULL, {"--compute-cpus", "3-1"}, "--compute-cpus"},
+    {T, NULL, NULL, {"--compute-cpus=1,,2"}, "--compute-cpus"},
+    {T, NULL, NULL, {"--compute-cpus=0,"}, "--compute-cpus"},
+    {T, NULL, NULL, {"--compute-cpus=-1"}, "--compute-cpus"},
+    {T, NULL, NULL, {"--compute-cpus=1024"}, "--compute-cpus"},
     {P, NULL, NULL, {"--port", "65536"}, "--port"},
     /* missing value */
     {T, NULL, NULL, {"--batch"}, "--batch"},

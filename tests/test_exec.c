@@ -6,6 +6,7 @@
  * (make test-tsan). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,8 @@ static void load(void)
 }
 
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
+static const char *compute_cpus = ""; /* --compute-cpus of the runs below */
+
 static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
                       unsigned jitter_us, int steps, int B, size_t *n_out, double *acc_out)
 {
@@ -37,6 +40,7 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cfg.optim.lr = 0.05f;
     cfg.jitter_seed = jitter_seed;
     cfg.jitter_us = jitter_us;
+    snprintf(cfg.compute_cpus, sizeof cfg.compute_cpus, "%s", compute_cpus);
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
@@ -148,4 +152,34 @@ Test(exec, fewer_rows_than_devices, .timeout = 120)
     cr_assert_leq(fabs(la - lb) / la, 1e-6, "cpu:4 %.9g vs cpu:1 %.9g", lb, la);
     free(a);
     free(b);
+}
+
+/* --compute-cpus pins the compute threads and changes no bit; a CPU the process may not
+ * use is a clear error at start, not a hang. */
+Test(exec, compute_threads_pinned)
+{
+    size_t n1, n2;
+    float *free_run = train_b("cpu:2", 1, 0, 0, 4, 37, &n1, NULL);
+    compute_cpus = "0";
+    float *pinned = train_b("cpu:2", 1, 0, 0, 4, 37, &n2, NULL);
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(free_run, pinned, n1 * sizeof(float)), 0, "pinning changed the bits");
+    free(free_run);
+    free(pinned);
+
+    load();
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    snprintf(cfg.compute_cpus, sizeof cfg.compute_cpus, "1023"); /* no such CPU here */
+    pst_runtime *rt = NULL;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 1, .hidden = {8}};
+    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .mlp = mc, .max_rows = 4, .eval_rows = 4,
+                         .overlap = 1, .threads = 2};
+    tr_exec *ex = NULL;
+    cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_start(ex, 3), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "--compute-cpus=1023"), "%s", pst_error_detail());
+    tr_exec_free(ex);
+    pst_runtime_free(rt);
 }
