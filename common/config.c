@@ -211,6 +211,7 @@ static pst_status parse_dataset(pst_config *cfg, const char *v, const char *wher
 static pst_status parse_cpus(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     const char *p = v;
+    memset(cfg->compute_cpu_mask, 0, sizeof cfg->compute_cpu_mask);
     if (*v == '\0') {
         cfg->compute_cpus[0] = '\0';
         return PST_OK;
@@ -231,6 +232,8 @@ static pst_status parse_cpus(pst_config *cfg, const char *v, const char *where, 
         }
         if (*e && *e != ',')
             return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+        for (long c = lo; c <= hi; c++)
+            cfg->compute_cpu_mask[c / 64] |= 1ull << (c % 64);
         p = *e ? e + 1 : e;
         if (*e && !*p)
             return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);

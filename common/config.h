@@ -24,6 +24,8 @@
 #define PST_ADDR_MAX 128
 #define PST_PATH_MAX 512
 
+#define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
+
 typedef enum pst_role { PST_ROLE_TRAINER = 0, PST_ROLE_PSERVER } pst_role;
 typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
 typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRESS_LINES,
@@ -69,6 +71,8 @@ typedef struct pst_config {
     int threads;                                   /* BLAS threads per process, 0 = auto */
     char compute_cpus[128];                        /* CPU list the compute threads are pinned
                                                     * to ("0", "0-3,8"), "" = not pinned */
+    uint64_t compute_cpu_mask[PST_CPU_MASK_WORDS]; /* the same list as bits: CPU c is bit
+                                                    * c % 64 of word c / 64 */
     int check_config;                              /* print the resolved config and exit */
     int help;
 } pst_config;

@@ -238,6 +238,13 @@ Test(config, compute_cpu_lists)
         EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_COMPUTE_CPUS", ok[i])));
         cr_expect_str_eq(c.compute_cpus, ok[i]);
     }
+    /* The bits: 0,2,4-7 and 1023. */
+    pst_config m;
+    EXPECT_OK(LOAD(&m, PST_ROLE_TRAINER, ENV("PSTRAIN_COMPUTE_CPUS", "0,2,4-7,1023")));
+    cr_expect_eq(m.compute_cpu_mask[0], 0xf5ull);
+    for (int w = 1; w < 15; w++)
+        cr_expect_eq(m.compute_cpu_mask[w], 0ull, "word %d", w);
+    cr_expect_eq(m.compute_cpu_mask[15], 1ull << 63);
     pst_config c;
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
     cr_expect_str_eq(c.compute_cpus, "", "pinned by default");

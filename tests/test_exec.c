@@ -29,6 +29,12 @@ static void load(void)
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
 static const char *compute_cpus = ""; /* --compute-cpus of the runs below */
 
+static const char *no_env(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+
 static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
                       unsigned jitter_us, int steps, int B, size_t *n_out, double *acc_out)
 {
@@ -40,7 +46,13 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cfg.optim.lr = 0.05f;
     cfg.jitter_seed = jitter_seed;
     cfg.jitter_us = jitter_us;
-    snprintf(cfg.compute_cpus, sizeof cfg.compute_cpus, "%s", compute_cpus);
+    if (*compute_cpus) { /* parsed as the trainer parses it */
+        pst_config pinned;
+        const char *argv[] = {"test", "--compute-cpus", compute_cpus};
+        cr_assert_eq(pst_config_load(&pinned, PST_ROLE_TRAINER, 3, (char **)argv, no_env), PST_OK);
+        memcpy(cfg.compute_cpus, pinned.compute_cpus, sizeof cfg.compute_cpus);
+        memcpy(cfg.compute_cpu_mask, pinned.compute_cpu_mask, sizeof cfg.compute_cpu_mask);
+    }
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
@@ -170,7 +182,8 @@ Test(exec, compute_threads_pinned)
     load();
     pst_config cfg;
     pst_config_defaults(&cfg);
-    snprintf(cfg.compute_cpus, sizeof cfg.compute_cpus, "1023"); /* no such CPU here */
+    const char *argv[] = {"test", "--compute-cpus", "1023"}; /* no such CPU here */
+    cr_assert_eq(pst_config_load(&cfg, PST_ROLE_TRAINER, 3, (char **)argv, no_env), PST_OK);
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
     pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 1, .hidden = {8}};

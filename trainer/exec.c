@@ -135,7 +135,7 @@ struct tr_exec {
     int tr_push, tr_pull;
 };
 
-static void parse_cpu_list(const char *v, cpu_set_t *set);
+static void cpu_set_of(const pst_config *cfg, cpu_set_t *set);
 
 /* ---- trace marks ---------------------------------------------------------------------- */
 
@@ -299,7 +299,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->optim = c->cfg->optim;
     if (c->cfg->compute_cpus[0]) {
         ex->pin_compute = 1;
-        parse_cpu_list(c->cfg->compute_cpus, &ex->compute_cpus);
+        cpu_set_of(c->cfg, &ex->compute_cpus);
     }
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->mlp.nhidden + 1;
@@ -578,19 +578,13 @@ pst_status tr_exec_sync(tr_exec *ex)
 
 /* ---- start ---------------------------------------------------------------------------- */
 
-/* --compute-cpus: "0", "0-3,8" (validated by the config) into a CPU set. */
-static void parse_cpu_list(const char *v, cpu_set_t *set)
+/* --compute-cpus as the config parsed it into a CPU set. */
+static void cpu_set_of(const pst_config *cfg, cpu_set_t *set)
 {
     CPU_ZERO(set);
-    while (*v) {
-        char *e;
-        long lo = strtol(v, &e, 10), hi = lo;
-        if (*e == '-')
-            hi = strtol(e + 1, &e, 10);
-        for (long c = lo; c <= hi && c < CPU_SETSIZE; c++)
-            CPU_SET((int)c, set);
-        v = *e ? e + 1 : e;
-    }
+    for (int c = 0; c < PST_CPU_MASK_WORDS * 64 && c < CPU_SETSIZE; c++)
+        if (cfg->compute_cpu_mask[c / 64] >> (c % 64) & 1)
+            CPU_SET(c, set);
 }
 
 static void pin_part(void *arg, int part, int nparts)
