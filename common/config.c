@@ -6,6 +6,7 @@
  * --check-config and the error messages can never disagree with what is parsed. */
 #include "common/config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -210,33 +211,23 @@ static pst_status parse_dataset(pst_config *cfg, const char *v, const char *wher
 /* A CPU list as taskset and cpusets write it: "0", "0-3", "0,2,4-7"; CPUs below 1024. */
 static pst_status parse_cpus(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
-    const char *p = v;
+    static const char what[] = "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)";
     memset(cfg->compute_cpu_mask, 0, sizeof cfg->compute_cpu_mask);
-    if (*v == '\0') {
-        cfg->compute_cpus[0] = '\0';
-        return PST_OK;
-    }
+    cfg->compute_cpus[0] = '\0';
     if (strlen(v) >= sizeof cfg->compute_cpus)
         return bad(where, v, "CPU list too long", ex);
-    while (*p) {
+    for (const char *p = v; *p;) {
         char *e;
-        errno = 0;
-        long lo = strtol(p, &e, 10), hi = lo;
-        if (e == p || errno || lo < 0 || lo > 1023 || *p == '-' || *p == '+')
-            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
-        if (*e == '-') {
-            p = e + 1;
-            hi = strtol(p, &e, 10);
-            if (e == p || errno || hi < lo || hi > 1023 || *p == '-' || *p == '+')
-                return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
-        }
-        if (*e && *e != ',')
-            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
+        long lo = -1, hi = -1;
+        if (isdigit((unsigned char)*p))
+            lo = hi = strtol(p, &e, 10);
+        if (lo >= 0 && *e == '-' && isdigit((unsigned char)e[1]))
+            hi = strtol(e + 1, &e, 10);
+        if (lo < 0 || hi < lo || hi > 1023 || (*e && *e != ',') || (*e == ',' && !e[1]))
+            return bad(where, v, what, ex);
         for (long c = lo; c <= hi; c++)
             cfg->compute_cpu_mask[c / 64] |= 1ull << (c % 64);
         p = *e ? e + 1 : e;
-        if (*e && !*p)
-            return bad(where, v, "expected a CPU list such as 0 or 0-3,8 (CPUs 0..1023)", ex);
     }
     snprintf(cfg->compute_cpus, sizeof cfg->compute_cpus, "%s", v);
     return PST_OK;

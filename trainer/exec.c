@@ -209,11 +209,8 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
     d->xent = (pst_xent_args){.losses = d->losses, .correct = d->correct,
                               .dlogits = m->dbuf[0], .logits = m->acts[ex->L - 1],
                               .targets = d->y, .C = m->cfg.out_dim};
-}
-
-/* The weight-gradient chunks' arguments: the layer's, restricted to the chunk's rows. */
-static void set_chunk_args(tr_exec *ex, exec_dev *d)
-{
+    /* The weight-gradient chunks (once build_chunks made them): the layer's arguments,
+     * restricted to the chunk's rows. */
     for (int c = 0; d->bwd_chunk && c < ex->nchunks; c++) {
         d->bwd_chunk[c] = d->bwd_w[ex->chunks[c].layer];
         d->bwd_chunk[c].row0 = ex->chunks[c].row0;
@@ -224,11 +221,15 @@ static void set_chunk_args(tr_exec *ex, exec_dev *d)
 /* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN). A block is
  * finished by its lowest layer lmin: by the chunk holding its last element in that layer,
  * or by the layer's last chunk when it reaches into the bias (every chunk adds its rows'
- * bias gradient). */
+ * bias gradient). A block starts inside its lmin, so its cut is at least row 1, and the
+ * cuts of a layer's blocks ascend with the blocks; a block whose cut equals the previous
+ * one is finished by the same chunk. Training alone nothing is sent early (the local
+ * optimizer waits for the layer's x_done anyway) and smaller GEMMs only cost speed, so
+ * each layer is one chunk. */
 static pst_status build_chunks(tr_exec *ex)
 {
     const pst_mlp *m = &ex->devs[0].m;
-    const int nb = ex->plan->nblocks;
+    const int nb = ex->plan->nblocks, cut_at_blocks = ex->c.remote != NULL;
     ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
     ex->layer_chunk0 = calloc((size_t)ex->L, sizeof(int));
     ex->layer_nchunks = calloc((size_t)ex->L, sizeof(int));
@@ -244,21 +245,14 @@ static pst_status build_chunks(tr_exec *ex)
             if (ex->blocks[b].lmin != l)
                 continue;
             const tr_block *blk = &ex->plan->blocks[b];
-            size_t end = blk->offset + blk->length;
-            int cut = end > w_end ? v->out : (int)((end - v->w_off + v->in - 1) / v->in);
-            /* Training alone there is nothing to send early: the local optimizer waits for
-             * the layer's x_done anyway, and smaller GEMMs only cost speed. */
-            if (!ex->c.remote)
-                cut = v->out;
-            if (cut < row0)
-                cut = row0;
-            exec_chunk *prev = ex->nchunks > ex->layer_chunk0[l] ? &ex->chunks[ex->nchunks - 1] : NULL;
-            if (cut == row0 && prev) {
-                prev->block_last = b; /* finished by the chunk already cut there */
+            const size_t end = blk->offset + blk->length;
+            const int cut = !cut_at_blocks || end > w_end
+                                ? v->out
+                                : (int)((end - v->w_off + v->in - 1) / v->in);
+            if (cut <= row0) { /* row0 > 0: a chunk of this layer is already cut there */
+                ex->chunks[ex->nchunks - 1].block_last = b;
                 continue;
             }
-            if (cut == row0) /* cut at row 0 with no chunk yet: leave it to the first one */
-                cut = row0 + 1 <= v->out ? row0 + 1 : v->out;
             ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, cut, b, b};
             row0 = cut;
         }
@@ -271,7 +265,7 @@ static pst_status build_chunks(tr_exec *ex)
         d->bwd_chunk = calloc((size_t)ex->nchunks, sizeof *d->bwd_chunk);
         if (!d->bwd_chunk)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
-        set_chunk_args(ex, d);
+        set_layer_args(ex, d);
     }
     return PST_OK;
 }
@@ -284,7 +278,6 @@ static void use_newest_params(tr_exec *ex)
     for (int i = 0; i < ex->D; i++) {
         ex->devs[i].m.params = ex->pbuf[ex->cur];
         set_layer_args(ex, &ex->devs[i]);
-        set_chunk_args(ex, &ex->devs[i]);
     }
 }
 
@@ -592,7 +585,8 @@ static void pin_part(void *arg, int part, int nparts)
     (void)part;
     (void)nparts;
     tr_exec *ex = arg;
-    /* Failures are seen by pin_compute, which checks its own thread's mask. */
+    /* The same set already succeeded on the compute thread (pin_compute), in the same
+     * process: it cannot fail here for want of a usable CPU. */
     pthread_setaffinity_np(pthread_self(), sizeof ex->compute_cpus, &ex->compute_cpus);
 }
 

@@ -76,7 +76,9 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    openblas_set_num_threads(threads > 0 ? threads : 1);
+    /* Every GEMM is one slice of a layer that a CPU device's thread team splits (exec.c):
+     * OpenBLAS's own threads would only compete with the team for the same cores. */
+    openblas_set_num_threads(1);
 
     tr_summary sum;
     if (strcmp(cfg.model, "synthetic") == 0) {

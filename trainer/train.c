@@ -11,7 +11,6 @@
  * the whole training loop including batch gathering, not evaluation. */
 #include "trainer/train.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -243,12 +242,10 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
                                 per_step * (size_t)steps)) != PST_OK)
             goto error;
     }
-    /* The cores are shared by the devices: each device splits its layers over its share
-     * (a thread team of its own), every part a single-threaded OpenBLAS call. OpenBLAS's
-     * own threads would only compete with the team and the optimizer for the same cores. */
+    /* The cores are shared by the devices: each device splits its layers and optimizer
+     * over its share, a thread team of its own (OpenBLAS is single-threaded, see main.c). */
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
-    openblas_set_num_threads(1);
     tr_exec_config ec = {.cfg = cfg, .rt = rt, .mlp = mc, .max_rows = max_part,
                          .eval_rows = 256, .remote = remote, .overlap = cfg->overlap,
                          .threads = threads_per_device,
