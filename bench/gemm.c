@@ -39,6 +39,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/dtype.h"
+#include "common/rng.h"
+
 /* CBLAS enum values (the same in every CBLAS; cblas.h is not included so that neither
  * library's header is needed). */
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
@@ -245,29 +248,11 @@ static void *alloc64(size_t bytes)
     return aligned_alloc(64, (bytes + 63) / 64 * 64);
 }
 
-/* Round to nearest even into the top 16 bits: bf16 is the upper half of an fp32. */
-static uint16_t to_bf16(float x)
+/* Uniform in [-1, 1), from the project's RNG. */
+static void fill(float *x, size_t n, pst_rng *r)
 {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-static void fill(float *x, size_t n, uint64_t *state)
-{
-    for (size_t i = 0; i < n; i++) {
-        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (float)((double)(*state >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = pst_rng_uniform(r) * 2.0f - 1.0f;
 }
 
 static void operands_free(operands *o)
@@ -307,16 +292,17 @@ static int operands_init(operands *o, const gemm_shape *s, int with_bf16)
         operands_free(o);
         return -1;
     }
-    uint64_t state = 42u + (uint64_t)s->m * 31u + (uint64_t)s->n * 7u + (uint64_t)s->k;
-    fill(o->a, na, &state);
-    fill(o->b, nb, &state);
+    pst_rng r;
+    pst_rng_seed(&r, 42, (uint64_t)s->m * 31u + (uint64_t)s->n * 7u + (uint64_t)s->k);
+    fill(o->a, na, &r);
+    fill(o->b, nb, &r);
     for (int i = 0; i < N_OPS; i++)
         memset(o->c[i], 0, nc * sizeof(float));
     if (with_bf16) {
         for (size_t i = 0; i < na; i++)
-            o->abf[i] = to_bf16(o->a[i]);
+            o->abf[i] = pst_f32_to_bf16(o->a[i]);
         for (size_t i = 0; i < nb; i++)
-            o->bbf[i] = to_bf16(o->b[i]);
+            o->bbf[i] = pst_f32_to_bf16(o->b[i]);
     }
     return 0;
 }
@@ -403,8 +389,8 @@ static double reference(const operands *o, int i, int j, int bf16)
     for (int p = 0; p < s->k; p++) {
         const size_t ia = s->ta == 'N' ? (size_t)i * o->lda + p : (size_t)p * o->lda + i;
         const size_t ib = s->tb == 'N' ? (size_t)p * o->ldb + j : (size_t)j * o->ldb + p;
-        const double a = bf16 ? from_bf16(o->abf[ia]) : o->a[ia];
-        const double b = bf16 ? from_bf16(o->bbf[ib]) : o->b[ib];
+        const double a = bf16 ? pst_bf16_to_f32(o->abf[ia]) : o->a[ia];
+        const double b = bf16 ? pst_bf16_to_f32(o->bbf[ib]) : o->b[ib];
         acc += a * b;
     }
     return acc;

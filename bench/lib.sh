@@ -135,14 +135,20 @@ PY
 }
 
 # bench_gemm_build BUILD: builds bench/gemm.c into BENCH_GEMM (default BUILD/bench_gemm)
-# when it is missing or older than the source, and prints its path. Linked with -ldl only:
-# it dlopens OpenBLAS and BLIS side by side, so it must not link either.
+# when it is missing or older than its sources (with the project's dtype.c for the bf16
+# casts and rng.c for the operands), and prints its path. It dlopens OpenBLAS and BLIS side
+# by side, so it links neither.
 bench_gemm_build() {
   local bin=${BENCH_GEMM:-$1/bench_gemm}
   bench_need_cmd cc "apt-get install build-essential"
-  if [ ! -x "$bin" ] || [ "$BENCH_DIR/gemm.c" -nt "$bin" ]; then
+  local root=$BENCH_DIR/.. src
+  local srcs=("$BENCH_DIR/gemm.c" "$root/common/dtype.c" "$root/common/rng.c")
+  local stale=0
+  [ -x "$bin" ] || stale=1
+  for src in "${srcs[@]}"; do [ "$src" -nt "$bin" ] && stale=1; done
+  if [ "$stale" = 1 ]; then
     mkdir -p "$(dirname "$bin")" || bench_die "cannot create $(dirname "$bin")"
-    cc -std=c11 -O2 -Wall -Wextra -o "$bin" "$BENCH_DIR/gemm.c" -ldl >&2 ||
+    cc -std=c11 -O2 -Wall -Wextra -D_GNU_SOURCE -I"$root" -o "$bin" "${srcs[@]}" -ldl -lm >&2 ||
       bench_die "cannot build $bin from $BENCH_DIR/gemm.c"
   fi
   echo "$bin"
