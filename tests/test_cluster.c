@@ -457,6 +457,31 @@ static void deterministic_fields(const char *out, char *buf, size_t n)
     }
 }
 
+/* --lr-schedule warmup_cosine runs the cosine over the whole run: the trainer hands its
+ * length to every optimizer (it used to leave it 0, so the lr dropped to --min-lr at the
+ * first step after warmup and, without warmup, the parameters never moved). Local
+ * training moves away from the initial values, and the pservers, which get the length
+ * through Init, give the same parameters. */
+Test(cluster, warmup_cosine_spans_the_run)
+{
+    const char *frozen[] = {TRAINER, "--hidden", "32", "--batch", "64", "--steps", "20",
+                            "--seed", "6", "--lr", "0", "--progress", "none", "--log-level",
+                            "warn", NULL};
+    const char *cosine[] = {TRAINER, "--hidden", "32", "--batch", "64", "--steps", "20",
+                            "--seed", "6", "--lr-schedule", "warmup_cosine", "--warmup-steps",
+                            "0", "--progress", "none", "--log-level", "warn", NULL};
+    const double l2_init = summary_l2_of(frozen, "cpu:1");
+    const double l2_cosine = summary_l2_of(cosine, "cpu:1");
+    cr_assert(fabs(l2_cosine - l2_init) > 1e-4 * l2_init,
+              "warmup_cosine left the parameters at their initial values (param_l2 %.9g)",
+              l2_init);
+    const char *flags[] = {"--hidden", "32", "--batch", "64", "--steps", "20", "--seed", "6",
+                           "--lr-schedule", "warmup_cosine", "--warmup-steps", "4",
+                           "--min-lr", "0.001", "--progress", "none", "--log-level", "warn",
+                           CONNECT_5S, NULL};
+    distributed_vs_local(1, 2, flags);
+}
+
 Test(cluster, same_seed_same_summary)
 {
     const char *argv[] = {TRAINER, "--hidden", "32", "--batch", "64", "--steps", "30", "--seed",

@@ -82,6 +82,7 @@ int main(int argc, char **argv)
 
     tr_summary sum;
     if (strcmp(cfg.model, "synthetic") == 0) {
+        cfg.optim.total_steps = tr_synthetic_steps(&cfg); /* warmup_cosine's end */
         tr_updater upd;
         st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
                               : tr_local_updater_init(&upd, &cfg.optim, threads);

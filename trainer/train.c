@@ -142,11 +142,16 @@ static double median(double *v, long n)
 /* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
  * trainer (small values that depend on the index and the trainer id). It measures the
  * communication of the real programs. */
+long tr_synthetic_steps(const pst_config *cfg)
+{
+    return cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
+}
+
 pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 {
     pst_status st = PST_OK;
     size_t n = (size_t)cfg->params;
-    long total = cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
+    long total = tr_synthetic_steps(cfg);
     float *params = malloc(sizeof(float) * n), *grads = malloc(sizeof(float) * n);
     double *step_ms = malloc(sizeof(double) * (size_t)total);
     int started = 0;
@@ -199,9 +204,11 @@ out:
     return st;
 }
 
-pst_status tr_train(const pst_config *cfg, tr_summary *sum)
+pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 {
     pst_status st;
+    pst_config run_cfg = *user_cfg; /* gets the run's length, below */
+    const pst_config *cfg = &run_cfg;
     pst_dataset train = {0}, test = {0};
     pst_runtime *rt = NULL;
     pst_metrics metrics = {0};
@@ -232,6 +239,9 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum)
     long total = (long)nb * cfg->epochs;
     if (cfg->steps > 0 && cfg->steps < total)
         total = cfg->steps;
+    /* warmup_cosine reaches --min-lr at the last step: every optimizer (the executor's,
+     * the pservers' through Init) needs the run's length. */
+    run_cfg.optim.total_steps = total;
     if (cfg->num_pservers &&
         (st = tr_remote_init(&remote, cfg, pst_mlp_param_count(&mc), D)) != PST_OK)
         goto error;

@@ -41,6 +41,8 @@ typedef struct tr_summary {
 /* The local optimizer as an updater (the same optimizer code the pserver runs), its
  * elementwise pass split over `threads` threads; its state is allocated at start.
  * `*out` is freed with tr_local_updater_free. Errors: PST_ERR_NOMEM, PST_ERR_IO. */
+/* The synthetic model's run length: --steps, or 20 steps per epoch. */
+long tr_synthetic_steps(const pst_config *cfg);
 pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim, int threads);
 void tr_local_updater_free(tr_updater *u);
 
