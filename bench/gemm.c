@@ -1,7 +1,7 @@
 /* gemm.c — standalone benchmark (not a test): OpenBLAS against Debian's BLIS on the
  * trainer's GEMM shapes, in one process, alternating, plus OpenBLAS's bf16 cblas_sbgemm.
  *
- * Shapes are the row-major cblas_sgemm calls of common/layers.c for an MLP 784-H-H-10 at
+ * Shapes are the row-major cblas_sgemm calls of common/nn/layers.c for an MLP 784-H-H-10 at
  * batch 128: forward out = inp * W^T (NT, M=B N=OC K=IC), weight gradient dW = dout^T * inp
  * (TN, M=OC N=IC K=B), input gradient dinp = dout * W (NN, M=B N=IC K=OC, none for the first
  * layer), for H = 1024 (bench/mlp.sh) and H = 4096 (bench/overlap.sh), and the square

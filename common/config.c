@@ -102,7 +102,7 @@ static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where
     int n = 0;
     const char *p = v;
     if (strcmp(v, "none") == 0 || *v == '\0') {
-        cfg->mlp.nhidden = 0;
+        cfg->nhidden = 0;
         return PST_OK;
     }
     while (*p) {
@@ -111,12 +111,12 @@ static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where
         long w = strtol(p, &e, 10);
         if (e == p || errno || w < 1 || w > 1 << 20 || (*e && *e != ','))
             return bad(where, v, "expected comma-separated layer widths >= 1", ex);
-        if (n == PST_MLP_MAX_HIDDEN)
+        if (n == PST_MAX_HIDDEN)
             return bad(where, v, "at most 16 hidden layers", ex);
-        cfg->mlp.hidden[n++] = (int)w;
+        cfg->hidden[n++] = (int)w;
         p = *e ? e + 1 : e;
     }
-    cfg->mlp.nhidden = n;
+    cfg->nhidden = n;
     return PST_OK;
 }
 
@@ -255,7 +255,7 @@ static const opt options[] = {
     {"hidden", "PSTRAIN_HIDDEN", NULL, NULL, "1024,1024", "mlp hidden layer widths", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_hidden},
     {"params", "PSTRAIN_PARAMS", NULL, NULL, "25000000", "synthetic model: number of fp32 parameters", R_TRAINER, OPT_LONG, F(params), 1, 4e9, NULL},
     {"dataset", "PSTRAIN_DATASET", NULL, NULL, "fashion-mnist", "data set (IDX files)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_dataset},
-    {"data", "PSTRAIN_DATA", NULL, NULL, "/usr/share/datasets/fashion-mnist", "directory of the IDX files", R_TRAINER, OPT_STR, S(data_dir), 0, 0, NULL},
+    {"data", "PSTRAIN_DATA", NULL, NULL, "/usr/share/datasets/fashion-mnist", "directory of the IDX files (default: /usr/share/datasets/<dataset>)", R_TRAINER, OPT_STR, S(data_dir), 0, 0, NULL},
     {"epochs", "PSTRAIN_EPOCHS", NULL, NULL, "5", "passes over the training set", R_TRAINER, OPT_INT, F(epochs), 1, 1e6, NULL},
     {"steps", "PSTRAIN_STEPS", NULL, NULL, "100", "stop after this many steps (0 = run all epochs)", R_TRAINER, OPT_LONG, F(steps), 0, 1e12, NULL},
     {"batch", "PSTRAIN_BATCH", NULL, NULL, "128", "GLOBAL batch size (all trainers together)", R_TRAINER, OPT_INT, F(batch), 1, 1 << 20, NULL},
@@ -387,12 +387,11 @@ void pst_config_defaults(pst_config *cfg)
     cfg->connect_timeout_ms = 30000;
     cfg->server_threads = 2;
     snprintf(cfg->model, sizeof cfg->model, "mlp");
-    cfg->mlp.nhidden = 2;
-    cfg->mlp.hidden[0] = 1024;
-    cfg->mlp.hidden[1] = 1024;
+    cfg->nhidden = 2;
+    cfg->hidden[0] = 1024;
+    cfg->hidden[1] = 1024;
     cfg->params = 25000000;
     snprintf(cfg->dataset, sizeof cfg->dataset, "fashion-mnist");
-    snprintf(cfg->data_dir, sizeof cfg->data_dir, "/usr/share/datasets/fashion-mnist");
     cfg->epochs = 1;
     cfg->batch = 128;
     pst_optim_defaults(&cfg->optim);
@@ -477,6 +476,9 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 
     /* The whole. */
     if (role == PST_ROLE_TRAINER) {
+        if (!cfg->data_dir[0]) /* --data not given: the data set's own directory */
+            snprintf(cfg->data_dir, sizeof cfg->data_dir, "/usr/share/datasets/%s",
+                     cfg->dataset);
         if (cfg->num_pservers == 0 && cfg->trainers > 1)
             return pst_error_set(PST_ERR_INVALID,
                                  "PSTRAIN_TRAINERS=%d but no pservers: set PSTRAIN_PSERVERS "
@@ -576,9 +578,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "compute_cpus", cfg->compute_cpus, &first);
         json_str(out, "model", cfg->model, &first);
         buf[0] = '\0';
-        for (int i = 0; i < cfg->mlp.nhidden; i++)
+        for (int i = 0; i < cfg->nhidden; i++)
             snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%d", i ? "," : "",
-                     cfg->mlp.hidden[i]);
+                     cfg->hidden[i]);
         json_str(out, "hidden", buf, &first);
         fprintf(out, ",\"params\":%ld", cfg->params);
         json_str(out, "dataset", cfg->dataset, &first);

@@ -17,14 +17,14 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "common/model.h"
-#include "common/optim.h"
+#include "common/optim_config.h"
 
 #define PST_MAX_PSERVERS 64
 #define PST_ADDR_MAX 128
 #define PST_PATH_MAX 512
 
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
+#define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
 
 typedef enum pst_role { PST_ROLE_TRAINER = 0, PST_ROLE_PSERVER } pst_role;
 typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
@@ -50,7 +50,8 @@ typedef struct pst_config {
     int server_threads;                            /* pserver completion-queue threads */
     /* model and data */
     char model[16];                                /* mlp | synthetic */
-    pst_mlp_config mlp;                            /* hidden widths; in/out come from data */
+    int nhidden;                                   /* --hidden: hidden layers of the mlp */
+    int hidden[PST_MAX_HIDDEN];                    /* their widths */
     long params;                                   /* synthetic model size */
     char dataset[32];                              /* fashion-mnist */
     char data_dir[PST_PATH_MAX];

@@ -15,7 +15,7 @@
 
 #include "common/dtype.h"
 #include "common/log.h"
-#include "common/optim.h"
+#include "common/nn/optim.h"
 #include "pserver/store.h"
 
 #define MAX_PARKED 4096
@@ -109,7 +109,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     if (req->num_trainers < 1 || req->num_trainers > 4096)
         return pst_error_set(PST_ERR_INVALID, "Init: num_trainers %u out of range 1..4096",
                              req->num_trainers);
-    ps_store_config sc = {.mode = req->mode == PSTRAIN__MODE__ASYNC ? PS_MODE_ASYNC : PS_MODE_SYNC,
+    ps_store_config sc = {.mode = req->mode == PSTRAIN__MODE__ASYNC ? PST_MODE_ASYNC : PST_MODE_SYNC,
                           .num_trainers = (int)req->num_trainers,
                           .nblocks = (int)req->n_blocks};
     if ((st = optim_from_wire(req->optim, &sc.optim)) != PST_OK)
@@ -153,11 +153,11 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     svc->fingerprint = req->fingerprint;
     svc->num_trainers = req->num_trainers;
-    svc->sync = sc.mode == PS_MODE_SYNC;
+    svc->sync = sc.mode == PST_MODE_SYNC;
     PST_INFO("initialized by trainer 0: %zu blocks, %llu parameters here (of %llu), %u "
              "trainers, %s, optimizer %s lr %g", req->n_blocks, (unsigned long long)total,
              (unsigned long long)req->total_params, req->num_trainers,
-             sc.mode == PS_MODE_ASYNC ? "async" : "sync", req->optim->kind, req->optim->lr);
+             sc.mode == PST_MODE_ASYNC ? "async" : "sync", req->optim->kind, req->optim->lr);
 out:
     free(blocks);
     free(initial);

@@ -41,7 +41,7 @@ typedef struct ps_block_index {
 } ps_block_index;
 
 struct ps_store {
-    ps_mode mode;
+    pst_mode mode;
     int num_trainers;
     int nstate;            /* pst_optim_state_floats(optim.kind) */
     pst_optim_config optim;
@@ -156,18 +156,20 @@ static void answer_waiters(ps_block *b)
     }
 }
 
-/* One optimizer update with gradient g; bumps the version and answers waiters. */
-static void apply_update(const ps_store *st, ps_block *b, const float *g)
+/* One optimizer update with gradient g; bumps the version and answers waiters. Fails
+ * only on a config validate_config let through (then nothing changes). */
+static pst_status apply_update(const ps_store *st, ps_block *b, const float *g)
 {
-    pst_optim_apply(&st->optim, (long)(b->version + 1), b->values, b->state,
-                    (size_t)b->length, g, (size_t)b->length);
+    PST_TRY(pst_optim_apply(&st->optim, (long)(b->version + 1), b->values, b->state,
+                            (size_t)b->length, g, (size_t)b->length));
     b->version++;
     answer_waiters(b);
+    return PST_OK;
 }
 
 /* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
  * (acc = buf[0]; acc += buf[1]; ...), applies it and clears the flags. */
-static void complete_sync_step(const ps_store *st, ps_block *b)
+static pst_status complete_sync_step(const ps_store *st, ps_block *b)
 {
     uint64_t n = b->length;
     float *acc = b->recv;
@@ -178,14 +180,14 @@ static void complete_sync_step(const ps_store *st, ps_block *b)
     }
     memset(b->pushed, 0, (size_t)st->num_trainers);
     b->npushed = 0;
-    apply_update(st, b, acc);
+    return apply_update(st, b, acc);
 }
 
 /* ---- config validation ---- */
 
 static pst_status validate_config(const ps_store_config *cfg)
 {
-    if (cfg->mode != PS_MODE_SYNC && cfg->mode != PS_MODE_ASYNC)
+    if (cfg->mode != PST_MODE_SYNC && cfg->mode != PST_MODE_ASYNC)
         return pst_error_set(PST_ERR_INVALID, "pserver store: unknown mode %d (want sync or async)",
                              (int)cfg->mode);
     if (cfg->num_trainers < 1)
@@ -294,7 +296,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
             goto error;
     }
 
-    int nrecv = cfg->mode == PS_MODE_SYNC ? cfg->num_trainers : 1;
+    int nrecv = cfg->mode == PST_MODE_SYNC ? cfg->num_trainers : 1;
     uint64_t rows = 1 + (uint64_t)st->nstate + (uint64_t)nrecv;
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -319,7 +321,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         }
         b->state = st->nstate > 0 ? b->values + s->length : NULL;
         b->recv = b->values + (1 + (uint64_t)st->nstate) * s->length;
-        if (cfg->mode == PS_MODE_SYNC) {
+        if (cfg->mode == PST_MODE_SYNC) {
             b->pushed = calloc((size_t)cfg->num_trainers, 1);
             if (!b->pushed) {
                 rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
@@ -397,7 +399,7 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
     pst_status rc = PST_OK;
     pthread_mutex_lock(&b->mu);
     float *dst;
-    if (st->mode == PS_MODE_SYNC) {
+    if (st->mode == PST_MODE_SYNC) {
         if (step > b->version) {
             rc = pst_error_set(PST_ERR_INVALID, "step %lld is ahead of block %u's version %lld",
                                (long long)step, (unsigned)block, (long long)b->version);
@@ -437,13 +439,13 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
         }
     }
 
-    if (st->mode == PS_MODE_SYNC) {
+    if (st->mode == PST_MODE_SYNC) {
         b->pushed[trainer] = 1;
         if (++b->npushed == st->num_trainers)
-            complete_sync_step(st, b);
+            rc = complete_sync_step(st, b);
     } else {
         b->last_step[trainer] = step;
-        apply_update(st, b, dst);
+        rc = apply_update(st, b, dst);
     }
 
 out:

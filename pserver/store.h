@@ -37,8 +37,9 @@
 
 #include <stdint.h>
 
+#include "common/config.h"
 #include "common/error.h"
-#include "common/optim.h"
+#include "common/nn/optim.h"
 
 typedef struct ps_store ps_store;
 
@@ -49,10 +50,9 @@ typedef struct ps_block_spec {
     uint64_t length; /* elements, > 0 */
 } ps_block_spec;
 
-typedef enum ps_mode { PS_MODE_SYNC = 0, PS_MODE_ASYNC } ps_mode;
 
 typedef struct ps_store_config {
-    ps_mode mode;
+    pst_mode mode;
     int num_trainers;          /* >= 1; trainer ids are 0 .. num_trainers-1 */
     pst_optim_config optim;    /* copied by ps_store_init */
     const ps_block_spec *blocks; /* (nblocks) ids unique, ranges disjoint; copied */

@@ -1,5 +1,5 @@
 /* test_collectives.c — reduce and broadcast among the devices of one runtime
- * (common/collectives.h).
+ * (common/runtime/collectives.h).
  *
  * The host implementation on cpu:1, cpu:2 and cpu:4 runtimes: the reduce equals the
  * device-order sum ((b0 + b1) + b2) + ... bit for bit for every root and odd sizes (with
@@ -22,8 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/collectives.h"
-#include "common/device.h"
+#include "common/runtime/collectives.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 #include "common/rng.h"
 #include "tests/check.h"

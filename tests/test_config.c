@@ -64,6 +64,9 @@ Test(config, trainer_defaults)
     pst_config d;
     pst_config_defaults(&d);
     d.role = PST_ROLE_TRAINER;
+    /* with no --data the trainer resolves the data set's own directory */
+    cr_expect_str_eq(c.data_dir, "/usr/share/datasets/fashion-mnist");
+    snprintf(d.data_dir, sizeof d.data_dir, "/usr/share/datasets/fashion-mnist");
     cr_expect_eq(memcmp(&c, &d, sizeof c), 0, "load with nothing set differs from defaults");
 
     cr_expect_eq(c.role, PST_ROLE_TRAINER);
@@ -78,9 +81,9 @@ Test(config, trainer_defaults)
     cr_expect_eq(c.rpc_timeout_ms, 60000);
     cr_expect_eq(c.connect_timeout_ms, 30000);
     cr_expect_str_eq(c.model, "mlp");
-    cr_expect_eq(c.mlp.nhidden, 2);
-    cr_expect_eq(c.mlp.hidden[0], 1024);
-    cr_expect_eq(c.mlp.hidden[1], 1024);
+    cr_expect_eq(c.nhidden, 2);
+    cr_expect_eq(c.hidden[0], 1024);
+    cr_expect_eq(c.hidden[1], 1024);
     cr_expect_str_eq(c.dataset, "fashion-mnist");
     cr_expect_eq(c.batch, 128);
     cr_expect_eq(c.seed, 0);
@@ -93,6 +96,17 @@ Test(config, trainer_defaults)
     cr_expect_eq(c.progress, PST_PROGRESS_AUTO);
     cr_expect_eq(c.check_config, 0);
     cr_expect_eq(c.help, 0);
+}
+
+Test(config, data_dir_follows_the_dataset)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--dataset", "mnist"));
+    cr_expect_str_eq(c.data_dir, "/usr/share/datasets/mnist");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--dataset", "mnist", "--data", "/d"));
+    cr_expect_str_eq(c.data_dir, "/d");
+    EXPECT_OK(LOAD(&c, PST_ROLE_PSERVER, NOENV, "--port", "7164"));
+    cr_expect_str_eq(c.data_dir, "", "a pserver reads no data");
 }
 
 Test(config, pserver_defaults)
@@ -141,10 +155,10 @@ Test(config, every_type_from_the_environment)
     cr_expect_eq(c.rpc_timeout_ms, 1500L);
     cr_expect_eq(c.connect_timeout_ms, 0L);
     cr_expect_str_eq(c.model, "synthetic");
-    cr_expect_eq(c.mlp.nhidden, 3);
-    cr_expect_eq(c.mlp.hidden[0], 512);
-    cr_expect_eq(c.mlp.hidden[1], 256);
-    cr_expect_eq(c.mlp.hidden[2], 128);
+    cr_expect_eq(c.nhidden, 3);
+    cr_expect_eq(c.hidden[0], 512);
+    cr_expect_eq(c.hidden[1], 256);
+    cr_expect_eq(c.hidden[2], 128);
     cr_expect_eq(c.params, 3000000000L);
     cr_expect_str_eq(c.dataset, "mnist");
     cr_expect_str_eq(c.data_dir, "/tmp/data dir");
@@ -218,16 +232,16 @@ Test(config, hidden_lists)
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         pst_config c;
         EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_HIDDEN", ok[i].v)));
-        cr_expect_eq(c.mlp.nhidden, ok[i].n, "%s: %d layers", ok[i].v, c.mlp.nhidden);
+        cr_expect_eq(c.nhidden, ok[i].n, "%s: %d layers", ok[i].v, c.nhidden);
         for (int l = 0; l < ok[i].n; l++)
-            cr_expect_eq(c.mlp.hidden[l], ok[i].w[l], "%s: layer %d", ok[i].v, l);
+            cr_expect_eq(c.hidden[l], ok[i].w[l], "%s: layer %d", ok[i].v, l);
     }
     /* 16 layers is the limit. */
     pst_config c;
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER,
                    ENV("PSTRAIN_HIDDEN", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16")));
-    cr_expect_eq(c.mlp.nhidden, 16);
-    cr_expect_eq(c.mlp.hidden[15], 16);
+    cr_expect_eq(c.nhidden, 16);
+    cr_expect_eq(c.hidden[15], 16);
 }
 
 Test(config, compute_cpu_lists)
@@ -299,8 +313,8 @@ Test(config, flags_override_environment)
     cr_expect_eq(c.batch, 64);
     cr_expect_eq(c.optim.lr, 0.25f);
     cr_expect_eq(c.mode, PST_MODE_SYNC);
-    cr_expect_eq(c.mlp.nhidden, 1);
-    cr_expect_eq(c.mlp.hidden[0], 3);
+    cr_expect_eq(c.nhidden, 1);
+    cr_expect_eq(c.hidden[0], 3);
     /* A later flag wins over an earlier one. */
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--batch=10", "--batch", "20"));
     cr_expect_eq(c.batch, 20);

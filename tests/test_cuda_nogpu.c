@@ -1,5 +1,5 @@
 /* test_cuda_nogpu.c — what of the CUDA support can be checked on a machine without a GPU
- * (common/device.c's CUDA specs, common/cuda/).
+ * (common/runtime/device.c's CUDA specs, common/runtime/cuda/).
  *
  * In every build: CUDA specs are parsed before anything else (bad ones are
  * PST_ERR_INVALID with an example), and a good one on a machine or build that cannot serve
@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 #ifdef PSTRAIN_HAVE_CUDA
-#include "common/cuda/cuda_check.h"
+#include "common/runtime/cuda/cuda_check.h"
 #endif
 
 /* 1 when CUDA is built and a GPU can be used (then the no-GPU path cannot be observed). */

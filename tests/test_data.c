@@ -1,4 +1,4 @@
-/* test_data.c — IDX loading, epoch order and batch arithmetic (common/data.c).
+/* test_data.c — IDX loading, epoch order and batch arithmetic (common/data/data.c).
  *
  * The real Fashion-MNIST files (package dataset-fashion-mnist) are loaded and checked
  * against properties computed independently with Python's gzip module (CRC-32 of the
@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "common/data.h"
+#include "common/data/data.h"
 #include "common/rng.h"
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
@@ -210,7 +210,7 @@ static void check_pixels(const pst_dataset *ds, uint32_t crc_px, unsigned long l
 Test(fashion_mnist, loads_real_files, .timeout = 30)
 {
     pst_dataset train, test;
-    pst_status st = pst_dataset_load_fashion_mnist(&train, &test, FMNIST_DIR);
+    pst_status st = pst_dataset_load_idx_dir(&train, &test, FMNIST_DIR);
     cr_assert_eq(st, PST_OK, "%s (install dataset-fashion-mnist)", pst_error_detail());
 
     cr_expect_eq(train.n, 60000);
@@ -301,13 +301,13 @@ Test(idx_files, missing_file)
     pst_dataset train, test;
     memset(&train, 0x5a, sizeof train);
     memset(&test, 0x5a, sizeof test);
-    cr_assert_eq(pst_dataset_load_fashion_mnist(&train, &test, tmp_dir), PST_ERR_NOT_FOUND);
+    cr_assert_eq(pst_dataset_load_idx_dir(&train, &test, tmp_dir), PST_ERR_NOT_FOUND);
     cr_assert_not_null(strstr(pst_error_detail(), "train-images-idx3-ubyte"), "%s",
                        pst_error_detail());
     cr_assert_not_null(strstr(pst_error_detail(), tmp_dir), "%s", pst_error_detail());
     cr_assert(train.x == NULL && test.x == NULL && train.n == 0 && test.n == 0);
-    cr_assert_eq(pst_dataset_load_fashion_mnist(&train, &test, NULL), PST_ERR_INVALID);
-    cr_assert_eq(pst_dataset_load_fashion_mnist(&train, &test, ""), PST_ERR_INVALID);
+    cr_assert_eq(pst_dataset_load_idx_dir(&train, &test, NULL), PST_ERR_INVALID);
+    cr_assert_eq(pst_dataset_load_idx_dir(&train, &test, ""), PST_ERR_INVALID);
 
     /* A directory where a file is expected is an i/o error, not "not found". */
     expect_load_error(tmp_dir, labels, PST_ERR_IO, tmp_dir, "directory");
@@ -422,6 +422,44 @@ Test(idx_files, trailing_data_and_corrupt_gzip)
     cr_assert_not_null(strstr(pst_error_detail(), corrupt), "%s", pst_error_detail());
     free(im);
     free(lb);
+}
+
+/* --dataset picks the loader's expectations: a known name on IDX files of its shape loads,
+ * an unknown name or files of another shape are clear errors that leave nothing behind. */
+Test(idx_files, named_data_sets, .timeout = 30)
+{
+    pst_dataset train, test;
+    cr_assert_eq(pst_dataset_load(&train, &test, "mnist", FMNIST_DIR), PST_OK, "%s",
+                 pst_error_detail());
+    cr_expect_eq(train.dim, 784);
+    cr_expect_eq(train.nclasses, 10);
+    pst_dataset_free(&train);
+    pst_dataset_free(&test);
+
+    cr_expect_eq(pst_dataset_load(&train, &test, "cifar10", FMNIST_DIR), PST_ERR_INVALID);
+    cr_expect(strstr(pst_error_detail(), "cifar10") &&
+                  strstr(pst_error_detail(), "expected fashion-mnist or mnist"),
+              "%s", pst_error_detail());
+    cr_expect_null(train.x);
+
+    /* IDX files of 3x4 images: a valid IDX directory, but not MNIST's shape */
+    size_t ilen, llen;
+    unsigned char *im = make_images(0x803, 5, 3, 4, &ilen);
+    unsigned char *lb = make_labels(0x801, 5, 3, &llen);
+    write_plain("train-images-idx3-ubyte", im, ilen);
+    write_plain("train-labels-idx1-ubyte", lb, llen);
+    write_plain("t10k-images-idx3-ubyte", im, ilen);
+    write_plain("t10k-labels-idx1-ubyte", lb, llen);
+    free(im);
+    free(lb);
+    cr_assert_eq(pst_dataset_load_idx_dir(&train, &test, tmp_dir), PST_OK, "%s",
+                 pst_error_detail());
+    pst_dataset_free(&train);
+    pst_dataset_free(&test);
+    cr_expect_eq(pst_dataset_load(&train, &test, "fashion-mnist", tmp_dir), PST_ERR_FORMAT);
+    cr_expect(strstr(pst_error_detail(), "12 pixels"), "%s", pst_error_detail());
+    cr_expect_null(train.x);
+    cr_expect_null(test.x);
 }
 
 Test(idx_files, bad_dimensions)

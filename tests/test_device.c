@@ -1,4 +1,4 @@
-/* test_device.c — the device runtime (common/device.h) on the CPU backend.
+/* test_device.c — the device runtime (common/runtime/device.h) on the CPU backend.
  *
  * Covers spec parsing, memory counters, stream FIFO order, event semantics (cross-stream
  * waits, re-recording, never-recorded events), async copies, sticky errors, shutdown with
@@ -16,7 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 #include "tests/check.h"
 

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "common/config.h"
-#include "common/data.h"
-#include "common/device.h"
+#include "common/data/data.h"
+#include "common/runtime/device.h"
 #include "trainer/exec.h"
 
 static pst_dataset train_set, test_set;
@@ -21,7 +21,7 @@ static void load(void)
 {
     if (train_set.n)
         return;
-    pst_status st = pst_dataset_load_fashion_mnist(&train_set, &test_set,
+    pst_status st = pst_dataset_load_idx_dir(&train_set, &test_set,
                                                    "/usr/share/datasets/fashion-mnist");
     cr_assert_eq(st, PST_OK, "%s", pst_error_detail());
 }

@@ -1,4 +1,4 @@
-/* test_layers.c — the CPU layer kernels (common/layers.c) against naive references.
+/* test_layers.c — the CPU layer kernels (common/nn/layers.c) against naive references.
  *
  * Forward kernels are compared with triple loops accumulated in double. Gradients are
  * checked against central finite differences two ways: of a double-precision reference
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/layers.h"
+#include "common/nn/layers.h"
 #include "common/rng.h"
 
 /* ---- helpers ------------------------------------------------------------------------ */

@@ -1,4 +1,4 @@
-/* test_model.c — the mlp model over one flat parameter buffer (common/model.c).
+/* test_model.c — the mlp model over one flat parameter buffer (common/nn/model.c).
  *
  * The model runs on a real CPU device ("cpu:1") so its memory accounting is exercised.
  * The reference is a double-precision MLP written here from the layout documented in
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/device.h"
-#include "common/model.h"
+#include "common/runtime/device.h"
+#include "common/nn/model.h"
 #include "common/rng.h"
 
 static pst_runtime *rt;

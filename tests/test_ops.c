@@ -1,4 +1,4 @@
-/* test_ops.c — the model's ops (common/ops.h) on every available backend against the CPU
+/* test_ops.c — the model's ops (common/nn/ops.h) on every available backend against the CPU
  * reference kernels (layers.h, optim.h, dtype.h called directly), ggml's test-backend-ops
  * idea.
  *
@@ -7,7 +7,7 @@
  * every result must equal the reference bit for bit. On CUDA the tolerances are per op:
  * the elementwise ops (bias and ReLU after the GEMM aside), the bias gradient, the
  * optimizers and the casts are built from the same correctly rounded operations in the
- * same order (common/cuda/ops_cuda.cu), so they must match bit for bit too; GEMMs and the
+ * same order (common/nn/cuda/ops_cuda.cu), so they must match bit for bit too; GEMMs and the
  * softmax get a tolerance. Also: argument checks with exact error codes, zero sizes,
  * ordering across two streams with events (under injected delays), and ops skipped on a
  * stream whose status is sticky. */
@@ -20,13 +20,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/dtype.h"
 #include "common/error.h"
-#include "common/layers.h"
-#include "common/ops.h"
-#include "common/pool.h"
-#include "common/optim.h"
+#include "common/nn/layers.h"
+#include "common/nn/ops.h"
+#include "common/runtime/pool.h"
+#include "common/nn/optim.h"
 #include "common/rng.h"
 #include "tests/check.h"
 

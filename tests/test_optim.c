@@ -1,4 +1,4 @@
-/* test_optim.c — tests for common/optim.c: each optimizer against arithmetic worked out by
+/* test_optim.c — tests for common/nn/optim.c: each optimizer against arithmetic worked out by
  * hand and against numbers produced by PyTorch 1.13, a naive scalar reference compared bit
  * for bit on a large random buffer, range splits giving identical bits, the learning-rate
  * schedules, and the name/parse/state-size helpers. */
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/optim.h"
+#include "common/nn/optim.h"
 #include "common/rng.h"
 
 static pst_optim_config make_cfg(pst_optim_kind kind, float lr, float wd)
@@ -408,21 +408,29 @@ Test(optim_apply, rejected_configs_leave_everything_unchanged)
     const float p0[2] = {1.0f, 2.0f}, st0[4] = {0.5f, 0.5f, 0.5f, 0.5f};
 
     pst_optim_config cfg = make_cfg(PST_OPTIM_MOMENTUM, 0.5f, 0.0f);
-    pst_optim_apply(&cfg, 1, p, NULL, 2, g, 2); /* momentum needs state */
+    cr_expect_eq(pst_optim_apply(&cfg, 1, p, NULL, 2, g, 2), PST_ERR_INVALID); /* needs state */
+    cr_expect(strstr(pst_error_detail(), "momentum needs 1 state"), "%s", pst_error_detail());
     expect_near("momentum NULL state", p, p0, 2, 0.0);
 
     cfg.kind = PST_OPTIM_ADAM;
-    pst_optim_apply(&cfg, 0, p, st, 2, g, 2); /* t is 1-based */
+    cr_expect_eq(pst_optim_apply(&cfg, 0, p, st, 2, g, 2), PST_ERR_INVALID); /* 1-based t */
+    cr_expect(strstr(pst_error_detail(), "update 0"), "%s", pst_error_detail());
     expect_near("t=0 param", p, p0, 2, 0.0);
     expect_near("t=0 state", st, st0, 4, 0.0);
 
     cfg.kind = PST_OPTIM_KIND_COUNT_;
-    pst_optim_apply(&cfg, 1, p, st, 2, g, 2);
+    cr_expect_eq(pst_optim_apply(&cfg, 1, p, st, 2, g, 2), PST_ERR_INVALID);
     expect_near("bad kind param", p, p0, 2, 0.0);
     expect_near("bad kind state", st, st0, 4, 0.0);
 
+    cfg.kind = PST_OPTIM_ADAM;
+    cfg.schedule = PST_LR_SCHEDULE_COUNT_;
+    cr_expect_eq(pst_optim_apply(&cfg, 1, p, st, 2, g, 2), PST_ERR_INVALID);
+    expect_near("bad schedule param", p, p0, 2, 0.0);
+
     cfg.kind = PST_OPTIM_ADAMW;
-    pst_optim_apply(&cfg, 1, p, st, 2, g, 0); /* n = 0 */
+    cfg.schedule = PST_LR_CONSTANT;
+    cr_expect_eq(pst_optim_apply(&cfg, 1, p, st, 2, g, 0), PST_OK); /* n = 0: nothing */
     expect_near("n=0 param", p, p0, 2, 0.0);
 }
 

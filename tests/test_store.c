@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/optim.h"
+#include "common/nn/optim.h"
 #include "common/rng.h"
 #include "pserver/store.h"
 
@@ -70,7 +70,7 @@ static void optim_for(pst_optim_kind kind, pst_optim_config *o)
     }
 }
 
-static ps_store *make_store(ps_mode mode, int ntrainers, pst_optim_kind kind, float *initial)
+static ps_store *make_store(pst_mode mode, int ntrainers, pst_optim_kind kind, float *initial)
 {
     ps_store_config cfg = {.mode = mode, .num_trainers = ntrainers, .blocks = test_blocks,
                            .nblocks = NTB};
@@ -223,7 +223,7 @@ static void assert_unchanged(ps_store *st, const snapshot *before)
 
 Test(store, init_rejects_bad_config)
 {
-    ps_store_config good = {.mode = PS_MODE_SYNC, .num_trainers = 2, .blocks = test_blocks,
+    ps_store_config good = {.mode = PST_MODE_SYNC, .num_trainers = 2, .blocks = test_blocks,
                             .nblocks = NTB};
     pst_optim_defaults(&good.optim);
     ps_store *st = (ps_store *)&good; /* must be reset to NULL on failure */
@@ -264,7 +264,7 @@ Test(store, init_rejects_bad_config)
     cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
 
     c = good;
-    c.mode = (ps_mode)7;
+    c.mode = (pst_mode)7;
     cr_assert_eq(ps_store_init(&st, &c, NULL), PST_ERR_INVALID);
     c = good;
     c.optim.kind = PST_OPTIM_KIND_COUNT_;
@@ -285,7 +285,7 @@ Test(store, init_rejects_bad_config)
 Test(store, init_layout_and_accessors)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
     cr_assert_eq(ps_store_nblocks(st), NTB);
     cr_assert_eq(ps_store_total_length(st), (uint64_t)TOTAL_LEN);
     for (int i = 0; i < NTB; i++) {
@@ -306,7 +306,7 @@ Test(store, init_layout_and_accessors)
     ps_store_free(st);
 
     /* No initial values: zeros. A pserver with no block is valid. */
-    ps_store_config cfg = {.mode = PS_MODE_ASYNC, .num_trainers = 1, .blocks = test_blocks,
+    ps_store_config cfg = {.mode = PST_MODE_ASYNC, .num_trainers = 1, .blocks = test_blocks,
                            .nblocks = NTB};
     pst_optim_defaults(&cfg.optim);
     cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK);
@@ -330,7 +330,7 @@ Test(store, init_layout_and_accessors)
 static void run_sync_case(int ntrainers, pst_optim_kind kind, const int *order, int steps)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, ntrainers, kind, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, ntrainers, kind, initial);
     pst_optim_config o;
     optim_for(kind, &o);
     ref_block ref[NTB];
@@ -384,7 +384,7 @@ Test(store, sync_matches_reference_any_order)
 Test(store, sync_sum_order_is_trainer_id_order)
 {
     ps_block_spec one = {.id = 0, .offset = 0, .length = 1};
-    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 3, .blocks = &one,
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 3, .blocks = &one,
                            .nblocks = 1};
     pst_optim_defaults(&cfg.optim);
     cfg.optim.kind = PST_OPTIM_SGD;
@@ -408,7 +408,7 @@ Test(store, sync_sum_order_is_trainer_id_order)
 Test(store, pull_deferred_until_version)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
     pst_optim_config o;
     optim_for(PST_OPTIM_MOMENTUM, &o);
     const int bi = 1; /* block id 3 */
@@ -487,7 +487,7 @@ Test(store, pull_deferred_until_version)
 Test(store, pull_cancel_withdraws_one_waiter)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 1, PST_OPTIM_SGD, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 1, PST_OPTIM_SGD, initial);
     pull_box a, b;
     pull_box_init(&a);
     pull_box_init(&b);
@@ -508,7 +508,7 @@ Test(store, pull_cancel_withdraws_one_waiter)
 Test(store, cancel_waiters_delivers_error)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
     pull_box a, b, c, after, avail;
     pull_box_init(&a);
     pull_box_init(&b);
@@ -557,7 +557,7 @@ Test(store, cancel_waiters_delivers_error)
 Test(store, duplicate_push_counted_once)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_ADAM, initial);
     pst_optim_config o;
     optim_for(PST_OPTIM_ADAM, &o);
     const int bi = 2; /* block id 12 */
@@ -600,7 +600,7 @@ Test(store, duplicate_push_counted_once)
 Test(store, future_step_rejected)
 {
     ps_block_spec one = {.id = 3, .offset = 0, .length = 4};
-    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 1, .blocks = &one,
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = &one,
                            .nblocks = 1};
     optim_for(PST_OPTIM_MOMENTUM, &cfg.optim);
     float init[4] = {1, 2, 3, 4}, g[4] = {0.5f, -0.25f, 1, 2};
@@ -628,7 +628,7 @@ Test(store, future_step_rejected)
 Test(store, bad_push_exact_codes_store_unchanged)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_ADAMW, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_ADAMW, initial);
     pst_optim_config o;
     optim_for(PST_OPTIM_ADAMW, &o);
     ref_block ref;
@@ -674,7 +674,7 @@ Test(store, bad_push_exact_codes_store_unchanged)
 Test(store, nonfinite_gradient_rejected)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
     pst_optim_config o;
     optim_for(PST_OPTIM_MOMENTUM, &o);
     ref_block ref;
@@ -730,7 +730,7 @@ Test(store, large_block_filled_in_pieces)
     enum { N = 3 * 16384 + 77 };
     static float initial[N], g[N], v[N];
     ps_block_spec spec = {.id = 0, .offset = 0, .length = N};
-    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = 1, .blocks = &spec, .nblocks = 1};
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = &spec, .nblocks = 1};
     optim_for(PST_OPTIM_SGD, &cfg.optim);
     fill_normal(initial, N, 1, 0, 1.0f);
     fill_normal(g, N, 2, 0, 1.0f);
@@ -762,7 +762,7 @@ Test(store, large_block_filled_in_pieces)
 Test(store, async_applies_each_push)
 {
     float initial[TOTAL_LEN];
-    ps_store *st = make_store(PS_MODE_ASYNC, 3, PST_OPTIM_ADAM, initial);
+    ps_store *st = make_store(PST_MODE_ASYNC, 3, PST_OPTIM_ADAM, initial);
     pst_optim_config o;
     optim_for(PST_OPTIM_ADAM, &o);
     ref_block ref;
@@ -837,7 +837,7 @@ Test(store, optimizer_state_carried_across_steps)
     const pst_optim_kind kinds[] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAM, PST_OPTIM_ADAMW};
     for (int k = 0; k < 3; k++) {
         float initial[TOTAL_LEN];
-        ps_store *st = make_store(PS_MODE_SYNC, 2, kinds[k], initial);
+        ps_store *st = make_store(PST_MODE_SYNC, 2, kinds[k], initial);
         pst_optim_config o;
         optim_for(kinds[k], &o);
         float p[TOTAL_LEN], state[2 * TOTAL_LEN];
@@ -1042,7 +1042,7 @@ Test(store, multithreaded_sync_equals_sequential, .timeout = 20)
     stress_layout_make(&l);
     float *initial = malloc(l.total * sizeof(float));
     fill_normal(initial, l.total, 14, 0, 1.0f);
-    ps_store_config cfg = {.mode = PS_MODE_SYNC, .num_trainers = STRESS_T, .blocks = l.blocks,
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = STRESS_T, .blocks = l.blocks,
                            .nblocks = STRESS_NB};
     optim_for(PST_OPTIM_ADAM, &cfg.optim);
     ps_store *st = NULL;
@@ -1161,7 +1161,7 @@ Test(store, multithreaded_async_counts_every_push, .timeout = 20)
     for (int b = 0; b < ASYNC_NB; b++)
         blocks[b] = (ps_block_spec){.id = (uint32_t)b, .offset = (uint64_t)b * ASYNC_LEN,
                                     .length = ASYNC_LEN};
-    ps_store_config cfg = {.mode = PS_MODE_ASYNC, .num_trainers = T, .blocks = blocks,
+    ps_store_config cfg = {.mode = PST_MODE_ASYNC, .num_trainers = T, .blocks = blocks,
                            .nblocks = ASYNC_NB};
     pst_optim_defaults(&cfg.optim);
     cfg.optim.kind = PST_OPTIM_SGD;

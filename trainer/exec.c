@@ -35,13 +35,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/collectives.h"
+#include "common/runtime/collectives.h"
 #include "common/log.h"
-#include "common/ops.h"
-#include "common/pool.h"
+#include "common/nn/ops.h"
+#include "common/runtime/pool.h"
 #include "common/rng.h"
 
-#define PST_DEVICE_MAX 64
 
 typedef struct exec_block exec_block;
 
@@ -131,7 +130,7 @@ struct tr_exec {
     int max_batch;
     cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
     int pin_compute;
-    int tr_compute[PST_DEVICE_MAX], tr_send[PST_DEVICE_MAX], tr_recv[PST_DEVICE_MAX];
+    int tr_compute[PST_DEVICE_MAX_COUNT], tr_send[PST_DEVICE_MAX_COUNT], tr_recv[PST_DEVICE_MAX_COUNT];
     int tr_push, tr_pull;
 };
 
@@ -298,11 +297,11 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->L = c->mlp.nhidden + 1;
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory;
-    if (ex->D > PST_DEVICE_MAX) {
+    if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", D,
-                             PST_DEVICE_MAX);
+                             PST_DEVICE_MAX_COUNT);
     }
     int per_dev = (c->max_rows + ex->D - 1) / ex->D;
     ex->max_batch = per_dev > c->eval_rows ? per_dev : c->eval_rows;

@@ -21,9 +21,9 @@
 #include <stdint.h>
 
 #include "common/config.h"
-#include "common/data.h"
-#include "common/device.h"
-#include "common/model.h"
+#include "common/data/data.h"
+#include "common/runtime/device.h"
+#include "common/nn/model.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 

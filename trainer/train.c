@@ -18,14 +18,14 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/data.h"
-#include "common/device.h"
+#include "common/data/data.h"
+#include "common/runtime/device.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/model.h"
-#include "common/ops.h"
-#include "common/optim.h"
-#include "common/pool.h"
+#include "common/nn/model.h"
+#include "common/nn/ops.h"
+#include "common/nn/optim.h"
+#include "common/runtime/pool.h"
 #include "trainer/exec.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
@@ -227,12 +227,13 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     const int D = pst_runtime_count(rt);
     if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
         goto error;
-    if ((st = pst_dataset_load_fashion_mnist(&train, &test, cfg->data_dir)) != PST_OK)
+    if ((st = pst_dataset_load(&train, &test, cfg->dataset, cfg->data_dir)) != PST_OK)
         goto error;
 
     const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
     const int max_part = (B + T - 1) / T;
-    pst_mlp_config mc = cfg->mlp;
+    pst_mlp_config mc = {.nhidden = cfg->nhidden};
+    memcpy(mc.hidden, cfg->hidden, sizeof(int) * (size_t)cfg->nhidden);
     mc.in_dim = train.dim;
     mc.out_dim = train.nclasses > test.nclasses ? train.nclasses : test.nclasses;
     const int nb = pst_batches_per_epoch(train.n, B);
@@ -341,7 +342,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->steps = step;
     sum->params = tr_exec_nparams(ex);
     sum->param_l2 = sqrt(l2);
-    sum->ndevices = D < TR_MAX_DEVICES ? D : TR_MAX_DEVICES;
+    sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
     for (int i = 0; i < sum->ndevices; i++)
         sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
     if (trace && (st = tr_trace_write(trace)) != PST_OK)

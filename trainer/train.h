@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/error.h"
+#include "common/runtime/device.h"
 
 typedef struct tr_updater {
     void *self;
@@ -24,8 +25,6 @@ typedef struct tr_updater {
     pst_status (*finish)(void *self);
 } tr_updater;
 
-#define TR_MAX_DEVICES 64
-
 typedef struct tr_summary {
     double test_acc;
     double train_loss;     /* mean loss of this trainer's examples in the last epoch run */
@@ -35,7 +34,7 @@ typedef struct tr_summary {
     size_t params;
     double param_l2;
     int ndevices;
-    size_t peak_bytes[TR_MAX_DEVICES]; /* per local device */
+    size_t peak_bytes[PST_DEVICE_MAX_COUNT]; /* per local device */
 } tr_summary;
 
 /* The local optimizer as an updater (the same optimizer code the pserver runs), its

@@ -25,8 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/device.h"
-#include "common/ops.h"
+#include "common/runtime/device.h"
+#include "common/nn/ops.h"
 
 #define N 1024
 

@@ -1,5 +1,5 @@
 /* collectives_impl.h — the collectives' implementation table (private; users include
- * common/collectives.h). collectives.c checks every argument, serializes the calls of one
+ * common/runtime/collectives.h). collectives.c checks every argument, serializes the calls of one
  * comm, then calls the table: an implementation may trust that bufs and streams hold one
  * valid entry per device, that streams[d] belongs to device d, that root is in range and
  * that n > 0 and the runtime has at least two devices. */
@@ -8,7 +8,7 @@
 
 #include <pthread.h>
 
-#include "common/collectives.h"
+#include "common/runtime/collectives.h"
 
 typedef struct pst_comm_iface {
     const char *name; /* "host", "nccl" */

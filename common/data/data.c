@@ -9,7 +9,7 @@
  * pixel buffer grows as bytes actually arrive instead of being sized from the header, so
  * a corrupt header cannot make us allocate gigabytes for a file of a few bytes.
  * Not for: other IDX element types (int, float) or data sets that do not fit in memory. */
-#include "common/data.h"
+#include "common/data/data.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -337,8 +337,7 @@ error:
     return st;
 }
 
-pst_status pst_dataset_load_fashion_mnist(pst_dataset *train, pst_dataset *test,
-                                          const char *dir)
+pst_status pst_dataset_load_idx_dir(pst_dataset *train, pst_dataset *test, const char *dir)
 {
     static const char *const names[4] = {
         "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -383,6 +382,27 @@ error:
     pst_dataset_free(train);
     pst_dataset_free(test);
     return st;
+}
+
+pst_status pst_dataset_load(pst_dataset *train, pst_dataset *test, const char *name,
+                            const char *dir)
+{
+    memset(train, 0, sizeof *train);
+    memset(test, 0, sizeof *test);
+    if (!name || (strcmp(name, "fashion-mnist") != 0 && strcmp(name, "mnist") != 0))
+        return pst_error_set(PST_ERR_INVALID, "data set '%.64s': expected fashion-mnist or "
+                             "mnist", name ? name : "(null)");
+    PST_TRY(pst_dataset_load_idx_dir(train, test, dir));
+    if (train->dim != 28 * 28 || train->nclasses > 10) {
+        pst_status st = pst_error_set(PST_ERR_FORMAT, "%s: %s has 28x28 images in 10 classes, "
+                                      "but these have %d pixels and %d classes; point --data "
+                                      "at the %s files", dir, name, train->dim,
+                                      train->nclasses, name);
+        pst_dataset_free(train);
+        pst_dataset_free(test);
+        return st;
+    }
+    return PST_OK;
 }
 
 void pst_dataset_free(pst_dataset *ds)

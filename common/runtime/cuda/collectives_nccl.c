@@ -19,10 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common/collectives_impl.h"
-#include "common/cuda/cuda_check.h"
-#include "common/cuda/cuda_impl.h"
-#include "common/device_impl.h"
+#include "common/runtime/collectives_impl.h"
+#include "common/runtime/cuda/cuda_check.h"
+#include "common/runtime/cuda/cuda_impl.h"
+#include "common/runtime/device_impl.h"
 
 typedef struct nccl_ctx {
     ncclComm_t *comms; /* (count), owned by the runtime */

@@ -4,9 +4,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/layers.h"
-#include "common/ops_impl.h"
-#include "common/pool.h"
+#include "common/nn/layers.h"
+#include "common/nn/ops_impl.h"
+#include "common/runtime/pool.h"
 
 /* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
  * parts never write the same line and each element's arithmetic is the same whatever the
@@ -91,8 +91,9 @@ static void optim_part(void *arg, int part, int nparts)
     const pst_optim_args *a = arg;
     size_t lo, hi;
     pst_pool_split(a->n, part, nparts, 16, &lo, &hi);
-    pst_optim_apply(a->cfg, a->t, a->param + lo, a->state ? a->state + lo : NULL,
-                    a->state_stride, a->grad + lo, hi - lo);
+    /* cannot fail: pst_op_optim_apply checked the config, t and the state */
+    (void)pst_optim_apply(a->cfg, a->t, a->param + lo, a->state ? a->state + lo : NULL,
+                          a->state_stride, a->grad + lo, hi - lo);
 }
 
 void pst_optim_apply_host(const pst_optim_args *a)

@@ -6,7 +6,7 @@
  * of out and dinp, rows of dweight) so the CPU ops can split one layer over a thread team
  * with single-threaded OpenBLAS: every element is still one dot product over the same K,
  * and no two slices write the same cache line when cut at 16 floats. */
-#include "common/layers.h"
+#include "common/nn/layers.h"
 
 #include <cblas.h>
 #include <math.h>

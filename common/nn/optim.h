@@ -29,44 +29,9 @@
 
 #include <stddef.h>
 
-typedef enum pst_optim_kind {
-    PST_OPTIM_SGD = 0,
-    PST_OPTIM_MOMENTUM,
-    PST_OPTIM_ADAM,
-    PST_OPTIM_ADAMW,
-    PST_OPTIM_KIND_COUNT_
-} pst_optim_kind;
+#include "common/error.h"
+#include "common/optim_config.h"
 
-typedef enum pst_lr_schedule {
-    PST_LR_CONSTANT = 0,
-    PST_LR_WARMUP_COSINE, /* linear warmup from 0 over warmup_steps, then cosine to min_lr
-                           * (exact definition at pst_lr_at) */
-    PST_LR_SCHEDULE_COUNT_
-} pst_lr_schedule;
-
-typedef struct pst_optim_config {
-    pst_optim_kind kind;
-    float lr;
-    float momentum;     /* momentum: mu */
-    float beta1, beta2; /* Adam/AdamW */
-    float eps;
-    float weight_decay;
-    pst_lr_schedule schedule;
-    long warmup_steps;  /* warmup_cosine */
-    long total_steps;   /* warmup_cosine: cosine reaches min_lr at total_steps */
-    float min_lr;
-} pst_optim_config;
-
-/* SGD, lr 0.01, momentum 0.9, betas 0.9/0.999, eps 1e-8, wd 0, constant schedule,
- * warmup_steps 0, total_steps 0, min_lr 0. */
-void pst_optim_defaults(pst_optim_config *cfg);
-/* "sgd", "momentum", "adam", "adamw" <-> kind. Names are static strings, never NULL
- * ("unknown" outside the enum). Parse is exact and case-sensitive; it returns 0, or -1 for
- * NULL or an unknown name and then leaves *out unchanged. Same for schedules. */
-const char *pst_optim_kind_name(pst_optim_kind k);
-int pst_optim_kind_parse(const char *s, pst_optim_kind *out);
-const char *pst_lr_schedule_name(pst_lr_schedule s);
-int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out); /* "constant", "warmup_cosine" */
 /* 0 for SGD, 1 for momentum, 2 for Adam/AdamW; -1 outside the enum. */
 int pst_optim_state_floats(pst_optim_kind k);
 /* Learning rate for 1-based update t, computed in double and returned as float.
@@ -81,10 +46,10 @@ float pst_lr_at(const pst_optim_config *cfg, long t);
 /* Applies update t (1-based) to param[0..n) with grad[0..n) and the state arrays at
  * state + k*state_stride (layout above; state may be NULL for SGD). grad is read only;
  * param, grad and the state arrays must not overlap (so state_stride >= n for Adam and
- * AdamW). Cannot fail for a valid config; a config the
- * caller should have rejected (kind outside the enum, t < 1, NULL state for a kind with
- * state) leaves everything unchanged. */
-void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
+ * AdamW). n == 0 does nothing. Errors: PST_ERR_INVALID (a kind or schedule outside the
+ * enums, t < 1, NULL state for a kind with state), with the detail; everything is then
+ * left unchanged. */
+pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
                      size_t state_stride, const float *grad, size_t n);
 
 #endif /* PST_OPTIM_H */

@@ -5,17 +5,14 @@
  * Not for: scheduling or memory details, which belong to the backends (device_cpu.c).
  * Every check that does not depend on the backend is made here, once, so each backend may
  * trust its arguments. */
-#include "common/device.h"
+#include "common/runtime/device.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/device_impl.h"
-#ifdef PSTRAIN_HAVE_CUDA
-#include "common/cuda/cuda_impl.h"
-#endif
+#include "common/runtime/device_impl.h"
 
 /* How much of a bad spec string is quoted back in an error detail. */
 #define PST_SPEC_QUOTE_MAX 64
@@ -157,7 +154,7 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
         dev->rt = rt;
         dev->index = i;
         /* CPU devices are numbered; a CUDA device is named by its GPU ordinal, which the
-         * CUDA backend reads back (common/cuda/cuda_impl.h). */
+         * CUDA backend reads back (pst_cuda_device_ordinal). */
         snprintf(dev->name, sizeof dev->name, "%s:%d", rt->iface->name,
                  kind == PST_BACKEND_CUDA ? ordinals[i] : i);
         atomic_init(&dev->live_bytes, 0);

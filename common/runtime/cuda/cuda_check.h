@@ -1,6 +1,6 @@
 /* cuda_check.h — the one checking macro for CUDA runtime, cuBLAS and NCCL calls.
  *
- * Private to the CUDA backend (common/cuda/) and its tests. Usage, in a function that
+ * Private to the CUDA backend (common/runtime/cuda/, common/nn/cuda/) and its tests. Usage, in a function that
  * returns pst_status:
  *
  *     PST_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));

@@ -27,11 +27,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "common/cuda/cuda_check.h"
-#include "common/cuda/cuda_impl.h"
+#include "common/runtime/cuda/cuda_check.h"
+#include "common/runtime/cuda/cuda_impl.h"
 
 extern "C" {
-#include "common/ops_impl.h"
+#include "common/nn/ops_impl.h"
 }
 
 /* Threads per block of the elementwise kernels; blocks are capped, the loops stride. */

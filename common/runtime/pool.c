@@ -5,7 +5,7 @@
  * tens of microseconds, so both sides first spin briefly on the atomics (with the CPU's
  * pause hint) and only then sleep on the condition variables. The mutex still orders every
  * hand-over that ends in a sleep, so no wake-up is lost. */
-#include "common/pool.h"
+#include "common/runtime/pool.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -13,7 +13,7 @@
  * does any split of a buffer into ranges. The order of operations is PyTorch's
  * (torch/optim/{sgd,adam,adamw}.py, single-tensor path), so results agree with
  * torch.optim to float rounding. */
-#include "common/optim.h"
+#include "common/nn/optim.h"
 
 #include <math.h>
 #include <string.h>
@@ -25,74 +25,6 @@
 #endif
 
 static const double pst_pi = 3.14159265358979323846;
-
-static const char *const kind_names[PST_OPTIM_KIND_COUNT_] = {
-    [PST_OPTIM_SGD] = "sgd",
-    [PST_OPTIM_MOMENTUM] = "momentum",
-    [PST_OPTIM_ADAM] = "adam",
-    [PST_OPTIM_ADAMW] = "adamw",
-};
-
-static const char *const schedule_names[PST_LR_SCHEDULE_COUNT_] = {
-    [PST_LR_CONSTANT] = "constant",
-    [PST_LR_WARMUP_COSINE] = "warmup_cosine",
-};
-
-void pst_optim_defaults(pst_optim_config *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->kind = PST_OPTIM_SGD;
-    cfg->lr = 0.01f;
-    cfg->momentum = 0.9f;
-    cfg->beta1 = 0.9f;
-    cfg->beta2 = 0.999f;
-    cfg->eps = 1e-8f;
-    cfg->weight_decay = 0.0f;
-    cfg->schedule = PST_LR_CONSTANT;
-    cfg->warmup_steps = 0;
-    cfg->total_steps = 0;
-    cfg->min_lr = 0.0f;
-}
-
-const char *pst_optim_kind_name(pst_optim_kind k)
-{
-    if ((unsigned)k >= PST_OPTIM_KIND_COUNT_)
-        return "unknown";
-    return kind_names[k];
-}
-
-int pst_optim_kind_parse(const char *s, pst_optim_kind *out)
-{
-    if (s == NULL)
-        return -1;
-    for (int k = 0; k < PST_OPTIM_KIND_COUNT_; k++) {
-        if (strcmp(s, kind_names[k]) == 0) {
-            *out = (pst_optim_kind)k;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-const char *pst_lr_schedule_name(pst_lr_schedule s)
-{
-    if ((unsigned)s >= PST_LR_SCHEDULE_COUNT_)
-        return "unknown";
-    return schedule_names[s];
-}
-
-int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out)
-{
-    if (s == NULL)
-        return -1;
-    for (int k = 0; k < PST_LR_SCHEDULE_COUNT_; k++) {
-        if (strcmp(s, schedule_names[k]) == 0) {
-            *out = (pst_lr_schedule)k;
-            return 0;
-        }
-    }
-    return -1;
-}
 
 int pst_optim_state_floats(pst_optim_kind k)
 {
@@ -271,14 +203,21 @@ static void adam_update(float *p, float *m, float *v, const float *g, size_t n,
     }
 }
 
-void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
+pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *state,
                      size_t state_stride, const float *grad, size_t n)
 {
-    if (n == 0 || t < 1)
-        return;
     int nstate = pst_optim_state_floats(cfg->kind);
-    if (nstate < 0 || (nstate > 0 && state == NULL))
-        return;
+    if (nstate < 0 || (unsigned)cfg->schedule >= PST_LR_SCHEDULE_COUNT_)
+        return pst_error_set(PST_ERR_INVALID, "optimizer: unknown kind %d or schedule %d; "
+                             "expected sgd, momentum, adam or adamw with constant or "
+                             "warmup_cosine", (int)cfg->kind, (int)cfg->schedule);
+    if (t < 1)
+        return pst_error_set(PST_ERR_INVALID, "optimizer: update %ld; updates count from 1", t);
+    if (nstate > 0 && state == NULL)
+        return pst_error_set(PST_ERR_INVALID, "optimizer: %s needs %d state arrays, got none",
+                             pst_optim_kind_name(cfg->kind), nstate);
+    if (n == 0)
+        return PST_OK;
 
     optim_scalars s;
     memset(&s, 0, sizeof(s));
@@ -291,18 +230,18 @@ void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *s
             sgd_update_l2(param, grad, n, s.lr, s.wd);
         else
             sgd_update(param, grad, n, s.lr);
-        return;
+        return PST_OK;
     case PST_OPTIM_MOMENTUM:
         if (s.wd != 0.0f)
             momentum_update_l2(param, state, grad, n, s.lr, cfg->momentum, s.wd);
         else
             momentum_update(param, state, grad, n, s.lr, cfg->momentum);
-        return;
+        return PST_OK;
     case PST_OPTIM_ADAM:
     case PST_OPTIM_ADAMW:
         break;
     default:
-        return;
+        return PST_OK; /* unreachable: the kind was checked above */
     }
 
     double b1 = cfg->beta1, b2 = cfg->beta2;
@@ -320,4 +259,5 @@ void pst_optim_apply(const pst_optim_config *cfg, long t, float *param, float *s
     s.decay = cfg->kind == PST_OPTIM_ADAMW ? (float)(1.0 - (double)s.lr * (double)s.wd) : 1.0f;
     int l2 = cfg->kind == PST_OPTIM_ADAM && s.wd != 0.0f;
     adam_update(param, state, state + state_stride, grad, n, &s, l2);
+    return PST_OK;
 }

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 
 #define PST_MLP_MAX_HIDDEN 16

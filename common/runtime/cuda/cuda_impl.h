@@ -1,6 +1,6 @@
-/* cuda_impl.h — private interface of the CUDA backend (common/cuda/), shared by the
- * runtime (device_cuda.c), the ops (ops_cuda.cu), the NCCL collectives
- * (collectives_nccl.c) and device.c's spec dispatch. Compiled only with PSTRAIN_HAVE_CUDA.
+/* cuda_impl.h — private interface of the CUDA backend (common/runtime/cuda/), shared by the
+ * runtime (device_cuda.c), the ops (common/nn/cuda/ops_cuda.cu) and the NCCL collectives
+ * (collectives_nccl.c). device.c reaches the backend only through device_impl.h. Compiled only with PSTRAIN_HAVE_CUDA.
  * Includable from C and from CUDA C++: it exposes CUDA handles behind pst_ objects without
  * the C-only layout of device_impl.h (which uses <stdatomic.h>).
  *
@@ -13,23 +13,13 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-struct pst_backend_iface;
-struct pst_ops_iface;
-/* The CUDA runtime's function table (device_cuda.c) and its ops (ops_cuda.cu). */
-extern const struct pst_backend_iface pst_cuda_backend_iface;
-extern const struct pst_ops_iface pst_cuda_ops_iface;
-
-/* Number of CUDA GPUs this process can use. Errors: PST_ERR_UNSUPPORTED when
- * cudaGetDeviceCount fails or finds none, with the detail
- * "no CUDA GPU available: <why>; use PSTRAIN_DEVICES=cpu:N". */
-pst_status pst_cuda_device_count(int *count);
 
 /* The GPU ordinal of a CUDA device (its name's number). */
 int pst_cuda_device_ordinal(const pst_device *dev);

@@ -39,6 +39,8 @@ typedef struct pst_device pst_device;
 typedef struct pst_stream pst_stream;
 typedef struct pst_event pst_event;
 
+#define PST_DEVICE_MAX_COUNT 64 /* most devices in one runtime ("cpu:64") */
+
 typedef enum pst_backend_kind { PST_BACKEND_CPU = 0, PST_BACKEND_CUDA } pst_backend_kind;
 
 typedef enum pst_copy_kind {

@@ -4,7 +4,7 @@
 #ifndef PST_OPS_IMPL_H
 #define PST_OPS_IMPL_H
 
-#include "common/ops.h"
+#include "common/nn/ops.h"
 
 typedef struct pst_ops_iface {
     pst_status (*linear_forward)(pst_stream *s, const pst_linear_fwd_args *a);
@@ -19,5 +19,9 @@ typedef struct pst_ops_iface {
 /* The CPU implementation (ops_cpu.c): host functions on the stream's worker, over the
  * reference kernels of layers.h and optim.h. */
 extern const pst_ops_iface pst_cpu_ops_iface;
+#ifdef PSTRAIN_HAVE_CUDA
+/* The CUDA implementation (cuda/ops_cuda.cu): kernels and cuBLAS on the stream. */
+extern const pst_ops_iface pst_cuda_ops_iface;
+#endif
 
 #endif /* PST_OPS_IMPL_H */

@@ -42,8 +42,13 @@ pst_status pst_dataset_load_idx(pst_dataset *ds, const char *images_path,
  * The test split must have the training split's dim and no label beyond its classes.
  * Both outputs are overwritten on entry and left zeroed on error; dir NULL or "" is
  * PST_ERR_INVALID. */
-pst_status pst_dataset_load_fashion_mnist(pst_dataset *train, pst_dataset *test,
-                                          const char *dir);
+pst_status pst_dataset_load_idx_dir(pst_dataset *train, pst_dataset *test, const char *dir);
+/* The data set called `name` (--dataset) from dir: "fashion-mnist" or "mnist", both IDX
+ * directories of 28x28 images in 10 classes. Errors: PST_ERR_INVALID for another name
+ * (detail lists the known ones), PST_ERR_FORMAT when the files are not that shape, and
+ * those of pst_dataset_load_idx_dir. */
+pst_status pst_dataset_load(pst_dataset *train, pst_dataset *test, const char *name,
+                            const char *dir);
 void pst_dataset_free(pst_dataset *ds); /* accepts a zeroed or half-built one */
 
 /* Number of global batches per epoch: ceil(n / batch); 0 when n <= 0 or batch <= 0. */

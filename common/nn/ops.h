@@ -16,10 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/dtype.h"
 #include "common/error.h"
-#include "common/optim.h"
+#include "common/nn/optim.h"
 
 struct pst_pool;
 

@@ -2,7 +2,7 @@
  *
  * Every function here works without a GPU: the libraries' error strings are static
  * tables, so the no-GPU tests exercise the exact text a GPU failure would print. */
-#include "common/cuda/cuda_check.h"
+#include "common/runtime/cuda/cuda_check.h"
 
 #include <stdio.h>
 

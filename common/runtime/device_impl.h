@@ -1,6 +1,6 @@
 /* device_impl.h — private interface between the device runtime (device.c) and its backends.
  *
- * Not for users of the runtime: include common/device.h. This header holds the objects
+ * Not for users of the runtime: include common/runtime/device.h. This header holds the objects
  * behind the opaque handles of device.h and the backend function table (ggml-backend
  * style). device.c validates every argument, keeps the registry of live streams and
  * events, then calls the table; a backend may therefore assume non-NULL arguments, sizes
@@ -16,15 +16,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 
 #define PST_DEVICE_ALIGN 64     /* alignment of every device and host allocation */
-#define PST_DEVICE_MAX_COUNT 64 /* most devices in one runtime ("cpu:64") */
 #define PST_DEVICE_DETAIL_MAX 512 /* error detail carried across threads (as error.c) */
 
 typedef struct pst_backend_iface pst_backend_iface;
-struct pst_ops_iface; /* ops_impl.h */
 
 struct pst_device {
     pst_runtime *rt;
@@ -129,12 +127,21 @@ struct pst_backend_iface {
      * seeded with (seed, stream id). max_us 0 turns it off. NULL: the hook is ignored. */
     void (*set_jitter)(pst_runtime *rt, uint64_t seed, unsigned max_us);
 
-    /* The model's ops on this backend's streams (ops_impl.h). */
-    const struct pst_ops_iface *ops;
 };
 
 /* The CPU backend (device_cpu.c), always built. */
 extern const pst_backend_iface pst_cpu_backend_iface;
+
+#ifdef PSTRAIN_HAVE_CUDA
+/* The CUDA backend (cuda/device_cuda.c), built with PSTRAIN_HAVE_CUDA. Declared here, not
+ * in cuda/cuda_impl.h, so that device.c needs nothing from cuda/: the arrows point from
+ * the backend to this table, never back. */
+extern const pst_backend_iface pst_cuda_backend_iface;
+/* Number of CUDA GPUs this process can use. Errors: PST_ERR_UNSUPPORTED when
+ * cudaGetDeviceCount fails or finds none, with the detail
+ * "no CUDA GPU available: <why>; use PSTRAIN_DEVICES=cpu:N". */
+pst_status pst_cuda_device_count(int *count);
+#endif
 
 /* Counter helpers for backends: add/remove `bytes` of device memory on dev (atomic; peak
  * follows live). */

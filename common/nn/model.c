@@ -1,10 +1,10 @@
 /* model.c — the mlp model over one flat parameter buffer (see model.h). */
-#include "common/model.h"
+#include "common/nn/model.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "common/layers.h"
+#include "common/nn/layers.h"
 #include "common/rng.h"
 
 size_t pst_mlp_param_count(const pst_mlp_config *cfg)

@@ -1,13 +1,25 @@
-/* ops.c — public op wrappers: check the arguments, then dispatch to the stream's backend
- * (see ops.h, ops_impl.h). */
-#include "common/ops.h"
+/* ops.c — public op wrappers: check the arguments, then dispatch to the op table of the
+ * stream's backend (see ops.h, ops_impl.h). The runtime knows nothing of ops: the table is
+ * chosen here from the runtime's backend kind. */
+#include "common/nn/ops.h"
 
-#include "common/device_impl.h"
-#include "common/ops_impl.h"
+#include "common/nn/ops_impl.h"
+#include "common/runtime/device_impl.h"
 
 static const pst_ops_iface *ops_of(pst_stream *s)
 {
-    return s && s->dev && s->dev->rt ? s->dev->rt->iface->ops : NULL;
+    if (!s || !s->dev || !s->dev->rt)
+        return NULL;
+    switch (pst_runtime_backend(s->dev->rt)) {
+    case PST_BACKEND_CPU:
+        return &pst_cpu_ops_iface;
+#ifdef PSTRAIN_HAVE_CUDA
+    case PST_BACKEND_CUDA:
+        return &pst_cuda_ops_iface;
+#endif
+    default:
+        return NULL;
+    }
 }
 
 #define CHECK(cond, what)                                                              \
@@ -63,6 +75,8 @@ pst_status pst_op_optim_apply(pst_stream *s, const pst_optim_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
     CHECK(o && a && a->cfg && a->param && a->grad && a->t >= 1, "optim_apply");
+    CHECK(pst_optim_state_floats(a->cfg->kind) >= 0 &&
+              (unsigned)a->cfg->schedule < PST_LR_SCHEDULE_COUNT_, "optim_apply");
     CHECK(a->state || pst_optim_state_floats(a->cfg->kind) == 0, "optim_apply");
     return a->n ? o->optim_apply(s, a) : PST_OK;
 }

@@ -15,15 +15,15 @@
  * comm are serialized. The reduce's job record (the buffer pointers the host function
  * reads) comes from a free list; the host function returns it. A job whose host function
  * is skipped (its stream failed) is not reused but is freed with the comm. */
-#include "common/collectives.h"
+#include "common/runtime/collectives.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/collectives_impl.h"
-#include "common/device.h"
-#include "common/device_impl.h"
+#include "common/runtime/collectives_impl.h"
+#include "common/runtime/device.h"
+#include "common/runtime/device_impl.h"
 
 /* ---- public functions -------------------------------------------------------------- */
 

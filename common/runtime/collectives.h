@@ -35,7 +35,7 @@
 
 #include <stddef.h>
 
-#include "common/device.h"
+#include "common/runtime/device.h"
 #include "common/error.h"
 
 typedef struct pst_comm pst_comm;

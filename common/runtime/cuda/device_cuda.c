@@ -36,12 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/cuda/cuda_check.h"
-#include "common/cuda/cuda_impl.h"
-#include "common/device.h"
-#include "common/device_impl.h"
+#include "common/runtime/cuda/cuda_check.h"
+#include "common/runtime/cuda/cuda_impl.h"
+#include "common/runtime/device.h"
+#include "common/runtime/device_impl.h"
 #include "common/error.h"
-#include "common/ops_impl.h"
 
 /* One live allocation of a device. */
 typedef struct pst_cuda_alloc {
@@ -957,5 +956,4 @@ const pst_backend_iface pst_cuda_backend_iface = {
     .event_synchronize = cuda_event_synchronize,
     .event_query = cuda_event_query,
     .set_jitter = NULL, /* the CPU backend's test hook; GPUs have their own timing */
-    .ops = &pst_cuda_ops_iface,
 };

@@ -27,9 +27,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/device.h"
-#include "common/device_impl.h"
-#include "common/ops_impl.h"
+#include "common/runtime/device.h"
+#include "common/runtime/device_impl.h"
 #include "common/error.h"
 #include "common/rng.h"
 
@@ -641,5 +640,4 @@ const pst_backend_iface pst_cpu_backend_iface = {
     .event_synchronize = pst_cpu_event_synchronize,
     .event_query = pst_cpu_event_query,
     .set_jitter = pst_cpu_set_jitter,
-    .ops = &pst_cpu_ops_iface,
 };
