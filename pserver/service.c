@@ -33,15 +33,22 @@ struct ps_service {
     int all_finished;
     rpc_call *parked[MAX_PARKED]; /* Inits waiting for trainer 0's */
     int nparked;
+    /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
+    pthread_mutex_t pull_mu;
+    struct pull_ctx *pull_free;   /* contexts whose reply was sent, with their buffers */
+    size_t pull_allocs;           /* contexts ever allocated (the most pulls in flight) */
+    size_t pulls;                 /* Pull calls handled */
 };
 
-/* A pull in flight; freed by the payload release after the reply was sent. */
+/* A pull in flight; back on svc->pull_free once its reply was sent (release_pull). */
 typedef struct pull_ctx {
     ps_pull_waiter waiter;
     ps_service *svc;
     rpc_call *call;
     pst_dtype dtype;
-    void *buf;
+    void *buf;                    /* cast or copy of the values (async or not f32) */
+    size_t cap;                   /* bytes allocated at buf, kept across reuses */
+    struct pull_ctx *next;        /* in svc->pull_free */
 } pull_ctx;
 
 pst_status ps_service_init(ps_service **out)
@@ -51,6 +58,7 @@ pst_status ps_service_init(ps_service **out)
         return pst_error_set(PST_ERR_NOMEM, "pserver: out of memory");
     pthread_mutex_init(&svc->mu, NULL);
     pthread_cond_init(&svc->cv, NULL);
+    pthread_mutex_init(&svc->pull_mu, NULL);
     *out = svc;
     return PST_OK;
 }
@@ -61,6 +69,13 @@ void ps_service_free(ps_service *svc)
         return;
     ps_store_free(svc->store);
     free(svc->finished);
+    PST_INFO("%zu Pull calls served with %zu pull contexts", svc->pulls, svc->pull_allocs);
+    for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
+        next = p->next;
+        free(p->buf);
+        free(p);
+    }
+    pthread_mutex_destroy(&svc->pull_mu);
     pthread_mutex_destroy(&svc->mu);
     pthread_cond_destroy(&svc->cv);
     free(svc);
@@ -275,11 +290,41 @@ static void handle_push(ps_service *svc, rpc_call *call)
 
 /* ---- Pull ----------------------------------------------------------------------------- */
 
+/* A context from the free list, or a new one when every context is in flight. */
+static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
+{
+    pthread_mutex_lock(&svc->pull_mu);
+    pull_ctx *p = svc->pull_free;
+    if (p)
+        svc->pull_free = p->next;
+    svc->pulls++;
+    pthread_mutex_unlock(&svc->pull_mu);
+    if (!p) {
+        if (!(p = calloc(1, sizeof *p)))
+            return NULL;
+        pthread_mutex_lock(&svc->pull_mu);
+        svc->pull_allocs++;
+        pthread_mutex_unlock(&svc->pull_mu);
+    }
+    void *buf = p->buf;
+    size_t cap = p->cap;
+    memset(p, 0, sizeof *p);
+    p->buf = buf;
+    p->cap = cap;
+    p->svc = svc;
+    p->call = call;
+    return p;
+}
+
+/* The payload release of a Pull reply (or the end of a failed pull): back to the list. */
 static void release_pull(void *arg)
 {
     pull_ctx *p = arg;
-    free(p->buf);
-    free(p);
+    ps_service *svc = p->svc;
+    pthread_mutex_lock(&svc->pull_mu);
+    p->next = svc->pull_free;
+    svc->pull_free = p;
+    pthread_mutex_unlock(&svc->pull_mu);
 }
 
 static Pstrain__DType dtype_to_wire(pst_dtype t)
@@ -312,11 +357,15 @@ static void answer_pull(void *arg, pst_status st, const float *values, uint64_t 
         rpc_call_reply(p->call, &reply.base, values, bytes, release_pull, p);
         return;
     }
-    p->buf = malloc(bytes ? bytes : 1);
-    if (!p->buf) {
-        rpc_call_fail(p->call, PST_ERR_NOMEM, "Pull: out of memory for %zu bytes", bytes);
-        release_pull(p);
-        return;
+    if (p->cap < bytes) {
+        void *buf = realloc(p->buf, bytes);
+        if (!buf) {
+            rpc_call_fail(p->call, PST_ERR_NOMEM, "Pull: out of memory for %zu bytes", bytes);
+            release_pull(p);
+            return;
+        }
+        p->buf = buf;
+        p->cap = bytes;
     }
     pst_cast(p->buf, p->dtype, values, PST_F32, length);
     rpc_call_reply(p->call, &reply.base, p->buf, bytes, release_pull, p);
@@ -328,18 +377,16 @@ static void handle_pull(ps_service *svc, rpc_call *call)
     ps_store *store = store_or_fail(svc, call);
     if (!store)
         return;
-    pull_ctx *p = calloc(1, sizeof *p);
+    pull_ctx *p = pull_get(svc, call);
     if (!p) {
         fail(call, pst_error_set(PST_ERR_NOMEM, "Pull: out of memory"));
         return;
     }
-    p->call = call;
-    p->svc = svc;
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);
     if (st == PST_OK)
         st = ps_store_pull(store, req->block, req->version, &p->waiter, answer_pull, p);
     if (st != PST_OK) {
-        free(p);
+        release_pull(p);
         fail(call, st);
     }
 }

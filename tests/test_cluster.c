@@ -259,10 +259,10 @@ static void suite_fini(void)
 /* ---- the programs ---------------------------------------------------------------------- */
 
 /* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
-static int pserver_start(proc **ps)
+static int pserver_start_logging(proc **ps, const char *log_level)
 {
     const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", NULL};
-    const char *argv[] = {PSERVER, "--log-level", "warn", NULL};
+    const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
     proc *p = *ps = proc_start(argv, env);
     double deadline = now_ms() + LISTEN_WAIT_MS;
     for (;;) {
@@ -286,6 +286,11 @@ static int pserver_start(proc **ps)
         }
         sleep_ms(10);
     }
+}
+
+static int pserver_start(proc **ps)
+{
+    return pserver_start_logging(ps, "warn");
 }
 
 /* SIGTERM, then the pserver must exit 0 (clean shutdown) within the deadline. */
@@ -866,6 +871,42 @@ Test(cluster, pserver_exits_0_after_last_finish)
                   "round %d: pserver exit wait status 0x%x; stderr:\n%s", round, ps->status, err);
         free(err);
     }
+}
+
+/* The pserver recycles its pull contexts: 40 pulls of one block (20 of them with a push
+ * between, so each waits for a new version) are served with one context, which the
+ * pserver reports at exit ("N Pull calls served with M pull contexts"). */
+Test(cluster, pulls_reuse_one_context_in_the_steady_state)
+{
+    proc *ps;
+    int port = pserver_start_logging(&ps, "info");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 1000);
+    float initial[NB], g[NB], out[NB];
+    fill_block(initial, 1.0f, 0.0f);
+    fill_block(g, 0.0f, 1.0f);
+    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 1, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    for (int i = 0; i < 20; i++)
+        EXPECT_STATUS(do_pull(cl, 0, 0, out, NULL), PST_OK);
+    for (int s = 0; s < 20; s++) {
+        int64_t got = -1;
+        EXPECT_STATUS(do_push(cl, 0, s, g, NULL), PST_OK);
+        EXPECT_STATUS(do_pull(cl, 0, s + 1, out, &got), PST_OK);
+        cr_assert_eq(got, s + 1);
+        cr_assert_eq(out[0], initial[0] - (float)(s + 1)); /* sgd, lr 1, gradient 1 */
+    }
+    EXPECT_STATUS(do_finish(cl, 0), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    int done = proc_wait(ps, EXIT_WAIT_MS);
+    char *err = slurp(ps->err_path);
+    cr_assert(done && WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 0,
+              "pserver did not exit cleanly; stderr:\n%s", err);
+    cr_assert(strstr(err, "40 Pull calls served with 1 pull contexts"),
+              "pserver did not serve 40 pulls with one context; stderr:\n%s", err);
+    free(err);
 }
 
 /* ---- 4. an unreachable pserver --------------------------------------------------------- */
