@@ -337,12 +337,11 @@ Test(ops_parity, linear_backward)
 /* ---- ReLU backward, add ----------------------------------------------------------- */
 
 /* A weight-gradient row range (the executor's chunks): rows [r0, r1) of dw and db as the
- * reference slice kernel computes them, every other row untouched, on every backend. */
-Test(ops_parity, linear_backward_row_range)
+ * reference slice kernel computes them, every other row untouched, on every backend: a
+ * middle tile and the last, short one. */
+static void row_range_case(backend *be, int nb, int r0, int r1)
 {
-    backend be[MAX_BACKENDS];
-    int nb = backends_open(be);
-    const int B = 33, IC = 65, OC = 37, r0 = 9, r1 = 30;
+    const int B = 33, IC = 65, OC = 600;
     const size_t nw = (size_t)OC * IC, ni = (size_t)B * IC, no = (size_t)B * OC;
     float *inp = randn(ni, 141), *w = randn(nw, 142), *dout = randn(no, 143);
     float *dw0 = randn(nw, 144), *db0 = randn((size_t)OC, 145);
@@ -385,6 +384,14 @@ Test(ops_parity, linear_backward_row_range)
         free(ref_db);
     }
     free(inp); free(w); free(dout); free(dw0); free(db0);
+}
+
+Test(ops_parity, linear_backward_row_range)
+{
+    backend be[MAX_BACKENDS];
+    int nb = backends_open(be);
+    row_range_case(be, nb, 256, 512); /* a middle tile */
+    row_range_case(be, nb, 512, 600); /* the last, short one */
     backends_close(be, nb);
 }
 
@@ -740,8 +747,9 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
     lbb.B = 0;
     CHECK_ERR(pst_op_linear_backward(s, &lbb), PST_ERR_INVALID);
     CHECK_OK(pst_op_linear_backward(s, &lb)); /* dinp NULL is allowed */
-    /* Weight-gradient rows: inside [0, OC), not empty, only with dw. */
-    const int ranges[][2] = {{1, 1}, {-1, 1}, {0, 3}, {2, 1}, {1, 0}};
+    /* Weight-gradient rows: inside [0, OC), not empty, only with dw, starting at a tile
+     * (PST_ROW_TILE) and ending at one or at OC. */
+    const int ranges[][2] = {{1, 1}, {-1, 1}, {0, 3}, {2, 1}, {1, 0}, {1, 2}};
     for (size_t k = 0; k < sizeof ranges / sizeof ranges[0]; k++) {
         pst_linear_bwd_args x = lb;
         x.row0 = ranges[k][0];
@@ -749,8 +757,8 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
         CHECK_ERR(pst_op_linear_backward(s, &x), PST_ERR_INVALID);
     }
     pst_linear_bwd_args rows = lb;
-    rows.row0 = 1;
-    rows.row1 = 2;
+    rows.row0 = 0;
+    rows.row1 = 2; /* = OC */
     CHECK_OK(pst_op_linear_backward(s, &rows));
     rows.dw = rows.db = NULL;
     rows.dinp = f + 40;

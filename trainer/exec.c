@@ -217,7 +217,8 @@ static void set_layer_args(tr_exec *ex, exec_dev *d)
     }
 }
 
-/* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN). A block is
+/* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN), each cut
+ * rounded up to whole tiles of PST_ROW_TILE rows. A block is
  * finished by its lowest layer lmin: by the chunk holding its last element in that layer,
  * or by the layer's last chunk when it reaches into the bias (every chunk adds its rows'
  * bias gradient). A block starts inside its lmin, so its cut is at least row 1, and the
@@ -245,9 +246,13 @@ static pst_status build_chunks(tr_exec *ex)
                 continue;
             const tr_block *blk = &ex->plan->blocks[b];
             const size_t end = blk->offset + blk->length;
-            const int cut = !cut_at_blocks || end > w_end
-                                ? v->out
-                                : (int)((end - v->w_off + v->in - 1) / v->in);
+            int cut = !cut_at_blocks || end > w_end
+                          ? v->out
+                          : (int)((end - v->w_off + v->in - 1) / v->in);
+            /* up to whole tiles (PST_ROW_TILE, layers.h), so the bits do not depend on
+             * where the plan cut the blocks */
+            cut = (cut + PST_ROW_TILE - 1) / PST_ROW_TILE * PST_ROW_TILE;
+            cut = cut < v->out ? cut : v->out;
             if (cut <= row0) { /* row0 > 0: a chunk of this layer is already cut there */
                 ex->chunks[ex->nchunks - 1].block_last = b;
                 continue;

@@ -11,6 +11,7 @@
  * the whole training loop including batch gathering, not evaluation. */
 #include "trainer/train.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@
 #include "common/nn/optim.h"
 #include "common/runtime/pool.h"
 #include "trainer/exec.h"
+#include "trainer/plan.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
@@ -147,6 +149,17 @@ long tr_synthetic_steps(const pst_config *cfg)
     return cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
 }
 
+/* The summary's view of the final parameters: their count, L2 norm and param_hash. */
+static void summarize_params(tr_summary *sum, const float *params, size_t n)
+{
+    double l2 = 0.0;
+    for (size_t i = 0; i < n; i++)
+        l2 += (double)params[i] * (double)params[i];
+    sum->params = n;
+    sum->param_l2 = sqrt(l2);
+    sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
+}
+
 pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 {
     pst_status st = PST_OK;
@@ -177,15 +190,11 @@ pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary
     }
     double dt = pst_clock_s() - t_start;
     pst_log_set_step(-1);
-    double l2 = 0.0;
-    for (size_t i = 0; i < n; i++)
-        l2 += (double)params[i] * (double)params[i];
     memset(sum, 0, sizeof *sum);
     sum->samples_per_s = dt > 0 ? (double)total * cfg->batch / dt : 0.0;
     sum->step_ms_median = median(step_ms, total);
     sum->steps = total;
-    sum->params = n;
-    sum->param_l2 = sqrt(l2);
+    summarize_params(sum, params, n);
     sum->ndevices = 1;
     sum->peak_bytes[0] = 2 * n * sizeof(float);
     started = 0;
@@ -332,16 +341,12 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     pst_log_set_step(-1);
     if ((st = tr_exec_sync(ex)) != PST_OK || (st = tr_exec_params(ex, params)) != PST_OK)
         goto error;
-    double l2 = 0.0;
-    for (size_t i = 0; i < tr_exec_nparams(ex); i++)
-        l2 += (double)params[i] * (double)params[i];
     sum->test_acc = test_acc;
     sum->train_loss = last_loss;
     sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
     sum->step_ms_median = median(step_ms, step);
     sum->steps = step;
-    sum->params = tr_exec_nparams(ex);
-    sum->param_l2 = sqrt(l2);
+    summarize_params(sum, params, tr_exec_nparams(ex));
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
     for (int i = 0; i < sum->ndevices; i++)
         sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
@@ -377,9 +382,9 @@ void tr_summary_print(FILE *out, const tr_summary *s)
     fprintf(out,
             "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
             "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
-            "\"param_l2\":%.9g,\"peak_bytes_per_device\":[",
+            "\"param_l2\":%.9g,\"param_hash\":\"%016" PRIx64 "\",\"peak_bytes_per_device\":[",
             s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
-            s->params, s->param_l2);
+            s->params, s->param_l2, s->param_hash);
     for (int i = 0; i < s->ndevices; i++)
         fprintf(out, "%s%zu", i ? "," : "", s->peak_bytes[i]);
     fputs("]}\n", out);

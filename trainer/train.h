@@ -8,6 +8,7 @@
 #define TR_TRAIN_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/config.h"
 #include "common/error.h"
@@ -33,6 +34,8 @@ typedef struct tr_summary {
     long steps;
     size_t params;
     double param_l2;
+    uint64_t param_hash;   /* FNV-1a of the parameters' bytes (host float layout): equal
+                            * hashes mean bit-identical parameters */
     int ndevices;
     size_t peak_bytes[PST_DEVICE_MAX_COUNT]; /* per local device */
 } tr_summary;

@@ -56,11 +56,16 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
         for (int j = j0; j < j1; j++)
             dbias[j] += d[j];
     }
-    /* dweight[j0:j1, :] = dout[:, j0:j1]^T @ inp. */
-    if (B > 0)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, IC, B, 1.0f, dout + j0, OC,
-                    inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)j0 * IC, IC);
-    else if (!accumulate)
+    /* dweight[j0:j1, :] = dout[:, j0:j1]^T @ inp, one call per tile of PST_ROW_TILE rows
+     * (layers.h: the same calls whatever the slice). */
+    if (B > 0) {
+        for (int r = j0, e; r < j1; r = e) {
+            e = r - r % PST_ROW_TILE + PST_ROW_TILE; /* the end of r's tile */
+            e = e < j1 ? e : j1;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, e - r, IC, B, 1.0f, dout + r,
+                        OC, inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)r * IC, IC);
+        }
+    } else if (!accumulate)
         memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
 }
 

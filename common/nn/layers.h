@@ -23,9 +23,18 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
                          const float *inp, const float *weight, int B, int IC, int OC,
                          int accumulate);
 
+/* The weight gradient is computed in tiles of PST_ROW_TILE rows (rows [0, 256), [256, 512),
+ * ..., the last one ending at OC), one GEMM call each. A GEMM's result for a row depends
+ * on the shape of the call that computes it (measured: OpenBLAS's Haswell sgemm gives
+ * other bits for rows 504-511 of a 1024-row dweight computed as two calls of 512 than as
+ * one call), so fixed tiles are what make the bits independent of how a layer is cut
+ * into chunks or threads; at 256 rows they cost no speed here. */
+#define PST_ROW_TILE 256
+
 /* Slices of the two kernels above, for splitting a layer over threads (same arithmetic
- * per element): columns [j0, j1) of out; rows [j0, j1) of dweight and dbias; columns
- * [i0, i1) of dinp. An empty range does nothing. */
+ * per element): columns [j0, j1) of out; rows [j0, j1) of dweight and dbias (j0 and j1,
+ * unless it is OC, multiples of PST_ROW_TILE for the bits of the whole-layer call);
+ * columns [i0, i1) of dinp. An empty range does nothing. */
 void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
                              const float *bias, int B, int IC, int OC, int relu, int j0, int j1);
 void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,

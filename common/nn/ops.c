@@ -44,7 +44,9 @@ pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
     CHECK((a->dw && a->db) || (!a->dw && !a->db && a->dinp), "linear_backward");
     CHECK(a->B > 0 && a->IC > 0 && a->OC > 0, "linear_backward");
     CHECK((a->row1 == 0 && a->row0 == 0) ||
-              (a->row0 >= 0 && a->row0 < a->row1 && a->row1 <= a->OC && a->dw),
+              (a->row0 >= 0 && a->row0 < a->row1 && a->row1 <= a->OC && a->dw &&
+               a->row0 % PST_ROW_TILE == 0 &&
+               (a->row1 == a->OC || a->row1 % PST_ROW_TILE == 0)),
           "linear_backward");
     return o->linear_backward(s, a);
 }

@@ -19,6 +19,7 @@
 #include "common/runtime/device.h"
 #include "common/dtype.h"
 #include "common/error.h"
+#include "common/nn/layers.h"
 #include "common/nn/optim.h"
 
 struct pst_pool;
@@ -38,7 +39,10 @@ typedef struct pst_linear_fwd_args {
  * (only dinp): the executor computes the weight gradient first, so the block can leave
  * while the input gradient is still being computed. When row1 > 0 only rows [row0, row1)
  * of dw and db are computed (0 <= row0 < row1 <= OC): the executor cuts a layer's weight
- * gradient at its block boundaries, so each block leaves as soon as its rows are done. */
+ * gradient near its block boundaries, so each block leaves as soon as its rows are done.
+ * row0, and row1 unless it is OC, must be multiples of PST_ROW_TILE (layers.h): then the
+ * rows are computed by the same GEMM calls, tile by tile, as in one op over all rows, and
+ * get the same bits. */
 typedef struct pst_linear_bwd_args {
     float *dinp, *dw, *db;
     const float *dout, *inp, *w;

@@ -26,7 +26,9 @@ static void linear_bwd_part(void *arg, int part, int nparts)
     size_t lo, hi;
     if (a->dw) {
         const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
-        pst_pool_split((size_t)(r1 - r0), part, nparts, 16, &lo, &hi);
+        /* whole tiles to each thread (r0 is a multiple of PST_ROW_TILE): the bits do not
+         * depend on the number of threads */
+        pst_pool_split((size_t)(r1 - r0), part, nparts, PST_ROW_TILE, &lo, &hi);
         pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
                                         a->accumulate, r0 + (int)lo, r0 + (int)hi);
     }

@@ -148,10 +148,14 @@ static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args 
      *   the buffer of dout is dout^T (OC, B), ld OC   -> op T gives (B, OC);
      *   dw^T (IC, OC) has ld IC; beta 1 accumulates. */
     pst_status st = PST_OK;
-    if (a->dw)
-        st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, r1 - r0, a->B, a->inp, a->IC,
-                  a->dout + r0, a->OC, a->accumulate ? 1.0f : 0.0f, a->dw + (size_t)r0 * a->IC,
-                  a->IC);
+    /* One GEMM per tile of PST_ROW_TILE rows, as on CPU (layers.h): the same calls, so the
+     * same bits, however the executor cuts the layer. */
+    for (int r = r0, e; a->dw && st == PST_OK && r < r1; r = e) {
+        e = r - r % PST_ROW_TILE + PST_ROW_TILE; /* the end of r's tile */
+        e = e < r1 ? e : r1;
+        st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, a->IC, e - r, a->B, a->inp, a->IC, a->dout + r,
+                  a->OC, a->accumulate ? 1.0f : 0.0f, a->dw + (size_t)r * a->IC, a->IC);
+    }
     /* Row-major dinp (B, IC) = dout (B, OC) @ w (OC, IC).
      * Column-major: dinp^T (IC, B) = w^T (IC, OC) @ dout^T (OC, B), where
      *   the buffer of w is w^T (IC, OC), ld IC        -> op N;
