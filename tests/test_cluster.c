@@ -451,7 +451,8 @@ Test(cluster, sync_many_small_blocks_adam_equals_local)
  * param_l2 (relative 1e-6); and random delays injected in every stream and before every
  * RPC (the --test-jitter hook) over several seeds neither deadlock nor lose a block: the
  * result equals the undelayed run's bits. */
-static param_hash summary_hash_of(const char *const argv[], const char *devices)
+/* Runs argv on `devices` (PSTRAIN_DEVICES), which must exit 0; returns its stdout. */
+static char *stdout_of(const char *const argv[], const char *devices)
 {
     char env_dev[64];
     snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
@@ -459,24 +460,24 @@ static param_hash summary_hash_of(const char *const argv[], const char *devices)
     char *out, *err;
     int rc = run(argv, env, RUN_WAIT_MS + 30000, &out, &err);
     cr_assert_eq(rc, 0, "%s with %s exited %d; stderr:\n%s", argv[0], devices, rc, err);
+    free(err);
+    return out;
+}
+
+static param_hash summary_hash_of(const char *const argv[], const char *devices)
+{
+    char *out = stdout_of(argv, devices);
     param_hash h = summary_hash(out);
     free(out);
-    free(err);
     return h;
 }
 
 static double summary_l2_of(const char *const argv[], const char *devices)
 {
-    char env_dev[64];
-    snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
-    const char *env[] = {env_dev, NULL};
-    char *out, *err;
-    int rc = run(argv, env, RUN_WAIT_MS + 30000, &out, &err);
-    cr_assert_eq(rc, 0, "%s with %s exited %d; stderr:\n%s", argv[0], devices, rc, err);
+    char *out = stdout_of(argv, devices);
     double l2 = summary_value(out, "param_l2");
     cr_assert(l2 > 0 && isfinite(l2), "param_l2 %g", l2);
     free(out);
-    free(err);
     return l2;
 }
 
