@@ -69,7 +69,8 @@ typedef struct pst_config {
     long trace_first, trace_last;                  /* steps traced (inclusive) */
     uint64_t jitter_seed;                          /* test hook: random delays in streams */
     unsigned jitter_us;                            /* and before RPCs, 0..jitter_us each */
-    int threads;                                   /* BLAS threads per process, 0 = auto */
+    int threads;                                   /* compute threads, shared by the CPU
+                                                    * devices; 0 = one per core */
     char compute_cpus[128];                        /* CPU list the compute threads are pinned
                                                     * to ("0", "0-3,8"), "" = not pinned */
     uint64_t compute_cpu_mask[PST_CPU_MASK_WORDS]; /* the same list as bits: CPU c is bit

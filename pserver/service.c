@@ -297,15 +297,12 @@ static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
     pull_ctx *p = svc->pull_free;
     if (p)
         svc->pull_free = p->next;
+    else
+        svc->pull_allocs++; /* counts a failed calloc too: it is the caller's NOMEM */
     svc->pulls++;
     pthread_mutex_unlock(&svc->pull_mu);
-    if (!p) {
-        if (!(p = calloc(1, sizeof *p)))
-            return NULL;
-        pthread_mutex_lock(&svc->pull_mu);
-        svc->pull_allocs++;
-        pthread_mutex_unlock(&svc->pull_mu);
-    }
+    if (!p && !(p = calloc(1, sizeof *p)))
+        return NULL;
     void *buf = p->buf;
     size_t cap = p->cap;
     memset(p, 0, sizeof *p);

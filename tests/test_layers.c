@@ -645,8 +645,8 @@ Test(linear_slices, assemble_to_the_whole_call)
 /* The weight gradient's bits do not depend on how its rows are cut, as long as the cuts
  * fall on tiles (layers.h, PST_ROW_TILE): the executor's chunks and the threads' slices
  * give what one call over the whole layer gives. With OpenBLAS's Haswell kernels, calls
- * of other shapes give other bits (rows 504-511 of 1024 cut at 512), which is what the
- * tiles prevent. */
+ * of other shapes give other bits (measured on an AMD EPYC: rows 504-511 of 1024 cut at
+ * 512), which is what the tiles prevent. */
 Test(linear_backward, row_cuts_on_tiles_keep_the_bits)
 {
     const int B = 64, IC = 300, OC = 1100;

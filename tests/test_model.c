@@ -202,7 +202,7 @@ Test(mlp, invalid_shapes)
         {{.in_dim = -1, .out_dim = 3, .nhidden = 0}, 2},
         {{.in_dim = 6, .out_dim = 0, .nhidden = 0}, 2},
         {{.in_dim = 6, .out_dim = 3, .nhidden = -1}, 2},
-        {{.in_dim = 6, .out_dim = 3, .nhidden = PST_MLP_MAX_HIDDEN + 1,
+        {{.in_dim = 6, .out_dim = 3, .nhidden = PST_MAX_HIDDEN + 1,
           .hidden = {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3}}, 2},
         {{.in_dim = 6, .out_dim = 3, .nhidden = 2, .hidden = {5, 0}}, 2},
         {{.in_dim = 6, .out_dim = 3, .nhidden = 1, .hidden = {-4}}, 2},
@@ -225,12 +225,12 @@ Test(mlp, invalid_shapes)
     }
     cr_expect_eq(pst_device_live_bytes(dev), live0, "a rejected init left memory behind");
     /* The largest allowed depth is accepted. */
-    pst_mlp_config deep = {.in_dim = 2, .out_dim = 2, .nhidden = PST_MLP_MAX_HIDDEN};
-    for (int l = 0; l < PST_MLP_MAX_HIDDEN; l++)
+    pst_mlp_config deep = {.in_dim = 2, .out_dim = 2, .nhidden = PST_MAX_HIDDEN};
+    for (int l = 0; l < PST_MAX_HIDDEN; l++)
         deep.hidden[l] = 3;
     pst_mlp m;
     cr_expect_eq(pst_mlp_init(&m, &deep, 1, dev), PST_OK, "%s", pst_error_detail());
-    cr_expect_eq(m.nlayers, PST_MLP_MAX_HIDDEN + 1);
+    cr_expect_eq(m.nlayers, PST_MAX_HIDDEN + 1);
     pst_mlp_free(&m);
 }
 
@@ -454,7 +454,7 @@ Test(mlp, accumulate_doubles_the_gradient)
 
 typedef struct hook_log {
     int n;
-    size_t off[PST_MLP_MAX_HIDDEN + 2], len[PST_MLP_MAX_HIDDEN + 2];
+    size_t off[PST_MAX_HIDDEN + 2], len[PST_MAX_HIDDEN + 2];
     const pst_mlp *m;
     float *snap; /* grads as they were when each range was reported */
 } hook_log;
@@ -462,7 +462,7 @@ typedef struct hook_log {
 static void on_ready(void *arg, size_t offset, size_t length)
 {
     hook_log *h = arg;
-    if (h->n < PST_MLP_MAX_HIDDEN + 2) {
+    if (h->n < PST_MAX_HIDDEN + 2) {
         h->off[h->n] = offset;
         h->len[h->n] = length;
     }

@@ -67,11 +67,11 @@ typedef struct exec_dev {
     pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
     pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
     pst_event **ready;            /* (nblocks) */
-    pst_linear_fwd_args fwd[PST_MLP_MAX_HIDDEN + 1];
-    pst_linear_bwd_args bwd_w[PST_MLP_MAX_HIDDEN + 1]; /* weight and bias gradients */
+    pst_linear_fwd_args fwd[PST_MAX_HIDDEN + 1];
+    pst_linear_bwd_args bwd_w[PST_MAX_HIDDEN + 1]; /* weight and bias gradients */
     pst_linear_bwd_args *bwd_chunk;                    /* (nchunks) bwd_w cut into rows */
-    pst_linear_bwd_args bwd_x[PST_MLP_MAX_HIDDEN + 1]; /* input gradient (l > 0) */
-    pst_relu_bwd_args relu[PST_MLP_MAX_HIDDEN + 1];
+    pst_linear_bwd_args bwd_x[PST_MAX_HIDDEN + 1]; /* input gradient (l > 0) */
+    pst_relu_bwd_args relu[PST_MAX_HIDDEN + 1];
     pst_xent_args xent;
     int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
 } exec_dev;
@@ -122,7 +122,7 @@ struct tr_exec {
     int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
     exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
     int nchunks;
-    int *layer_chunk0, *layer_nchunks; /* (L) layer l's chunks */
+    int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
     pst_comm *comm;
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
@@ -231,9 +231,8 @@ static pst_status build_chunks(tr_exec *ex)
     const pst_mlp *m = &ex->devs[0].m;
     const int nb = ex->plan->nblocks, cut_at_blocks = ex->c.remote != NULL;
     ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
-    ex->layer_chunk0 = calloc((size_t)ex->L, sizeof(int));
-    ex->layer_nchunks = calloc((size_t)ex->L, sizeof(int));
-    if (!ex->chunks || !ex->layer_chunk0 || !ex->layer_nchunks)
+    ex->layer_chunk0 = calloc((size_t)ex->L + 1, sizeof(int));
+    if (!ex->chunks || !ex->layer_chunk0)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     for (int l = 0; l < ex->L; l++) {
         const pst_linear_view *v = &m->layer[l];
@@ -262,8 +261,8 @@ static pst_status build_chunks(tr_exec *ex)
         }
         if (row0 < v->out) /* rows after the last block that ends in this layer */
             ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, v->out, 1, 0};
-        ex->layer_nchunks[l] = ex->nchunks - ex->layer_chunk0[l];
     }
+    ex->layer_chunk0[ex->L] = ex->nchunks;
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         d->bwd_chunk = calloc((size_t)ex->nchunks, sizeof *d->bwd_chunk);
@@ -535,7 +534,6 @@ void tr_exec_free(tr_exec *ex)
     free(ex->layer_last);
     free(ex->chunks);
     free(ex->layer_chunk0);
-    free(ex->layer_nchunks);
     free(ex->host_params);
     free(ex->host_losses);
     free(ex->devs);
@@ -662,7 +660,7 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "backward", step, l);
         /* The weight gradient first, chunk by chunk: each block leaves as soon as its rows
          * are done, while the rest of the layer (and dinp) is still being computed. */
-        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l] + ex->layer_nchunks[l]; c++) {
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++) {
             d->bwd_chunk[c].B = d->rows;
             PST_TRY(pst_op_linear_backward(s, &d->bwd_chunk[c]));
             for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
@@ -843,7 +841,7 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
     /* In the order backward finishes them (the send streams are FIFO): the top layer
      * first, each layer's chunks by ascending rows. */
     for (int l = ex->L - 1; l >= 0; l--)
-        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l] + ex->layer_nchunks[l]; c++)
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
             for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
                 PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
     if (ex->pbuf[1])

@@ -141,9 +141,6 @@ static double median(double *v, long n)
 
 /* ---- the loop ------------------------------------------------------------------------- */
 
-/* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
- * trainer (small values that depend on the index and the trainer id). It measures the
- * communication of the real programs. */
 long tr_synthetic_steps(const pst_config *cfg)
 {
     return cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
@@ -160,6 +157,9 @@ static void summarize_params(tr_summary *sum, const float *params, size_t n)
     sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
 }
 
+/* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
+ * trainer (small values that depend on the index and the trainer id). It measures the
+ * communication of the real programs. */
 pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
 {
     pst_status st = PST_OK;

@@ -25,9 +25,9 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
 
 /* The weight gradient is computed in tiles of PST_ROW_TILE rows (rows [0, 256), [256, 512),
  * ..., the last one ending at OC), one GEMM call each. A GEMM's result for a row depends
- * on the shape of the call that computes it (measured: OpenBLAS's Haswell sgemm gives
- * other bits for rows 504-511 of a 1024-row dweight computed as two calls of 512 than as
- * one call), so fixed tiles are what make the bits independent of how a layer is cut
+ * on the shape of the call that computes it (measured on an AMD EPYC with
+ * OPENBLAS_CORETYPE=Haswell: rows 504-511 of a 1024-row dweight computed as two calls of
+ * 512 get other bits than from one call), so fixed tiles are what make the bits independent of how a layer is cut
  * into chunks or threads; at 256 rows they cost no speed here. */
 #define PST_ROW_TILE 256
 

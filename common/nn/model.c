@@ -31,7 +31,7 @@ pst_status pst_mlp_init(pst_mlp *m, const pst_mlp_config *cfg, int max_batch, ps
 {
     memset(m, 0, sizeof *m);
     if (cfg->in_dim <= 0 || cfg->out_dim <= 0 || cfg->nhidden < 0 ||
-        cfg->nhidden > PST_MLP_MAX_HIDDEN || max_batch <= 0)
+        cfg->nhidden > PST_MAX_HIDDEN || max_batch <= 0)
         return pst_error_set(PST_ERR_INVALID,
                              "mlp: bad shape (in %d, out %d, %d hidden layers, batch %d)",
                              cfg->in_dim, cfg->out_dim, cfg->nhidden, max_batch);
@@ -81,7 +81,7 @@ void pst_mlp_free(pst_mlp *m)
     pst_device_free(m->dev, m->probs);
     pst_device_free(m->dev, m->dbuf[0]);
     pst_device_free(m->dev, m->dbuf[1]);
-    for (int l = 0; l < PST_MLP_MAX_HIDDEN + 1; l++)
+    for (int l = 0; l < PST_MAX_HIDDEN + 1; l++)
         pst_device_free(m->dev, m->acts[l]);
     memset(m, 0, sizeof *m);
 }

@@ -13,16 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/config.h" /* PST_MAX_HIDDEN */
 #include "common/runtime/device.h"
 #include "common/error.h"
-
-#define PST_MLP_MAX_HIDDEN 16
 
 typedef struct pst_mlp_config {
     int in_dim;                      /* 784 for Fashion-MNIST */
     int out_dim;                     /* classes */
     int nhidden;                     /* hidden layers */
-    int hidden[PST_MLP_MAX_HIDDEN];  /* their widths */
+    int hidden[PST_MAX_HIDDEN];  /* their widths */
 } pst_mlp_config;
 
 typedef struct pst_linear_view {
@@ -42,8 +41,8 @@ typedef struct pst_mlp {
     pst_device *dev;                            /* memory comes from here */
     float *params;                              /* (nparams) */
     float *grads;                               /* (nparams), same layout */
-    pst_linear_view layer[PST_MLP_MAX_HIDDEN + 1];
-    float *acts[PST_MLP_MAX_HIDDEN + 1];        /* layer outputs (max_batch, out_l); last = logits */
+    pst_linear_view layer[PST_MAX_HIDDEN + 1];
+    float *acts[PST_MAX_HIDDEN + 1];        /* layer outputs (max_batch, out_l); last = logits */
     float *probs;                               /* (max_batch, out_dim) */
     float *dbuf[2];                             /* (max_batch, widest layer) ping-pong */
 } pst_mlp;
