@@ -274,6 +274,7 @@ static const opt options[] = {
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
     {"overlap", "PSTRAIN_OVERLAP", NULL, NULL, "1", "1: send gradient blocks during backward and start the next forward per block; 0: serialized (backward, all sends, all pulls)", R_TRAINER, OPT_BOOL, F(overlap), 0, 0, NULL},
+    {"cpu-replicas", "PSTRAIN_CPU_REPLICAS", NULL, NULL, "0", "1: every CPU device keeps its own parameter copy and takes the GPU schedule (per-device reduce, staging, broadcast); 0: CPU devices share one copy", R_TRAINER, OPT_BOOL, F(cpu_replicas), 0, 0, NULL},
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
     {"test-jitter", "PSTRAIN_TEST_JITTER", NULL, NULL, "7:200", "test hook: random delays of 0..US microseconds before every stream item and RPC, SEED:US", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_jitter},
@@ -595,8 +596,8 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "lr_schedule", pst_lr_schedule_name(cfg->optim.schedule), &first);
         fprintf(out, ",\"warmup_steps\":%ld,\"min_lr\":%g,\"connect_timeout_ms\":%ld",
                 cfg->optim.warmup_steps, cfg->optim.min_lr, cfg->connect_timeout_ms);
-        fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d,\"overlap\":%d", cfg->rpc_timeout_ms,
-                cfg->threads, cfg->overlap);
+        fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d,\"overlap\":%d,\"cpu_replicas\":%d",
+                cfg->rpc_timeout_ms, cfg->threads, cfg->overlap, cfg->cpu_replicas);
         json_str(out, "trace", cfg->trace_path, &first);
         fprintf(out, ",\"trace_steps\":\"%ld:%ld\"", cfg->trace_first, cfg->trace_last);
         json_str(out, "metrics", cfg->metrics_path, &first);

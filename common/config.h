@@ -65,6 +65,7 @@ typedef struct pst_config {
     pst_log_level log_level;
     pst_progress progress;
     int overlap;                                   /* 1: communication overlaps compute */
+    int cpu_replicas;                              /* 1: each CPU device its own parameter copy */
     char trace_path[PST_PATH_MAX];                 /* Chrome trace file, "" = none */
     long trace_first, trace_last;                  /* steps traced (inclusive) */
     uint64_t jitter_seed;                          /* test hook: random delays in streams */

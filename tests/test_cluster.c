@@ -612,6 +612,26 @@ Test(cluster, injected_delays_lose_no_block)
     }
 }
 
+/* --cpu-replicas 1 (a parameter copy per device: pulls land in host staging, are copied
+ * to the owner and broadcast, as on GPUs) gives the bits of the shared copy, 2 pservers x 2
+ * trainers on cpu:4, undelayed and under jitter seeds 1-8 in every stream and RPC. */
+Test(cluster, replicas_equal_shared_under_delays, .timeout = 240)
+{
+    const char *plain[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                           TRAINER, DEVICE_FLAGS, NULL};
+    param_hash ref = summary_hash_of(plain, "cpu:4");
+    for (int seed = 0; seed <= 8; seed++) {
+        char jitter[32];
+        snprintf(jitter, sizeof jitter, "%d:%d", seed, seed ? 300 : 0);
+        const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                              "--", TRAINER, DEVICE_FLAGS, "--cpu-replicas", "1",
+                              "--test-jitter", jitter, NULL};
+        param_hash h = summary_hash_of(argv, "cpu:4");
+        cr_assert_str_eq(h.hex, ref.hex, "replicas, jitter %s: param_hash %s vs shared %s",
+                         jitter, h.hex, ref.hex);
+    }
+}
+
 /* The send window (--send-window) only reorders pushes: one block's worth, none, or one
  * in flight under random delays, the result is the same bits. */
 Test(cluster, send_window_sizes_give_the_same_bits)

@@ -2,7 +2,8 @@
  * Fashion-MNIST files: the same global batch on cpu:1, cpu:2 and cpu:4 gives the same
  * parameters (relative L2 difference <= 1e-6); overlap on and off give the same bits; random
  * delays injected in every stream (the jitter test hook) over many seeds neither deadlock nor
- * lose a block: the bits equal the undelayed run. Also built under ThreadSanitizer
+ * lose a block: the bits equal the undelayed run; --cpu-replicas 1 (a parameter copy per
+ * device, the GPU schedule) gives the bits of the shared copy. Also built under ThreadSanitizer
  * (make test-tsan). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -28,6 +29,7 @@ static void load(void)
 
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
 static const char *compute_cpus = ""; /* --compute-cpus of the runs below */
+static int cpu_replicas;              /* --cpu-replicas of the runs below */
 
 static const char *no_env(const char *name)
 {
@@ -46,6 +48,7 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cfg.optim.lr = 0.05f;
     cfg.jitter_seed = jitter_seed;
     cfg.jitter_us = jitter_us;
+    cfg.cpu_replicas = cpu_replicas;
     if (*compute_cpus) { /* parsed as the trainer parses it */
         pst_config pinned;
         const char *argv[] = {"test", "--compute-cpus", compute_cpus};
@@ -147,6 +150,30 @@ Test(exec, random_stream_delays_lose_nothing, .timeout = 300)
         cr_assert_eq(n, m);
         /* The reduce order is fixed, so delays may change timing but never the bits. */
         cr_assert_eq(memcmp(ref, p, n * sizeof(float)), 0, "seed %llu changed the result",
+                     (unsigned long long)seed);
+        free(p);
+    }
+    free(ref);
+}
+
+/* --cpu-replicas 1: every device its own parameter copy, so the GPU schedule runs (the
+ * owner's optimizer on its copy, then a broadcast to the others, each device's forward
+ * waiting on its own ready events). Same arithmetic in the same order as the shared copy:
+ * the same bits, with and without overlap, under every jitter seed. */
+Test(exec, replicas_equal_shared_under_delays, .timeout = 300)
+{
+    size_t n, m;
+    float *ref = train("cpu:4", 1, 0, 0, 6, &n, NULL);
+    cpu_replicas = 1;
+    float *serial = train("cpu:4", 0, 0, 0, 6, &m, NULL);
+    cr_assert_eq(n, m);
+    cr_assert_eq(memcmp(ref, serial, n * sizeof(float)), 0, "replicas, overlap 0: other bits");
+    free(serial);
+    for (uint64_t seed = 0; seed <= 8; seed++) {
+        float *p = train("cpu:4", 1, seed, seed ? 300 : 0, 6, &m, NULL);
+        cr_assert_eq(n, m);
+        cr_assert_eq(memcmp(ref, p, n * sizeof(float)), 0,
+                     "replicas, jitter seed %llu: other bits than the shared copy",
                      (unsigned long long)seed);
         free(p);
     }

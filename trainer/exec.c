@@ -123,7 +123,9 @@ struct tr_exec {
     exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
     int nchunks;
     int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
-    pst_comm *comm;
+    /* Reduce (send streams) and broadcast (recv streams) run concurrently: each has a
+     * communicator of its own (NCCL orders the kernels of one communicator). */
+    pst_comm *reduce_comm, *bcast_comm;
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
     float *host_losses;            /* (max_batch) */
@@ -300,7 +302,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->mlp.nhidden + 1;
     ex->host_memory = pst_runtime_host_memory(c->rt);
-    ex->shared = ex->host_memory;
+    ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
     if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
@@ -368,7 +370,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             goto error;
         ex->plan = &ex->own_plan;
     }
-    if ((st = pst_comm_init(&ex->comm, c->rt)) != PST_OK)
+    if ((st = pst_comm_init(&ex->reduce_comm, c->rt)) != PST_OK ||
+        (st = pst_comm_init(&ex->bcast_comm, c->rt)) != PST_OK)
         goto error;
 
     const int nb = ex->plan->nblocks;
@@ -527,7 +530,8 @@ void tr_exec_free(tr_exec *ex)
     }
     if (ex->pbuf[1])
         pst_device_free(ex->devs[0].dev, ex->pbuf[1]);
-    pst_comm_free(ex->comm);
+    pst_comm_free(ex->reduce_comm);
+    pst_comm_free(ex->bcast_comm);
     tr_plan_free(&ex->own_plan);
     free(ex->blocks);
     free(ex->layer_first);
@@ -742,7 +746,7 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
         PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
     tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o], ex->c.remote ? "reduce+push" : "reduce+optimizer",
                              step, eb->index);
-    PST_TRY(pst_comm_reduce(ex->comm, eb->gbufs, eb->b->length, o, ex->send_streams));
+    PST_TRY(pst_comm_reduce(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams));
     if (!ex->c.remote) {
         /* The optimizer writes the owner's weights (every device's, when shared): backward
          * must be done reading them. */
@@ -798,7 +802,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
         PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
                                  eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
     }
-    PST_TRY(pst_comm_broadcast(ex->comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
+    PST_TRY(pst_comm_broadcast(ex->bcast_comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
     mark_end(owner->recv, sp);
