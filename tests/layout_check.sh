@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # layout_check.sh — the dependency arrows of common/ point one way (DESIGN.md, "Layers of
 # the code"): the base (common/*.{c,h}) includes nothing from a subfolder; runtime/ and
-# data/ include only the base and themselves; nn/ may include the base and runtime/; a
+# data/ include only the base and themselves; nn/ (and its layers/ and models/) may include
+# the base and runtime/; a
 # backend folder (runtime/cuda, nn/cuda) may include its parent, never the other way round.
 # Prints every include that points the wrong way, one line each, and fails if any does.
 # usage: tests/layout_check.sh [REPO_ROOT]
@@ -29,6 +30,7 @@ check "common/runtime/*.c common/runtime/*.h" "$base|^common/runtime/[a-z_]+\.h$
 check "common/runtime/cuda/*" "$base|^common/runtime/"
 check "common/data/*" "$base|^common/data/"
 check "common/nn/*.c common/nn/*.h" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/[a-z_]+\.h$"
+check "common/nn/layers/* common/nn/models/*" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/"
 check "common/nn/cuda/*" "$base|^common/runtime/|^common/nn/"
 [ "$bad" = 0 ] && echo "layout: every include in common/ points the right way"
 exit "$bad"

@@ -13,6 +13,7 @@
 
 #include "common/config.h"
 #include "common/data/data.h"
+#include "common/nn/models/models.h"
 #include "common/runtime/device.h"
 #include "trainer/exec.h"
 
@@ -58,10 +59,11 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     }
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
-    pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
+    pst_model model;
+    cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 2, (const int[]){24, 16}), PST_OK);
     /* Two threads per device: every layer and optimizer pass is split over a team (the
      * TSan build sees the team's hand-overs too). */
-    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .mlp = mc, .max_rows = B, .eval_rows = 64,
+    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B, .eval_rows = 64,
                          .overlap = overlap, .threads = 2};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
@@ -85,6 +87,7 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     for (int d = 0; d < pst_runtime_count(rt); d++)
         cr_assert_gt(tr_exec_peak_bytes(ex, d), n * 2 * sizeof(float), "device %d peak", d);
     tr_exec_free(ex);
+    pst_model_free(&model);
     pst_runtime_free(rt);
     free(x);
     free(y);
@@ -213,13 +216,15 @@ Test(exec, compute_threads_pinned)
     cr_assert_eq(pst_config_load(&cfg, PST_ROLE_TRAINER, 3, (char **)argv, no_env), PST_OK);
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
-    pst_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 1, .hidden = {8}};
-    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .mlp = mc, .max_rows = 4, .eval_rows = 4,
+    pst_model model;
+    cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 1, (const int[]){8}), PST_OK);
+    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = 4, .eval_rows = 4,
                          .overlap = 1, .threads = 2};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 3), PST_ERR_INVALID);
     cr_assert(strstr(pst_error_detail(), "--compute-cpus=1023"), "%s", pst_error_detail());
     tr_exec_free(ex);
+    pst_model_free(&model);
     pst_runtime_free(rt);
 }

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/runtime/device.h"
-#include "common/nn/model.h"
+#include "ref_mlp.h"
 #include "common/rng.h"
 
 static pst_runtime *rt;
@@ -37,9 +37,9 @@ static void teardown(void)
 TestSuite(mlp, .init = setup, .fini = teardown);
 
 /* The tiny model of the gradient checks: 6 -> 5 -> 4 -> 3, batch 4. */
-static pst_mlp_config tiny_cfg(void)
+static ref_mlp_config tiny_cfg(void)
 {
-    pst_mlp_config c = {.in_dim = 6, .out_dim = 3, .nhidden = 2, .hidden = {5, 4}};
+    ref_mlp_config c = {.in_dim = 6, .out_dim = 3, .nhidden = 2, .hidden = {5, 4}};
     return c;
 }
 
@@ -59,7 +59,7 @@ static int close_enough(double got, double want, double atol, double rtol)
 /* Sum over the batch of the cross-entropy losses of the MLP with parameters p (double),
  * layout as model.h documents. Also returns the smallest |pre-activation| of a hidden
  * unit (how far the data is from a ReLU kink) through *margin when not NULL. */
-static double ref_loss(const pst_mlp_config *cfg, const double *p, const float *x,
+static double ref_loss(const ref_mlp_config *cfg, const double *p, const float *x,
                        const int32_t *y, int B, double *margin)
 {
     double act[2][64];
@@ -104,40 +104,40 @@ static double ref_loss(const pst_mlp_config *cfg, const double *p, const float *
 
 Test(mlp, param_count)
 {
-    pst_mlp_config c = {.in_dim = 784, .out_dim = 10, .nhidden = 2, .hidden = {1024, 1024}};
-    cr_expect_eq(pst_mlp_param_count(&c), (size_t)(784 * 1024 + 1024 + 1024 * 1024 + 1024 +
+    ref_mlp_config c = {.in_dim = 784, .out_dim = 10, .nhidden = 2, .hidden = {1024, 1024}};
+    cr_expect_eq(ref_mlp_param_count(&c), (size_t)(784 * 1024 + 1024 + 1024 * 1024 + 1024 +
                                                    1024 * 10 + 10));
-    pst_mlp_config lin = {.in_dim = 784, .out_dim = 10, .nhidden = 0};
-    cr_expect_eq(pst_mlp_param_count(&lin), (size_t)(784 * 10 + 10));
-    pst_mlp_config t = tiny_cfg();
-    cr_expect_eq(pst_mlp_param_count(&t), (size_t)(6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3));
-    pst_mlp_config one = {.in_dim = 1, .out_dim = 1, .nhidden = 3, .hidden = {1, 1, 1}};
-    cr_expect_eq(pst_mlp_param_count(&one), (size_t)8);
+    ref_mlp_config lin = {.in_dim = 784, .out_dim = 10, .nhidden = 0};
+    cr_expect_eq(ref_mlp_param_count(&lin), (size_t)(784 * 10 + 10));
+    ref_mlp_config t = tiny_cfg();
+    cr_expect_eq(ref_mlp_param_count(&t), (size_t)(6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3));
+    ref_mlp_config one = {.in_dim = 1, .out_dim = 1, .nhidden = 3, .hidden = {1, 1, 1}};
+    cr_expect_eq(ref_mlp_param_count(&one), (size_t)8);
 }
 
 Test(mlp, views_tile_the_flat_buffer)
 {
-    pst_mlp_config cfgs[] = {
+    ref_mlp_config cfgs[] = {
         tiny_cfg(),
         {.in_dim = 784, .out_dim = 10, .nhidden = 2, .hidden = {1024, 1024}},
         {.in_dim = 7, .out_dim = 2, .nhidden = 0},
         {.in_dim = 3, .out_dim = 5, .nhidden = 4, .hidden = {9, 1, 8, 2}},
     };
     for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
-        const pst_mlp_config *c = &cfgs[k];
-        pst_mlp m;
-        cr_assert_eq(pst_mlp_init(&m, c, 3, dev), PST_OK, "%s", pst_error_detail());
+        const ref_mlp_config *c = &cfgs[k];
+        ref_mlp m;
+        cr_assert_eq(ref_mlp_init(&m, c, 3, dev), PST_OK, "%s", pst_error_detail());
         cr_expect_eq(m.nlayers, c->nhidden + 1);
         cr_expect_eq(m.max_batch, 3);
         cr_expect_eq(m.dev, dev);
-        cr_expect_eq(m.nparams, pst_mlp_param_count(c));
+        cr_expect_eq(m.nparams, ref_mlp_param_count(c));
         cr_assert_not_null(m.params);
         cr_assert_not_null(m.grads);
         cr_expect_neq(m.params, m.grads);
         size_t off = 0;
         int in = c->in_dim;
         for (int l = 0; l < m.nlayers; l++) {
-            const pst_linear_view *v = &m.layer[l];
+            const ref_linear_view *v = &m.layer[l];
             int out = l < c->nhidden ? c->hidden[l] : c->out_dim;
             cr_expect_eq(v->in, in, "config %zu layer %d in", k, l);
             cr_expect_eq(v->out, out, "config %zu layer %d out", k, l);
@@ -155,7 +155,7 @@ Test(mlp, views_tile_the_flat_buffer)
         for (size_t i = 0; i < m.nparams; i++)
             cr_assert_eq(m.params[i], 0.0f, "config %zu params[%zu] = %g", k, i, m.params[i]);
         m.grads[m.nparams - 1] = 1.0f;
-        pst_mlp_free(&m);
+        ref_mlp_free(&m);
         cr_expect_null(m.params);
         cr_expect_null(m.dev);
     }
@@ -163,10 +163,10 @@ Test(mlp, views_tile_the_flat_buffer)
 
 Test(mlp, memory_accounting)
 {
-    pst_mlp_config c = tiny_cfg();
+    ref_mlp_config c = tiny_cfg();
     size_t live0 = pst_device_live_bytes(dev), peak0 = pst_device_peak_bytes(dev);
-    pst_mlp m;
-    cr_assert_eq(pst_mlp_init(&m, &c, 4, dev), PST_OK, "%s", pst_error_detail());
+    ref_mlp m;
+    cr_assert_eq(ref_mlp_init(&m, &c, 4, dev), PST_OK, "%s", pst_error_detail());
     size_t peak1 = pst_device_peak_bytes(dev), live1 = pst_device_live_bytes(dev);
     cr_expect_geq(peak1 - peak0, 2 * m.nparams * sizeof(float),
                   "peak grew by %zu, params + grads alone are %zu", peak1 - peak0,
@@ -177,25 +177,25 @@ Test(mlp, memory_accounting)
     float x[4 * 6];
     int32_t y[4] = {0, 1, 2, 1};
     fill_uniform(x, 24, -1, 1, 5);
-    pst_mlp_init_params(&m, 1);
+    ref_mlp_init_params(&m, 1);
     for (int i = 0; i < 3; i++) {
-        pst_mlp_forward(&m, x, y, 4);
-        pst_mlp_backward(&m, x, y, 4, 0.25f, i > 0, NULL, NULL);
+        ref_mlp_forward(&m, x, y, 4);
+        ref_mlp_backward(&m, x, y, 4, 0.25f, i > 0, NULL, NULL);
     }
     cr_expect_eq(pst_device_live_bytes(dev), live1, "forward/backward changed live bytes");
     cr_expect_eq(pst_device_peak_bytes(dev), peak1, "forward/backward raised the peak");
 
-    pst_mlp_free(&m);
+    ref_mlp_free(&m);
     cr_expect_eq(pst_device_live_bytes(dev), live0, "free leaves %zu bytes live",
                  pst_device_live_bytes(dev) - live0);
-    pst_mlp_free(&m); /* a zeroed model is accepted */
-    pst_mlp_free(NULL);
+    ref_mlp_free(&m); /* a zeroed model is accepted */
+    ref_mlp_free(NULL);
 }
 
 Test(mlp, invalid_shapes)
 {
     struct {
-        pst_mlp_config c;
+        ref_mlp_config c;
         int batch;
     } bad[] = {
         {{.in_dim = 0, .out_dim = 3, .nhidden = 1, .hidden = {4}}, 2},
@@ -211,46 +211,46 @@ Test(mlp, invalid_shapes)
     };
     size_t live0 = pst_device_live_bytes(dev);
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        pst_mlp m;
+        ref_mlp m;
         memset(&m, 0xab, sizeof m);
         pst_error_clear();
-        cr_expect_eq(pst_mlp_init(&m, &bad[k].c, bad[k].batch, dev), PST_ERR_INVALID,
+        cr_expect_eq(ref_mlp_init(&m, &bad[k].c, bad[k].batch, dev), PST_ERR_INVALID,
                      "case %zu accepted", k);
         cr_expect(strstr(pst_error_detail(), "mlp") != NULL, "case %zu detail '%s'", k,
                   pst_error_detail());
         cr_expect_null(m.params, "case %zu: model not zeroed on error", k);
         cr_expect_null(m.dev, "case %zu: model not zeroed on error", k);
         cr_expect_eq(m.nparams, 0, "case %zu: model not zeroed on error", k);
-        pst_mlp_free(&m);
+        ref_mlp_free(&m);
     }
     cr_expect_eq(pst_device_live_bytes(dev), live0, "a rejected init left memory behind");
     /* The largest allowed depth is accepted. */
-    pst_mlp_config deep = {.in_dim = 2, .out_dim = 2, .nhidden = PST_MAX_HIDDEN};
+    ref_mlp_config deep = {.in_dim = 2, .out_dim = 2, .nhidden = PST_MAX_HIDDEN};
     for (int l = 0; l < PST_MAX_HIDDEN; l++)
         deep.hidden[l] = 3;
-    pst_mlp m;
-    cr_expect_eq(pst_mlp_init(&m, &deep, 1, dev), PST_OK, "%s", pst_error_detail());
+    ref_mlp m;
+    cr_expect_eq(ref_mlp_init(&m, &deep, 1, dev), PST_OK, "%s", pst_error_detail());
     cr_expect_eq(m.nlayers, PST_MAX_HIDDEN + 1);
-    pst_mlp_free(&m);
+    ref_mlp_free(&m);
 }
 
 /* ---- initialization ----------------------------------------------------------------- */
 
 Test(mlp, init_params_deterministic_and_bounded)
 {
-    pst_mlp_config c = {.in_dim = 50, .out_dim = 7, .nhidden = 2, .hidden = {30, 9}};
-    pst_mlp a, b;
-    cr_assert_eq(pst_mlp_init(&a, &c, 1, dev), PST_OK);
-    cr_assert_eq(pst_mlp_init(&b, &c, 1, dev), PST_OK);
+    ref_mlp_config c = {.in_dim = 50, .out_dim = 7, .nhidden = 2, .hidden = {30, 9}};
+    ref_mlp a, b;
+    cr_assert_eq(ref_mlp_init(&a, &c, 1, dev), PST_OK);
+    cr_assert_eq(ref_mlp_init(&b, &c, 1, dev), PST_OK);
     size_t bytes = a.nparams * sizeof(float);
 
-    pst_mlp_init_params(&a, 42);
-    pst_mlp_init_params(&b, 42);
+    ref_mlp_init_params(&a, 42);
+    ref_mlp_init_params(&b, 42);
     cr_expect_eq(memcmp(a.params, b.params, bytes), 0, "same seed, different bits");
-    pst_mlp_init_params(&b, 42); /* re-init overwrites, does not continue a stream */
+    ref_mlp_init_params(&b, 42); /* re-init overwrites, does not continue a stream */
     cr_expect_eq(memcmp(a.params, b.params, bytes), 0, "re-init with the same seed differs");
 
-    pst_mlp_init_params(&b, 43);
+    ref_mlp_init_params(&b, 43);
     size_t same = 0;
     for (size_t i = 0; i < a.nparams; i++)
         same += a.params[i] == b.params[i];
@@ -258,7 +258,7 @@ Test(mlp, init_params_deterministic_and_bounded)
                  a.nparams);
 
     for (int l = 0; l < a.nlayers; l++) {
-        const pst_linear_view *v = &a.layer[l];
+        const ref_linear_view *v = &a.layer[l];
         double bound = 1.0 / sqrt((double)v->in);
         size_t n = (size_t)v->out * v->in + v->out;
         double mn = INFINITY, mx = -INFINITY, sum = 0;
@@ -282,29 +282,29 @@ Test(mlp, init_params_deterministic_and_bounded)
         cr_expect_eq(nonzero_bias, v->out, "layer %d: %d of %d biases are set", l, nonzero_bias,
                      v->out);
     }
-    pst_mlp_free(&a);
-    pst_mlp_free(&b);
+    ref_mlp_free(&a);
+    ref_mlp_free(&b);
 }
 
 /* ---- forward and gradients ---------------------------------------------------------- */
 
 typedef struct tiny {
-    pst_mlp m;
+    ref_mlp m;
     float x[4 * 6];
     int32_t y[4];
 } tiny;
 
 static void tiny_make(tiny *t, uint64_t seed)
 {
-    pst_mlp_config c = tiny_cfg();
-    cr_assert_eq(pst_mlp_init(&t->m, &c, 4, dev), PST_OK, "%s", pst_error_detail());
-    pst_mlp_init_params(&t->m, seed);
+    ref_mlp_config c = tiny_cfg();
+    cr_assert_eq(ref_mlp_init(&t->m, &c, 4, dev), PST_OK, "%s", pst_error_detail());
+    ref_mlp_init_params(&t->m, seed);
     fill_uniform(t->x, 24, -2, 2, seed + 100);
     const int32_t y[4] = {2, 0, 1, 2};
     memcpy(t->y, y, sizeof y);
 }
 
-static double *params_double(const pst_mlp *m)
+static double *params_double(const ref_mlp *m)
 {
     double *p = malloc(m->nparams * sizeof *p);
     cr_assert_not_null(p);
@@ -319,17 +319,17 @@ Test(mlp, forward_matches_reference)
     tiny_make(&t, 7);
     double *p = params_double(&t.m);
     for (int B = 1; B <= 4; B++) {
-        double loss = pst_mlp_forward(&t.m, t.x, t.y, B);
+        double loss = ref_mlp_forward(&t.m, t.x, t.y, B);
         double want = ref_loss(&t.m.cfg, p, t.x, t.y, B, NULL);
         cr_expect(close_enough(loss, want, 1e-5, 1e-5), "B=%d loss %.9g, reference %.9g", B,
                   loss, want);
     }
     /* Same inputs, same bits. */
-    double l1 = pst_mlp_forward(&t.m, t.x, t.y, 4);
-    double l2 = pst_mlp_forward(&t.m, t.x, t.y, 4);
+    double l1 = ref_mlp_forward(&t.m, t.x, t.y, 4);
+    double l2 = ref_mlp_forward(&t.m, t.x, t.y, 4);
     cr_expect_eq(memcmp(&l1, &l2, sizeof l1), 0);
     free(p);
-    pst_mlp_free(&t.m);
+    ref_mlp_free(&t.m);
 }
 
 Test(mlp, gradient_finite_differences_every_parameter)
@@ -338,7 +338,7 @@ Test(mlp, gradient_finite_differences_every_parameter)
     tiny_make(&t, 11);
     const int B = 4;
     const float scale = 1.0f / B;
-    pst_mlp *m = &t.m;
+    ref_mlp *m = &t.m;
     double *p = params_double(m);
     double margin;
     ref_loss(&m->cfg, p, t.x, t.y, B, &margin);
@@ -347,12 +347,12 @@ Test(mlp, gradient_finite_differences_every_parameter)
 
     for (size_t i = 0; i < m->nparams; i++)
         m->grads[i] = NAN; /* accumulate = 0 overwrites */
-    pst_mlp_forward(m, t.x, t.y, B);
-    pst_mlp_backward(m, t.x, t.y, B, scale, 0, NULL, NULL);
+    ref_mlp_forward(m, t.x, t.y, B);
+    ref_mlp_backward(m, t.x, t.y, B, scale, 0, NULL, NULL);
 
     const double h = 1e-6;
     for (int l = 0; l < m->nlayers; l++) {
-        const pst_linear_view *v = &m->layer[l];
+        const ref_linear_view *v = &m->layer[l];
         size_t n = (size_t)v->out * v->in + v->out;
         int nonzero_w = 0, nonzero_b = 0;
         for (size_t k = 0; k < n; k++) {
@@ -377,22 +377,22 @@ Test(mlp, gradient_finite_differences_every_parameter)
         cr_expect_gt(nonzero_b, 0, "layer %d: every bias gradient is ~0", l);
     }
     free(p);
-    pst_mlp_free(m);
+    ref_mlp_free(m);
 }
 
 Test(mlp, gradient_no_hidden_layer)
 {
     /* nhidden = 0: softmax regression; the backward has no ReLU and no dinp. */
-    pst_mlp_config c = {.in_dim = 5, .out_dim = 4, .nhidden = 0};
-    pst_mlp m;
-    cr_assert_eq(pst_mlp_init(&m, &c, 3, dev), PST_OK);
-    pst_mlp_init_params(&m, 3);
+    ref_mlp_config c = {.in_dim = 5, .out_dim = 4, .nhidden = 0};
+    ref_mlp m;
+    cr_assert_eq(ref_mlp_init(&m, &c, 3, dev), PST_OK);
+    ref_mlp_init_params(&m, 3);
     float x[15];
     int32_t y[3] = {3, 1, 0};
     fill_uniform(x, 15, -1, 1, 9);
     double *p = params_double(&m);
-    pst_mlp_forward(&m, x, y, 3);
-    pst_mlp_backward(&m, x, y, 3, 0.5f, 0, NULL, NULL);
+    ref_mlp_forward(&m, x, y, 3);
+    ref_mlp_backward(&m, x, y, 3, 0.5f, 0, NULL, NULL);
     for (size_t i = 0; i < m.nparams; i++) {
         const double h = 1e-6;
         double save = p[i];
@@ -406,7 +406,7 @@ Test(mlp, gradient_no_hidden_layer)
                   m.grads[i], want);
     }
     free(p);
-    pst_mlp_free(&m);
+    ref_mlp_free(&m);
 }
 
 Test(mlp, backward_deterministic)
@@ -414,27 +414,27 @@ Test(mlp, backward_deterministic)
     tiny a, b;
     tiny_make(&a, 5);
     tiny_make(&b, 5);
-    pst_mlp_forward(&a.m, a.x, a.y, 4);
-    pst_mlp_backward(&a.m, a.x, a.y, 4, 0.25f, 0, NULL, NULL);
-    pst_mlp_forward(&b.m, b.x, b.y, 4);
-    pst_mlp_backward(&b.m, b.x, b.y, 4, 0.25f, 0, NULL, NULL);
+    ref_mlp_forward(&a.m, a.x, a.y, 4);
+    ref_mlp_backward(&a.m, a.x, a.y, 4, 0.25f, 0, NULL, NULL);
+    ref_mlp_forward(&b.m, b.x, b.y, 4);
+    ref_mlp_backward(&b.m, b.x, b.y, 4, 0.25f, 0, NULL, NULL);
     cr_expect_eq(memcmp(a.m.grads, b.m.grads, a.m.nparams * sizeof(float)), 0,
                  "same seed and data, different gradient bits");
-    pst_mlp_free(&a.m);
-    pst_mlp_free(&b.m);
+    ref_mlp_free(&a.m);
+    ref_mlp_free(&b.m);
 }
 
 Test(mlp, accumulate_doubles_the_gradient)
 {
     tiny t;
     tiny_make(&t, 13);
-    pst_mlp *m = &t.m;
+    ref_mlp *m = &t.m;
     float *g1 = malloc(m->nparams * sizeof(float));
-    pst_mlp_forward(m, t.x, t.y, 4);
-    pst_mlp_backward(m, t.x, t.y, 4, 0.25f, 0, NULL, NULL);
+    ref_mlp_forward(m, t.x, t.y, 4);
+    ref_mlp_backward(m, t.x, t.y, 4, 0.25f, 0, NULL, NULL);
     memcpy(g1, m->grads, m->nparams * sizeof(float));
-    pst_mlp_forward(m, t.x, t.y, 4);
-    pst_mlp_backward(m, t.x, t.y, 4, 0.25f, 1, NULL, NULL);
+    ref_mlp_forward(m, t.x, t.y, 4);
+    ref_mlp_backward(m, t.x, t.y, 4, 0.25f, 1, NULL, NULL);
     int nonzero = 0;
     for (size_t i = 0; i < m->nparams; i++) {
         cr_expect(close_enough(m->grads[i], 2.0 * g1[i], 1e-6, 1e-6),
@@ -444,10 +444,10 @@ Test(mlp, accumulate_doubles_the_gradient)
     }
     cr_expect_gt(nonzero, (int)m->nparams / 4);
     /* And accumulate = 0 afterwards overwrites again. */
-    pst_mlp_backward(m, t.x, t.y, 4, 0.25f, 0, NULL, NULL);
+    ref_mlp_backward(m, t.x, t.y, 4, 0.25f, 0, NULL, NULL);
     cr_expect_eq(memcmp(m->grads, g1, m->nparams * sizeof(float)), 0);
     free(g1);
-    pst_mlp_free(m);
+    ref_mlp_free(m);
 }
 
 /* ---- the grad-ready hook ------------------------------------------------------------ */
@@ -455,7 +455,7 @@ Test(mlp, accumulate_doubles_the_gradient)
 typedef struct hook_log {
     int n;
     size_t off[PST_MAX_HIDDEN + 2], len[PST_MAX_HIDDEN + 2];
-    const pst_mlp *m;
+    const ref_mlp *m;
     float *snap; /* grads as they were when each range was reported */
 } hook_log;
 
@@ -473,27 +473,27 @@ static void on_ready(void *arg, size_t offset, size_t length)
 
 Test(mlp, grad_ready_hook_reports_from_the_end)
 {
-    pst_mlp_config cfgs[] = {tiny_cfg(),
+    ref_mlp_config cfgs[] = {tiny_cfg(),
                              {.in_dim = 3, .out_dim = 5, .nhidden = 4, .hidden = {9, 1, 8, 2}},
                              {.in_dim = 4, .out_dim = 2, .nhidden = 0}};
     for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
-        pst_mlp m;
-        cr_assert_eq(pst_mlp_init(&m, &cfgs[k], 2, dev), PST_OK);
-        pst_mlp_init_params(&m, 17);
+        ref_mlp m;
+        cr_assert_eq(ref_mlp_init(&m, &cfgs[k], 2, dev), PST_OK);
+        ref_mlp_init_params(&m, 17);
         float *x = calloc((size_t)2 * cfgs[k].in_dim, sizeof(float));
         fill_uniform(x, (size_t)2 * cfgs[k].in_dim, -1, 1, 4);
         int32_t y[2] = {1, 0};
         hook_log h = {.m = &m, .snap = calloc(m.nparams, sizeof(float))};
         for (size_t i = 0; i < m.nparams; i++)
             h.snap[i] = NAN;
-        pst_mlp_forward(&m, x, y, 2);
-        pst_mlp_backward(&m, x, y, 2, 0.5f, 0, on_ready, &h);
+        ref_mlp_forward(&m, x, y, 2);
+        ref_mlp_backward(&m, x, y, 2, 0.5f, 0, on_ready, &h);
 
         cr_assert_eq(h.n, m.nlayers, "config %zu: %d reports for %d layers", k, h.n,
                      m.nlayers);
         size_t end = m.nparams;
         for (int i = 0; i < h.n; i++) {
-            const pst_linear_view *v = &m.layer[m.nlayers - 1 - i];
+            const ref_linear_view *v = &m.layer[m.nlayers - 1 - i];
             cr_expect_eq(h.off[i] + h.len[i], end,
                          "config %zu report %d [%zu, +%zu) does not end where the previous "
                          "began (%zu)", k, i, h.off[i], h.len[i], end);
@@ -508,7 +508,7 @@ Test(mlp, grad_ready_hook_reports_from_the_end)
                      "config %zu: a range changed after it was reported ready", k);
         free(h.snap);
         free(x);
-        pst_mlp_free(&m);
+        ref_mlp_free(&m);
     }
 }
 
@@ -517,9 +517,9 @@ Test(mlp, grad_ready_hook_reports_from_the_end)
 Test(mlp, count_correct)
 {
     /* No hidden layer, identity weight and zero bias: logits = x, so argmax is known. */
-    pst_mlp_config c = {.in_dim = 3, .out_dim = 3, .nhidden = 0};
-    pst_mlp m;
-    cr_assert_eq(pst_mlp_init(&m, &c, 5, dev), PST_OK);
+    ref_mlp_config c = {.in_dim = 3, .out_dim = 3, .nhidden = 0};
+    ref_mlp m;
+    cr_assert_eq(ref_mlp_init(&m, &c, 5, dev), PST_OK);
     for (int i = 0; i < 3; i++)
         m.params[m.layer[0].w_off + i * 3 + i] = 1.0f;
     const float x[5 * 3] = {
@@ -532,14 +532,14 @@ Test(mlp, count_correct)
     const int32_t all_right[5] = {1, 0, 2, 0, 2};
     const int32_t some_right[5] = {1, 2, 2, 1, 0}; /* rows 0 and 2 */
     const int32_t none_right[5] = {0, 1, 0, 1, 1};
-    pst_mlp_forward(&m, x, all_right, 5);
-    cr_expect_eq(pst_mlp_count_correct(&m, all_right, 5), 5);
-    cr_expect_eq(pst_mlp_count_correct(&m, some_right, 5), 2);
-    cr_expect_eq(pst_mlp_count_correct(&m, none_right, 5), 0);
-    cr_expect_eq(pst_mlp_count_correct(&m, all_right, 3), 3, "only the first B rows count");
+    ref_mlp_forward(&m, x, all_right, 5);
+    cr_expect_eq(ref_mlp_count_correct(&m, all_right, 5), 5);
+    cr_expect_eq(ref_mlp_count_correct(&m, some_right, 5), 2);
+    cr_expect_eq(ref_mlp_count_correct(&m, none_right, 5), 0);
+    cr_expect_eq(ref_mlp_count_correct(&m, all_right, 3), 3, "only the first B rows count");
     /* A smaller batch forward: only its rows are looked at. */
-    pst_mlp_forward(&m, x + 3, all_right + 1, 1);
-    cr_expect_eq(pst_mlp_count_correct(&m, all_right + 1, 1), 1);
-    cr_expect_eq(pst_mlp_count_correct(&m, none_right + 1, 1), 0);
-    pst_mlp_free(&m);
+    ref_mlp_forward(&m, x + 3, all_right + 1, 1);
+    cr_expect_eq(ref_mlp_count_correct(&m, all_right + 1, 1), 1);
+    cr_expect_eq(ref_mlp_count_correct(&m, none_right + 1, 1), 0);
+    ref_mlp_free(&m);
 }

@@ -59,20 +59,18 @@ typedef struct exec_dev {
     pst_device *dev;
     pst_stream *compute, *send, *recv;
     pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
-    pst_mlp m;
-    float *x;                     /* (max_batch, in) */
+    float *params, *grads;        /* (nparams) the flat buffers; params shared on CPU */
+    float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */
+    float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
+    void **inst;                  /* (L) the layers' op arguments on this device */
+    void **chunk;                 /* (nchunks) each weight-gradient chunk's arguments */
+    float *x;                     /* (max_batch, in_width) */
     int32_t *y;                   /* (max_batch) */
     float *losses;                /* (max_batch) */
     int32_t *correct;             /* (1) */
     pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
     pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
     pst_event **ready;            /* (nblocks) */
-    pst_linear_fwd_args fwd[PST_MAX_HIDDEN + 1];
-    pst_linear_bwd_args bwd_w[PST_MAX_HIDDEN + 1]; /* weight and bias gradients */
-    pst_linear_bwd_args *bwd_chunk;                    /* (nchunks) bwd_w cut into rows */
-    pst_linear_bwd_args bwd_x[PST_MAX_HIDDEN + 1]; /* input gradient (l > 0) */
-    pst_relu_bwd_args relu[PST_MAX_HIDDEN + 1];
-    pst_xent_args xent;
     int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
 } exec_dev;
 
@@ -80,7 +78,7 @@ struct exec_block {
     tr_exec *ex;
     int index;
     const tr_block *b;
-    int lmin;                     /* lowest layer the block covers */
+    int lmin;                     /* lowest layer that names the block's parameters */
     float **gbufs, **pbufs;       /* (D) grads / params + offset on every device */
     /* local mode */
     float *state;                 /* optimizer state on the owner */
@@ -101,8 +99,9 @@ struct exec_block {
     tr_span *send_span, *recv_span;
 };
 
-/* Rows [row0, row1) of layer `layer`'s weight gradient; afterwards blocks
- * [block_first, block_last] are final (none when block_first > block_last). */
+/* Rows [row0, row1) of layer `layer`'s weight gradient (row1 0: the whole layer);
+ * afterwards blocks [block_first, block_last] are final (none when block_first >
+ * block_last). */
 typedef struct exec_chunk {
     int layer, row0, row1;
     int block_first, block_last;
@@ -110,6 +109,7 @@ typedef struct exec_chunk {
 
 struct tr_exec {
     tr_exec_config c;
+    const pst_model *model;
     pst_optim_config optim;
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
@@ -119,7 +119,8 @@ struct tr_exec {
     tr_plan own_plan;
     const tr_plan *plan;
     exec_block *blocks;
-    int *layer_first, *layer_last; /* blocks [first, last] overlap layer l */
+    int *layer_blocks;             /* the blocks layer l reads, ascending: */
+    int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
     exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
     int nchunks;
     int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
@@ -177,83 +178,81 @@ static pst_status alloc_dev(pst_device *dev, size_t bytes, void **p)
     return pst_device_alloc(dev, bytes ? bytes : 1, p);
 }
 
-static void set_layer_args(tr_exec *ex, exec_dev *d)
+/* Points every layer instance of device d at its buffers: layer l reads layer l-1's
+ * output (layer 0 the batch). Backward ping-pongs between dbuf[0] and dbuf[1], starting
+ * from the loss layer's input gradient in dbuf[0]: layer l reads dout and writes din,
+ * which becomes layer l-1's dout; layer 0's input gradient is not computed. */
+static void bind_layers(tr_exec *ex, exec_dev *d)
 {
-    pst_mlp *m = &d->m;
+    const pst_model *m = ex->model;
     for (int l = 0; l < ex->L; l++) {
-        const pst_linear_view *v = &m->layer[l];
-        d->fwd[l] = (pst_linear_fwd_args){
-            .out = m->acts[l], .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off,
-            .b = m->params + v->b_off, .IC = v->in, .OC = v->out, .relu = l < ex->L - 1,
-            .pool = d->pool};
-    }
-    /* Backward ping-pongs between dbuf[0] and dbuf[1], starting from the loss gradient in
-     * dbuf[0]: layer l reads dout and writes dinp, which becomes layer l-1's dout. */
-    float *dout = m->dbuf[0], *dinp = m->dbuf[1];
-    for (int l = ex->L - 1; l >= 0; l--) {
-        const pst_linear_view *v = &m->layer[l];
-        d->bwd_w[l] = (pst_linear_bwd_args){
-            .dw = m->grads + v->w_off, .db = m->grads + v->b_off, .dout = dout,
-            .inp = l ? m->acts[l - 1] : d->x, .w = m->params + v->w_off, .IC = v->in,
-            .OC = v->out, .pool = d->pool};
-        d->bwd_x[l] = (pst_linear_bwd_args){.dinp = l ? dinp : NULL, .dout = dout,
-                                            .inp = l ? m->acts[l - 1] : d->x,
-                                            .w = m->params + v->w_off, .IC = v->in, .OC = v->out,
-                                            .pool = d->pool};
-        if (l) {
-            d->relu[l] = (pst_relu_bwd_args){.dinp = dinp, .dout = dinp, .out = m->acts[l - 1]};
-            float *t = dout;
-            dout = dinp;
-            dinp = t;
-        }
-    }
-    d->xent = (pst_xent_args){.losses = d->losses, .correct = d->correct,
-                              .dlogits = m->dbuf[0], .logits = m->acts[ex->L - 1],
-                              .targets = d->y, .C = m->cfg.out_dim};
-    /* The weight-gradient chunks (once build_chunks made them): the layer's arguments,
-     * restricted to the chunk's rows. */
-    for (int c = 0; d->bwd_chunk && c < ex->nchunks; c++) {
-        d->bwd_chunk[c] = d->bwd_w[ex->chunks[c].layer];
-        d->bwd_chunk[c].row0 = ex->chunks[c].row0;
-        d->bwd_chunk[c].row1 = ex->chunks[c].row1;
+        const pst_layer_io io = {
+            .pool = d->pool, .params = d->params, .grads = d->grads,
+            .in = l ? d->acts[l - 1] : d->x, .out = d->acts[l],
+            .dout = l + 1 < ex->L ? d->dbuf[(ex->L - 2 - l) & 1] : NULL,
+            .din = l ? d->dbuf[(ex->L - 1 - l) & 1] : NULL,
+            .targets = d->y, .losses = d->losses, .correct = d->correct};
+        m->layers[l].cls->bind(d->inst[l], m, l, &io);
     }
 }
 
-/* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN), each cut
- * rounded up to whole tiles of PST_ROW_TILE rows. A block is
- * finished by its lowest layer lmin: by the chunk holding its last element in that layer,
- * or by the layer's last chunk when it reaches into the bias (every chunk adds its rows'
- * bias gradient). A block starts inside its lmin, so its cut is at least row 1, and the
- * cuts of a layer's blocks ascend with the blocks; a block whose cut equals the previous
- * one is finished by the same chunk. Training alone nothing is sent early (the local
- * optimizer waits for the layer's x_done anyway) and smaller GEMMs only cost speed, so
- * each layer is one chunk. */
+/* Whether block b's parameters that layer ly names all lie in its first tensor, and where
+ * they end there (one past the last element, relative to the tensor). */
+static int block_in_first_tensor(const pst_model *m, const pst_layer *ly, const tr_block *blk,
+                                 size_t *end)
+{
+    const size_t lo = blk->offset, hi = blk->offset + blk->length;
+    for (int k = 1; k < ly->ntensors; k++) {
+        const pst_tensor *t = &m->tensors[ly->tensor[k]];
+        if (lo < t->offset + t->numel && hi > t->offset)
+            return 0;
+    }
+    const pst_tensor *t0 = &m->tensors[ly->tensor[0]];
+    *end = (hi < t0->offset + t0->numel ? hi : t0->offset + t0->numel) - t0->offset;
+    return 1;
+}
+
+/* Cuts every layer's weight gradient at the blocks it finishes (see DESIGN). A block is
+ * finished by its lowest layer lmin: by the chunk holding its last element in that layer's
+ * first tensor, or by the layer's last chunk when it reaches into another of the layer's
+ * tensors (every chunk adds its rows' share of those). Cuts are rounded up to whole tiles
+ * (the layer's split_tile: a linear layer's GEMM bits must not depend on where the plan
+ * cut the blocks). A block's cut is at least row 1, and the cuts of a layer's blocks ascend
+ * with the blocks; a block whose cut equals the previous one is finished by the same chunk.
+ * Training alone nothing is sent early (the local optimizer waits for the layer's x_done
+ * anyway) and smaller GEMMs only cost speed, so each layer is one chunk. */
 static pst_status build_chunks(tr_exec *ex)
 {
-    const pst_mlp *m = &ex->devs[0].m;
+    const pst_model *m = ex->model;
     const int nb = ex->plan->nblocks, cut_at_blocks = ex->c.remote != NULL;
     ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
     ex->layer_chunk0 = calloc((size_t)ex->L + 1, sizeof(int));
     if (!ex->chunks || !ex->layer_chunk0)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     for (int l = 0; l < ex->L; l++) {
-        const pst_linear_view *v = &m->layer[l];
-        const size_t w_end = v->w_off + (size_t)v->out * v->in;
+        const pst_layer *ly = &m->layers[l];
         ex->layer_chunk0[l] = ex->nchunks;
-        int row0 = 0;
+        if (!ly->ntensors)
+            continue;
+        const int R = ly->split_rows;
+        int row0 = 0, first = -1, last = -1;
         /* Blocks whose lowest layer is l, ascending: their cut rows ascend too. */
         for (int b = 0; b < nb; b++) {
             if (ex->blocks[b].lmin != l)
                 continue;
-            const tr_block *blk = &ex->plan->blocks[b];
-            const size_t end = blk->offset + blk->length;
-            int cut = !cut_at_blocks || end > w_end
-                          ? v->out
-                          : (int)((end - v->w_off + v->in - 1) / v->in);
-            /* up to whole tiles (PST_ROW_TILE, layers.h), so the bits do not depend on
-             * where the plan cut the blocks */
-            cut = (cut + PST_ROW_TILE - 1) / PST_ROW_TILE * PST_ROW_TILE;
-            cut = cut < v->out ? cut : v->out;
+            if (!R || !cut_at_blocks) { /* one chunk finishes them all */
+                first = first < 0 ? b : first;
+                last = b;
+                continue;
+            }
+            const pst_tensor *t0 = &m->tensors[ly->tensor[0]];
+            const size_t row_len = t0->numel / (size_t)R;
+            size_t end;
+            int cut = block_in_first_tensor(m, ly, &ex->plan->blocks[b], &end)
+                          ? (int)((end + row_len - 1) / row_len)
+                          : R;
+            cut = (cut + ly->split_tile - 1) / ly->split_tile * ly->split_tile;
+            cut = cut < R ? cut : R;
             if (cut <= row0) { /* row0 > 0: a chunk of this layer is already cut there */
                 ex->chunks[ex->nchunks - 1].block_last = b;
                 continue;
@@ -261,16 +260,22 @@ static pst_status build_chunks(tr_exec *ex)
             ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, cut, b, b};
             row0 = cut;
         }
-        if (row0 < v->out) /* rows after the last block that ends in this layer */
-            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, v->out, 1, 0};
+        if (!R || !cut_at_blocks)
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, 0, R, first < 0 ? 1 : first, last};
+        else if (row0 < R) /* rows after the last block that ends in this layer */
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, R, 1, 0};
     }
     ex->layer_chunk0[ex->L] = ex->nchunks;
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
-        d->bwd_chunk = calloc((size_t)ex->nchunks, sizeof *d->bwd_chunk);
-        if (!d->bwd_chunk)
+        d->chunk = calloc((size_t)ex->nchunks, sizeof *d->chunk);
+        if (!d->chunk)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
-        set_layer_args(ex, d);
+        for (int c = 0; c < ex->nchunks; c++) {
+            size_t bytes = m->layers[ex->chunks[c].layer].cls->chunk_bytes;
+            if (bytes && !(d->chunk[c] = calloc(1, bytes)))
+                return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+        }
     }
     return PST_OK;
 }
@@ -281,9 +286,44 @@ static void use_newest_params(tr_exec *ex)
     if (!ex->pbuf[1])
         return;
     for (int i = 0; i < ex->D; i++) {
-        ex->devs[i].m.params = ex->pbuf[ex->cur];
-        set_layer_args(ex, &ex->devs[i]);
+        ex->devs[i].params = ex->pbuf[ex->cur];
+        bind_layers(ex, &ex->devs[i]);
     }
+}
+
+/* Allocates device d's buffers: the flat parameters (unless shared with device 0) and
+ * gradients, the activations, the batch and the layer instances. */
+static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
+{
+    const pst_model *m = ex->model;
+    const size_t B = (size_t)ex->max_batch, n = m->nparams;
+    int widest = 1;
+    for (int l = 0; l < ex->L; l++)
+        widest = m->layers[l].in_width > widest ? m->layers[l].in_width : widest;
+    d->acts = calloc((size_t)ex->L, sizeof *d->acts);
+    d->inst = calloc((size_t)ex->L, sizeof *d->inst);
+    if (!d->acts || !d->inst)
+        return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    if (share_params)
+        d->params = ex->devs[0].params; /* not freed through this device */
+    else
+        PST_TRY(alloc_dev(d->dev, sizeof(float) * n, (void **)&d->params));
+    PST_TRY(alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
+    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
+    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
+    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
+    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B, (void **)&d->y));
+    PST_TRY(alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
+    PST_TRY(alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
+    for (int l = 0; l < ex->L; l++) {
+        const pst_layer *ly = &m->layers[l];
+        if (ly->out_width > 0)
+            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->out_width,
+                              (void **)&d->acts[l]));
+        if (!(d->inst[l] = calloc(1, ly->cls->inst_bytes ? ly->cls->inst_bytes : 1)))
+            return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    }
+    return PST_OK;
 }
 
 pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
@@ -294,13 +334,14 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     if (!ex)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     ex->c = *c;
+    ex->model = c->model;
     ex->optim = c->cfg->optim;
     if (c->cfg->compute_cpus[0]) {
         ex->pin_compute = 1;
         cpu_set_of(c->cfg, &ex->compute_cpus);
     }
     ex->D = pst_runtime_count(c->rt);
-    ex->L = c->mlp.nhidden + 1;
+    ex->L = c->model->nlayers;
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
     if (ex->D > PST_DEVICE_MAX_COUNT) {
@@ -327,15 +368,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         if (ex->host_memory &&
             (st = pst_pool_init(&d->pool, c->threads > 0 ? c->threads : 1)) != PST_OK)
             goto error;
-        if ((st = pst_mlp_init(&d->m, &c->mlp, ex->max_batch, d->dev)) != PST_OK)
-            goto error;
-        if ((st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
+        if ((st = alloc_replica(ex, d, ex->shared && i > 0)) != PST_OK ||
+            (st = pst_stream_create(d->dev, &d->compute)) != PST_OK ||
             (st = pst_stream_create(d->dev, &d->send)) != PST_OK ||
-            (st = pst_stream_create(d->dev, &d->recv)) != PST_OK ||
-            (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch * c->mlp.in_dim, (void **)&d->x)) != PST_OK ||
-            (st = alloc_dev(d->dev, sizeof(int32_t) * (size_t)ex->max_batch, (void **)&d->y)) != PST_OK ||
-            (st = alloc_dev(d->dev, sizeof(float) * (size_t)ex->max_batch, (void **)&d->losses)) != PST_OK ||
-            (st = alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct)) != PST_OK)
+            (st = pst_stream_create(d->dev, &d->recv)) != PST_OK)
             goto error;
         ex->send_streams[i] = d->send;
         ex->recv_streams[i] = d->recv;
@@ -347,14 +383,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         for (int l = 0; l < ex->L; l++)
             if ((st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
                 goto error;
-        if (ex->shared && i > 0) {
-            pst_device_free(d->dev, d->m.params);
-            d->m.params = ex->devs[0].m.params; /* not freed through this replica */
-        }
-        set_layer_args(ex, d);
+        bind_layers(ex, d);
     }
-    size_t n = ex->devs[0].m.nparams;
-    ex->pbuf[0] = ex->devs[0].m.params;
+    size_t n = ex->model->nparams;
+    ex->pbuf[0] = ex->devs[0].params;
     if (ex->shared && c->remote &&
         (st = alloc_dev(ex->devs[0].dev, sizeof(float) * n, (void **)&ex->pbuf[1])) != PST_OK)
         goto error;
@@ -376,11 +408,12 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
 
     const int nb = ex->plan->nblocks;
     ex->blocks = calloc((size_t)nb, sizeof *ex->blocks);
-    ex->layer_first = calloc((size_t)ex->L, sizeof(int));
-    ex->layer_last = calloc((size_t)ex->L, sizeof(int));
+    ex->layer_blocks = calloc((size_t)ex->L * (size_t)nb, sizeof(int));
+    ex->layer_blocks0 = calloc((size_t)ex->L + 1, sizeof(int));
     ex->host_params = malloc(sizeof(float) * n);
     ex->host_losses = malloc(sizeof(float) * (size_t)ex->max_batch);
-    if (!ex->blocks || !ex->layer_first || !ex->layer_last || !ex->host_params || !ex->host_losses) {
+    if (!ex->blocks || !ex->layer_blocks || !ex->layer_blocks0 || !ex->host_params ||
+        !ex->host_losses) {
         st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         goto error;
     }
@@ -397,30 +430,39 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                 (st = pst_event_create(d->dev, &d->grad_done[b])) != PST_OK)
                 goto error;
     }
-    /* Which blocks each layer reads (layers and blocks are both in buffer order). */
-    const pst_mlp *m0 = &ex->devs[0].m;
-    for (int l = 0; l < ex->L; l++) {
-        size_t lo = m0->layer[l].w_off, hi = m0->layer[l].b_off + (size_t)m0->layer[l].out;
-        ex->layer_first[l] = -1;
+    /* Which blocks each layer reads, and each block's lowest layer. */
+    for (int b = 0; b < nb; b++)
+        ex->blocks[b].lmin = -1;
+    for (int l = 0, k = 0; l < ex->L; l++) {
+        const pst_layer *ly = &ex->model->layers[l];
+        ex->layer_blocks0[l] = k;
         for (int b = 0; b < nb; b++) {
             const tr_block *blk = &ex->plan->blocks[b];
-            if (blk->offset < hi && blk->offset + blk->length > lo) {
-                if (ex->layer_first[l] < 0)
-                    ex->layer_first[l] = b;
-                ex->layer_last[l] = b;
+            int reads = 0;
+            for (int t = 0; t < ly->ntensors && !reads; t++) {
+                const pst_tensor *ts = &ex->model->tensors[ly->tensor[t]];
+                reads = blk->offset < ts->offset + ts->numel && blk->offset + blk->length > ts->offset;
             }
+            if (!reads)
+                continue;
+            ex->layer_blocks[k++] = b;
+            if (ex->blocks[b].lmin < 0)
+                ex->blocks[b].lmin = l;
         }
+        ex->layer_blocks0[l + 1] = k;
     }
+    for (int b = 0; b < nb; b++)
+        if (ex->blocks[b].lmin < 0) { /* pst_model_check rules this out */
+            st = pst_error_set(PST_ERR_INTERNAL, "executor: no layer of model %s reads block "
+                               "%d", ex->model->name, b);
+            goto error;
+        }
     int nk = pst_optim_state_floats(ex->optim.kind);
     for (int b = 0; b < nb; b++) {
         exec_block *eb = &ex->blocks[b];
         eb->ex = ex;
         eb->index = b;
         eb->b = &ex->plan->blocks[b];
-        eb->lmin = ex->L - 1;
-        for (int l = 0; l < ex->L; l++)
-            if (b >= ex->layer_first[l] && b <= ex->layer_last[l] && l < eb->lmin)
-                eb->lmin = l;
         pthread_mutex_init(&eb->mu, NULL);
         pthread_cond_init(&eb->cv, NULL);
         pst_rng_seed(&eb->jitter, c->cfg->jitter_seed, 7000 + (uint64_t)b);
@@ -431,8 +473,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             goto error;
         }
         for (int i = 0; i < ex->D; i++) {
-            eb->gbufs[i] = ex->devs[i].m.grads + eb->b->offset;
-            eb->pbufs[i] = ex->devs[i].m.params + eb->b->offset;
+            eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
+            eb->pbufs[i] = ex->devs[i].params + eb->b->offset;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
         if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
@@ -514,7 +556,12 @@ void tr_exec_free(tr_exec *ex)
             pst_event_destroy(d->ready[b]);
         for (int b = 0; d->grad_done && ex->plan && b < ex->plan->nblocks; b++)
             pst_event_destroy(d->grad_done[b]);
-        free(d->bwd_chunk);
+        for (int c = 0; d->chunk && c < ex->nchunks; c++)
+            free(d->chunk[c]);
+        free(d->chunk);
+        for (int l = 0; d->inst && l < ex->L; l++)
+            free(d->inst[l]);
+        free(d->inst);
         free(d->grad_done);
         free(d->ready);
         if (d->dev) {
@@ -522,10 +569,16 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->y);
             pst_device_free(d->dev, d->losses);
             pst_device_free(d->dev, d->correct);
+            /* shared: device 0 owns pbuf[0] (params may point at pbuf[1] by now) */
+            float *own = !ex->shared ? d->params : i ? NULL : ex->pbuf[0] ? ex->pbuf[0] : d->params;
+            pst_device_free(d->dev, own);
+            pst_device_free(d->dev, d->grads);
+            pst_device_free(d->dev, d->dbuf[0]);
+            pst_device_free(d->dev, d->dbuf[1]);
+            for (int l = 0; d->acts && l < ex->L; l++)
+                pst_device_free(d->dev, d->acts[l]);
         }
-        if (ex->shared)
-            d->m.params = i > 0 ? NULL : ex->pbuf[0]; /* owned by device 0's replica */
-        pst_mlp_free(&d->m);
+        free(d->acts);
         pst_pool_free(d->pool);
     }
     if (ex->pbuf[1])
@@ -534,8 +587,8 @@ void tr_exec_free(tr_exec *ex)
     pst_comm_free(ex->bcast_comm);
     tr_plan_free(&ex->own_plan);
     free(ex->blocks);
-    free(ex->layer_first);
-    free(ex->layer_last);
+    free(ex->layer_blocks);
+    free(ex->layer_blocks0);
     free(ex->chunks);
     free(ex->layer_chunk0);
     free(ex->host_params);
@@ -548,7 +601,7 @@ void tr_exec_free(tr_exec *ex)
 
 size_t tr_exec_nparams(const tr_exec *ex)
 {
-    return ex->devs[0].m.nparams;
+    return ex->model->nparams;
 }
 
 size_t tr_exec_peak_bytes(const tr_exec *ex, int device)
@@ -617,11 +670,11 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     if (ex->pin_compute && ex->host_memory) /* CPU devices: a GPU computes on the GPU */
         for (int i = 0; i < ex->D; i++)
             PST_TRY(pst_stream_launch(ex->devs[i].compute, pin_compute, &ex->devs[i]));
-    pst_mlp_init_params_into(&ex->devs[0].m, ex->host_params, seed);
+    ex->model->init_params(ex->model, ex->host_params, seed);
     if (ex->c.remote)
         PST_TRY(tr_remote_start(ex->c.remote, ex->host_params));
     for (int i = 0; i < (ex->shared ? 1 : ex->D); i++)
-        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].m.params, ex->host_params,
+        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, ex->host_params,
                                  n * sizeof(float), PST_COPY_HOST_TO_DEVICE));
     return tr_exec_sync(ex);
 }
@@ -639,7 +692,7 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
-        PST_TRY(pst_memset_async(s, d->m.grads, 0, d->m.nparams * sizeof(float)));
+        PST_TRY(pst_memset_async(s, d->grads, 0, ex->model->nparams * sizeof(float)));
         for (int b = 0; b < ex->plan->nblocks; b++)
             PST_TRY(pst_event_record(d->grad_done[b], s));
         for (int l = 0; l < ex->L; l++)
@@ -647,35 +700,33 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
         return PST_OK;
     }
     int di = (int)(d - ex->devs);
+    const pst_layer *layers = ex->model->layers;
     for (int l = 0; l < ex->L; l++) {
-        for (int b = ex->layer_first[l]; b <= ex->layer_last[l]; b++) {
+        for (int k = ex->layer_blocks0[l]; k < ex->layer_blocks0[l + 1]; k++) {
+            const int b = ex->layer_blocks[k];
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
-        d->fwd[l].B = d->rows;
-        PST_TRY(pst_op_linear_forward(s, &d->fwd[l]));
+        PST_TRY(layers[l].cls->forward(d->inst[l], s, d->rows, scale));
         mark_end(s, sp);
     }
-    d->xent.B = d->rows;
-    d->xent.scale = scale;
-    PST_TRY(pst_op_softmax_xent(s, &d->xent));
     for (int l = ex->L - 1; l >= 0; l--) {
-        tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "backward", step, l);
+        const pst_layer_class *cls = layers[l].cls;
+        tr_span *sp = cls->wgrad || cls->igrad
+                          ? mark_begin(ex, s, ex->tr_compute[di], "backward", step, l)
+                          : NULL;
         /* The weight gradient first, chunk by chunk: each block leaves as soon as its rows
-         * are done, while the rest of the layer (and dinp) is still being computed. */
+         * are done, while the rest of the layer (and its input gradient) is still being
+         * computed. */
         for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++) {
-            d->bwd_chunk[c].B = d->rows;
-            PST_TRY(pst_op_linear_backward(s, &d->bwd_chunk[c]));
+            PST_TRY(cls->wgrad(d->inst[l], d->chunk[c], s, d->rows, ex->chunks[c].row0,
+                               ex->chunks[c].row1));
             for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
                 PST_TRY(pst_event_record(d->grad_done[b], s));
         }
-        if (l) {
-            d->bwd_x[l].B = d->rows;
-            PST_TRY(pst_op_linear_backward(s, &d->bwd_x[l]));
-            d->relu[l].n = (int64_t)d->rows * d->m.layer[l].in;
-            PST_TRY(pst_op_relu_backward(s, &d->relu[l]));
-        }
+        if (cls->igrad)
+            PST_TRY(cls->igrad(d->inst[l], s, d->rows));
         PST_TRY(pst_event_record(d->x_done[l], s));
         mark_end(s, sp);
     }
@@ -718,7 +769,7 @@ static pst_status issue_exchange(void *arg)
     if (ex->c.cfg->jitter_us)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
-    const float *grad = eb->hgrad ? eb->hgrad : owner->m.grads + eb->b->offset;
+    const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
     return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, slot->dst, exchange_done,
                               eb);
 }
@@ -822,7 +873,7 @@ static pst_status sync_streams(tr_exec *ex, int which)
 pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y, int rows,
                         int global_rows, double *loss_sum)
 {
-    const int in = ex->c.mlp.in_dim;
+    const int in = ex->model->in_width;
     const float scale = 1.0f / (float)global_rows;
     *loss_sum = 0.0;
     use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
@@ -832,12 +883,12 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
         pst_batch_part(rows, i, ex->D, &lo, &hi);
         d->lo = lo;
         d->rows = hi - lo;
-        if (d->rows) {
+        if (d->rows && in)
             PST_TRY(pst_memcpy_async(d->compute, d->x, x + (size_t)lo * in,
                                      sizeof(float) * (size_t)d->rows * in, PST_COPY_HOST_TO_DEVICE));
+        if (d->rows && y)
             PST_TRY(pst_memcpy_async(d->compute, d->y, y + lo, sizeof(int32_t) * (size_t)d->rows,
                                      PST_COPY_HOST_TO_DEVICE));
-        }
         PST_TRY(enqueue_compute(ex, d, step, scale));
     }
     if (!ex->c.overlap)
@@ -883,7 +934,7 @@ pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
     use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
     pst_stream *s = d->compute;
-    const int in = ex->c.mlp.in_dim, chunk = ex->max_batch;
+    const int in = ex->model->in_width, chunk = ex->max_batch;
     float *hx = malloc(sizeof(float) * (size_t)chunk * in);
     int32_t *hy = malloc(sizeof(int32_t) * (size_t)chunk);
     uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)chunk);
@@ -905,15 +956,9 @@ pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
             (st = pst_memcpy_async(s, d->y, hy, sizeof(int32_t) * (size_t)cnt,
                                    PST_COPY_HOST_TO_DEVICE)) != PST_OK)
             goto out;
-        for (int l = 0; l < ex->L; l++) {
-            d->fwd[l].B = cnt;
-            if ((st = pst_op_linear_forward(s, &d->fwd[l])) != PST_OK)
+        for (int l = 0; l < ex->L; l++) /* the loss layer with scale 0: the softmax */
+            if ((st = ex->model->layers[l].cls->forward(d->inst[l], s, cnt, 0.0f)) != PST_OK)
                 goto out;
-        }
-        d->xent.B = cnt;
-        d->xent.scale = 0.0f;
-        if ((st = pst_op_softmax_xent(s, &d->xent)) != PST_OK)
-            goto out;
         /* hx/hy are reused by the next chunk: let this one's copies run first. */
         if ((st = pst_stream_synchronize(s)) != PST_OK)
             goto out;
@@ -934,7 +979,7 @@ pst_status tr_exec_params(tr_exec *ex, float *dst)
 {
     use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
-    PST_TRY(pst_memcpy_async(d->compute, dst, d->m.params, sizeof(float) * d->m.nparams,
+    PST_TRY(pst_memcpy_async(d->compute, dst, d->params, sizeof(float) * ex->model->nparams,
                              PST_COPY_DEVICE_TO_HOST));
     return pst_stream_synchronize(d->compute);
 }

@@ -32,7 +32,7 @@ typedef struct tr_exec tr_exec;
 typedef struct tr_exec_config {
     const pst_config *cfg;  /* optimizer, mode, block bytes, overlap */
     pst_runtime *rt;        /* the trainer's devices */
-    pst_mlp_config mlp;     /* with in_dim/out_dim set */
+    const pst_model *model; /* what to train (outlives the executor) */
     int max_rows;           /* most rows of one step on this trainer */
     int eval_rows;          /* rows per evaluation batch */
     tr_remote *remote;      /* NULL: local mode (the optimizer runs on the owner devices) */

@@ -75,26 +75,12 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    int threads = cfg.threads > 0 ? cfg.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     /* Every GEMM is one slice of a layer that a CPU device's thread team splits (exec.c):
      * OpenBLAS's own threads would only compete with the team for the same cores. */
     openblas_set_num_threads(1);
 
     tr_summary sum;
-    if (strcmp(cfg.model, "synthetic") == 0) {
-        cfg.optim.total_steps = tr_synthetic_steps(&cfg); /* warmup_cosine's end */
-        tr_updater upd;
-        st = cfg.num_pservers ? tr_remote_updater_init(&upd, &cfg)
-                              : tr_local_updater_init(&upd, &cfg.optim, threads);
-        if (st == PST_OK)
-            st = tr_train_synthetic(&cfg, &upd, &sum);
-        if (cfg.num_pservers)
-            tr_remote_updater_free(&upd);
-        else
-            tr_local_updater_free(&upd);
-    } else {
-        st = tr_train(&cfg, &sum);
-    }
+    st = tr_train(&cfg, &sum);
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

@@ -18,7 +18,6 @@
 
 #include "common/config.h"
 #include "trainer/plan.h"
-#include "trainer/train.h"
 
 typedef struct tr_remote tr_remote;
 
@@ -47,10 +46,5 @@ void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
 
 /* Finish on every pserver. A pserver already gone is a warning, not an error. */
 pst_status tr_remote_finish(tr_remote *r);
-
-/* The whole-buffer updater over a link (used by the synthetic model): update() exchanges
- * every block, last block first, and waits. Free with tr_remote_updater_free. */
-pst_status tr_remote_updater_init(tr_updater *out, const pst_config *cfg);
-void tr_remote_updater_free(tr_updater *u); /* accepts a zeroed one */
 
 #endif /* TR_REMOTE_H */

@@ -1,12 +1,11 @@
-/* train.c — the training loops (see train.h).
+/* train.c — the training loop (see train.h).
  *
- * DESIGN: everything a loop needs is allocated before step 0 (batch buffers, the
- * executor's per-device state, the per-step timing array). An mlp step gathers this
- * trainer's slice of the global batch and hands it to the executor (exec.h), which runs
- * forward and backward on the local devices with the loss scaled by 1/global_batch (so
- * the trainers' gradients SUM to the global batch's gradient) and the update, locally or
- * through the pservers. The synthetic model has no compute: its fixed gradient goes
- * through an updater (the local optimizer, or every block's push and pull).
+ * DESIGN: everything the loop needs is allocated before step 0 (batch buffers, the
+ * executor's per-device state, the per-step timing array). A step gathers this trainer's
+ * slice of the global batch and hands it to the executor (exec.h), which runs forward and
+ * backward on the local devices with the loss scaled by 1/global_batch (so the trainers'
+ * gradients SUM to the global batch's gradient) and the update, locally or through the
+ * pservers. A model that reads no data (synthetic) gets no batch, only its row count.
  * Timing follows the PyTorch peer: step_ms covers forward+backward+update, samples/s covers
  * the whole training loop including batch gathering, not evaluation. */
 #include "trainer/train.h"
@@ -23,10 +22,7 @@
 #include "common/runtime/device.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "common/nn/model.h"
-#include "common/nn/ops.h"
-#include "common/nn/optim.h"
-#include "common/runtime/pool.h"
+#include "common/nn/models/models.h"
 #include "trainer/exec.h"
 #include "trainer/plan.h"
 #include "trainer/remote.h"
@@ -42,72 +38,6 @@ void tr_request_stop(void)
 static pst_status check_stop(void)
 {
     return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
-}
-
-/* ---- the local updater (synthetic model without pservers) ------------------------------ */
-
-typedef struct local_updater {
-    pst_optim_config optim;
-    float *state; /* state_floats arrays of n floats */
-    size_t n;
-    pst_pool *pool;
-    pst_optim_args args; /* the update being run */
-} local_updater;
-
-static pst_status local_update(void *self, long step, float *params, const float *grads,
-                               size_t n)
-{
-    local_updater *u = self;
-    if (n != u->n)
-        return pst_error_set(PST_ERR_INTERNAL, "local update of %zu params, state for %zu", n,
-                             u->n);
-    u->args = (pst_optim_args){.cfg = &u->optim, .pool = u->pool, .t = step + 1,
-                               .param = params, .state = u->state, .state_stride = u->n,
-                               .grad = grads, .n = n};
-    pst_optim_apply_host(&u->args);
-    return PST_OK;
-}
-
-static pst_status local_start(void *self, float *params, size_t n)
-{
-    local_updater *u = self;
-    (void)params;
-    size_t k = (size_t)pst_optim_state_floats(u->optim.kind);
-    free(u->state);
-    u->n = n;
-    if (k && !(u->state = calloc(k * n, sizeof(float))))
-        return pst_error_set(PST_ERR_NOMEM, "local optimizer: no memory for %zu state floats",
-                             k * n);
-    return PST_OK;
-}
-
-pst_status tr_local_updater_init(tr_updater *out, const pst_optim_config *optim, int threads)
-{
-    memset(out, 0, sizeof *out);
-    local_updater *u = calloc(1, sizeof *u);
-    if (!u)
-        return pst_error_set(PST_ERR_NOMEM, "local optimizer: out of memory");
-    pst_status st = pst_pool_init(&u->pool, threads > 0 ? threads : 1);
-    if (st != PST_OK) {
-        free(u);
-        return st;
-    }
-    u->optim = *optim;
-    out->self = u;
-    out->start = local_start;
-    out->update = local_update;
-    return PST_OK;
-}
-
-void tr_local_updater_free(tr_updater *upd)
-{
-    if (!upd || !upd->self)
-        return;
-    local_updater *u = upd->self;
-    pst_pool_free(u->pool);
-    free(u->state);
-    free(u);
-    upd->self = NULL;
 }
 
 /* ---- progress ------------------------------------------------------------------------- */
@@ -141,11 +71,6 @@ static double median(double *v, long n)
 
 /* ---- the loop ------------------------------------------------------------------------- */
 
-long tr_synthetic_steps(const pst_config *cfg)
-{
-    return cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
-}
-
 /* The summary's view of the final parameters: their count, L2 norm and param_hash. */
 static void summarize_params(tr_summary *sum, const float *params, size_t n)
 {
@@ -157,68 +82,13 @@ static void summarize_params(tr_summary *sum, const float *params, size_t n)
     sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
 }
 
-/* The synthetic model: N parameters, no compute, a fixed deterministic gradient per
- * trainer (small values that depend on the index and the trainer id). It measures the
- * communication of the real programs. */
-pst_status tr_train_synthetic(const pst_config *cfg, tr_updater *upd, tr_summary *sum)
-{
-    pst_status st = PST_OK;
-    size_t n = (size_t)cfg->params;
-    long total = tr_synthetic_steps(cfg);
-    float *params = malloc(sizeof(float) * n), *grads = malloc(sizeof(float) * n);
-    double *step_ms = malloc(sizeof(double) * (size_t)total);
-    int started = 0;
-    if (!params || !grads || !step_ms) {
-        st = pst_error_set(PST_ERR_NOMEM, "--params %zu: out of memory", n);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        params[i] = 0.0f;
-        grads[i] = (float)((i * 2654435761u + 977u * (unsigned)cfg->trainer_id) % 1000u) * 1e-6f;
-    }
-    if (upd->start && (st = upd->start(upd->self, params, n)) != PST_OK)
-        goto out;
-    started = 1;
-    double t_start = pst_clock_s();
-    for (long step = 0; step < total; step++) {
-        pst_log_set_step(step);
-        double t0 = pst_clock_s();
-        if ((st = check_stop()) != PST_OK ||
-            (st = upd->update(upd->self, step, params, grads, n)) != PST_OK)
-            goto out;
-        step_ms[step] = 1e3 * (pst_clock_s() - t0);
-    }
-    double dt = pst_clock_s() - t_start;
-    pst_log_set_step(-1);
-    memset(sum, 0, sizeof *sum);
-    sum->samples_per_s = dt > 0 ? (double)total * cfg->batch / dt : 0.0;
-    sum->step_ms_median = median(step_ms, total);
-    sum->steps = total;
-    summarize_params(sum, params, n);
-    sum->ndevices = 1;
-    sum->peak_bytes[0] = 2 * n * sizeof(float);
-    started = 0;
-    if (upd->finish)
-        st = upd->finish(upd->self);
-out:
-    if (started && upd->finish) {
-        char keep[512];
-        snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        upd->finish(upd->self);
-        pst_error_set(st, "%s", keep);
-    }
-    free(params);
-    free(grads);
-    free(step_ms);
-    return st;
-}
-
 pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 {
     pst_status st;
     pst_config run_cfg = *user_cfg; /* gets the run's length, below */
     const pst_config *cfg = &run_cfg;
     pst_dataset train = {0}, test = {0};
+    pst_model model = {0};
     pst_runtime *rt = NULL;
     pst_metrics metrics = {0};
     tr_remote *remote = NULL;
@@ -236,28 +106,33 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     const int D = pst_runtime_count(rt);
     if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
         goto error;
-    if ((st = pst_dataset_load(&train, &test, cfg->dataset, cfg->data_dir)) != PST_OK)
+    const int data = pst_model_reads_data(cfg);
+    if (data && (st = pst_dataset_load(&train, &test, cfg->dataset, cfg->data_dir)) != PST_OK)
+        goto error;
+    if ((st = pst_model_from_config(&model, cfg, train.dim,
+                                    train.nclasses > test.nclasses ? train.nclasses
+                                                                   : test.nclasses)) != PST_OK)
         goto error;
 
     const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
     const int max_part = (B + T - 1) / T;
-    pst_mlp_config mc = {.nhidden = cfg->nhidden};
-    memcpy(mc.hidden, cfg->hidden, sizeof(int) * (size_t)cfg->nhidden);
-    mc.in_dim = train.dim;
-    mc.out_dim = train.nclasses > test.nclasses ? train.nclasses : test.nclasses;
-    const int nb = pst_batches_per_epoch(train.n, B);
-    long total = (long)nb * cfg->epochs;
-    if (cfg->steps > 0 && cfg->steps < total)
+    /* With data: --epochs over the training set, or --steps if fewer. Without: --steps, or
+     * 20 per epoch, as one epoch. */
+    long total = data ? (long)pst_batches_per_epoch(train.n, B) * cfg->epochs
+                      : cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
+    if (data && cfg->steps > 0 && cfg->steps < total)
         total = cfg->steps;
+    const int epochs = data ? cfg->epochs : 1;
+    const long nb = data ? pst_batches_per_epoch(train.n, B) : total;
     /* warmup_cosine reaches --min-lr at the last step: every optimizer (the executor's,
      * the pservers' through Init) needs the run's length. */
     run_cfg.optim.total_steps = total;
     if (cfg->num_pservers &&
-        (st = tr_remote_init(&remote, cfg, pst_mlp_param_count(&mc), D)) != PST_OK)
+        (st = tr_remote_init(&remote, cfg, model.nparams, D)) != PST_OK)
         goto error;
     if (cfg->trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
-        size_t per_step = (size_t)(D * (2 * mc.nhidden + 2) + 4 * 1024 + 64);
+        size_t per_step = (size_t)(D * 2 * model.nlayers + 4 * 1024 + 64);
         if ((st = tr_trace_init(&trace, cfg->trace_path, cfg->trace_first, cfg->trace_last,
                                 per_step * (size_t)steps)) != PST_OK)
             goto error;
@@ -266,16 +141,16 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
      * over its share, a thread team of its own (OpenBLAS is single-threaded, see main.c). */
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
-    tr_exec_config ec = {.cfg = cfg, .rt = rt, .mlp = mc, .max_rows = max_part,
+    tr_exec_config ec = {.cfg = cfg, .rt = rt, .model = &model, .max_rows = max_part,
                          .eval_rows = 256, .remote = remote, .overlap = cfg->overlap,
                          .threads = threads_per_device,
                          .trace = trace};
     if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
         goto error;
 
-    x = malloc(sizeof(float) * (size_t)max_part * train.dim);
+    x = malloc(sizeof(float) * (size_t)max_part * (train.dim ? train.dim : 1));
     y = malloc(sizeof(int32_t) * (size_t)max_part);
-    perm = malloc(sizeof(uint32_t) * (size_t)train.n);
+    perm = malloc(sizeof(uint32_t) * (size_t)(train.n ? train.n : 1));
     step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
     params = malloc(sizeof(float) * tr_exec_nparams(ex));
     if (!x || !y || !perm || !step_ms || !params) {
@@ -292,20 +167,24 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     long step = 0;
     double train_time = 0.0, last_loss = 0.0, test_acc = 0.0;
     size_t samples = 0;
-    for (int epoch = 0; epoch < cfg->epochs && step < total; epoch++) {
+    for (int epoch = 0; epoch < epochs && step < total; epoch++) {
         double t_epoch = pst_clock_s(), t_bar = 0.0, loss_sum = 0.0;
         long loss_n = 0;
         size_t epoch_samples = 0;
-        pst_epoch_order(perm, train.n, cfg->seed, epoch);
-        for (int b = 0; b < nb && step < total; b++, step++) {
+        if (data)
+            pst_epoch_order(perm, train.n, cfg->seed, epoch);
+        for (long b = 0; b < nb && step < total; b++, step++) {
             pst_log_set_step(step);
-            int start = b * B, len = train.n - start < B ? train.n - start : B, lo, hi;
+            long start = b * B;
+            int len = data && train.n - start < B ? (int)(train.n - start) : B, lo, hi;
             pst_batch_part(len, rank, T, &lo, &hi);
             int cnt = hi - lo;
-            pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
+            if (data)
+                pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
             double t0 = pst_clock_s(), loss = 0.0;
             if ((st = check_stop()) != PST_OK ||
-                (st = tr_exec_step(ex, step, x, y, cnt, len, &loss)) != PST_OK)
+                (st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
+                                   &loss)) != PST_OK)
                 goto error;
             double t1 = pst_clock_s();
             loss_sum += loss;
@@ -316,7 +195,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                               step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step]);
             if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
                 t_bar = t1;
-                progress_bar(epoch + 1, cfg->epochs, b + 1, nb,
+                progress_bar(epoch + 1, epochs, (int)(b + 1), (int)nb,
                              loss_n ? loss_sum / (double)loss_n : 0.0,
                              (double)epoch_samples / (t1 - t_epoch));
             }
@@ -327,13 +206,13 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         train_time += dt;
         samples += epoch_samples;
         last_loss = loss_n ? loss_sum / (double)loss_n : 0.0;
-        if ((st = tr_exec_evaluate(ex, &test, &test_acc)) != PST_OK)
+        if (data && (st = tr_exec_evaluate(ex, &test, &test_acc)) != PST_OK)
             goto error;
         if (tty)
             fputc('\n', stderr);
         if (lines)
             PST_INFO("epoch %d/%d: train_loss %.4f test_acc %.4f %.0f samples/s", epoch + 1,
-                     cfg->epochs, last_loss, test_acc, (double)epoch_samples / dt);
+                     epochs, last_loss, test_acc, (double)epoch_samples / dt);
         pst_metrics_write(&metrics, "epoch",
                           "\"epoch\":%d,\"train_loss\":%.6f,\"test_acc\":%.4f,\"samples_per_s\":%.1f",
                           epoch + 1, last_loss, test_acc, (double)epoch_samples / dt);
@@ -371,6 +250,7 @@ error:
     free(perm);
     free(step_ms);
     free(params);
+    pst_model_free(&model);
     pst_dataset_free(&train);
     pst_dataset_free(&test);
     pst_runtime_free(rt);

@@ -1,155 +1,99 @@
-/* model.c — the mlp model over one flat parameter buffer (see model.h). */
+/* model.c — building and checking a model's tables (see model.h). */
 #include "common/nn/model.h"
 
-#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "common/nn/layers.h"
-#include "common/rng.h"
-
-size_t pst_mlp_param_count(const pst_mlp_config *cfg)
+pst_status pst_model_add_tensor(pst_model *m, const char *name, int ndim, const int64_t *shape)
 {
-    size_t n = 0;
-    int in = cfg->in_dim;
-    for (int l = 0; l <= cfg->nhidden; l++) {
-        int out = l < cfg->nhidden ? cfg->hidden[l] : cfg->out_dim;
-        n += (size_t)out * (size_t)in + (size_t)out;
-        in = out;
+    if (strlen(name) >= sizeof m->tensors[0].name || ndim < 1 || ndim > 4)
+        return pst_error_set(PST_ERR_INVALID, "model %s: tensor '%s' with %d dimensions "
+                             "(names up to 31 characters, 1 to 4 dimensions)", m->name, name, ndim);
+    pst_tensor t = {.offset = m->nparams, .numel = 1, .ndim = ndim, .dtype = PST_F32};
+    snprintf(t.name, sizeof t.name, "%s", name);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 1)
+            return pst_error_set(PST_ERR_INVALID, "model %s: tensor %s has dimension %d of "
+                                 "size %lld (at least 1)", m->name, name, i, (long long)shape[i]);
+        t.shape[i] = shape[i];
+        t.numel *= (size_t)shape[i];
     }
-    return n;
-}
-
-static pst_status alloc_floats(pst_device *dev, size_t n, float **out)
-{
-    void *p = NULL;
-    pst_status st = pst_device_alloc(dev, n * sizeof(float), &p);
-    *out = p;
-    return st;
-}
-
-pst_status pst_mlp_init(pst_mlp *m, const pst_mlp_config *cfg, int max_batch, pst_device *dev)
-{
-    memset(m, 0, sizeof *m);
-    if (cfg->in_dim <= 0 || cfg->out_dim <= 0 || cfg->nhidden < 0 ||
-        cfg->nhidden > PST_MAX_HIDDEN || max_batch <= 0)
-        return pst_error_set(PST_ERR_INVALID,
-                             "mlp: bad shape (in %d, out %d, %d hidden layers, batch %d)",
-                             cfg->in_dim, cfg->out_dim, cfg->nhidden, max_batch);
-    for (int l = 0; l < cfg->nhidden; l++)
-        if (cfg->hidden[l] <= 0)
-            return pst_error_set(PST_ERR_INVALID, "mlp: hidden layer %d has width %d", l,
-                                 cfg->hidden[l]);
-    m->cfg = *cfg;
-    m->nlayers = cfg->nhidden + 1;
-    m->max_batch = max_batch;
-    m->dev = dev;
-    m->nparams = pst_mlp_param_count(cfg);
-
-    size_t off = 0;
-    int in = cfg->in_dim, widest = cfg->in_dim;
-    for (int l = 0; l < m->nlayers; l++) {
-        int out = l < cfg->nhidden ? cfg->hidden[l] : cfg->out_dim;
-        m->layer[l] = (pst_linear_view){.in = in, .out = out, .w_off = off,
-                                        .b_off = off + (size_t)out * in};
-        off += (size_t)out * in + out;
-        widest = out > widest ? out : widest;
-        in = out;
-    }
-
-    pst_status st;
-    if ((st = alloc_floats(dev, m->nparams, &m->params)) != PST_OK ||
-        (st = alloc_floats(dev, m->nparams, &m->grads)) != PST_OK ||
-        (st = alloc_floats(dev, (size_t)max_batch * cfg->out_dim, &m->probs)) != PST_OK ||
-        (st = alloc_floats(dev, (size_t)max_batch * widest, &m->dbuf[0])) != PST_OK ||
-        (st = alloc_floats(dev, (size_t)max_batch * widest, &m->dbuf[1])) != PST_OK)
-        goto error;
-    for (int l = 0; l < m->nlayers; l++)
-        if ((st = alloc_floats(dev, (size_t)max_batch * m->layer[l].out, &m->acts[l])) != PST_OK)
-            goto error;
+    pst_tensor *grown = realloc(m->tensors, sizeof *grown * (size_t)(m->ntensors + 1));
+    if (!grown)
+        return pst_error_set(PST_ERR_NOMEM, "model %s: out of memory", m->name);
+    m->tensors = grown;
+    m->tensors[m->ntensors++] = t;
+    m->nparams += t.numel;
     return PST_OK;
-error:
-    pst_mlp_free(m);
-    return st;
 }
 
-void pst_mlp_free(pst_mlp *m)
+pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer)
 {
-    if (!m || !m->dev)
+    if (layer->ntensors < 0 || layer->ntensors > PST_LAYER_MAX_TENSORS || layer->in_width < 0 ||
+        layer->out_width < 0 || !layer->cls)
+        return pst_error_set(PST_ERR_INVALID, "model %s: layer %d is malformed", m->name,
+                             m->nlayers);
+    for (int i = 0; i < layer->ntensors; i++)
+        if (layer->tensor[i] < 0 || layer->tensor[i] >= m->ntensors)
+            return pst_error_set(PST_ERR_INVALID, "model %s: layer %d names tensor %d of %d",
+                                 m->name, m->nlayers, layer->tensor[i], m->ntensors);
+    pst_layer *grown = realloc(m->layers, sizeof *grown * (size_t)(m->nlayers + 1));
+    if (!grown)
+        return pst_error_set(PST_ERR_NOMEM, "model %s: out of memory", m->name);
+    m->layers = grown;
+    m->layers[m->nlayers++] = *layer;
+    return PST_OK;
+}
+
+pst_status pst_model_check(const pst_model *m)
+{
+    if (m->nlayers < 1 || m->nparams == 0)
+        return pst_error_set(PST_ERR_INVALID, "model %s: no layers or no parameters", m->name);
+    int width = m->in_width;
+    for (int l = 0; l < m->nlayers; l++) {
+        const pst_layer *ly = &m->layers[l];
+        if (ly->in_width != width)
+            return pst_error_set(PST_ERR_INVALID, "model %s: layer %d (%s) reads %d floats "
+                                 "per row, the layer before it gives %d", m->name, l,
+                                 ly->cls->name, ly->in_width, width);
+        width = ly->out_width;
+        if (ly->ntensors > 0 && !ly->cls->wgrad)
+            return pst_error_set(PST_ERR_INVALID, "model %s: layer %d (%s) names parameters "
+                                 "but computes no weight gradient", m->name, l, ly->cls->name);
+        if (ly->split_rows > 0 &&
+            (ly->ntensors < 1 || m->tensors[ly->tensor[0]].shape[0] != ly->split_rows ||
+             ly->split_tile < 1 || !ly->cls->wgrad))
+            return pst_error_set(PST_ERR_INVALID, "model %s: layer %d (%s) splits %d rows of "
+                                 "a tensor that does not have them", m->name, l, ly->cls->name,
+                                 ly->split_rows);
+    }
+    for (int t = 0; t < m->ntensors; t++) {
+        int named = 0;
+        for (int l = 0; l < m->nlayers && !named; l++)
+            for (int i = 0; i < m->layers[l].ntensors; i++)
+                named |= m->layers[l].tensor[i] == t;
+        if (!named)
+            return pst_error_set(PST_ERR_INVALID, "model %s: no layer uses tensor %s (its "
+                                 "gradient would never be final)", m->name, m->tensors[t].name);
+    }
+    return PST_OK;
+}
+
+int pst_model_find_tensor(const pst_model *m, const char *name)
+{
+    for (int t = 0; t < m->ntensors; t++)
+        if (strcmp(m->tensors[t].name, name) == 0)
+            return t;
+    return -1;
+}
+
+void pst_model_free(pst_model *m)
+{
+    if (!m)
         return;
-    pst_device_free(m->dev, m->params);
-    pst_device_free(m->dev, m->grads);
-    pst_device_free(m->dev, m->probs);
-    pst_device_free(m->dev, m->dbuf[0]);
-    pst_device_free(m->dev, m->dbuf[1]);
-    for (int l = 0; l < PST_MAX_HIDDEN + 1; l++)
-        pst_device_free(m->dev, m->acts[l]);
+    free(m->tensors);
+    free(m->layers);
+    free(m->data);
     memset(m, 0, sizeof *m);
-}
-
-void pst_mlp_init_params_into(const pst_mlp *m, float *dst, uint64_t seed)
-{
-    for (int l = 0; l < m->nlayers; l++) {
-        const pst_linear_view *v = &m->layer[l];
-        pst_rng r;
-        pst_rng_seed(&r, seed, (uint64_t)l);
-        float bound = 1.0f / sqrtf((float)v->in);
-        size_t n = (size_t)v->out * v->in + v->out; /* weight then bias, contiguous */
-        float *p = dst + v->w_off;
-        for (size_t i = 0; i < n; i++)
-            p[i] = (2.0f * pst_rng_uniform(&r) - 1.0f) * bound;
-    }
-}
-
-void pst_mlp_init_params(pst_mlp *m, uint64_t seed)
-{
-    pst_mlp_init_params_into(m, m->params, seed);
-}
-
-double pst_mlp_forward(pst_mlp *m, const float *x, const int32_t *y, int B)
-{
-    const float *inp = x;
-    for (int l = 0; l < m->nlayers; l++) {
-        const pst_linear_view *v = &m->layer[l];
-        pst_linear_forward(m->acts[l], inp, m->params + v->w_off, m->params + v->b_off, B,
-                           v->in, v->out, l < m->nlayers - 1);
-        inp = m->acts[l];
-    }
-    return pst_softmax_xent_forward(m->probs, m->acts[m->nlayers - 1], y, B, m->cfg.out_dim);
-}
-
-void pst_mlp_backward(pst_mlp *m, const float *x, const int32_t *y, int B, float scale,
-                      int accumulate, pst_grad_ready_fn ready, void *ready_arg)
-{
-    float *dout = m->dbuf[0], *dinp = m->dbuf[1];
-    pst_softmax_xent_backward(dout, m->probs, y, B, m->cfg.out_dim, scale);
-    for (int l = m->nlayers - 1; l >= 0; l--) {
-        const pst_linear_view *v = &m->layer[l];
-        const float *inp = l > 0 ? m->acts[l - 1] : x;
-        pst_linear_backward(l > 0 ? dinp : NULL, m->grads + v->w_off, m->grads + v->b_off,
-                            dout, inp, m->params + v->w_off, B, v->in, v->out, accumulate);
-        if (ready)
-            ready(ready_arg, v->w_off, (size_t)v->out * v->in + v->out);
-        if (l > 0) {
-            /* Through the previous layer's ReLU: its output is this layer's input. */
-            pst_relu_backward(dinp, dinp, m->acts[l - 1], (int64_t)B * v->in);
-            float *t = dout;
-            dout = dinp;
-            dinp = t;
-        }
-    }
-}
-
-int pst_mlp_count_correct(const pst_mlp *m, const int32_t *y, int B)
-{
-    const float *logits = m->acts[m->nlayers - 1];
-    int C = m->cfg.out_dim, correct = 0;
-    for (int b = 0; b < B; b++) {
-        const float *r = logits + (int64_t)b * C;
-        int best = 0;
-        for (int j = 1; j < C; j++)
-            if (r[j] > r[best])
-                best = j;
-        correct += best == y[b];
-    }
-    return correct;
 }

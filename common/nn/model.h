@@ -1,70 +1,141 @@
-/* model.h — the `mlp` model: Linear -> ReLU -> ... -> Linear, softmax cross-entropy.
+/* model.h — the model interface: what the executor knows of a model (llm.c's tensor table,
+ * ggml's tables of ops).
  *
- * All parameters live in ONE flat buffer and all gradients in another of the same layout
- * (llm.c's ParameterTensors idea): layer l's weight (out_l, in_l) then its bias (out_l),
- * layers in forward order. Backward runs last layer first, so the END of the flat buffer
- * is complete first; the optional grad-ready hook reports each finished range, which is
- * what lets gradient blocks leave while backward continues.
- * Activations are sized for `max_batch` rows at init; forward/backward allocate nothing.
- * Not thread safe: one model per thread (a device has its own replica). */
+ * A model is
+ *   - a TABLE OF TENSORS: named parameter tensors (offset, shape, dtype) laid end to end in
+ *     one flat buffer of `nparams` elements; the gradients use the same layout in a second
+ *     buffer. The block plan is cut from this buffer (trainer/plan.h);
+ *   - an ORDERED LIST OF LAYERS, forward order, the last one the loss. Each layer names the
+ *     tensors it reads and whose gradient it writes (anywhere in the buffer: a tied weight is
+ *     simply named by two layers), the widths of its input and output activations, and a
+ *     class: forward, weight-gradient and input-gradient ops queued on a stream.
+ * The executor runs the layers in order on each device and never learns what they compute.
+ * Layer l's input is layer l-1's output (layer 0's is the batch); backward runs the layers
+ * last to first, each reading the gradient of its output and writing that of its input.
+ *
+ * A block's gradient is final once the LOWEST layer that names it has run its backward (the
+ * layers run backward one after another on one stream; a pipeline stage will be a range of
+ * layers on one device, and then "lowest" becomes "last in the stage's order"). A layer
+ * whose first tensor's gradient can be computed in row ranges says so (split_rows > 0): the
+ * executor then cuts its weight gradient where blocks end, so early blocks leave while the
+ * rest of the layer is still being computed.
+ *
+ * The classes live in common/nn/layers/, the models in common/nn/models/.
+ * Ownership: a model owns its tables and `data`; pst_model_free releases them. A model is
+ * read-only once built and may be shared by every device and thread. */
 #ifndef PST_MODEL_H
 #define PST_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h" /* PST_MAX_HIDDEN */
-#include "common/runtime/device.h"
+#include "common/dtype.h"
 #include "common/error.h"
+#include "common/runtime/device.h"
 
-typedef struct pst_mlp_config {
-    int in_dim;                      /* 784 for Fashion-MNIST */
-    int out_dim;                     /* classes */
-    int nhidden;                     /* hidden layers */
-    int hidden[PST_MAX_HIDDEN];  /* their widths */
-} pst_mlp_config;
+struct pst_pool;
+struct pst_model;
 
-typedef struct pst_linear_view {
-    int in, out;
-    size_t w_off;   /* offset of the weight (out, in) in the flat buffer */
-    size_t b_off;   /* offset of the bias (out) */
-} pst_linear_view;
+#define PST_LAYER_MAX_TENSORS 4
 
-/* Called after backward has finished the flat-buffer range [offset, offset+length). */
-typedef void (*pst_grad_ready_fn)(void *arg, size_t offset, size_t length);
+typedef struct pst_tensor {
+    char name[32];      /* "l0.weight" */
+    size_t offset;      /* first element in the flat buffer */
+    size_t numel;
+    int ndim;
+    int64_t shape[4];
+    pst_dtype dtype;    /* PST_F32 for now */
+} pst_tensor;
 
-typedef struct pst_mlp {
-    pst_mlp_config cfg;
-    int nlayers;                                /* nhidden + 1 */
-    int max_batch;
+/* Where one layer instance on one device reads and writes (the executor's buffers, all
+ * memory of that device). `params` changes between steps when the executor switches
+ * parameter buffers; the class's bind is then called again. */
+typedef struct pst_layer_io {
+    struct pst_pool *pool;      /* CPU: the device's thread team (NULL: the stream's thread) */
+    float *params, *grads;      /* the flat buffers */
+    const float *in;            /* (max_batch, in_width): the previous layer's output or the batch */
+    float *out;                 /* (max_batch, out_width); NULL when out_width is 0 */
+    const float *dout;          /* gradient of `out` (NULL for the loss layer) */
+    float *din;                 /* gradient of `in` (NULL for layer 0: nobody reads it) */
+    const int32_t *targets;     /* (max_batch) labels */
+    float *losses;              /* (max_batch) per-row losses, written by the loss layer */
+    int32_t *correct;           /* (1) correct predictions, added to by the loss layer */
+} pst_layer_io;
+
+/* What a layer does, as ops queued on a stream (common/nn/ops.h). The op argument structs
+ * live in the instance (inst_bytes, one per device) and in one chunk record per
+ * weight-gradient chunk (chunk_bytes): the CPU backend reads them when the op runs, so
+ * they must not change until the stream has passed it; the executor sets B and queues,
+ * and changes nothing until the step's compute has run. No function allocates. */
+typedef struct pst_layer_class {
+    const char *name;
+    size_t inst_bytes;
+    size_t chunk_bytes;         /* per weight-gradient chunk (0: wgrad gets NULL) */
+    /* Points the instance's op arguments at io (no work queued). */
+    void (*bind)(void *inst, const struct pst_model *m, int layer, const pst_layer_io *io);
+    /* Forward over B rows. The loss layer also writes the per-row losses, the gradient of
+     * its input scaled by `scale` (evaluation: scale 0, din gets the softmax) and counts
+     * correct rows. */
+    pst_status (*forward)(void *inst, pst_stream *s, int B, float scale);
+    /* The weight gradient of rows [row0, row1) of the first tensor (row1 0: all rows, and
+     * every other tensor's gradient; a range that ends at split_rows also finishes the
+     * others). `chunk` is this range's own argument record. NULL: no parameters. */
+    pst_status (*wgrad)(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1);
+    /* The gradient of the input (io->din), when io->din is not NULL. NULL: nothing to do. */
+    pst_status (*igrad)(void *inst, pst_stream *s, int B);
+} pst_layer_class;
+
+typedef struct pst_layer {
+    const pst_layer_class *cls;
+    int tensor[PST_LAYER_MAX_TENSORS]; /* indices into the model's tensors */
+    int ntensors;
+    int in_width, out_width;           /* floats per row of input and output */
+    int split_rows;                    /* rows of tensor[0] wgrad computes by range (0: none) */
+    int split_tile;                    /* cuts fall on multiples of this many rows */
+    int flags;                         /* the class's own (e.g. PST_LINEAR_RELU) */
+} pst_layer;
+
+typedef struct pst_model {
+    char name[16];
+    pst_tensor *tensors;
+    int ntensors;
+    pst_layer *layers;                 /* forward order; the last is the loss */
+    int nlayers;
     size_t nparams;
-    pst_device *dev;                            /* memory comes from here */
-    float *params;                              /* (nparams) */
-    float *grads;                               /* (nparams), same layout */
-    pst_linear_view layer[PST_MAX_HIDDEN + 1];
-    float *acts[PST_MAX_HIDDEN + 1];        /* layer outputs (max_batch, out_l); last = logits */
-    float *probs;                               /* (max_batch, out_dim) */
-    float *dbuf[2];                             /* (max_batch, widest layer) ping-pong */
-} pst_mlp;
+    int in_width;                      /* floats per input row (0: the model reads no data) */
+    int nclasses;                      /* labels are 0 .. nclasses-1 (0: no labels) */
+    /* The initial parameters from `seed` (nparams host floats). */
+    void (*init_params)(const struct pst_model *m, float *dst, uint64_t seed);
+    void *data;                        /* the model's own, freed with it */
+} pst_model;
 
-/* Number of parameters of an MLP with this shape. */
-size_t pst_mlp_param_count(const pst_mlp_config *cfg);
-/* Allocates the buffers on `dev` (params zeroed). Errors: PST_ERR_INVALID (bad shape),
- * PST_ERR_NOMEM. On error the model is freed and zeroed. */
-pst_status pst_mlp_init(pst_mlp *m, const pst_mlp_config *cfg, int max_batch, pst_device *dev);
-void pst_mlp_free(pst_mlp *m); /* accepts a zeroed or half-built model */
-/* PyTorch's nn.Linear default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)), from `seed`. */
-void pst_mlp_init_params(pst_mlp *m, uint64_t seed);
-/* The same values written to dst (nparams host floats) instead of m->params. */
-void pst_mlp_init_params_into(const pst_mlp *m, float *dst, uint64_t seed);
-/* Forward on x (B, in_dim) with targets y (B); returns the SUM of the B losses.
- * B <= max_batch. Leaves logits/probs for backward and prediction. */
-double pst_mlp_forward(pst_mlp *m, const float *x, const int32_t *y, int B);
-/* Backward of the last forward: grads = d(sum of losses * scale)/d params, overwritten
- * (or added when accumulate != 0). `ready` (may be NULL) is called per finished layer. */
-void pst_mlp_backward(pst_mlp *m, const float *x, const int32_t *y, int B, float scale,
-                      int accumulate, pst_grad_ready_fn ready, void *ready_arg);
-/* Counts correct argmax predictions of the last forward's logits. */
-int pst_mlp_count_correct(const pst_mlp *m, const int32_t *y, int B);
+/* ---- building a model (for the files in models/) ---- */
+
+/* Appends a tensor of the given shape after the last one. Errors: PST_ERR_NOMEM,
+ * PST_ERR_INVALID (a name too long, no or too many dimensions, a dimension < 1). */
+pst_status pst_model_add_tensor(pst_model *m, const char *name, int ndim, const int64_t *shape);
+/* Appends a layer (copied). Errors: PST_ERR_NOMEM, PST_ERR_INVALID (a tensor index out of
+ * range, too many tensors, a negative width). */
+pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer);
+/* The checks the executor relies on: at least one layer; widths chain (layer l's in_width is
+ * layer l-1's out_width, layer 0's the model's in_width); every tensor named by some layer;
+ * a split layer's first tensor has split_rows rows. Errors: PST_ERR_INVALID naming the layer. */
+pst_status pst_model_check(const pst_model *m);
+void pst_model_free(pst_model *m); /* accepts a zeroed or half-built model; zeroes it */
+
+/* Index of the tensor named `name`, or -1. */
+int pst_model_find_tensor(const pst_model *m, const char *name);
+
+/* ---- the layer classes (common/nn/layers/) ---- */
+
+/* Linear: out (B, OC) = in (B, IC) @ W^T + b, tensors {W (OC, IC), b (OC)}; flags: */
+#define PST_LINEAR_RELU 1       /* ReLU on the output */
+#define PST_LINEAR_MASK_INPUT 2 /* the input came through a ReLU: din is masked by in > 0 */
+extern const pst_layer_class pst_layer_linear;
+/* Softmax cross-entropy over in_width classes (the loss; no tensors). */
+extern const pst_layer_class pst_layer_softmax_xent;
+/* The synthetic model's only layer: no compute; its weight gradient is a fixed host array
+ * (m->data) copied to the device, its losses are zeros. */
+extern const pst_layer_class pst_layer_fixed_grad;
 
 #endif /* PST_MODEL_H */

@@ -1,0 +1,44 @@
+/* fixed_grad.c — the synthetic model's layer (model.h): it computes nothing. Its weight
+ * gradient is a fixed host array (the model's data) copied into the gradient buffer, so a
+ * step costs only what the exchange costs; its losses are zeros. */
+#include "common/nn/model.h"
+
+typedef struct fixed_inst {
+    const float *host_grad;
+    float *grads;
+    float *losses;
+    size_t n;
+} fixed_inst;
+
+static void fixed_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
+{
+    (void)layer;
+    *(fixed_inst *)inst = (fixed_inst){.host_grad = m->data, .grads = io->grads,
+                                       .losses = io->losses, .n = m->nparams};
+}
+
+static pst_status fixed_forward(void *inst, pst_stream *s, int B, float scale)
+{
+    (void)scale;
+    fixed_inst *fi = inst;
+    return pst_memset_async(s, fi->losses, 0, sizeof(float) * (size_t)B);
+}
+
+static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1)
+{
+    (void)chunk;
+    (void)B;
+    (void)row0;
+    (void)row1;
+    fixed_inst *fi = inst;
+    return pst_memcpy_async(s, fi->grads, fi->host_grad, sizeof(float) * fi->n,
+                            PST_COPY_HOST_TO_DEVICE);
+}
+
+const pst_layer_class pst_layer_fixed_grad = {
+    .name = "fixed_grad",
+    .inst_bytes = sizeof(fixed_inst),
+    .bind = fixed_bind,
+    .forward = fixed_forward,
+    .wgrad = fixed_wgrad,
+};

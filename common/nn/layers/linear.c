@@ -1,0 +1,75 @@
+/* linear.c — the Linear layer (model.h): out = in @ W^T + b, optionally through a ReLU,
+ * on the ops of ops.h. Its weight gradient can be computed by ranges of W's rows, cut on
+ * tiles of PST_ROW_TILE rows (layers.h) so the bits do not depend on the cuts. */
+#include "common/nn/model.h"
+#include "common/nn/ops.h"
+
+typedef struct linear_inst {
+    pst_linear_fwd_args fwd;
+    pst_linear_bwd_args wgrad; /* the template each chunk's record is copied from */
+    pst_linear_bwd_args igrad;
+    pst_relu_bwd_args mask;    /* PST_LINEAR_MASK_INPUT: din through the input's ReLU */
+    int masked;
+} linear_inst;
+
+static void linear_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
+{
+    linear_inst *li = inst;
+    const pst_layer *ly = &m->layers[layer];
+    const pst_tensor *w = &m->tensors[ly->tensor[0]], *b = &m->tensors[ly->tensor[1]];
+    const int OC = (int)w->shape[0], IC = (int)w->shape[1];
+    li->fwd = (pst_linear_fwd_args){.out = io->out, .inp = io->in, .w = io->params + w->offset,
+                                    .b = io->params + b->offset, .IC = IC, .OC = OC,
+                                    .relu = (ly->flags & PST_LINEAR_RELU) != 0, .pool = io->pool};
+    li->wgrad = (pst_linear_bwd_args){.dw = io->grads + w->offset, .db = io->grads + b->offset,
+                                      .dout = io->dout, .inp = io->in,
+                                      .w = io->params + w->offset, .IC = IC, .OC = OC,
+                                      .pool = io->pool};
+    li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,
+                                      .w = io->params + w->offset, .IC = IC, .OC = OC,
+                                      .pool = io->pool};
+    li->masked = io->din && (ly->flags & PST_LINEAR_MASK_INPUT);
+    li->mask = (pst_relu_bwd_args){.dinp = io->din, .dout = io->din, .out = io->in};
+}
+
+static pst_status linear_forward(void *inst, pst_stream *s, int B, float scale)
+{
+    (void)scale;
+    linear_inst *li = inst;
+    li->fwd.B = B;
+    return pst_op_linear_forward(s, &li->fwd);
+}
+
+static pst_status linear_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1)
+{
+    linear_inst *li = inst;
+    pst_linear_bwd_args *a = chunk;
+    *a = li->wgrad;
+    a->B = B;
+    a->row0 = row0;
+    a->row1 = row1;
+    return pst_op_linear_backward(s, a);
+}
+
+static pst_status linear_igrad(void *inst, pst_stream *s, int B)
+{
+    linear_inst *li = inst;
+    if (!li->igrad.dinp)
+        return PST_OK;
+    li->igrad.B = B;
+    PST_TRY(pst_op_linear_backward(s, &li->igrad));
+    if (!li->masked)
+        return PST_OK;
+    li->mask.n = (int64_t)B * li->igrad.IC;
+    return pst_op_relu_backward(s, &li->mask);
+}
+
+const pst_layer_class pst_layer_linear = {
+    .name = "linear",
+    .inst_bytes = sizeof(linear_inst),
+    .chunk_bytes = sizeof(pst_linear_bwd_args),
+    .bind = linear_bind,
+    .forward = linear_forward,
+    .wgrad = linear_wgrad,
+    .igrad = linear_igrad,
+};

@@ -1,0 +1,26 @@
+/* models.h — the models pstrain trains, each built as tables of the model interface
+ * (model.h): the `mlp` (mlp.c) and the communication-only `synthetic` model (synthetic.c).
+ * On error the model is freed and zeroed. */
+#ifndef PST_MODELS_H
+#define PST_MODELS_H
+
+#include <stddef.h>
+
+#include "common/config.h"
+#include "common/nn/model.h"
+
+/* Linear -> ReLU -> ... -> Linear -> softmax cross-entropy over `nclasses`; tensors
+ * l<i>.weight (out, in) and l<i>.bias (out), layer by layer. Initial values as PyTorch's
+ * nn.Linear: U(-1/sqrt(in), 1/sqrt(in)), layer l's from pst_rng stream (seed, l).
+ * Errors: PST_ERR_INVALID for a width < 1 or more than PST_MAX_HIDDEN hidden layers. */
+pst_status pst_model_mlp(pst_model *m, int in_dim, int nclasses, int nhidden, const int *hidden);
+/* n parameters starting at zero, one layer computing nothing; trainer `trainer_id`'s
+ * gradient is small fixed values that depend on the index and the id. */
+pst_status pst_model_synthetic(pst_model *m, size_t n, int trainer_id);
+/* The model cfg->model names ("mlp": cfg's hidden widths over in_dim inputs and nclasses;
+ * "synthetic": cfg->params for cfg->trainer_id). Errors: PST_ERR_INVALID for another name. */
+pst_status pst_model_from_config(pst_model *m, const pst_config *cfg, int in_dim, int nclasses);
+/* 1 when the model cfg->model names trains on a data set (mlp), 0 when not (synthetic). */
+int pst_model_reads_data(const pst_config *cfg);
+
+#endif /* PST_MODELS_H */
