@@ -14,6 +14,8 @@
 #include "common/config.h"
 #include "common/data/data.h"
 #include "common/nn/models/models.h"
+#include "common/nn/optim.h"
+#include "ref_mlp.h"
 #include "common/runtime/device.h"
 #include "trainer/exec.h"
 
@@ -31,6 +33,7 @@ static void load(void)
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
 static const char *compute_cpus = ""; /* --compute-cpus of the runs below */
 static int cpu_replicas;              /* --cpu-replicas of the runs below */
+static int exec_threads = 2;          /* threads per device */
 
 static const char *no_env(const char *name)
 {
@@ -64,7 +67,7 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     /* Two threads per device: every layer and optimizer pass is split over a team (the
      * TSan build sees the team's hand-overs too). */
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B, .eval_rows = 64,
-                         .overlap = overlap, .threads = 2};
+                         .overlap = overlap, .threads = exec_threads};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
@@ -227,4 +230,77 @@ Test(exec, compute_threads_pinned)
     tr_exec_free(ex);
     pst_model_free(&model);
     pst_runtime_free(rt);
+}
+
+/* The executor against a reference step: the tests' reference MLP (ref_mlp.c: the plain CPU
+ * kernels of layers.h called one after another on the host) and the optimizer applied to
+ * the whole buffer at once. The executor runs the model interface's MLP (ops on streams,
+ * the optimizer block by block on the owner devices). With one device and one thread the
+ * arithmetic is the same, and so must be the bits. A thread team splits the forward and
+ * input-gradient GEMMs by output columns, and OpenBLAS's kernels give a column other bits
+ * in a call of another width (measured: AMD EPYC, OPENBLAS_CORETYPE=Haswell); two devices
+ * sum their rows separately before the reduce: within 1e-5 relative per parameter. */
+static void reference_steps(float *params, int steps, int B)
+{
+    load();
+    pst_runtime *rt = NULL;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    ref_mlp m;
+    ref_mlp_config mc = {.in_dim = train_set.dim, .out_dim = 10, .nhidden = 2, .hidden = {24, 16}};
+    cr_assert_eq(ref_mlp_init(&m, &mc, B, pst_runtime_device(rt, 0)), PST_OK);
+    ref_mlp_init_params(&m, 3);
+    pst_optim_config oc;
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    oc = cfg.optim;
+    oc.kind = PST_OPTIM_MOMENTUM;
+    oc.lr = 0.05f;
+    float *state = calloc(m.nparams, sizeof(float));
+    float *x = malloc(sizeof(float) * B * train_set.dim);
+    int32_t *y = malloc(sizeof(int32_t) * B);
+    uint32_t *perm = malloc(sizeof(uint32_t) * train_set.n);
+    pst_epoch_order(perm, train_set.n, 3, 0);
+    for (int s = 0; s < steps; s++) {
+        pst_dataset_gather(&train_set, perm + (size_t)s * B, B, x, y);
+        ref_mlp_forward(&m, x, y, B);
+        ref_mlp_backward(&m, x, y, B, 1.0f / (float)B, 0, NULL, NULL);
+        cr_assert_eq(pst_optim_apply(&oc, s + 1, m.params, state, m.nparams, m.grads,
+                                     m.nparams), PST_OK);
+    }
+    memcpy(params, m.params, sizeof(float) * m.nparams);
+    ref_mlp_free(&m);
+    pst_runtime_free(rt);
+    free(state);
+    free(x);
+    free(y);
+    free(perm);
+}
+
+Test(exec, steps_equal_the_reference_kernels, .timeout = 120)
+{
+    const int steps = 5;
+    size_t n;
+    exec_threads = 1;
+    float *p1 = train("cpu:1", 1, 0, 0, steps, &n, NULL);
+    float *ref = malloc(sizeof(float) * n);
+    reference_steps(ref, steps, 37);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(memcmp(&p1[i], &ref[i], sizeof(float)), 0,
+                     "cpu:1, 1 thread: param %zu is %.9g, the reference step gives %.9g", i,
+                     p1[i], ref[i]);
+    free(p1);
+    exec_threads = 2;
+    const char *devices[3] = {"cpu:1", "cpu:2", "cpu:2"};
+    for (int k = 0; k < 3; k++) {
+        cpu_replicas = k == 2;
+        size_t m;
+        float *p = train(devices[k], 1, 0, 0, steps, &m, NULL);
+        cr_assert_eq(n, m);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_leq(fabs(p[i] - ref[i]), 1e-5 * fabs(ref[i]) + 1e-7,
+                          "%s, 2 threads, replicas %d: param %zu is %.9g, the reference %.9g",
+                          devices[k], cpu_replicas, i, p[i], ref[i]);
+        free(p);
+    }
+    free(ref);
 }

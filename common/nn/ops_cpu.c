@@ -9,8 +9,12 @@
 #include "common/runtime/pool.h"
 
 /* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
- * parts never write the same line and each element's arithmetic is the same whatever the
- * split. A part whose slice is empty (a 10-wide output over 2 threads) does nothing. */
+ * parts never write the same line. A part whose slice is empty (a 10-wide output over 2
+ * threads) does nothing. The number of parts can change the last bits: OpenBLAS's kernels
+ * give a column other bits in a GEMM call of another width (AMD EPYC, Haswell kernels; see
+ * tests/test_exec.c's reference test), so the same run with another thread count may end
+ * with other bits. The weight gradient is split on whole tiles instead (PST_ROW_TILE),
+ * because there the executor's chunks, not the threads, decide the cuts. */
 static void linear_fwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_fwd_args *a = arg;
