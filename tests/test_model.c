@@ -1,6 +1,11 @@
-/* test_model.c — the mlp model over one flat parameter buffer (common/nn/model.c).
+/* test_model.c — the model interface (common/nn/model.h) and its models, and the tests'
+ * reference MLP (tests/ref_mlp.c) they are measured against.
  *
- * The model runs on a real CPU device ("cpu:1") so its memory accounting is exercised.
+ * Suite `model`: the mlp's and the synthetic model's tensor tables and layer lists, the
+ * interface's checks on malformed models (each a clear error naming the layer or tensor),
+ * and the interface's MLP run layer by layer on a CPU stream against the reference MLP:
+ * the same losses and gradients, bit for bit, and the same initial values.
+ * Suite `mlp` (the reference): the model runs on a real CPU device ("cpu:1") so its memory accounting is exercised.
  * The reference is a double-precision MLP written here from the layout documented in
  * model.h (layer l: weight (out_l, in_l) then bias (out_l), in forward order); every
  * parameter's gradient is checked against central finite differences of that reference.
@@ -13,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/nn/models/models.h"
 #include "common/runtime/device.h"
 #include "ref_mlp.h"
 #include "common/rng.h"
@@ -542,4 +548,171 @@ Test(mlp, count_correct)
     cr_expect_eq(ref_mlp_count_correct(&m, all_right + 1, 1), 1);
     cr_expect_eq(ref_mlp_count_correct(&m, none_right + 1, 1), 0);
     ref_mlp_free(&m);
+}
+
+/* ---- the model interface ---- */
+
+TestSuite(model, .init = setup, .fini = teardown);
+
+Test(model, mlp_tensor_table_and_layers)
+{
+    pst_model m;
+    const int hidden[2] = {5, 4};
+    cr_assert_eq(pst_model_mlp(&m, 6, 3, 2, hidden), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(m.ntensors, 6);
+    cr_assert_eq(m.nlayers, 4, "3 linear layers and the loss");
+    const char *names[6] = {"l0.weight", "l0.bias", "l1.weight", "l1.bias", "l2.weight", "l2.bias"};
+    const size_t numel[6] = {30, 5, 20, 4, 12, 3};
+    size_t off = 0;
+    for (int t = 0; t < 6; t++) {
+        cr_assert_str_eq(m.tensors[t].name, names[t]);
+        cr_assert_eq(m.tensors[t].offset, off, "%s is not right after the one before", names[t]);
+        cr_assert_eq(m.tensors[t].numel, numel[t]);
+        cr_assert_eq(pst_model_find_tensor(&m, names[t]), t);
+        off += numel[t];
+    }
+    cr_assert_eq(m.nparams, off);
+    cr_assert_eq(pst_model_find_tensor(&m, "l3.weight"), -1);
+    cr_assert_eq(m.layers[0].flags, PST_LINEAR_RELU, "layer 0: ReLU out, raw input");
+    cr_assert_eq(m.layers[1].flags, PST_LINEAR_RELU | PST_LINEAR_MASK_INPUT);
+    cr_assert_eq(m.layers[2].flags, PST_LINEAR_MASK_INPUT, "the logits have no ReLU");
+    cr_assert_eq(m.layers[3].cls, &pst_layer_softmax_xent);
+    cr_assert_eq(m.layers[2].split_rows, 3);
+    /* the same count as the reference */
+    ref_mlp_config rc = {.in_dim = 6, .out_dim = 3, .nhidden = 2, .hidden = {5, 4}};
+    cr_assert_eq(ref_mlp_param_count(&rc), m.nparams);
+    pst_model_free(&m);
+    cr_assert_eq(m.nlayers, 0, "free zeroes the model");
+}
+
+Test(model, synthetic_model)
+{
+    pst_model m;
+    cr_assert_eq(pst_model_synthetic(&m, 1000, 2), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(m.nparams, 1000);
+    cr_assert_eq(m.nlayers, 1);
+    cr_assert_eq(m.in_width, 0, "reads no data");
+    const float *g = m.data;
+    cr_assert_eq(g[7], (float)(((size_t)7 * 2654435761u + 977u * 2u) % 1000u) * 1e-6f);
+    float p[1000];
+    p[3] = 1.0f;
+    m.init_params(&m, p, 5);
+    cr_assert_eq(p[3], 0.0f, "starts at zero");
+    pst_model_free(&m);
+}
+
+Test(model, malformed_models_are_clear_errors)
+{
+    pst_model m = {.name = "bad", .in_width = 4};
+    const int64_t w[2] = {3, 4}, b[1] = {3}, zero[1] = {0};
+    cr_assert_eq(pst_model_add_tensor(&m, "w", 2, w), PST_OK);
+    cr_assert_eq(pst_model_add_tensor(&m, "b", 1, b), PST_OK);
+    cr_assert_eq(pst_model_add_tensor(&m, "z", 1, zero), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "tensor z"), "%s", pst_error_detail());
+    pst_layer bad_index = {.cls = &pst_layer_linear, .tensor = {0, 7}, .ntensors = 2};
+    cr_assert_eq(pst_model_add_layer(&m, &bad_index), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "tensor 7"), "%s", pst_error_detail());
+    cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID, "no layers");
+    /* a linear layer reading 5 floats after a 4-wide input */
+    pst_layer lin = {.cls = &pst_layer_linear, .tensor = {0, 1}, .ntensors = 2, .in_width = 5,
+                     .out_width = 3, .split_rows = 3, .split_tile = 1};
+    cr_assert_eq(pst_model_add_layer(&m, &lin), PST_OK);
+    cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "layer 0 (linear) reads 5"), "%s", pst_error_detail());
+    m.layers[0].in_width = 4;
+    m.layers[0].split_rows = 2; /* w has 3 rows */
+    cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "splits 2 rows"), "%s", pst_error_detail());
+    m.layers[0].split_rows = 3;
+    m.layers[0].ntensors = 1; /* b unused: its gradient would never be final */
+    cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "tensor b"), "%s", pst_error_detail());
+    m.layers[0].ntensors = 2;
+    cr_assert_eq(pst_model_check(&m), PST_OK, "%s", pst_error_detail());
+    pst_model_free(&m);
+    const int hidden[1] = {0};
+    cr_assert_eq(pst_model_mlp(&m, 6, 3, 1, hidden), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "hidden layer 0 has width 0"), "%s", pst_error_detail());
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    snprintf(cfg.model, sizeof cfg.model, "gpt9");
+    cr_assert_eq(pst_model_from_config(&m, &cfg, 6, 3), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "--model gpt9"), "%s", pst_error_detail());
+}
+
+/* The interface's MLP, its layers run in order on one CPU stream (what the executor does on
+ * one device without a thread team), against the reference MLP: the same initial values,
+ * per-row losses and gradient, bit for bit. */
+Test(model, layers_on_a_stream_equal_the_reference)
+{
+    enum { B = 7, IN = 13, C = 5 };
+    const int hidden[2] = {300, 9}; /* 300 rows: two weight-gradient tiles */
+    pst_model m;
+    cr_assert_eq(pst_model_mlp(&m, IN, C, 2, hidden), PST_OK);
+    ref_mlp r;
+    ref_mlp_config rc = {.in_dim = IN, .out_dim = C, .nhidden = 2, .hidden = {300, 9}};
+    cr_assert_eq(ref_mlp_init(&r, &rc, B, dev), PST_OK);
+    ref_mlp_init_params(&r, 11);
+    float *params = malloc(sizeof(float) * m.nparams), *grads = calloc(m.nparams, sizeof(float));
+    m.init_params(&m, params, 11);
+    cr_assert_eq(memcmp(params, r.params, sizeof(float) * m.nparams), 0, "initial values");
+
+    float x[B * IN], losses[B], *acts[4] = {0}, *dbuf[2];
+    int32_t y[B], correct = 0;
+    pst_rng g;
+    pst_rng_seed(&g, 5, 0);
+    for (int i = 0; i < B * IN; i++)
+        x[i] = 2.0f * pst_rng_uniform(&g) - 1.0f;
+    for (int i = 0; i < B; i++)
+        y[i] = i % C;
+    for (int l = 0; l < m.nlayers; l++)
+        acts[l] = m.layers[l].out_width ? calloc((size_t)B * m.layers[l].out_width, sizeof(float))
+                                        : NULL;
+    dbuf[0] = calloc(B * 300, sizeof(float));
+    dbuf[1] = calloc(B * 300, sizeof(float));
+    void *inst[4], *chunk[4];
+    for (int l = 0; l < m.nlayers; l++) {
+        inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
+        chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
+        const int L = m.nlayers;
+        pst_layer_io io = {.params = params, .grads = grads, .in = l ? acts[l - 1] : x,
+                           .out = acts[l], .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
+                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
+                           .losses = losses, .correct = &correct};
+        m.layers[l].cls->bind(inst[l], &m, l, &io);
+    }
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(dev, &s), PST_OK);
+    for (int l = 0; l < m.nlayers; l++)
+        cr_assert_eq(m.layers[l].cls->forward(inst[l], s, B, 1.0f / B), PST_OK);
+    for (int l = m.nlayers - 1; l >= 0; l--) {
+        const pst_layer_class *c = m.layers[l].cls;
+        if (c->wgrad)
+            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m.layers[l].split_rows), PST_OK);
+        if (c->igrad)
+            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
+    }
+    cr_assert_eq(pst_stream_synchronize(s), PST_OK, "%s", pst_error_detail());
+    pst_stream_destroy(s);
+
+    double ref_loss = ref_mlp_forward(&r, x, y, B), loss = 0.0;
+    ref_mlp_backward(&r, x, y, B, 1.0f / B, 0, NULL, NULL);
+    for (int i = 0; i < B; i++)
+        loss += losses[i];
+    cr_assert_float_eq(loss, ref_loss, 1e-5 * fabs(ref_loss), "loss %.9g vs %.9g", loss, ref_loss);
+    cr_assert_eq(correct, ref_mlp_count_correct(&r, y, B));
+    for (size_t i = 0; i < m.nparams; i++)
+        cr_assert_eq(memcmp(&grads[i], &r.grads[i], sizeof(float)), 0,
+                     "gradient %zu: %.9g vs the reference's %.9g", i, grads[i], r.grads[i]);
+    for (int l = 0; l < m.nlayers; l++) {
+        free(inst[l]);
+        free(chunk[l]);
+        free(acts[l]);
+    }
+    free(dbuf[0]);
+    free(dbuf[1]);
+    free(params);
+    free(grads);
+    ref_mlp_free(&r);
+    pst_model_free(&m);
 }
