@@ -62,97 +62,80 @@ float pst_lr_at(const pst_optim_config *cfg, long t)
  * "very-cheap" vectorizer cost model that skips any loop whose trip count is not a known
  * multiple of the vector width. The dynamic model changes no result bit; FMA contraction is
  * kept off explicitly so that no target (-march=native) contracts the vector body and the
- * scalar tail differently (clang: the standard pragma). Other compilers get plain C. */
+ * scalar tail differently (clang: the standard pragma). Both hold for the rest of this file,
+ * the element steps of optim_math.h included (they are inlined into the loops below). */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
-#define PST_OPTIM_KERNEL
 #elif defined(__GNUC__)
-#define PST_OPTIM_KERNEL __attribute__((optimize("vect-cost-model=dynamic", "fp-contract=off")))
-#else
-#define PST_OPTIM_KERNEL
+#pragma GCC optimize("vect-cost-model=dynamic", "fp-contract=off")
 #endif
+#include "common/nn/optim_math.h"
 
 /* Adam runs over blocks of this many elements, with the square roots in a stack buffer. */
 #define ADAM_BLOCK 256
 
-/* Per-call scalars of one update, all computed before the element loops. */
-typedef struct optim_scalars {
-    float lr;        /* scheduled lr at t */
-    float wd;        /* L2 coefficient added to the gradient (SGD, momentum, Adam) */
-    float b1, b2;    /* betas */
-    float omb1;      /* 1 - beta1, rounded once from double (as PyTorch's alpha) */
-    float omb2;      /* 1 - beta2 */
-    float step_size; /* lr / (1 - beta1^t), in double then rounded */
-    float bc2_sqrt;  /* sqrt(1 - beta2^t), in double then rounded */
-    float eps;
-    float decay;     /* AdamW: 1 - lr*wd, in double then rounded; Adam: 1 (exact) */
-} optim_scalars;
-
-PST_OPTIM_KERNEL static void sgd_update(float *restrict p, const float *restrict g, size_t n,
+static void sgd_update(float *restrict p, const float *restrict g, size_t n,
                                         float lr)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = p[i] - lr * g[i];
+        p[i] = pst_optim_descend(p[i], lr, g[i]);
 }
 
-PST_OPTIM_KERNEL static void sgd_update_l2(float *restrict p, const float *restrict g,
+static void sgd_update_l2(float *restrict p, const float *restrict g,
                                            size_t n, float lr, float wd)
 {
-    for (size_t i = 0; i < n; i++) {
-        float d = g[i] + wd * p[i];
-        p[i] = p[i] - lr * d;
-    }
+    for (size_t i = 0; i < n; i++)
+        p[i] = pst_optim_descend(p[i], lr, pst_optim_l2(g[i], wd, p[i]));
 }
 
-PST_OPTIM_KERNEL static void momentum_update(float *restrict p, float *restrict buf,
+static void momentum_update(float *restrict p, float *restrict buf,
                                              const float *restrict g, size_t n, float lr,
                                              float mu)
 {
     for (size_t i = 0; i < n; i++) {
-        float b = buf[i] * mu + g[i];
+        float b = pst_optim_momentum(buf[i], mu, g[i]);
         buf[i] = b;
-        p[i] = p[i] - lr * b;
+        p[i] = pst_optim_descend(p[i], lr, b);
     }
 }
 
-PST_OPTIM_KERNEL static void momentum_update_l2(float *restrict p, float *restrict buf,
+static void momentum_update_l2(float *restrict p, float *restrict buf,
                                                 const float *restrict g, size_t n, float lr,
                                                 float mu, float wd)
 {
     for (size_t i = 0; i < n; i++) {
-        float d = g[i] + wd * p[i];
-        float b = buf[i] * mu + d;
+        float b = pst_optim_momentum(buf[i], mu, pst_optim_l2(g[i], wd, p[i]));
         buf[i] = b;
-        p[i] = p[i] - lr * b;
+        p[i] = pst_optim_descend(p[i], lr, b);
     }
 }
 
 /* m = b1*m + (1-b1)*g; v = b2*v + ((1-b2)*g)*g; root = v (square-rooted next). */
-PST_OPTIM_KERNEL static void adam_moments(float *restrict m, float *restrict v,
+static void adam_moments(float *restrict m, float *restrict v,
                                           float *restrict root, const float *restrict g,
-                                          size_t n, const optim_scalars *s)
+                                          size_t n, const pst_optim_scalars *s)
 {
     const float b1 = s->b1, b2 = s->b2, omb1 = s->omb1, omb2 = s->omb2;
     for (size_t i = 0; i < n; i++) {
         float d = g[i];
-        float vv = v[i] * b2 + (omb2 * d) * d;
-        m[i] = m[i] * b1 + omb1 * d;
+        float vv = pst_optim_adam_v(v[i], b2, omb2, d);
+        m[i] = pst_optim_adam_m(m[i], b1, omb1, d);
         v[i] = vv;
         root[i] = vv;
     }
 }
 
 /* As adam_moments with the L2 term: the gradient is g + wd*p (Adam with weight decay). */
-PST_OPTIM_KERNEL static void adam_moments_l2(float *restrict m, float *restrict v,
+static void adam_moments_l2(float *restrict m, float *restrict v,
                                              float *restrict root, const float *restrict g,
                                              const float *restrict p, size_t n,
-                                             const optim_scalars *s)
+                                             const pst_optim_scalars *s)
 {
     const float b1 = s->b1, b2 = s->b2, omb1 = s->omb1, omb2 = s->omb2, wd = s->wd;
     for (size_t i = 0; i < n; i++) {
-        float d = g[i] + wd * p[i];
-        float vv = v[i] * b2 + (omb2 * d) * d;
-        m[i] = m[i] * b1 + omb1 * d;
+        float d = pst_optim_l2(g[i], wd, p[i]);
+        float vv = pst_optim_adam_v(v[i], b2, omb2, d);
+        m[i] = pst_optim_adam_m(m[i], b1, omb1, d);
         v[i] = vv;
         root[i] = vv;
     }
@@ -177,24 +160,22 @@ static void sqrt_in_place(float *x, size_t n)
 }
 
 /* p = p*decay - step_size * (m / (root/sqrt(bc2) + eps)), PyTorch's addcdiv_ order. */
-PST_OPTIM_KERNEL static void adam_params(float *restrict p, const float *restrict m,
+static void adam_params(float *restrict p, const float *restrict m,
                                          const float *restrict root, size_t n,
-                                         const optim_scalars *s)
+                                         const pst_optim_scalars *s)
 {
     const float decay = s->decay, step = s->step_size, bc2s = s->bc2_sqrt, eps = s->eps;
-    for (size_t i = 0; i < n; i++) {
-        float denom = root[i] / bc2s + eps;
-        p[i] = p[i] * decay - step * (m[i] / denom);
-    }
+    for (size_t i = 0; i < n; i++)
+        p[i] = pst_optim_adam_param(p[i], m[i], root[i], decay, step, bc2s, eps);
 }
 
 static void adam_update(float *p, float *m, float *v, const float *g, size_t n,
-                        const optim_scalars *s, int l2)
+                        const pst_optim_scalars *s)
 {
     float root[ADAM_BLOCK];
     for (size_t off = 0; off < n; off += ADAM_BLOCK) {
         size_t len = n - off < ADAM_BLOCK ? n - off : ADAM_BLOCK;
-        if (l2)
+        if (s->l2)
             adam_moments_l2(m + off, v + off, root, g + off, p + off, len, s);
         else
             adam_moments(m + off, v + off, root, g + off, len, s);
@@ -219,10 +200,8 @@ pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, fl
     if (n == 0)
         return PST_OK;
 
-    optim_scalars s;
-    memset(&s, 0, sizeof(s));
-    s.lr = pst_lr_at(cfg, t);
-    s.wd = cfg->weight_decay;
+    pst_optim_scalars s;
+    pst_optim_scalars_at(cfg, t, pst_lr_at(cfg, t), &s);
 
     switch (cfg->kind) {
     case PST_OPTIM_SGD:
@@ -233,9 +212,9 @@ pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, fl
         return PST_OK;
     case PST_OPTIM_MOMENTUM:
         if (s.wd != 0.0f)
-            momentum_update_l2(param, state, grad, n, s.lr, cfg->momentum, s.wd);
+            momentum_update_l2(param, state, grad, n, s.lr, s.mu, s.wd);
         else
-            momentum_update(param, state, grad, n, s.lr, cfg->momentum);
+            momentum_update(param, state, grad, n, s.lr, s.mu);
         return PST_OK;
     case PST_OPTIM_ADAM:
     case PST_OPTIM_ADAMW:
@@ -244,20 +223,6 @@ pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, fl
         return PST_OK; /* unreachable: the kind was checked above */
     }
 
-    double b1 = cfg->beta1, b2 = cfg->beta2;
-    double bc1 = 1.0 - pow(b1, (double)t);
-    double bc2 = 1.0 - pow(b2, (double)t);
-    s.b1 = cfg->beta1;
-    s.b2 = cfg->beta2;
-    s.omb1 = (float)(1.0 - b1);
-    s.omb2 = (float)(1.0 - b2);
-    s.step_size = (float)((double)s.lr / bc1);
-    s.bc2_sqrt = (float)sqrt(bc2);
-    s.eps = cfg->eps;
-    /* AdamW's p *= 1 - lr*wd happens before the Adam step; multiplying by 1 for Adam is
-     * exact, so one parameter loop serves both. */
-    s.decay = cfg->kind == PST_OPTIM_ADAMW ? (float)(1.0 - (double)s.lr * (double)s.wd) : 1.0f;
-    int l2 = cfg->kind == PST_OPTIM_ADAM && s.wd != 0.0f;
-    adam_update(param, state, state + state_stride, grad, n, &s, l2);
+    adam_update(param, state, state + state_stride, grad, n, &s);
     return PST_OK;
 }

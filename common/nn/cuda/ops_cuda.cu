@@ -32,6 +32,7 @@
 
 extern "C" {
 #include "common/nn/ops_impl.h"
+#include "common/nn/optim_math.h"
 }
 
 /* Threads per block of the elementwise kernels; blocks are capped, the loops stride. */
@@ -318,19 +319,14 @@ static pst_status cuda_softmax_xent(pst_stream *s, const pst_xent_args *a)
 
 /* ---- optimizers (optim.h) ------------------------------------------------------------- */
 
-/* The per-call scalars of optim.c, computed on the host the same way (double, then
- * rounded once), so the kernels see the same floats. */
-typedef struct optim_scalars {
-    float lr, wd, mu;
-    float b1, b2, omb1, omb2, step_size, bc2_sqrt, eps, decay;
-} optim_scalars;
-
+/* The per-element steps and the per-call scalars are optim_math.h's, shared with optim.c:
+ * the same operations, each rounded once (the _rn intrinsics there), the same bits. */
 static __global__ void sgd_kernel(float *p, const float *g, size_t n, float lr, float wd)
 {
     GRID_STRIDE(i, n)
     {
-        float d = wd != 0.0f ? __fadd_rn(g[i], __fmul_rn(wd, p[i])) : g[i];
-        p[i] = __fsub_rn(p[i], __fmul_rn(lr, d));
+        float d = wd != 0.0f ? pst_optim_l2(g[i], wd, p[i]) : g[i];
+        p[i] = pst_optim_descend(p[i], lr, d);
     }
 }
 
@@ -339,32 +335,30 @@ static __global__ void momentum_kernel(float *p, float *buf, const float *g, siz
 {
     GRID_STRIDE(i, n)
     {
-        float d = wd != 0.0f ? __fadd_rn(g[i], __fmul_rn(wd, p[i])) : g[i];
-        float bv = __fadd_rn(__fmul_rn(buf[i], mu), d);
+        float d = wd != 0.0f ? pst_optim_l2(g[i], wd, p[i]) : g[i];
+        float bv = pst_optim_momentum(buf[i], mu, d);
         buf[i] = bv;
-        p[i] = __fsub_rn(p[i], __fmul_rn(lr, bv));
+        p[i] = pst_optim_descend(p[i], lr, bv);
     }
 }
 
-/* Adam/AdamW in optim.c's order: d = g (+ wd*p for Adam with L2);
- * v = v*b2 + ((1-b2)*d)*d; m = m*b1 + (1-b1)*d;
- * p = p*decay - step * (m / (sqrt(v)/sqrt(bc2) + eps)). */
 static __global__ void adam_kernel(float *p, float *m, float *v, const float *g, size_t n,
-                                   optim_scalars s, int l2)
+                                   pst_optim_scalars s)
 {
     GRID_STRIDE(i, n)
     {
-        float d = l2 ? __fadd_rn(g[i], __fmul_rn(s.wd, p[i])) : g[i];
-        float vv = __fadd_rn(__fmul_rn(v[i], s.b2), __fmul_rn(__fmul_rn(s.omb2, d), d));
-        float mm = __fadd_rn(__fmul_rn(m[i], s.b1), __fmul_rn(s.omb1, d));
+        float d = s.l2 ? pst_optim_l2(g[i], s.wd, p[i]) : g[i];
+        float vv = pst_optim_adam_v(v[i], s.b2, s.omb2, d);
+        float mm = pst_optim_adam_m(m[i], s.b1, s.omb1, d);
         m[i] = mm;
         v[i] = vv;
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vv), s.bc2_sqrt), s.eps);
-        p[i] = __fsub_rn(__fmul_rn(p[i], s.decay), __fmul_rn(s.step_size, __fdiv_rn(mm, denom)));
+        p[i] = pst_optim_adam_param(p[i], mm, PST_FSQRT(vv), s.decay, s.step_size, s.bc2_sqrt,
+                                    s.eps);
     }
 }
 
-static cudaError_t launch_optim(cudaStream_t st, const pst_optim_args *a, const optim_scalars *s)
+static cudaError_t launch_optim(cudaStream_t st, const pst_optim_args *a,
+                                const pst_optim_scalars *s)
 {
     const unsigned blocks = blocks_for(a->n);
     switch (a->cfg->kind) {
@@ -378,8 +372,7 @@ static cudaError_t launch_optim(cudaStream_t st, const pst_optim_args *a, const 
     case PST_OPTIM_ADAM:
     case PST_OPTIM_ADAMW:
         adam_kernel<<<blocks, PST_CUDA_THREADS, 0, st>>>(
-            a->param, a->state, a->state + a->state_stride, a->grad, a->n, *s,
-            a->cfg->kind == PST_OPTIM_ADAM && s->wd != 0.0f);
+            a->param, a->state, a->state + a->state_stride, a->grad, a->n, *s);
         break;
     default:
         return cudaSuccess; /* optim.h: an unknown kind leaves everything unchanged */
@@ -396,25 +389,8 @@ static pst_status cuda_optim_apply(pst_stream *s, const pst_optim_args *a)
         return PST_OK;
     /* The config is host memory, read now (ops.h: CUDA reads arguments when queued). */
     const pst_optim_config *cfg = a->cfg;
-    optim_scalars sc;
-    memset(&sc, 0, sizeof sc);
-    sc.lr = pst_lr_at(cfg, a->t);
-    sc.wd = cfg->weight_decay;
-    sc.mu = cfg->momentum;
-    if (cfg->kind == PST_OPTIM_ADAM || cfg->kind == PST_OPTIM_ADAMW) {
-        double b1 = cfg->beta1, b2 = cfg->beta2;
-        double bc1 = 1.0 - pow(b1, (double)a->t);
-        double bc2 = 1.0 - pow(b2, (double)a->t);
-        sc.b1 = cfg->beta1;
-        sc.b2 = cfg->beta2;
-        sc.omb1 = (float)(1.0 - b1);
-        sc.omb2 = (float)(1.0 - b2);
-        sc.step_size = (float)((double)sc.lr / bc1);
-        sc.bc2_sqrt = (float)sqrt(bc2);
-        sc.eps = cfg->eps;
-        sc.decay = cfg->kind == PST_OPTIM_ADAMW ? (float)(1.0 - (double)sc.lr * (double)sc.wd)
-                                                : 1.0f;
-    }
+    pst_optim_scalars sc;
+    pst_optim_scalars_at(cfg, a->t, pst_lr_at(cfg, a->t), &sc);
     PST_CUDA_CHECK(launch_optim(cs, a, &sc));
     return PST_OK;
 }
