@@ -20,6 +20,7 @@
 #include "trainer/exec.h"
 
 static pst_dataset train_set, test_set;
+static uint32_t *order; /* epoch 0's order of the training set, seed 3 */
 
 static void load(void)
 {
@@ -28,6 +29,14 @@ static void load(void)
     pst_status st = pst_dataset_load_idx_dir(&train_set, &test_set,
                                                    "/usr/share/datasets/fashion-mnist");
     cr_assert_eq(st, PST_OK, "%s", pst_error_detail());
+    order = malloc(sizeof(uint32_t) * train_set.n);
+    pst_epoch_order(order, train_set.n, 3, 0);
+}
+
+/* Step s's batch of B rows (every run below sees the same batches). */
+static void batch_of(int s, int B, float *x, int32_t *y)
+{
+    pst_dataset_gather(&train_set, order + (size_t)s * B, B, x, y);
 }
 
 /* Trains `steps` steps of a small MLP on `devices` and returns device 0's parameters. */
@@ -73,10 +82,8 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
     float *x = malloc(sizeof(float) * B * train_set.dim);
     int32_t *y = malloc(sizeof(int32_t) * B);
-    uint32_t *perm = malloc(sizeof(uint32_t) * train_set.n);
-    pst_epoch_order(perm, train_set.n, 3, 0);
     for (int s = 0; s < steps; s++) {
-        pst_dataset_gather(&train_set, perm + (size_t)s * B, B, x, y);
+        batch_of(s, B, x, y);
         double loss;
         cr_assert_eq(tr_exec_step(ex, s, x, y, B, B, &loss), PST_OK, "%s", pst_error_detail());
         cr_assert(isfinite(loss) && loss > 0);
@@ -94,7 +101,6 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     pst_runtime_free(rt);
     free(x);
     free(y);
-    free(perm);
     *n_out = n;
     return p;
 }
@@ -258,10 +264,8 @@ static void reference_steps(float *params, int steps, int B)
     float *state = calloc(m.nparams, sizeof(float));
     float *x = malloc(sizeof(float) * B * train_set.dim);
     int32_t *y = malloc(sizeof(int32_t) * B);
-    uint32_t *perm = malloc(sizeof(uint32_t) * train_set.n);
-    pst_epoch_order(perm, train_set.n, 3, 0);
     for (int s = 0; s < steps; s++) {
-        pst_dataset_gather(&train_set, perm + (size_t)s * B, B, x, y);
+        batch_of(s, B, x, y);
         ref_mlp_forward(&m, x, y, B);
         ref_mlp_backward(&m, x, y, B, 1.0f / (float)B, 0, NULL, NULL);
         cr_assert_eq(pst_optim_apply(&oc, s + 1, m.params, state, m.nparams, m.grads,
@@ -273,7 +277,6 @@ static void reference_steps(float *params, int steps, int B)
     free(state);
     free(x);
     free(y);
-    free(perm);
 }
 
 Test(exec, steps_equal_the_reference_kernels, .timeout = 120)
