@@ -110,8 +110,4 @@ pst_status pst_op_add(pst_stream *s, const pst_add_args *a);
 pst_status pst_op_optim_apply(pst_stream *s, const pst_optim_args *a);
 pst_status pst_op_cast(pst_stream *s, const pst_cast_args *a);
 
-/* The CPU body of pst_op_optim_apply, run now on the calling thread (and a->pool): for host
- * memory outside any stream (the synthetic model's local updater). */
-void pst_optim_apply_host(const pst_optim_args *a);
-
 #endif /* PST_OPS_H */

@@ -102,14 +102,9 @@ static void optim_part(void *arg, int part, int nparts)
                           a->state_stride, a->grad + lo, hi - lo);
 }
 
-void pst_optim_apply_host(const pst_optim_args *a)
-{
-    pst_pool_run(a->pool, optim_part, (void *)a);
-}
-
 static pst_status run_optim(void *arg)
 {
-    pst_optim_apply_host(arg);
+    pst_pool_run(((const pst_optim_args *)arg)->pool, optim_part, arg);
     return PST_OK;
 }
 
