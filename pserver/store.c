@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/runtime/pool.h"
+
 #define PS_CACHE_LINE 64
 
 typedef struct ps_block {
@@ -24,7 +26,8 @@ typedef struct ps_block {
     uint64_t offset;
     uint64_t length;
     int64_t version;       /* updates applied */
-    float *values;         /* (length) fp32 master values */
+    float *values;         /* (length) fp32 master values (in mem, or the caller's) */
+    float *mem;            /* what the store allocated: [values,] state, recv */
     float *state;          /* (nstate, length) optimizer state, NULL for SGD */
     float *recv;           /* sync: (num_trainers, length); async: (length) */
     uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
@@ -45,6 +48,7 @@ struct ps_store {
     int num_trainers;
     int nstate;            /* pst_optim_state_floats(optim.kind) */
     pst_optim_config optim;
+    struct pst_pool *pool; /* may be NULL: updates on the pushing thread alone */
     int nblocks;
     ps_block *blocks;      /* (nblocks) in the configured order */
     ps_block_index *by_id; /* (nblocks) sorted by id */
@@ -83,17 +87,23 @@ static ps_block *find_block(const ps_store *st, uint32_t id)
 
 #define FILL_PIECE 16384 /* floats (64 KiB) a push is filled and checked in */
 
-/* Index of the first NaN or infinity in g[0..n), or n when all are finite. The bit test
- * (exponent all ones) vectorizes; the position is only looked for on failure. */
+/* Index of the first NaN or infinity in g[0..n), or n when all are finite. The test is
+ * bit arithmetic that vectorizes: adding one to the exponent field carries into the sign
+ * bit exactly when the exponent is all ones (NaN, infinity). GCC's -O2 cost model skips
+ * loops of unknown length, hence the dynamic model here (optim.c does the same). The
+ * position is only looked for on failure. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("vect-cost-model=dynamic")))
+#endif
 static uint64_t find_nonfinite(const float *g, uint64_t n)
 {
     uint32_t bad = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &g[i], sizeof u);
-        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        bad |= (u & 0x7f800000u) + 0x00800000u;
     }
-    if (!bad)
+    if (!(bad & 0x80000000u))
         return n;
     for (uint64_t i = 0; i < n; i++) {
         uint32_t u;
@@ -156,12 +166,33 @@ static void answer_waiters(ps_block *b)
     }
 }
 
-/* One optimizer update with gradient g; bumps the version and answers waiters. Fails
- * only on a config validate_config let through (then nothing changes). */
+/* One part of an update split over the store's pool (elementwise: the split changes no
+ * bit, optim.h). */
+typedef struct update_job {
+    const ps_store *st;
+    ps_block *b;
+    const float *g;
+} update_job;
+
+static void update_part(void *arg, int part, int nparts)
+{
+    const update_job *j = arg;
+    const ps_block *b = j->b;
+    size_t lo, hi;
+    pst_pool_split((size_t)b->length, part, nparts, 16, &lo, &hi);
+    /* cannot fail: validate_config checked the kind and schedule, t >= 1, state exists */
+    (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + lo,
+                          b->state ? b->state + lo : NULL, (size_t)b->length, j->g + lo, hi - lo);
+}
+
+/* One optimizer update with gradient g; bumps the version and answers waiters. */
 static pst_status apply_update(const ps_store *st, ps_block *b, const float *g)
 {
-    PST_TRY(pst_optim_apply(&st->optim, (long)(b->version + 1), b->values, b->state,
-                            (size_t)b->length, g, (size_t)b->length));
+    update_job job = {st, b, g};
+    if (st->pool)
+        pst_pool_run(st->pool, update_part, &job);
+    else
+        update_part(&job, 0, 1);
     b->version++;
     answer_waiters(b);
     return PST_OK;
@@ -259,6 +290,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
     st->mode = cfg->mode;
     st->num_trainers = cfg->num_trainers;
     st->optim = cfg->optim;
+    st->pool = cfg->pool;
     st->nstate = pst_optim_state_floats(cfg->optim.kind);
     int n = cfg->nblocks;
 
@@ -297,7 +329,8 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
     }
 
     int nrecv = cfg->mode == PST_MODE_SYNC ? cfg->num_trainers : 1;
-    uint64_t rows = 1 + (uint64_t)st->nstate + (uint64_t)nrecv;
+    const uint64_t own = cfg->values ? 0 : 1; /* the store allocates the values */
+    uint64_t rows = own + (uint64_t)st->nstate + (uint64_t)nrecv;
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const ps_block_spec *s = &cfg->blocks[i];
@@ -312,15 +345,21 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
                                (unsigned)s->id, (unsigned long long)s->length);
             goto error;
         }
-        b->values = calloc((size_t)(rows * s->length), sizeof(float));
-        if (!b->values) {
+        /* Cache-line aligned, like device memory: the update's vector loops read it. */
+        const size_t bytes = (size_t)(rows * s->length) * sizeof(float);
+        b->mem = aligned_alloc(PS_CACHE_LINE, (bytes + PS_CACHE_LINE - 1) / PS_CACHE_LINE *
+                                                  PS_CACHE_LINE);
+        if (b->mem)
+            memset(b->mem, 0, bytes);
+        if (!b->mem) {
             rc = pst_error_set(PST_ERR_NOMEM,
                                "pserver store: out of memory for block %u (%llu elements)",
                                (unsigned)s->id, (unsigned long long)s->length);
             goto error;
         }
-        b->state = st->nstate > 0 ? b->values + s->length : NULL;
-        b->recv = b->values + (1 + (uint64_t)st->nstate) * s->length;
+        b->values = own ? b->mem : cfg->values[i];
+        b->state = st->nstate > 0 ? b->mem + own * s->length : NULL;
+        b->recv = b->mem + (own + (uint64_t)st->nstate) * s->length;
         if (cfg->mode == PST_MODE_SYNC) {
             b->pushed = calloc((size_t)cfg->num_trainers, 1);
             if (!b->pushed) {
@@ -364,7 +403,7 @@ void ps_store_free(ps_store *st)
         ps_block *b = &st->blocks[i];
         if (b->mu_ok)
             pthread_mutex_destroy(&b->mu);
-        free(b->values);
+        free(b->mem);
         free(b->pushed);
         free(b->last_step);
     }
@@ -373,8 +412,10 @@ void ps_store_free(ps_store *st)
     free(st);
 }
 
-pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
-                         uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
+/* ps_store_push, or with `direct` (fill NULL) ps_store_push_f32. */
+static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                       uint64_t length, ps_fill_fn fill, void *fill_arg, const float *direct,
+                       int *duplicate)
 {
     if (duplicate)
         *duplicate = 0;
@@ -393,7 +434,7 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
     if (step < 0)
         return pst_error_set(PST_ERR_INVALID, "push: negative step %lld for block %u",
                              (long long)step, (unsigned)block);
-    if (!fill)
+    if (!fill && !direct)
         return pst_error_set(PST_ERR_INVALID, "push: no fill function");
 
     pst_status rc = PST_OK;
@@ -420,37 +461,69 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
         dst = b->recv;
     }
 
+    /* A push that makes the update on its own (one trainer, or async) and comes as an f32
+     * array is read where it is; every other is copied into dst first. */
+    const int in_place = direct && (st->mode == PST_MODE_ASYNC || st->num_trainers == 1);
+    const float *g = in_place ? direct : dst;
     /* The destination is a buffer no one else reads until this push is accepted below, so
      * a failed fill or a rejected gradient leaves the store as it was. 64 KiB pieces: each
-     * is checked while it is still in cache, instead of a second pass over the block. */
-    for (uint64_t off = 0; off < b->length; off += FILL_PIECE) {
+     * is checked while it is still in cache, instead of a second pass over the block. A
+     * gradient read in place is checked in one pass. */
+    const uint64_t bad_at = in_place ? find_nonfinite(g, b->length) : b->length;
+    if (bad_at < b->length) {
+        rc = pst_error_set(PST_ERR_INVALID,
+                           "push: gradient of block %u from trainer %u, step %lld has %s at "
+                           "element %llu; discarded",
+                           (unsigned)block, (unsigned)trainer, (long long)step,
+                           nonfinite_name(g[bad_at]), (unsigned long long)bad_at);
+        goto out;
+    }
+    for (uint64_t off = 0; off < b->length && !in_place; off += FILL_PIECE) {
         uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
-        rc = fill(fill_arg, dst + off, off, n);
+        if (!direct)
+            rc = fill(fill_arg, dst + off, off, n);
+        else
+            memcpy(dst + off, direct + off, (size_t)n * sizeof(float));
         if (rc != PST_OK)
             goto out;
-        uint64_t bad = find_nonfinite(dst + off, n);
+        uint64_t bad = find_nonfinite(g + off, n);
         if (bad < n) {
             rc = pst_error_set(PST_ERR_INVALID,
                                "push: gradient of block %u from trainer %u, step %lld has %s "
                                "at element %llu; discarded",
                                (unsigned)block, (unsigned)trainer, (long long)step,
-                               nonfinite_name(dst[off + bad]), (unsigned long long)(off + bad));
+                               nonfinite_name(g[off + bad]), (unsigned long long)(off + bad));
             goto out;
         }
     }
 
-    if (st->mode == PST_MODE_SYNC) {
+    if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
         b->pushed[trainer] = 1;
         if (++b->npushed == st->num_trainers)
             rc = complete_sync_step(st, b);
     } else {
-        b->last_step[trainer] = step;
-        rc = apply_update(st, b, dst);
+        if (st->mode == PST_MODE_ASYNC)
+            b->last_step[trainer] = step;
+        rc = apply_update(st, b, g); /* one trainer: its gradient is the sum */
     }
 
 out:
     pthread_mutex_unlock(&b->mu);
     return rc;
+}
+
+pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                         uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
+{
+    return push(st, trainer, step, block, length, fill, fill_arg, NULL, duplicate);
+}
+
+pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                             const float *grad, uint64_t length, int *duplicate)
+{
+    if (!grad)
+        return pst_error_set(PST_ERR_INVALID, "push: no gradient");
+    return push(st, trainer, step, block, length, NULL, NULL, grad, duplicate);
 }
 
 pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,

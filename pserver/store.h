@@ -41,6 +41,8 @@
 #include "common/error.h"
 #include "common/nn/optim.h"
 
+struct pst_pool;
+
 typedef struct ps_store ps_store;
 
 /* One block of the trainers' flat parameter buffer: elements [offset, offset + length). */
@@ -57,6 +59,14 @@ typedef struct ps_store_config {
     pst_optim_config optim;    /* copied by ps_store_init */
     const ps_block_spec *blocks; /* (nblocks) ids unique, ranges disjoint; copied */
     int nblocks;               /* >= 0; a pserver may own no block */
+    /* Optional (NULL: the store allocates them). values[i] is where block i's master values
+     * live, in the caller's memory: an in-process store over a trainer's own parameters
+     * (trainer/local.c), so a pull answers with a pointer into them and nothing is copied.
+     * The store writes them only in an update; the caller keeps them alive and does not
+     * write them. `initial` NULL then leaves them as they are. */
+    float *const *values;
+    struct pst_pool *pool;     /* optional: each update split over these threads (the
+                                * split changes no bit); NULL: the pushing thread alone */
 } ps_store_config;
 
 /* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
@@ -126,6 +136,14 @@ void ps_store_free(ps_store *st);
  * block, including one that runs its update). Allocates nothing. */
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
+
+/* ps_store_push with the gradient as an f32 array in this process (the in-process store of
+ * local training). A push that makes the update on its own (one trainer, or async) is read
+ * where it is, checked and applied without a copy; otherwise it is copied as a fill would.
+ * grad must not change during the call. Errors as ps_store_push, plus PST_ERR_INVALID for
+ * a NULL grad. */
+pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                             const float *grad, uint64_t length, int *duplicate);
 
 /* Asks for block `block`'s values once its version is >= want_version (sync: step + 1).
  * If that version exists, fn is called before this returns; otherwise the pull is queued

@@ -690,9 +690,11 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
     cfg.rpc_timeout_ms = 20000;
     cfg.connect_timeout_ms = 5000;
     static float params[WNB * WLEN], grads[WNB * WLEN];
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
+    cr_assert_eq(plan.nblocks, WNB);
     tr_remote *r;
-    cr_assert_eq(tr_remote_init(&r, &cfg, WNB * WLEN, 1), PST_OK, "%s", pst_error_detail());
-    cr_assert_eq(tr_remote_plan(r)->nblocks, WNB);
+    cr_assert_eq(tr_remote_init(&r, &cfg, &plan), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
     done_count dc = {.st = PST_OK};
     pthread_mutex_init(&dc.mu, NULL);
@@ -736,6 +738,7 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
     cr_assert_eq(checked, 2, "the first push always came back before the others were queued");
     cr_assert_eq(tr_remote_finish(r), PST_OK);
     tr_remote_free(r);
+    tr_plan_free(&plan);
     cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
 }
 

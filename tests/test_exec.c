@@ -18,6 +18,7 @@
 #include "ref_mlp.h"
 #include "common/runtime/device.h"
 #include "trainer/exec.h"
+#include "trainer/local.h"
 
 static pst_dataset train_set, test_set;
 static uint32_t *order; /* epoch 0's order of the training set, seed 3 */
@@ -75,8 +76,14 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 2, (const int[]){24, 16}), PST_OK);
     /* Two threads per device: every layer and optimizer pass is split over a team (the
      * TSan build sees the team's hand-overs too). */
+    /* Training alone: the in-process store behind the link interface. */
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, pst_runtime_count(rt)),
+                 PST_OK);
+    tr_link *link;
+    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B, .eval_rows = 64,
-                         .overlap = overlap, .threads = exec_threads};
+                         .link = link, .overlap = overlap, .threads = exec_threads};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
@@ -97,6 +104,8 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     for (int d = 0; d < pst_runtime_count(rt); d++)
         cr_assert_gt(tr_exec_peak_bytes(ex, d), n * 2 * sizeof(float), "device %d peak", d);
     tr_exec_free(ex);
+    tr_link_free(link);
+    tr_plan_free(&plan);
     pst_model_free(&model);
     pst_runtime_free(rt);
     free(x);
@@ -227,13 +236,20 @@ Test(exec, compute_threads_pinned)
     cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
     pst_model model;
     cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 1, (const int[]){8}), PST_OK);
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, 1), PST_OK);
+    tr_link *link;
+    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = 4, .eval_rows = 4,
+                         .link = link,
                          .overlap = 1, .threads = 2};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 3), PST_ERR_INVALID);
     cr_assert(strstr(pst_error_detail(), "--compute-cpus=1023"), "%s", pst_error_detail());
     tr_exec_free(ex);
+    tr_link_free(link);
+    tr_plan_free(&plan);
     pst_model_free(&model);
     pst_runtime_free(rt);
 }

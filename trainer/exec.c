@@ -3,7 +3,7 @@
  * DESIGN: everything a step touches is made at init: per device a model replica, three
  * streams (compute, send, recv), an event per layer ("its gradient is final") and per
  * block ("its new values are here"), the op argument structs; per block the pointer
- * arrays the collectives take and, in local mode, the optimizer state on the owner.
+ * arrays the collectives take (the optimizer state lives in the link's store).
  * A step only fills in row counts and queues work; the host waits for the compute
  * streams (to read the losses), never for the communication, unless overlap is off.
  * Hazards are closed by events alone: a block is reduced after every device recorded
@@ -13,10 +13,10 @@
  * still being read.
  * On CPU runtimes the devices share one set of parameters (device memory is host memory,
  * so a replica per device would only cost a copy per block per step): there is no
- * broadcast, and every device's forward waits on the owner's ready event. The local
- * optimizer updates that buffer in place, after every device's backward has stopped
- * reading the block's weights (x_done). Distributed, there are TWO buffers, by step
- * parity: step s computes with one while its pulls land in the other, so a pull starts
+ * broadcast, and every device's forward waits on the owner's ready event. Training alone,
+ * the in-process store updates that buffer in place (its master values ARE the buffer),
+ * after every device's backward has stopped reading the block's weights (x_done).
+ * Distributed, there are TWO buffers, by step parity: step s computes with one while its pulls land in the other, so a pull starts
  * with its push (at grad_done) instead of waiting for backward to finish with the old
  * weights; step s+1 computes with the new buffer.
  * A layer's weight gradient is computed in chunks of rows cut at the block boundaries
@@ -24,7 +24,7 @@
  * it: a large layer's first blocks leave while the rest of its weight gradient is still
  * being computed (on a GPU host that is communication hidden behind compute; on CPU the
  * same). A block spanning two layers is finished by the lower layer, later in backward.
- * Training alone (no pserver) each layer is one chunk. */
+ * Training alone each layer is one chunk. */
 #include "trainer/exec.h"
 
 #include <math.h>
@@ -80,13 +80,9 @@ struct exec_block {
     const tr_block *b;
     int lmin;                     /* lowest layer that names the block's parameters */
     float **gbufs, **pbufs;       /* (D) grads / params + offset on every device */
-    /* local mode */
-    float *state;                 /* optimizer state on the owner */
-    pst_optim_args optim[2];      /* by step parity */
-    pst_event *sent;              /* owner's send stream: optimizer done / exchange started */
-    /* distributed mode */
+    pst_event *sent;              /* owner's send stream: the exchange started (or failed) */
     float *hgrad;                 /* push staging when device memory is not host memory */
-    float *hparam;                /* pull staging (distributed mode) */
+    float *hparam;                /* pull staging (replicas, unless updated in place) */
     exec_slot slot[2];            /* by step parity */
     pst_rng jitter;               /* test hook: delay before each exchange */
     long step;                    /* of the exchange in flight (set when it starts) */
@@ -110,13 +106,13 @@ typedef struct exec_chunk {
 struct tr_exec {
     tr_exec_config c;
     const pst_model *model;
-    pst_optim_config optim;
+    int in_place;                  /* the link updates the owner's weights itself (local, CPU) */
+    float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
     float *pbuf[2];                /* shared distributed mode: by step parity (see DESIGN) */
     int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
-    tr_plan own_plan;
     const tr_plan *plan;
     exec_block *blocks;
     int *layer_blocks;             /* the blocks layer l reads, ascending: */
@@ -224,7 +220,7 @@ static int block_in_first_tensor(const pst_model *m, const pst_layer *ly, const 
 static pst_status build_chunks(tr_exec *ex)
 {
     const pst_model *m = ex->model;
-    const int nb = ex->plan->nblocks, cut_at_blocks = ex->c.remote != NULL;
+    const int nb = ex->plan->nblocks, cut_at_blocks = !ex->c.link->in_process;
     ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
     ex->layer_chunk0 = calloc((size_t)ex->L + 1, sizeof(int));
     if (!ex->chunks || !ex->layer_chunk0)
@@ -335,7 +331,6 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     ex->c = *c;
     ex->model = c->model;
-    ex->optim = c->cfg->optim;
     if (c->cfg->compute_cpus[0]) {
         ex->pin_compute = 1;
         cpu_set_of(c->cfg, &ex->compute_cpus);
@@ -344,6 +339,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->L = c->model->nlayers;
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
+    ex->in_place = c->link->in_process && ex->host_memory;
     if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
@@ -387,20 +383,14 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     }
     size_t n = ex->model->nparams;
     ex->pbuf[0] = ex->devs[0].params;
-    if (ex->shared && c->remote &&
+    if (ex->shared && !ex->in_place &&
         (st = alloc_dev(ex->devs[0].dev, sizeof(float) * n, (void **)&ex->pbuf[1])) != PST_OK)
         goto error;
-    if (c->remote) {
-        ex->plan = tr_remote_plan(c->remote);
-        if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
-            st = pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
-                               "model has %zu on %d", ex->plan->nparams, ex->plan->ndevices, n, ex->D);
-            goto error;
-        }
-    } else {
-        if ((st = tr_plan_build(&ex->own_plan, n, c->cfg->block_bytes, 1, ex->D)) != PST_OK)
-            goto error;
-        ex->plan = &ex->own_plan;
+    ex->plan = c->link->plan;
+    if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
+        st = pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
+                           "model has %zu on %d", ex->plan->nparams, ex->plan->ndevices, n, ex->D);
+        goto error;
     }
     if ((st = pst_comm_init(&ex->reduce_comm, c->rt)) != PST_OK ||
         (st = pst_comm_init(&ex->bcast_comm, c->rt)) != PST_OK)
@@ -408,11 +398,12 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
 
     const int nb = ex->plan->nblocks;
     ex->blocks = calloc((size_t)nb, sizeof *ex->blocks);
+    ex->homes = calloc((size_t)nb, sizeof *ex->homes);
     ex->layer_blocks = calloc((size_t)ex->L * (size_t)nb, sizeof(int));
     ex->layer_blocks0 = calloc((size_t)ex->L + 1, sizeof(int));
     ex->host_params = malloc(sizeof(float) * n);
     ex->host_losses = malloc(sizeof(float) * (size_t)ex->max_batch);
-    if (!ex->blocks || !ex->layer_blocks || !ex->layer_blocks0 || !ex->host_params ||
+    if (!ex->blocks || !ex->homes || !ex->layer_blocks || !ex->layer_blocks0 || !ex->host_params ||
         !ex->host_losses) {
         st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         goto error;
@@ -457,7 +448,6 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                                "%d", ex->model->name, b);
             goto error;
         }
-    int nk = pst_optim_state_floats(ex->optim.kind);
     for (int b = 0; b < nb; b++) {
         exec_block *eb = &ex->blocks[b];
         eb->ex = ex;
@@ -479,25 +469,18 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         exec_dev *owner = &ex->devs[eb->b->owner_device];
         if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
             goto error;
-        if (!c->remote) {
-            if (nk > 0 && (st = alloc_dev(owner->dev, sizeof(float) * (size_t)nk * eb->b->length,
-                                          (void **)&eb->state)) != PST_OK)
-                goto error;
-            for (int k = 0; k < 2; k++)
-                eb->optim[k] = (pst_optim_args){
-                    .cfg = &ex->optim, .pool = owner->pool,
-                    .param = eb->pbufs[eb->b->owner_device], .state = eb->state,
-                    .state_stride = eb->b->length, .grad = eb->gbufs[eb->b->owner_device],
-                    .n = eb->b->length};
-        } else if (!ex->shared) {
-            /* Pulls land in host staging: a pull may come back while backward still reads
-             * the block's weights (dinp), so it is copied in only after that. Pushes are
-             * sent straight from device memory when the host can read it. */
+        ex->homes[b] = eb->pbufs[eb->b->owner_device];
+        if (!ex->shared) {
+            /* Pulls land in host staging (unless the update is made in place): a pull may
+             * come back while backward still reads the block's weights (dinp), so it is
+             * copied in only after that. Pushes are sent straight from device memory when
+             * the host can read it. */
             if ((!ex->host_memory &&
                  (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
                                              (void **)&eb->hgrad)) != PST_OK) ||
-                (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
-                                            (void **)&eb->hparam)) != PST_OK)
+                (!ex->in_place &&
+                 (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
+                                             (void **)&eb->hparam)) != PST_OK))
                 goto error;
         }
     }
@@ -511,9 +494,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             const char *dn = pst_device_name(ex->devs[i].dev);
             snprintf(name, sizeof name, "%s compute", dn);
             ex->tr_compute[i] = tr_trace_track(c->trace, name);
-            snprintf(name, sizeof name, "%s send (reduce%s)", dn, c->remote ? ", push" : ", optimizer");
+            snprintf(name, sizeof name, "%s send (reduce, %s)", dn,
+                     c->link->in_process ? "update" : "push");
             ex->tr_send[i] = tr_trace_track(c->trace, name);
-            snprintf(name, sizeof name, "%s recv (%sbroadcast)", dn, c->remote ? "pull, " : "");
+            snprintf(name, sizeof name, "%s recv (pull, broadcast)", dn);
             ex->tr_recv[i] = tr_trace_track(c->trace, name);
         }
         ex->tr_push = tr_trace_track(c->trace, "rpc push");
@@ -535,7 +519,6 @@ void tr_exec_free(tr_exec *ex)
     for (int b = 0; ex->blocks && b < ex->plan->nblocks; b++) {
         exec_block *eb = &ex->blocks[b];
         pst_device *owner = ex->devs[eb->b->owner_device].dev;
-        pst_device_free(owner, eb->state);
         pst_event_destroy(eb->sent);
         pst_device_free_host(owner, eb->hgrad);
         pst_device_free_host(owner, eb->hparam);
@@ -585,7 +568,7 @@ void tr_exec_free(tr_exec *ex)
         pst_device_free(ex->devs[0].dev, ex->pbuf[1]);
     pst_comm_free(ex->reduce_comm);
     pst_comm_free(ex->bcast_comm);
-    tr_plan_free(&ex->own_plan);
+    free(ex->homes);
     free(ex->blocks);
     free(ex->layer_blocks);
     free(ex->layer_blocks0);
@@ -671,8 +654,8 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
         for (int i = 0; i < ex->D; i++)
             PST_TRY(pst_stream_launch(ex->devs[i].compute, pin_compute, &ex->devs[i]));
     ex->model->init_params(ex->model, ex->host_params, seed);
-    if (ex->c.remote)
-        PST_TRY(tr_remote_start(ex->c.remote, ex->host_params));
+    PST_TRY(ex->c.link->ops->start(ex->c.link, ex->host_params, ex->in_place ? ex->homes : NULL,
+                                   ex->devs[0].pool));
     for (int i = 0; i < (ex->shared ? 1 : ex->D); i++)
         PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, ex->host_params,
                                  n * sizeof(float), PST_COPY_HOST_TO_DEVICE));
@@ -739,7 +722,7 @@ static void exchange_done(void *arg, pst_status st, const char *detail)
     tr_exec *ex = eb->ex;
     if (tr_trace_on(ex->c.trace, eb->step)) {
         tr_exchange_times t;
-        tr_remote_times(ex->c.remote, eb->index, &t);
+        ex->c.link->ops->times(ex->c.link, eb->index, &t);
         tr_span *p = tr_trace_add(ex->c.trace, ex->tr_push, "push", eb->step, eb->index);
         if (p) {
             p->t0 = t.push_start;
@@ -770,7 +753,7 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
-    return tr_remote_exchange(ex->c.remote, eb->index, eb->step, grad, slot->dst, exchange_done,
+    return ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad, slot->dst, exchange_done,
                               eb);
 }
 
@@ -795,34 +778,32 @@ static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
     exec_dev *owner = &ex->devs[o];
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
-    tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o], ex->c.remote ? "reduce+push" : "reduce+optimizer",
-                             step, eb->index);
+    tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o],
+                             ex->in_place ? "reduce+update" : "reduce+push", step, eb->index);
     PST_TRY(pst_comm_reduce(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams));
-    if (!ex->c.remote) {
-        /* The optimizer writes the owner's weights (every device's, when shared): backward
+    if (ex->in_place) {
+        /* The update writes the owner's weights (every device's, when shared): backward
          * must be done reading them. */
         for (int i = 0; i < ex->D; i++)
             if (i == o || ex->shared)
                 PST_TRY(pst_stream_wait_event(owner->send, ex->devs[i].x_done[eb->lmin]));
-        pst_optim_args *oa = &eb->optim[step & 1];
-        oa->t = step + 1;
-        PST_TRY(pst_op_optim_apply(owner->send, oa));
-        PST_TRY(pst_event_record(eb->sent, owner->send));
-    } else {
-        exec_slot *slot = &eb->slot[step & 1];
-        slot->eb = eb;
-        slot->step = step;
-        /* Shared: into the other parameter buffer, which no compute reads this step. */
-        slot->dst = ex->shared ? ex->pbuf[ex->cur ^ 1] + eb->b->offset : eb->hparam;
-        if (eb->hgrad)
-            PST_TRY(pst_memcpy_async(owner->send, eb->hgrad, eb->gbufs[o],
-                                     eb->b->length * sizeof(float), PST_COPY_DEVICE_TO_HOST));
-        PST_TRY(pst_stream_launch(owner->send, issue_exchange, slot));
-        /* Without it, a send stream that failed before starting the exchange would leave
-         * the recv stream waiting for a pull that never comes; through the event the recv
-         * stream takes the failure instead. */
-        PST_TRY(pst_event_record(eb->sent, owner->send));
     }
+    exec_slot *slot = &eb->slot[step & 1];
+    slot->eb = eb;
+    slot->step = step;
+    /* In place: nowhere (the link writes the owner's weights). Shared: into the other
+     * parameter buffer, which no compute reads this step. Replicas: host staging. */
+    slot->dst = ex->in_place ? NULL
+                : ex->shared ? ex->pbuf[ex->cur ^ 1] + eb->b->offset
+                             : eb->hparam;
+    if (eb->hgrad)
+        PST_TRY(pst_memcpy_async(owner->send, eb->hgrad, eb->gbufs[o],
+                                 eb->b->length * sizeof(float), PST_COPY_DEVICE_TO_HOST));
+    PST_TRY(pst_stream_launch(owner->send, issue_exchange, slot));
+    /* Without it, a send stream that failed before starting the exchange would leave the
+     * recv stream waiting for a pull that never comes; through the event the recv stream
+     * takes the failure instead. */
+    PST_TRY(pst_event_record(eb->sent, owner->send));
     mark_end(owner->send, sp);
     return PST_OK;
 }
@@ -831,16 +812,15 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
 {
     const int o = eb->b->owner_device;
     exec_dev *owner = &ex->devs[o];
-    tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], ex->c.remote ? "pull+broadcast" : "broadcast",
-                             step, eb->index);
+    tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], "pull+broadcast", step,
+                             eb->index);
     /* Through sent the recv stream also takes a failure of the streams before it, instead
      * of waiting for a pull that never comes. */
     PST_TRY(pst_stream_wait_event(owner->recv, eb->sent));
     if (ex->shared) {
-        /* Nothing to broadcast. Local: the optimizer (send stream) already waited for
-         * x_done everywhere; distributed: the pull lands in the other buffer. */
-        if (ex->c.remote)
-            PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+        /* Nothing to broadcast: the new values are in the shared buffer (in place, after
+         * the send stream waited for x_done everywhere) or the other buffer. */
+        PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
         PST_TRY(pst_event_record(owner->ready[eb->index], owner->recv));
         mark_end(owner->recv, sp);
         return PST_OK;
@@ -848,11 +828,10 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     /* The new values overwrite weights that backward reads for dinp until x_done. */
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].recv, ex->devs[i].x_done[eb->lmin]));
-    if (ex->c.remote) {
-        PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+    PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+    if (!ex->in_place)
         PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
                                  eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
-    }
     PST_TRY(pst_comm_broadcast(ex->bcast_comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));

@@ -5,11 +5,11 @@
  * share of the trainer's rows on its COMPUTE stream. Each gradient block of the plan has
  * an owner device. As soon as backward has finished the layers a block covers on every
  * device, the owner's SEND stream sums the devices' copies into the owner (collectives,
- * fixed device order) and then either applies the optimizer to the block (local mode) or
- * starts its push + pull (distributed). The owner's RECV stream takes blocks in forward
- * order: it waits for the block's new values (local: the optimizer; distributed: the
- * pull) and broadcasts them to the other devices, then records the block's ready event on
- * every device. The next step's forward of layer l waits only on the ready events of the
+ * fixed device order) and starts the block's exchange through the link (link.h: push +
+ * pull to the pservers, or the in-process store's update when training alone). The owner's
+ * RECV stream takes blocks in forward order: it waits for the block's new values and
+ * broadcasts them to the other devices, then records the block's ready event on every
+ * device. The next step's forward of layer l waits only on the ready events of the
  * blocks that layer reads, so compute restarts before the last block is back.
  * With overlap off the same work runs serialized: backward, then all sends, then all
  * receives, then the next step.
@@ -24,7 +24,7 @@
 #include "common/data/data.h"
 #include "common/runtime/device.h"
 #include "common/nn/model.h"
-#include "trainer/remote.h"
+#include "trainer/link.h"
 #include "trainer/trace.h"
 
 typedef struct tr_exec tr_exec;
@@ -35,18 +35,19 @@ typedef struct tr_exec_config {
     const pst_model *model; /* what to train (outlives the executor) */
     int max_rows;           /* most rows of one step on this trainer */
     int eval_rows;          /* rows per evaluation batch */
-    tr_remote *remote;      /* NULL: local mode (the optimizer runs on the owner devices) */
+    tr_link *link;          /* the exchange: the pservers, or the in-process store */
     int overlap;            /* 0: serialized schedule */
     int threads;            /* CPU threads per device: its layers and optimizer (0: 1) */
     tr_trace *trace;        /* may be NULL */
 } tr_exec_config;
 
-/* Allocates everything a step needs. Local mode builds its own block plan (one pserver's
- * worth of blocks over the devices); distributed mode uses the remote link's plan. */
+/* Allocates everything a step needs, for the link's block plan (built for this model's
+ * parameters and the runtime's devices). */
 pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c);
 void tr_exec_free(tr_exec *ex); /* waits for the streams; accepts NULL */
 size_t tr_exec_nparams(const tr_exec *ex);
-/* Initial parameters from `seed` on every device; distributed: Init + pull first. */
+/* Initial parameters from `seed` on every device, through the link's start (the pservers:
+ * Init, then everyone pulls trainer 0's values). */
 pst_status tr_exec_start(tr_exec *ex, uint64_t seed);
 /* Queues step `step` over rows x (rows, in) and y (rows) in host memory, this trainer's
  * share of a global batch of `global_rows`; returns when the step's compute has run (its

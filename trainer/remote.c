@@ -89,8 +89,9 @@ static void heap_pop(link_sched *ls)
 
 
 struct tr_remote {
+    tr_link base;      /* first: the link interface (link.h) */
     const pst_config *cfg;
-    tr_plan plan;
+    const tr_plan *plan; /* the caller's */
     rpc_client *client;
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
@@ -290,8 +291,8 @@ static void link_pump(tr_remote *r, int s)
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
                               tr_exchange_fn done, void *arg)
 {
-    if (b < 0 || b >= r->plan.nblocks)
-        return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan.nblocks);
+    if (b < 0 || b >= r->plan->nblocks)
+        return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan->nblocks);
     block_ctx *c = &r->blocks[b];
     c->dst = dst;
     c->done = done;
@@ -312,7 +313,7 @@ static uint64_t settings_fingerprint(const tr_remote *r)
 {
     const pst_config *c = r->cfg;
     const pst_optim_config *o = &c->optim;
-    uint64_t h = tr_plan_fingerprint(&r->plan, 0);
+    uint64_t h = tr_plan_fingerprint(r->plan, 0);
     int64_t ints[6] = {c->mode, c->trainers, o->kind, o->schedule, o->warmup_steps, o->total_steps};
     float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
     h = tr_fnv1a(h, ints, sizeof ints);
@@ -365,8 +366,8 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
 {
     const pst_config *cfg = r->cfg;
     size_t k = 0, total = 0;
-    for (int i = 0; i < r->plan.nblocks; i++) {
-        const tr_block *b = &r->plan.blocks[i];
+    for (int i = 0; i < r->plan->nblocks; i++) {
+        const tr_block *b = &r->plan->blocks[i];
         if (b->pserver != s)
             continue;
         pstrain__block_spec__init(&ic->specs[k]);
@@ -395,7 +396,7 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     ic->req.trainer_id = (uint32_t)cfg->trainer_id;
     ic->req.num_trainers = (uint32_t)cfg->trainers;
     ic->req.mode = cfg->mode == PST_MODE_ASYNC ? PSTRAIN__MODE__ASYNC : PSTRAIN__MODE__SYNC;
-    ic->req.total_params = r->plan.nparams;
+    ic->req.total_params = r->plan->nparams;
     ic->req.n_blocks = k;
     ic->req.blocks = ic->spec_ptrs;
     ic->req.optim = &ic->optim;
@@ -414,19 +415,19 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     for (int s = 0; s < S; s++) {
         init_call *ic = &calls[s];
         size_t nb = 0;
-        for (int i = 0; i < r->plan.nblocks; i++)
-            nb += r->plan.blocks[i].pserver == s;
+        for (int i = 0; i < r->plan->nblocks; i++)
+            nb += r->plan->blocks[i].pserver == s;
         ic->r = r;
         ic->specs = calloc(nb ? nb : 1, sizeof *ic->specs);
         ic->spec_ptrs = calloc(nb ? nb : 1, sizeof *ic->spec_ptrs);
         if (cfg->trainer_id == 0)
-            ic->initial = malloc(sizeof(float) * (r->plan.pserver_elems[s] + 1));
+            ic->initial = malloc(sizeof(float) * (r->plan->pserver_elems[s] + 1));
         if (!ic->specs || !ic->spec_ptrs || (cfg->trainer_id == 0 && !ic->initial)) {
             st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
             goto out;
         }
         fill_init(ic, r, s, params, fp);
-        size_t bytes = ic->initial ? r->plan.pserver_elems[s] * sizeof(float) : 0;
+        size_t bytes = ic->initial ? r->plan->pserver_elems[s] * sizeof(float) : 0;
         batch_add(r, bytes ? 2 : 1);
         st = rpc_client_call_async(r->client, s, RPC_METHOD_INIT, &ic->req.base, ic->initial,
                                    bytes, bytes ? init_released : NULL, init_done, ic);
@@ -439,7 +440,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     if ((st = batch_wait(r)) != PST_OK)
         goto out;
     /* Everyone starts from the pservers' values (trainer 0's). */
-    for (int i = 0; i < r->plan.nblocks; i++) {
+    for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
         c->dst = params + c->b->offset;
         c->done = start_pull_done;
@@ -451,7 +452,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     st = batch_wait(r);
     if (st == PST_OK)
         PST_INFO("joined %d pserver(s): %d blocks of up to %zu bytes, %s mode, %d trainers", S,
-                 r->plan.nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
+                 r->plan->nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
 out:
     for (int s = 0; s < S; s++) {
         free(calls[s].specs);
@@ -492,24 +493,73 @@ pst_status tr_remote_finish(tr_remote *r)
     return PST_OK;
 }
 
-pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams, int ndevices)
+/* ---- the link interface (link.h) ------------------------------------------------------ */
+
+static pst_status link_start(tr_link *l, float *params, float *const *homes,
+                             struct pst_pool *pool)
+{
+    (void)homes; /* the values live on the pservers */
+    (void)pool;
+    return tr_remote_start((tr_remote *)l, params);
+}
+
+static pst_status link_exchange(tr_link *l, int b, long step, const float *grad, float *dst,
+                                tr_exchange_fn done, void *arg)
+{
+    return tr_remote_exchange((tr_remote *)l, b, step, grad, dst, done, arg);
+}
+
+static void link_times(const tr_link *l, int b, tr_exchange_times *out)
+{
+    tr_remote_times((const tr_remote *)l, b, out);
+}
+
+static pst_status link_finish(tr_link *l)
+{
+    return tr_remote_finish((tr_remote *)l);
+}
+
+static void link_free(tr_link *l)
+{
+    tr_remote_free((tr_remote *)l);
+}
+
+static const tr_link_ops remote_ops = {
+    .start = link_start,
+    .exchange = link_exchange,
+    .times = link_times,
+    .finish = link_finish,
+    .free = link_free,
+};
+
+tr_link *tr_remote_link(tr_remote *r)
+{
+    return &r->base;
+}
+
+pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan *plan)
 {
     *out = NULL;
     tr_remote *r = calloc(1, sizeof *r);
     if (!r)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory");
+    r->base = (tr_link){.ops = &remote_ops, .plan = plan};
     r->cfg = cfg;
+    r->plan = plan;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
-    pst_status st = tr_plan_build(&r->plan, nparams, cfg->block_bytes, cfg->num_pservers, ndevices);
-    if (st != PST_OK)
+    pst_status st = PST_OK;
+    if (plan->npservers != cfg->num_pservers) {
+        st = pst_error_set(PST_ERR_INTERNAL, "trainer: a plan for %d pservers, %d configured",
+                           plan->npservers, cfg->num_pservers);
         goto error;
-    r->blocks = calloc((size_t)r->plan.nblocks, sizeof *r->blocks);
+    }
+    r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
     r->links = calloc((size_t)cfg->num_pservers, sizeof *r->links);
     for (int s = 0; r->links && s < cfg->num_pservers; s++) {
         pthread_mutex_init(&r->links[s].mu, NULL);
         /* at most one exchange per block at a time */
-        r->links[s].waiting = calloc((size_t)r->plan.nblocks, sizeof(block_ctx *));
+        r->links[s].waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
         if (!r->links[s].waiting) {
             st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
             goto error;
@@ -519,10 +569,10 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
-    for (int i = 0; i < r->plan.nblocks; i++) {
+    for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
         c->r = r;
-        c->b = &r->plan.blocks[i];
+        c->b = &r->plan->blocks[i];
         pthread_mutex_init(&c->mu, NULL);
         pstrain__push_request__init(&c->push);
         c->push.trainer_id = (uint32_t)cfg->trainer_id;
@@ -558,7 +608,7 @@ void tr_remote_free(tr_remote *r)
     rpc_client_free(r->client);
     if (r->rpc_inited)
         rpc_global_shutdown();
-    for (int i = 0; r->blocks && i < r->plan.nblocks; i++)
+    for (int i = 0; r->blocks && i < r->plan->nblocks; i++)
         pthread_mutex_destroy(&r->blocks[i].mu);
     for (int s = 0; r->links && s < r->cfg->num_pservers; s++) {
         pthread_mutex_destroy(&r->links[s].mu);
@@ -566,7 +616,6 @@ void tr_remote_free(tr_remote *r)
     }
     free(r->links);
     free(r->blocks);
-    tr_plan_free(&r->plan);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -575,9 +624,4 @@ void tr_remote_free(tr_remote *r)
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out)
 {
     *out = r->blocks[b].times;
-}
-
-const tr_plan *tr_remote_plan(const tr_remote *r)
-{
-    return &r->plan;
 }

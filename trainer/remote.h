@@ -1,4 +1,5 @@
-/* remote.h — a trainer's link to the pservers: Init, per-block exchange, Finish.
+/* remote.h — a trainer's link to the pservers (link.h's interface over gRPC): Init,
+ * per-block exchange, Finish.
  *
  * A block exchange for step s pushes the block's gradient to the pserver that owns it and
  * pulls the block's new values: in sync mode the Pull of version s+1 starts together with
@@ -17,18 +18,17 @@
 #define TR_REMOTE_H
 
 #include "common/config.h"
+#include "trainer/link.h"
 #include "trainer/plan.h"
 
 typedef struct tr_remote tr_remote;
 
-/* Called once per exchange when it has finished; `detail` describes a failure. */
-typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);
-
-/* Builds the block plan for nparams over cfg's pservers and `ndevices` owner devices and
- * connects (lazily). The config must outlive the link. */
-pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, size_t nparams, int ndevices);
+/* A link over cfg's pservers for the caller's plan (built for cfg->num_pservers); connects
+ * lazily. The config and the plan must outlive the link. */
+pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan *plan);
 void tr_remote_free(tr_remote *r); /* accepts NULL */
-const tr_plan *tr_remote_plan(const tr_remote *r);
+/* The link interface of r (link.h): its free frees r. */
+tr_link *tr_remote_link(tr_remote *r);
 /* Init on every pserver with the values in params (trainer 0's are the cluster's), then
  * pulls every block's version 0 into params. Blocking. */
 pst_status tr_remote_start(tr_remote *r, float *params);
@@ -37,13 +37,7 @@ pst_status tr_remote_start(tr_remote *r, float *params);
  * after the pull. */
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
                               tr_exchange_fn done, void *arg);
-/* When the last exchange of block b sent and answered its Push and Pull (CLOCK_MONOTONIC
- * seconds); read it in the done callback, for traces. */
-typedef struct tr_exchange_times {
-    double push_start, push_end, pull_start, pull_end;
-} tr_exchange_times;
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
-
 /* Finish on every pserver. A pserver already gone is a warning, not an error. */
 pst_status tr_remote_finish(tr_remote *r);
 

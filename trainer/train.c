@@ -25,6 +25,7 @@
 #include "common/nn/models/models.h"
 #include "trainer/exec.h"
 #include "trainer/plan.h"
+#include "trainer/local.h"
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
@@ -91,7 +92,9 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     pst_model model = {0};
     pst_runtime *rt = NULL;
     pst_metrics metrics = {0};
+    tr_plan plan = {0};
     tr_remote *remote = NULL;
+    tr_link *link = NULL;
     tr_trace *trace = NULL;
     tr_exec *ex = NULL;
     float *x = NULL, *params = NULL;
@@ -127,9 +130,17 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     /* warmup_cosine reaches --min-lr at the last step: every optimizer (the executor's,
      * the pservers' through Init) needs the run's length. */
     run_cfg.optim.total_steps = total;
-    if (cfg->num_pservers &&
-        (st = tr_remote_init(&remote, cfg, model.nparams, D)) != PST_OK)
+    /* One plan for the executor and the link: the pservers', or one store's in-process. */
+    if ((st = tr_plan_build(&plan, model.nparams, cfg->block_bytes,
+                            cfg->num_pservers ? cfg->num_pservers : 1, D)) != PST_OK)
         goto error;
+    if (cfg->num_pservers) {
+        if ((st = tr_remote_init(&remote, cfg, &plan)) != PST_OK)
+            goto error;
+        link = tr_remote_link(remote);
+    } else if ((st = tr_local_init(&link, cfg, &plan)) != PST_OK) {
+        goto error;
+    }
     if (cfg->trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
         size_t per_step = (size_t)(D * 2 * model.nlayers + 4 * 1024 + 64);
@@ -142,7 +153,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
     tr_exec_config ec = {.cfg = cfg, .rt = rt, .model = &model, .max_rows = max_part,
-                         .eval_rows = 256, .remote = remote, .overlap = cfg->overlap,
+                         .eval_rows = 256, .link = link, .overlap = cfg->overlap,
                          .threads = threads_per_device,
                          .trace = trace};
     if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
@@ -231,18 +242,18 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
     if (trace && (st = tr_trace_write(trace)) != PST_OK)
         goto error;
-    if (remote)
-        st = tr_remote_finish(remote);
+    st = link->ops->finish(link);
     started = 0;
 error:
-    if (started && remote) {
+    if (started) {
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        tr_remote_finish(remote);
+        link->ops->finish(link);
         pst_error_set(st, "%s", keep);
     }
     tr_exec_free(ex);
-    tr_remote_free(remote);
+    tr_link_free(link);
+    tr_plan_free(&plan);
     tr_trace_free(trace);
     pst_metrics_close(&metrics);
     free(x);

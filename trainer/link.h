@@ -1,0 +1,63 @@
+/* link.h — how a trainer's executor turns a block's gradient into the block's new values:
+ * the link interface. Two links implement it: the pservers over gRPC (remote.h) and, for
+ * training alone, an in-process parameter store running the pserver's own store code
+ * (local.h). The executor (exec.h) speaks only to this interface, so local and distributed
+ * training take one exchange path and one optimizer path (the store's).
+ *
+ * An exchange of block b for 0-based step s hands the link the block's gradient (the sum
+ * of this trainer's devices) and gets back the block's values after update s+1. `done`
+ * runs once per exchange, when the values have landed and the gradient is no longer read,
+ * on whatever thread finished it (an RPC thread; the calling thread for the local link).
+ * Both links build nothing of their own from the model: the block plan (plan.h) is built
+ * once by the caller and shared. Thread safety: exchanges of different blocks may be
+ * started from any threads; one exchange per block at a time. */
+#ifndef TR_LINK_H
+#define TR_LINK_H
+
+#include "common/error.h"
+#include "trainer/plan.h"
+
+struct pst_pool;
+typedef struct tr_link tr_link;
+
+/* Called once per exchange when it has finished; `detail` describes a failure. */
+typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);
+
+/* When the last exchange of a block sent and answered its push and pull (CLOCK_MONOTONIC
+ * seconds; the local link: the update and the copy out); read it in the done callback,
+ * for traces. */
+typedef struct tr_exchange_times {
+    double push_start, push_end, pull_start, pull_end;
+} tr_exchange_times;
+
+typedef struct tr_link_ops {
+    /* Makes every trainer start from the same parameters: params holds this trainer's
+     * initial values and, on return, the job's (trainer 0's). homes (may be NULL): per
+     * block, host-addressable memory that holds the block's values on its owner device;
+     * an in-process link then keeps its master values there and writes each update in
+     * place (the exchange's dst is not written). pool (may be NULL): threads an
+     * in-process update may split over. Blocking. */
+    pst_status (*start)(tr_link *l, float *params, float *const *homes, struct pst_pool *pool);
+    /* Starts the exchange of block b for step `step`: grad[0..len) is kept alive and
+     * unchanged until done runs; the new values land in dst[0..len). */
+    pst_status (*exchange)(tr_link *l, int b, long step, const float *grad, float *dst,
+                           tr_exchange_fn done, void *arg);
+    void (*times)(const tr_link *l, int b, tr_exchange_times *out);
+    /* Ends the job on the link's side (Finish on every pserver). */
+    pst_status (*finish)(tr_link *l);
+    void (*free)(tr_link *l);
+} tr_link_ops;
+
+struct tr_link {
+    const tr_link_ops *ops;
+    const tr_plan *plan;  /* the caller's; outlives the link */
+    int in_process;       /* 1: updates run in this process, on the exchanging thread */
+};
+
+static inline void tr_link_free(tr_link *l)
+{
+    if (l)
+        l->ops->free(l);
+}
+
+#endif /* TR_LINK_H */
