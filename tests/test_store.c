@@ -1194,3 +1194,98 @@ Test(store, multithreaded_async_counts_every_push, .timeout = 20)
     }
     ps_store_free(st);
 }
+
+/* ---- the in-process store (trainer/local.c): push_f32, caller-owned values, a pool ---- */
+
+#include "common/runtime/pool.h"
+
+/* A one-trainer store whose master values are the caller's arrays (one per block, as a
+ * trainer's parameter buffer), updated by f32 pushes read in place, with and without a
+ * thread pool: the same bits as the reference (and so as fill pushes to an ordinary store),
+ * a pull answers with the caller's own memory, and a non-finite gradient changes nothing. */
+Test(store, in_process_push_f32_on_caller_values)
+{
+    pst_optim_kind kinds[2] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAMW};
+    for (int k = 0; k < 2; k++) {
+        for (int use_pool = 0; use_pool < 2; use_pool++) {
+            enum { SPAN = 40 + 33 }; /* the blocks' offsets reach this far */
+            float initial[SPAN], home[SPAN];
+            fill_normal(initial, SPAN, 1, 0, 1.0f);
+            memcpy(home, initial, sizeof home);
+            float *values[NTB];
+            for (int i = 0; i < NTB; i++)
+                values[i] = home + test_blocks[i].offset;
+            pst_pool *pool = NULL;
+            if (use_pool)
+                cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+            ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1,
+                                   .blocks = test_blocks, .nblocks = NTB, .values = values,
+                                   .pool = pool};
+            optim_for(kinds[k], &cfg.optim);
+            ps_store *st = NULL;
+            cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK, "%s", pst_error_detail());
+            cr_assert_eq(memcmp(home, initial, sizeof home), 0, "initial NULL keeps the values");
+            ref_block ref;
+            ref_init(&ref, initial + 40, 33); /* block 12 */
+            float g[MAX_T][64];
+            for (int64_t step = 0; step < 4; step++) {
+                fill_normal(g[0], 33, 9, (uint64_t)step, 1.0f);
+                int dup = -1;
+                cr_assert_eq(ps_store_push_f32(st, 0, step, 12, g[0], 33, &dup), PST_OK, "%s",
+                             pst_error_detail());
+                cr_assert_eq(dup, 0);
+                ref_step(&ref, &cfg.optim, g, 1);
+                cr_assert_eq(memcmp(home + 40, ref.p, 33 * sizeof(float)), 0,
+                             "%s, pool %d, step %lld: the caller's values differ from the "
+                             "reference", pst_optim_kind_name(kinds[k]), use_pool,
+                             (long long)step);
+                pull_box box;
+                pull_box_init(&box);
+                ps_pull_waiter w;
+                cr_assert_eq(ps_store_pull(st, 12, step + 1, &w, pull_capture, &box), PST_OK);
+                cr_assert_eq(box.calls, 1, "the version exists: answered inside the call");
+                cr_assert_eq(memcmp(box.values, home + 40, 33 * sizeof(float)), 0);
+            }
+            /* A NaN in the last element: refused, nothing changes, the step may be pushed
+             * again. */
+            float before[SPAN];
+            memcpy(before, home, sizeof before);
+            g[0][32] = NAN;
+            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, NULL), PST_ERR_INVALID);
+            cr_assert(strstr(pst_error_detail(), "nan at element 32"), "%s", pst_error_detail());
+            cr_assert_eq(memcmp(before, home, sizeof home), 0);
+            cr_assert_eq(ps_store_version(st, 12), 4);
+            g[0][32] = 0.5f;
+            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, NULL), PST_OK);
+            cr_assert_eq(ps_store_version(st, 12), 5);
+            /* The other blocks were never pushed: untouched. */
+            cr_assert_eq(memcmp(home, initial, 40 * sizeof(float)), 0);
+            cr_assert_eq(ps_store_push_f32(st, 0, 5, 12, NULL, 33, NULL), PST_ERR_INVALID);
+            ps_store_free(st);
+            pst_pool_free(pool);
+        }
+    }
+}
+
+/* With several trainers an f32 push cannot be read in place (the step needs every
+ * trainer's gradient): it is copied, so the caller may reuse its buffer at once, and the
+ * sum is the reference's. */
+Test(store, push_f32_with_several_trainers_is_copied)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    pst_optim_config o;
+    optim_for(PST_OPTIM_MOMENTUM, &o);
+    ref_block ref;
+    ref_init(&ref, initial + initial_offset(1), 17);
+    float g[MAX_T][64], buf[64];
+    fill_normal(g[0], 17, 4, 0, 1.0f);
+    fill_normal(g[1], 17, 4, 1, 1.0f);
+    memcpy(buf, g[0], sizeof buf);
+    cr_assert_eq(ps_store_push_f32(st, 0, 0, 3, buf, 17, NULL), PST_OK);
+    memset(buf, 0x7f, sizeof buf); /* reused by the caller: must not matter */
+    cr_assert_eq(ps_store_push_f32(st, 1, 0, 3, g[1], 17, NULL), PST_OK);
+    ref_step(&ref, &o, g, 2);
+    assert_block_equals(st, 1, &ref);
+    ps_store_free(st);
+}
