@@ -106,7 +106,7 @@ typedef struct exec_chunk {
 struct tr_exec {
     tr_exec_config c;
     const pst_model *model;
-    int in_place;                  /* the link updates the owner's weights itself (local, CPU) */
+    int in_place;                  /* the link updates the shared weights itself (local, CPU) */
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
@@ -339,7 +339,9 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->L = c->model->nlayers;
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
-    ex->in_place = c->link->in_process && ex->host_memory;
+    /* In place only on the shared CPU copy: with replicas (--cpu-replicas 1, as on GPUs) the
+     * new values go through host staging, are copied to the owner and broadcast. */
+    ex->in_place = c->link->in_process && ex->shared;
     if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
