@@ -1228,3 +1228,117 @@ Test(device_args, events_and_streams_of_other_devices_and_runtimes, .timeout = 2
     pst_runtime_free(other);
     pst_runtime_free(rt);
 }
+
+/* ---- flags: waits the host releases ------------------------------------------------ */
+
+static pst_flag *make_flag(pst_runtime *rt, int dev)
+{
+    pst_flag *f = NULL;
+    CHECK_OK(pst_flag_create(pst_runtime_device(rt, dev), &f));
+    cr_assert_not_null(f);
+    return f;
+}
+
+/* Work after a flag wait runs only once the host raised the value far enough; a smaller
+ * value does not release it; one signal releases every wait it covers. */
+Test(device_flag, wait_until_the_value_is_reached, .timeout = 20)
+{
+    pst_runtime *rt = make_rt("cpu:1");
+    pst_stream *s = make_stream(rt, 0);
+    pst_flag *f = make_flag(rt, 0);
+    pst_event *after = make_event(rt, 0);
+    int count = 0;
+    CHECK_OK(pst_stream_wait_flag(s, f, 0)); /* value 0: no wait */
+    CHECK_OK(pst_stream_wait_flag(s, f, 2));
+    CHECK_OK(pst_stream_launch(s, inc_fn, &count));
+    CHECK_OK(pst_stream_wait_flag(s, f, 3));
+    CHECK_OK(pst_stream_launch(s, inc_fn, &count));
+    CHECK_OK(pst_event_record(after, s));
+    pst_flag_signal(f, 1, PST_OK, NULL);
+    sleep_us(20000); /* room for a wrongly released wait to run */
+    cr_assert_eq(pst_event_query(after), 0, "value 1 released a wait for 2");
+    pst_flag_signal(f, 3, PST_OK, NULL);
+    CHECK_OK(pst_stream_synchronize(s));
+    cr_assert_eq(count, 2);
+    pst_flag_signal(f, 2, PST_OK, NULL); /* smaller: ignored, nothing to release */
+    CHECK_OK(pst_stream_wait_flag(s, f, 3));
+    CHECK_OK(pst_stream_synchronize(s));
+    pst_event_destroy(after);
+    pst_stream_destroy(s);
+    pst_flag_destroy(f);
+    pst_runtime_free(rt);
+}
+
+/* A stream waiting on a flag holds no thread another stream needs: a second stream of the
+ * same device runs and synchronizes meanwhile (a shared blocked thread would hang here). */
+Test(device_flag, a_waiting_stream_does_not_block_others, .timeout = 20)
+{
+    pst_runtime *rt = make_rt("cpu:1");
+    pst_stream *a = make_stream(rt, 0), *b = make_stream(rt, 0);
+    pst_flag *f = make_flag(rt, 0);
+    atomic_int ran = 0;
+    int count = 0;
+    CHECK_OK(pst_stream_wait_flag(a, f, 1));
+    CHECK_OK(pst_stream_launch(a, set_flag_fn, &ran));
+    CHECK_OK(pst_stream_launch(b, inc_fn, &count));
+    CHECK_OK(pst_stream_synchronize(b));
+    cr_assert_eq(count, 1);
+    cr_assert_eq(atomic_load(&ran), 0, "ran before the signal");
+    pst_flag_signal(f, 1, PST_OK, NULL);
+    CHECK_OK(pst_stream_synchronize(a));
+    cr_assert_eq(atomic_load(&ran), 1);
+    pst_stream_destroy(a);
+    pst_stream_destroy(b);
+    pst_flag_destroy(f);
+    pst_runtime_free(rt);
+}
+
+/* A failed signal fails the waiting stream with its detail, follows the events recorded
+ * after the wait to other streams, and fails every later wait at once. */
+Test(device_flag, failure_reaches_the_waiting_stream_and_its_dependents, .timeout = 20)
+{
+    pst_runtime *rt = make_rt("cpu:2");
+    pst_stream *a = make_stream(rt, 0), *c = make_stream(rt, 1), *d = make_stream(rt, 0);
+    pst_flag *f = make_flag(rt, 0);
+    pst_event *after = make_event(rt, 0);
+    int count = 0;
+    CHECK_OK(pst_stream_wait_flag(a, f, 5));
+    CHECK_OK(pst_stream_launch(a, inc_fn, &count));
+    CHECK_OK(pst_event_record(after, a));
+    CHECK_OK(pst_stream_wait_event(c, after));
+    CHECK_OK(pst_stream_launch(c, inc_fn, &count));
+    pst_flag_signal(f, 1, PST_ERR_IO, "pserver 10.0.0.1:7000 Pull: connection reset");
+    cr_assert_eq(pst_stream_synchronize(a), PST_ERR_IO);
+    cr_assert(strstr(pst_error_detail(), "connection reset"), "%s", pst_error_detail());
+    cr_assert_eq(pst_stream_synchronize(c), PST_ERR_IO);
+    cr_assert(strstr(pst_error_detail(), "connection reset"), "%s", pst_error_detail());
+    cr_assert_eq(count, 0, "work after a failed wait ran");
+    CHECK_OK(pst_stream_wait_flag(d, f, 100)); /* queued fine, fails when it runs */
+    cr_assert_eq(pst_stream_synchronize(d), PST_ERR_IO);
+    pst_event_destroy(after);
+    pst_stream_destroy(a);
+    pst_stream_destroy(c);
+    pst_stream_destroy(d);
+    pst_flag_destroy(f);
+    pst_runtime_free(rt);
+}
+
+Test(device_flag, bad_arguments)
+{
+    pst_runtime *rt = make_rt("cpu:2");
+    pst_stream *s = make_stream(rt, 1);
+    pst_flag *f = make_flag(rt, 0);
+    pst_flag *none = f;
+    cr_assert_eq(pst_flag_create(NULL, &none), PST_ERR_INVALID);
+    cr_assert_null(none);
+    cr_assert_eq(pst_flag_create(pst_runtime_device(rt, 0), NULL), PST_ERR_INVALID);
+    cr_assert_eq(pst_stream_wait_flag(NULL, f, 1), PST_ERR_INVALID);
+    cr_assert_eq(pst_stream_wait_flag(s, NULL, 1), PST_ERR_INVALID);
+    cr_assert_eq(pst_stream_wait_flag(s, f, 1), PST_ERR_INVALID, "flag of another device");
+    cr_assert(strstr(pst_error_detail(), "cpu:0"), "%s", pst_error_detail());
+    pst_flag_signal(NULL, 1, PST_OK, NULL); /* ignored */
+    pst_flag_destroy(NULL);
+    pst_stream_destroy(s);
+    pst_flag_destroy(f);
+    pst_runtime_free(rt);
+}

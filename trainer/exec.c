@@ -86,11 +86,7 @@ struct exec_block {
     exec_slot slot[2];            /* by step parity */
     pst_rng jitter;               /* test hook: delay before each exchange */
     long step;                    /* of the exchange in flight (set when it starts) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;
-    pst_status st;
-    char detail[512];
+    pst_flag *landed;             /* on the owner: step s's values have landed at s + 1 */
     /* trace */
     tr_span *send_span, *recv_span;
 };
@@ -455,8 +451,6 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         eb->ex = ex;
         eb->index = b;
         eb->b = &ex->plan->blocks[b];
-        pthread_mutex_init(&eb->mu, NULL);
-        pthread_cond_init(&eb->cv, NULL);
         pst_rng_seed(&eb->jitter, c->cfg->jitter_seed, 7000 + (uint64_t)b);
         eb->gbufs = calloc((size_t)ex->D, sizeof(float *));
         eb->pbufs = calloc((size_t)ex->D, sizeof(float *));
@@ -469,7 +463,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
             eb->pbufs[i] = ex->devs[i].params + eb->b->offset;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
-        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK)
+        if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK ||
+            (st = pst_flag_create(owner->dev, &eb->landed)) != PST_OK)
             goto error;
         ex->homes[b] = eb->pbufs[eb->b->owner_device];
         if (!ex->shared) {
@@ -526,8 +521,7 @@ void tr_exec_free(tr_exec *ex)
         pst_device_free_host(owner, eb->hparam);
         free(eb->gbufs);
         free(eb->pbufs);
-        pthread_mutex_destroy(&eb->mu);
-        pthread_cond_destroy(&eb->cv);
+        pst_flag_destroy(eb->landed);
     }
     for (int i = 0; ex->devs && i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
@@ -736,12 +730,9 @@ static void exchange_done(void *arg, pst_status st, const char *detail)
             q->t1 = t.pull_end;
         }
     }
-    pthread_mutex_lock(&eb->mu);
-    eb->st = st;
-    snprintf(eb->detail, sizeof eb->detail, "%s", detail ? detail : "");
-    eb->arrived = 1;
-    pthread_cond_signal(&eb->cv);
-    pthread_mutex_unlock(&eb->mu);
+    /* The recv stream waits on the flag, not in a host function: on CUDA that would hold
+     * the driver's one callback thread and stall every stream's host functions. */
+    pst_flag_signal(eb->landed, (uint64_t)eb->step + 1, st, detail);
 }
 
 /* On the owner's send stream, after the reduce: starts the block's push + pull. */
@@ -757,21 +748,6 @@ static pst_status issue_exchange(void *arg)
     const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
     return ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad, slot->dst, exchange_done,
                               eb);
-}
-
-/* On the owner's recv stream: waits until the block's pull has landed. */
-static pst_status wait_exchange(void *arg)
-{
-    exec_block *eb = arg;
-    pthread_mutex_lock(&eb->mu);
-    while (!eb->arrived)
-        pthread_cond_wait(&eb->cv, &eb->mu);
-    eb->arrived = 0;
-    pst_status st = eb->st;
-    if (st != PST_OK)
-        pst_error_set(st, "%s", eb->detail);
-    pthread_mutex_unlock(&eb->mu);
-    return st;
 }
 
 static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
@@ -822,7 +798,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     if (ex->shared) {
         /* Nothing to broadcast: the new values are in the shared buffer (in place, after
          * the send stream waited for x_done everywhere) or the other buffer. */
-        PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+        PST_TRY(pst_stream_wait_flag(owner->recv, eb->landed, (uint64_t)step + 1));
         PST_TRY(pst_event_record(owner->ready[eb->index], owner->recv));
         mark_end(owner->recv, sp);
         return PST_OK;
@@ -830,7 +806,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     /* The new values overwrite weights that backward reads for dinp until x_done. */
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].recv, ex->devs[i].x_done[eb->lmin]));
-    PST_TRY(pst_stream_launch(owner->recv, wait_exchange, eb));
+    PST_TRY(pst_stream_wait_flag(owner->recv, eb->landed, (uint64_t)step + 1));
     if (!ex->in_place)
         PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
                                  eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));

@@ -548,6 +548,96 @@ int pst_event_query(pst_event *ev)
     return ev->dev->rt->iface->event_query(ev);
 }
 
+/* ---- flags ------------------------------------------------------------------------- */
+
+pst_status pst_flag_create(pst_device *dev, pst_flag **out)
+{
+    if (!out)
+        return pst_error_set(PST_ERR_INVALID, "pst_flag_create: out is NULL");
+    *out = NULL;
+    if (!dev)
+        return pst_error_set(PST_ERR_INVALID, "pst_flag_create: device is NULL");
+    pst_flag *f = calloc(1, sizeof *f);
+    if (!f)
+        return pst_error_set(PST_ERR_NOMEM, "pst_flag_create: out of memory on %s", dev->name);
+    f->dev = dev;
+    f->status = PST_OK;
+    if (pthread_mutex_init(&f->mu, NULL) != 0) {
+        free(f);
+        return pst_error_set(PST_ERR_INTERNAL, "pst_flag_create: pthread_mutex_init failed");
+    }
+    if (pthread_cond_init(&f->cv, NULL) != 0) {
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+        return pst_error_set(PST_ERR_INTERNAL, "pst_flag_create: pthread_cond_init failed");
+    }
+    const pst_backend_iface *iface = dev->rt->iface;
+    pst_status st = iface->flag_init ? iface->flag_init(f) : PST_OK;
+    if (st != PST_OK) {
+        pthread_cond_destroy(&f->cv);
+        pthread_mutex_destroy(&f->mu);
+        free(f);
+        return st;
+    }
+    *out = f;
+    return PST_OK;
+}
+
+void pst_flag_destroy(pst_flag *f)
+{
+    if (!f)
+        return;
+    const pst_backend_iface *iface = f->dev->rt->iface;
+    if (iface->flag_free)
+        iface->flag_free(f);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}
+
+pst_status pst_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value)
+{
+    if (!s || !f)
+        return pst_error_set(PST_ERR_INVALID, "pst_stream_wait_flag: %s is NULL",
+                             f ? "stream" : "flag");
+    if (f->dev != s->dev)
+        return pst_error_set(PST_ERR_INVALID, "pst_stream_wait_flag: the flag is on %s, the "
+                             "stream on %s", f->dev->name, s->dev->name);
+    if (value == 0)
+        return PST_OK;
+    return s->dev->rt->iface->stream_wait_flag(s, f, value);
+}
+
+void pst_flag_signal(pst_flag *f, uint64_t value, pst_status st, const char *detail)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&f->mu);
+    if (value > f->value)
+        f->value = value;
+    if (st != PST_OK && f->status == PST_OK) {
+        f->status = st;
+        snprintf(f->detail, sizeof f->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
+    }
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    const pst_backend_iface *iface = f->dev->rt->iface;
+    if (iface->flag_signal)
+        iface->flag_signal(f);
+}
+
+pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_DEVICE_DETAIL_MAX])
+{
+    pthread_mutex_lock(&f->mu);
+    while (f->value < value && f->status == PST_OK)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pst_status st = f->status;
+    if (st != PST_OK)
+        memcpy(detail, f->detail, PST_DEVICE_DETAIL_MAX);
+    pthread_mutex_unlock(&f->mu);
+    return st;
+}
+
 int pst_runtime_host_memory(const pst_runtime *rt)
 {
     return rt && rt->kind == PST_BACKEND_CPU;

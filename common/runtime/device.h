@@ -16,6 +16,12 @@
  *     that error as its own sticky status, so failures follow the dependencies;
  *   - an event is recorded on a stream of its own device (as in CUDA); a stream of any
  *     device of the same runtime may wait on it.
+ *   - a flag is a monotone 64-bit value that the HOST raises (from any thread: an RPC
+ *     completion, say) and streams wait on: pst_stream_wait_flag(s, f, v) makes later
+ *     work on s wait until the value is >= v. It replaces blocking inside a host function,
+ *     which on CUDA would hold the driver's one callback thread and stall every stream's
+ *     host functions. A failed signal makes the flag fail: every wait on it, pending or
+ *     later, ends at once and its stream takes the error as its sticky status.
  * On the CPU backend a stream is a worker thread with a FIFO queue; "kernels" are host
  * functions (pst_stream_launch). A CUDA backend implements the same table
  * (device_impl.h) with cudaStream_t / cudaEvent_t and cudaLaunchHostFunc.
@@ -38,6 +44,7 @@ typedef struct pst_runtime pst_runtime;
 typedef struct pst_device pst_device;
 typedef struct pst_stream pst_stream;
 typedef struct pst_event pst_event;
+typedef struct pst_flag pst_flag;
 
 #define PST_DEVICE_MAX_COUNT 64 /* most devices in one runtime ("cpu:64") */
 
@@ -113,5 +120,17 @@ pst_status pst_stream_wait_event(pst_stream *s, pst_event *ev);
 pst_status pst_event_synchronize(pst_event *ev);
 /* 1 when the last recorded mark has been reached (or never recorded), else 0. */
 int pst_event_query(pst_event *ev);
+
+/* A flag of dev at value 0. On CUDA its value lives in pinned host memory mapped for the
+ * GPU, which waits on it itself (cuStreamWaitValue64); where the driver cannot, the wait
+ * falls back to a host function that blocks, with a warning once. */
+pst_status pst_flag_create(pst_device *dev, pst_flag **out);
+void pst_flag_destroy(pst_flag *f); /* accepts NULL; no wait on it may still be queued */
+/* Later work on s (a stream of the flag's device) waits until the value is >= value
+ * (value 0: no wait), or fails when the flag has failed. */
+pst_status pst_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value);
+/* From any thread: raises the value to `value` (a smaller one is ignored). st != PST_OK
+ * fails the flag for good with st and `detail` (may be NULL). Never blocks on a stream. */
+void pst_flag_signal(pst_flag *f, uint64_t value, pst_status st, const char *detail);
 
 #endif /* PST_DEVICE_H */

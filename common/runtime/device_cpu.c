@@ -15,6 +15,8 @@
  * wait that is already queued, and destroying the event cannot free a mark a queued wait
  * still needs. A mark is "done" once its stream's worker reaches it; it carries that
  * stream's sticky status (and detail) so failures propagate along event dependencies.
+ * A flag wait is an item whose worker blocks on the flag's condition variable: only that
+ * stream waits.
  * All marks of a runtime are guarded by one mutex, each with its own condition variable.
  * Items and marks are recycled through free lists, so a steady training step allocates
  * nothing after the first one. A stream's first error is sticky: later host functions,
@@ -61,7 +63,8 @@ typedef enum pst_cpu_item_kind {
     PST_CPU_ITEM_COPY,
     PST_CPU_ITEM_SET,
     PST_CPU_ITEM_RECORD, /* reach `mark` */
-    PST_CPU_ITEM_WAIT    /* block until `mark` is reached */
+    PST_CPU_ITEM_WAIT,   /* block until `mark` is reached */
+    PST_CPU_ITEM_FLAG    /* block until `flag` reaches `flag_value` */
 } pst_cpu_item_kind;
 
 typedef struct pst_cpu_item {
@@ -73,6 +76,8 @@ typedef struct pst_cpu_item {
     size_t bytes;
     int value;
     pst_cpu_mark *mark; /* RECORD, WAIT: a counted reference, dropped after the item */
+    pst_flag *flag;     /* FLAG */
+    uint64_t flag_value;
     struct pst_cpu_item *next;
 } pst_cpu_item;
 
@@ -341,6 +346,15 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
         pst_cpu_mark_unref(cs->crt, it->mark);
         break;
     }
+    case PST_CPU_ITEM_FLAG: {
+        /* Only this stream's worker waits: the other streams run on. */
+        char waited[PST_DEVICE_DETAIL_MAX];
+        st = pst_flag_wait_host(it->flag, it->flag_value, waited);
+        if (st != PST_OK)
+            snprintf(detail, PST_DEVICE_DETAIL_MAX, "%s stream %d waited on a failed flag: %s",
+                     cs->pub->dev->name, cs->pub->id, waited);
+        break;
+    }
     case PST_CPU_ITEM_RECORD:
         break; /* handled above */
     }
@@ -587,6 +601,12 @@ static pst_status pst_cpu_stream_wait_event(pst_stream *s, pst_event *ev)
     return st;
 }
 
+static pst_status pst_cpu_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value)
+{
+    pst_cpu_item it = {.kind = PST_CPU_ITEM_FLAG, .flag = f, .flag_value = value};
+    return pst_cpu_submit(s->ctx, &it);
+}
+
 static pst_status pst_cpu_event_synchronize(pst_event *ev)
 {
     pst_cpu_event *ce = ev->ctx;
@@ -639,5 +659,6 @@ const pst_backend_iface pst_cpu_backend_iface = {
     .stream_wait_event = pst_cpu_stream_wait_event,
     .event_synchronize = pst_cpu_event_synchronize,
     .event_query = pst_cpu_event_query,
+    .stream_wait_flag = pst_cpu_stream_wait_flag,
     .set_jitter = pst_cpu_set_jitter,
 };

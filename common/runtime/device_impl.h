@@ -46,6 +46,20 @@ struct pst_event {
     void *ctx;                     /* backend state */
 };
 
+struct pst_flag {
+    pst_device *dev;
+    pthread_mutex_t mu;            /* guards value, status, detail */
+    pthread_cond_t cv;             /* broadcast on every signal */
+    uint64_t value;
+    pst_status status;             /* != PST_OK: failed for good */
+    char detail[PST_DEVICE_DETAIL_MAX];
+    void *ctx;                     /* backend state */
+};
+
+/* For backends: blocks until f's value is >= value or f has failed; returns PST_OK or
+ * the failure, with its detail copied into `detail`. */
+pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_DEVICE_DETAIL_MAX]);
+
 struct pst_runtime {
     const pst_backend_iface *iface;
     pst_backend_kind kind;
@@ -121,6 +135,17 @@ struct pst_backend_iface {
     pst_status (*event_synchronize)(pst_event *ev);
     /* 1 when the current mark has been reached or there is none, else 0. Never blocks. */
     int (*event_query)(pst_event *ev);
+
+    /* Optional: the backend state of a flag (f->ctx), created after the generic part and
+     * released before it. NULL: none. */
+    pst_status (*flag_init)(pst_flag *f);
+    void (*flag_free)(pst_flag *f);
+    /* Optional: called by pst_flag_signal after it raised f->value or failed f (f->mu not
+     * held), to tell the device. NULL: nothing to tell. */
+    void (*flag_signal)(pst_flag *f);
+    /* Makes later work on s wait until f->value >= value, or take f's failure. Must not
+     * block the calling thread. */
+    pst_status (*stream_wait_flag)(pst_stream *s, pst_flag *f, uint64_t value);
 
     /* Optional (test hook, see pst_runtime_set_jitter): before each later work item, a
      * stream sleeps a pseudo-random 0..max_us microseconds drawn from its own generator

@@ -32,6 +32,7 @@
  * alloc_mu its allocation table; nccl_mu the lazily created NCCL communicators. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -934,6 +935,136 @@ static int cuda_event_query(pst_event *ev)
     return ready;
 }
 
+/* ---- flags ------------------------------------------------------------------------- */
+
+/* The value the GPU waits on, in pinned host memory mapped for the device. A failed flag
+ * shows INT64_MAX there: the driver compares (int64_t)(*addr - value) >= 0, so every wait
+ * ends, and the host function queued after it turns the failure into the stream's. */
+typedef struct pst_cuda_flag {
+    uint64_t *host;
+    unsigned long long dev;  /* CUdeviceptr of `host` */
+} pst_cuda_flag;
+
+/* cuStreamWaitValue64, from the driver through the runtime (no link against libcuda). */
+typedef int (*pst_wait_value64_fn)(cudaStream_t, unsigned long long, uint64_t, unsigned int);
+static pthread_once_t wait_value_once = PTHREAD_ONCE_INIT;
+static pst_wait_value64_fn wait_value64;
+static atomic_int wait_value_warned;
+
+static void find_wait_value(void)
+{
+#if CUDART_VERSION >= 12050
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &fn, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+        wait_value64 = (pst_wait_value64_fn)fn;
+#endif
+}
+
+static pst_status cuda_flag_init(pst_flag *f)
+{
+    pst_cuda_flag *cf = calloc(1, sizeof *cf);
+    if (!cf)
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a flag", f->dev->name);
+    pst_status st = cuda_use(dev_ctx(f->dev)->ordinal);
+    void *dp = NULL;
+    if (st == PST_OK) {
+        cudaError_t e = cudaHostAlloc((void **)&cf->host, sizeof *cf->host,
+                                      cudaHostAllocMapped | cudaHostAllocPortable);
+        if (e == cudaSuccess)
+            e = cudaHostGetDevicePointer(&dp, cf->host, 0);
+        if (e != cudaSuccess)
+            st = pst_error_set(PST_ERR_NOMEM, "%s: no mapped host memory for a flag (%s)",
+                               f->dev->name, cudaGetErrorString(e));
+    }
+    if (st != PST_OK) {
+        if (cf->host)
+            cudaFreeHost(cf->host);
+        free(cf);
+        return st;
+    }
+    *cf->host = 0;
+    cf->dev = (unsigned long long)(uintptr_t)dp;
+    f->ctx = cf;
+    return PST_OK;
+}
+
+static void cuda_flag_free(pst_flag *f)
+{
+    pst_cuda_flag *cf = f->ctx;
+    if (!cf)
+        return;
+    cudaFreeHost(cf->host);
+    free(cf);
+    f->ctx = NULL;
+}
+
+static void cuda_flag_signal(pst_flag *f)
+{
+    pst_cuda_flag *cf = f->ctx;
+    pthread_mutex_lock(&f->mu);
+    uint64_t v = f->status != PST_OK ? (uint64_t)INT64_MAX : f->value;
+    pthread_mutex_unlock(&f->mu);
+    __atomic_store_n(cf->host, v, __ATOMIC_RELEASE);
+}
+
+/* After the GPU's wait: fails the stream when the flag failed. Never blocks. */
+static pst_status flag_check(void *arg)
+{
+    pst_flag *f = arg;
+    pthread_mutex_lock(&f->mu);
+    pst_status st = f->status;
+    char detail[PST_DEVICE_DETAIL_MAX];
+    memcpy(detail, f->detail, sizeof detail);
+    pthread_mutex_unlock(&f->mu);
+    return st == PST_OK ? PST_OK : pst_error_set(st, "waited on a failed flag: %s", detail);
+}
+
+/* The fallback where the driver cannot wait on memory: a host function that blocks (and
+ * holds CUDA's callback thread while it does). */
+typedef struct flag_block_arg {
+    pst_flag *f;
+    uint64_t value;
+} flag_block_arg;
+
+static pst_status flag_block(void *arg)
+{
+    flag_block_arg a = *(flag_block_arg *)arg;
+    free(arg);
+    char detail[PST_DEVICE_DETAIL_MAX];
+    pst_status st = pst_flag_wait_host(a.f, a.value, detail);
+    return st == PST_OK ? PST_OK : pst_error_set(st, "waited on a failed flag: %s", detail);
+}
+
+static pst_status cuda_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value)
+{
+    pst_cuda_stream *cs = s->ctx;
+    pst_cuda_flag *cf = f->ctx;
+    PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
+    pthread_once(&wait_value_once, find_wait_value);
+    int rc = -1;
+    if (wait_value64) {
+        rc = wait_value64(cs->stream, cf->dev, value, 0 /* CU_STREAM_WAIT_VALUE_GEQ */);
+        if (rc == 0)
+            return queue_item(cs, PST_CUDA_ITEM_USER, flag_check, f, NULL);
+    }
+    if (!atomic_exchange(&wait_value_warned, 1))
+        fprintf(stderr, "pstrain: %s: the driver cannot make a stream wait on host memory "
+                        "(cuStreamWaitValue64 %s, error %d); flag waits block CUDA's callback "
+                        "thread instead\n",
+                s->dev->name, wait_value64 ? "failed" : "not found", rc);
+    flag_block_arg *a = malloc(sizeof *a);
+    if (!a)
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a flag wait", s->dev->name);
+    *a = (flag_block_arg){f, value};
+    pst_status st = queue_item(cs, PST_CUDA_ITEM_USER, flag_block, a, NULL);
+    if (st != PST_OK)
+        free(a);
+    return st;
+}
+
 const pst_backend_iface pst_cuda_backend_iface = {
     .name = "cuda",
     .kind = PST_BACKEND_CUDA,
@@ -955,5 +1086,9 @@ const pst_backend_iface pst_cuda_backend_iface = {
     .stream_wait_event = cuda_stream_wait_event,
     .event_synchronize = cuda_event_synchronize,
     .event_query = cuda_event_query,
+    .flag_init = cuda_flag_init,
+    .flag_free = cuda_flag_free,
+    .flag_signal = cuda_flag_signal,
+    .stream_wait_flag = cuda_stream_wait_flag,
     .set_jitter = NULL, /* the CPU backend's test hook; GPUs have their own timing */
 };
