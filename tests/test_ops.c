@@ -10,7 +10,9 @@
  * same order (common/nn/cuda/ops_cuda.cu), so they must match bit for bit too; GEMMs and the
  * softmax get a tolerance. Also: argument checks with exact error codes, zero sizes,
  * ordering across two streams with events (under injected delays), and ops skipped on a
- * stream whose status is sticky. */
+ * stream whose status is sticky. Suite ops_naive: the CPU ops (on a stream, over a thread
+ * pool) against plain double loops written from ops.h's formulas, not the kernels they
+ * call. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -993,6 +995,211 @@ Test(ops_order, ops_after_a_failure_are_skipped)
     for (int i = 0; i < 4; i++)
         cr_assert_eq(d[i], 0.0f, "the add ran on a failed stream");
     pst_device_free(pst_runtime_device(rt, 0), p);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
+
+/* ---- the CPU ops against naive loops --------------------------------------------------
+ * The parity tests above compare each op with the kernel it calls; these compare the CPU
+ * ops, as the executor queues them (on a stream, split over a 2-thread pool), with plain
+ * loops in double written here from ops.h's formulas. A bug shared by an op and its kernel
+ * shows here. Tolerances: GEMM-like sums of K float products against double, |err| <=
+ * 1e-5 * (1 + sum |a_k b_k|); elementwise ops in float are exact where the formula is one
+ * float operation (ReLU mask, add), else 2 ulp-ish relative 1e-6. */
+
+static int naive_close(double got, double want, double scale, double rtol)
+{
+    return fabs(got - want) <= rtol * (1.0 + scale);
+}
+
+Test(ops_naive, linear_forward_backward_and_row_ranges)
+{
+    pst_runtime *rt = NULL;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    pst_device *dev = pst_runtime_device(rt, 0);
+    pst_stream *s;
+    CHECK_OK(pst_stream_create(dev, &s));
+    pst_pool *pool;
+    CHECK_OK(pst_pool_init(&pool, 2));
+    const int dims[][3] = {{1, 3, 2}, {7, 13, 5}, {9, 40, 600}}; /* 600 rows: 3 tiles */
+    for (int k = 0; k < 3; k++) {
+        const int B = dims[k][0], IC = dims[k][1], OC = dims[k][2];
+        float *inp = randn((size_t)B * IC, 300 + k), *w = randn((size_t)OC * IC, 310 + k);
+        float *bias = randn((size_t)OC, 320 + k), *dout = randn((size_t)B * OC, 330 + k);
+        float *out = calloc((size_t)B * OC, sizeof(float));
+        float *dw = randn((size_t)OC * IC, 340 + k), *db = randn((size_t)OC, 350 + k);
+        float *dw0 = copy_floats(dw, (size_t)OC * IC), *db0 = copy_floats(db, (size_t)OC);
+        float *dinp = calloc((size_t)B * IC, sizeof(float));
+        for (int relu = 0; relu < 2; relu++) {
+            pst_linear_fwd_args f = {.out = out, .inp = inp, .w = w, .b = bias, .B = B, .IC = IC,
+                                     .OC = OC, .relu = relu, .pool = pool};
+            CHECK_OK(pst_op_linear_forward(s, &f));
+            CHECK_OK(pst_stream_synchronize(s));
+            for (int r = 0; r < B; r++)
+                for (int j = 0; j < OC; j++) {
+                    double acc = bias[j], mag = fabs(bias[j]);
+                    for (int i = 0; i < IC; i++) {
+                        acc += (double)inp[r * IC + i] * w[j * IC + i];
+                        mag += fabs((double)inp[r * IC + i] * w[j * IC + i]);
+                    }
+                    if (relu && acc < 0)
+                        acc = 0;
+                    cr_assert(naive_close(out[r * OC + j], acc, mag, 1e-5),
+                              "forward %dx%dx%d relu %d: out[%d][%d] = %.9g, loops %.9g", B, IC,
+                              OC, relu, r, j, out[r * OC + j], acc);
+                }
+        }
+        /* Weight gradient of rows [row0, row1) accumulated onto dw0/db0, then the input
+         * gradient: rows outside the range keep their old values. */
+        const int row0 = OC > 256 ? 256 : 0, row1 = OC > 256 ? 512 : OC;
+        pst_linear_bwd_args bw = {.dw = dw, .db = db, .dout = dout, .inp = inp, .w = w, .B = B,
+                                  .IC = IC, .OC = OC, .accumulate = 1, .row0 = row0,
+                                  .row1 = row1, .pool = pool};
+        pst_linear_bwd_args bx = {.dinp = dinp, .dout = dout, .inp = inp, .w = w, .B = B,
+                                  .IC = IC, .OC = OC, .pool = pool};
+        CHECK_OK(pst_op_linear_backward(s, &bw));
+        CHECK_OK(pst_op_linear_backward(s, &bx));
+        CHECK_OK(pst_stream_synchronize(s));
+        for (int j = 0; j < OC; j++) {
+            const int in_range = j >= row0 && j < row1;
+            double g = db0[j], mag = fabs(db0[j]);
+            for (int r = 0; r < B; r++) {
+                g += in_range ? dout[r * OC + j] : 0.0;
+                mag += fabs(dout[r * OC + j]);
+            }
+            cr_assert(naive_close(db[j], g, mag, 1e-5), "db[%d] = %.9g, loops %.9g (rows %d..%d)",
+                      j, db[j], g, row0, row1);
+            for (int i = 0; i < IC; i++) {
+                double a = dw0[j * IC + i], am = fabs(a);
+                for (int r = 0; r < B && in_range; r++) {
+                    a += (double)dout[r * OC + j] * inp[r * IC + i];
+                    am += fabs((double)dout[r * OC + j] * inp[r * IC + i]);
+                }
+                cr_assert(naive_close(dw[j * IC + i], a, am, 1e-5),
+                          "dw[%d][%d] = %.9g, loops %.9g (rows %d..%d)", j, i, dw[j * IC + i], a,
+                          row0, row1);
+            }
+        }
+        for (int r = 0; r < B; r++)
+            for (int i = 0; i < IC; i++) {
+                double a = 0, am = 0;
+                for (int j = 0; j < OC; j++) {
+                    a += (double)dout[r * OC + j] * w[j * IC + i];
+                    am += fabs((double)dout[r * OC + j] * w[j * IC + i]);
+                }
+                cr_assert(naive_close(dinp[r * IC + i], a, am, 1e-5),
+                          "dinp[%d][%d] = %.9g, loops %.9g", r, i, dinp[r * IC + i], a);
+            }
+        free(inp); free(w); free(bias); free(dout); free(out); free(dw); free(db);
+        free(dw0); free(db0); free(dinp);
+    }
+    pst_pool_free(pool);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
+
+Test(ops_naive, relu_add_softmax_xent)
+{
+    pst_runtime *rt = NULL;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    pst_stream *s;
+    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
+    enum { B = 6, C = 11, N = 37 };
+    float *dout = randn(N, 400), *outv = randn(N, 401), *dinp = calloc(N, sizeof(float));
+    pst_relu_bwd_args ra = {.dinp = dinp, .dout = dout, .out = outv, .n = N};
+    float *dst = randn(N, 402), *src = randn(N, 403), *dst0 = copy_floats(dst, N);
+    pst_add_args aa = {.dst = dst, .src = src, .n = N};
+    float *logits = randn(B * C, 404), losses[B], dlog[B * C];
+    int32_t targets[B] = {0, 10, 3, 3, 7, 1}, correct = 2;
+    const float scale = 1.0f / 64;
+    pst_xent_args xa = {.losses = losses, .correct = &correct, .dlogits = dlog,
+                        .logits = logits, .targets = targets, .B = B, .C = C, .scale = scale};
+    CHECK_OK(pst_op_relu_backward(s, &ra));
+    CHECK_OK(pst_op_add(s, &aa));
+    CHECK_OK(pst_op_softmax_xent(s, &xa));
+    CHECK_OK(pst_stream_synchronize(s));
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(dinp[i], outv[i] > 0 ? dout[i] : 0.0f, "relu backward %d", i);
+        cr_assert_eq(dst[i], dst0[i] + src[i], "add %d", i);
+    }
+    int want_correct = 2;
+    for (int r = 0; r < B; r++) {
+        double mx = logits[r * C], sum = 0;
+        int best = 0;
+        for (int j = 1; j < C; j++)
+            if (logits[r * C + j] > logits[r * C + best])
+                best = j;
+        mx = logits[r * C + best];
+        for (int j = 0; j < C; j++)
+            sum += exp((double)logits[r * C + j] - mx);
+        const double loss = log(sum) - ((double)logits[r * C + targets[r]] - mx);
+        cr_assert(naive_close(losses[r], loss, fabs(loss), 1e-6), "loss %d: %.9g vs %.9g", r,
+                  losses[r], loss);
+        want_correct += best == targets[r];
+        for (int j = 0; j < C; j++) {
+            const double p = exp((double)logits[r * C + j] - mx) / sum;
+            const double g = (p - (j == targets[r])) * scale;
+            cr_assert(naive_close(dlog[r * C + j], g, 0.0, 1e-7), "dlogits[%d][%d] %.9g vs %.9g",
+                      r, j, dlog[r * C + j], g);
+        }
+    }
+    cr_assert_eq(correct, want_correct, "correct %d, loops %d", correct, want_correct);
+    free(dout); free(outv); free(dinp); free(dst); free(src); free(dst0); free(logits);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
+
+/* Momentum and Adam from optim.h's formulas in double, five steps, against the op. */
+Test(ops_naive, optimizers)
+{
+    pst_runtime *rt = NULL;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    pst_stream *s;
+    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
+    enum { N = 50 };
+    for (int kind = PST_OPTIM_MOMENTUM; kind <= PST_OPTIM_ADAMW; kind++) {
+        pst_optim_config cfg;
+        pst_optim_defaults(&cfg);
+        cfg.kind = (pst_optim_kind)kind;
+        cfg.lr = 0.01f;
+        cfg.momentum = 0.9f;
+        cfg.weight_decay = 0.05f;
+        float *p = randn(N, 500 + kind), state[2 * N] = {0};
+        double rp[N], rm[N] = {0}, rv[N] = {0};
+        for (int i = 0; i < N; i++)
+            rp[i] = p[i];
+        for (long t = 1; t <= 5; t++) {
+            float *g = randn(N, 600 + 10 * t + kind);
+            pst_optim_args a = {.cfg = &cfg, .t = t, .param = p, .state = state,
+                                .state_stride = N, .grad = g, .n = N};
+            CHECK_OK(pst_op_optim_apply(s, &a));
+            CHECK_OK(pst_stream_synchronize(s));
+            const double lr = cfg.lr, wd = cfg.weight_decay, b1 = cfg.beta1, b2 = cfg.beta2;
+            for (int i = 0; i < N; i++) {
+                double d = g[i];
+                if (kind == PST_OPTIM_MOMENTUM) {
+                    d += wd * rp[i];
+                    rm[i] = cfg.momentum * rm[i] + d;
+                    rp[i] -= lr * rm[i];
+                } else {
+                    if (kind == PST_OPTIM_ADAMW)
+                        rp[i] *= 1 - lr * wd;
+                    else
+                        d += wd * rp[i];
+                    rm[i] = b1 * rm[i] + (1 - b1) * d;
+                    rv[i] = b2 * rv[i] + (1 - b2) * d * d;
+                    const double mh = rm[i] / (1 - pow(b1, (double)t));
+                    const double vh = rv[i] / (1 - pow(b2, (double)t));
+                    rp[i] -= lr * mh / (sqrt(vh) + cfg.eps);
+                }
+                cr_assert(naive_close(p[i], rp[i], fabs(rp[i]), 1e-5),
+                          "%s t=%ld: param %d is %.9g, the formula gives %.9g",
+                          pst_optim_kind_name(cfg.kind), t, i, p[i], rp[i]);
+            }
+            free(g);
+        }
+        free(p);
+    }
     pst_stream_destroy(s);
     pst_runtime_free(rt);
 }
