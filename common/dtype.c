@@ -1,6 +1,6 @@
 /* dtype.c — f32 <-> f16 / bf16 conversions and array casts (see dtype.h).
  *
- * DESIGN: every conversion works on the bit patterns with integer arithmetic only, so the
+ * DESIGN: every conversion (dtype_math.h, shared with the CUDA cast kernel) works on the bit patterns with integer arithmetic only, so the
  * result does not depend on the FPU rounding mode, flush-to-zero settings or whether the
  * compiler has a native half type: the same input gives the same bits on every machine.
  * Rounding to nearest-even is done by adding (half an ulp - 1) plus the lowest kept bit
@@ -13,19 +13,7 @@
 
 #include <string.h>
 
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "common/dtype_math.h"
 
 size_t pst_dtype_size(pst_dtype t)
 {
@@ -70,82 +58,22 @@ int pst_dtype_parse(const char *s, pst_dtype *out)
 
 uint16_t pst_f32_to_f16(float f)
 {
-    uint32_t x = f32_bits(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-
-    if (ax >= 0x7f800000u) {
-        if (ax == 0x7f800000u)
-            return sign | 0x7c00u; /* infinity */
-        /* NaN: quiet bit set, top 9 payload bits kept, so it can never become infinity. */
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x03ffu));
-    }
-    /* 65520 = 65504 + half an ulp: ties go to the even neighbour, which is infinity. */
-    if (ax >= 0x477ff000u)
-        return sign | 0x7c00u;
-    if (ax >= 0x38800000u) {
-        /* Normal f16 (|f| >= 2^-14): rebias the exponent from 127 to 15, round 13 bits. */
-        uint32_t m = ax - ((uint32_t)(127 - 15) << 23);
-        m += 0x0fffu + ((m >> 13) & 1u);
-        return (uint16_t)(sign | (m >> 13));
-    }
-    /* Below 2^-14: an f16 subnormal counts units of 2^-24. Half a unit (2^-25) and less
-     * rounds to zero (exactly half is a tie with the even zero). */
-    if (ax <= 0x33000000u)
-        return sign;
-    uint32_t e = ax >> 23;                         /* 102 .. 112 here */
-    uint32_t mant = (ax & 0x007fffffu) | 0x00800000u;
-    uint32_t shift = 126 - e;                      /* 14 .. 24 */
-    uint32_t q = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++; /* may reach 0x400, the smallest normal: the bit pattern is still right */
-    return (uint16_t)(sign | q);
+    return pst_f16_from_f32(f);
 }
 
 float pst_f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x03ffu;
-
-    if (exp == 0x1fu) {
-        if (mant == 0)
-            return f32_from_bits(sign | 0x7f800000u);
-        return f32_from_bits(sign | 0x7fc00000u | (mant << 13)); /* quiet NaN */
-    }
-    if (exp == 0) {
-        if (mant == 0)
-            return f32_from_bits(sign);
-        /* Subnormal: mant * 2^-24; shift the leading one up to the implicit position. */
-        uint32_t e = 113; /* f32 biased exponent of 2^-14 */
-        while (!(mant & 0x0400u)) {
-            mant <<= 1;
-            e--;
-        }
-        return f32_from_bits(sign | (e << 23) | ((mant & 0x03ffu) << 13));
-    }
-    return f32_from_bits(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
+    return pst_f32_from_f16(h);
 }
 
 uint16_t pst_f32_to_bf16(float f)
 {
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x0040u); /* quiet NaN, sign and top payload kept */
-    /* Same exponent range as f32: subnormals round like normals and values past the
-     * largest bf16 plus half an ulp carry into the infinity pattern. */
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    return pst_bf16_from_f32(f);
 }
 
 float pst_bf16_to_f32(uint16_t b)
 {
-    uint32_t x = (uint32_t)b << 16;
-    if ((b & 0x7fffu) > 0x7f80u)
-        x |= 0x00400000u; /* quiet NaN */
-    return f32_from_bits(x);
+    return pst_f32_from_bf16(b);
 }
 
 static float load_f32(const void *src, pst_dtype st, size_t i)

@@ -32,6 +32,7 @@
 
 extern "C" {
 #include "common/nn/ops_impl.h"
+#include "common/dtype_math.h"
 #include "common/nn/optim_math.h"
 }
 
@@ -395,77 +396,7 @@ static pst_status cuda_optim_apply(pst_stream *s, const pst_optim_args *a)
     return PST_OK;
 }
 
-/* ---- casts (dtype.c on the device: same integer bit arithmetic, same bits) ------------ */
-
-__device__ static uint16_t f32_to_f16(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) {
-        if (ax == 0x7f800000u)
-            return sign | 0x7c00u;
-        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x03ffu));
-    }
-    if (ax >= 0x477ff000u)
-        return sign | 0x7c00u;
-    if (ax >= 0x38800000u) {
-        uint32_t m = ax - ((uint32_t)(127 - 15) << 23);
-        m += 0x0fffu + ((m >> 13) & 1u);
-        return (uint16_t)(sign | (m >> 13));
-    }
-    if (ax <= 0x33000000u)
-        return sign;
-    uint32_t e = ax >> 23;
-    uint32_t mant = (ax & 0x007fffffu) | 0x00800000u;
-    uint32_t shift = 126 - e;
-    uint32_t q = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    return (uint16_t)(sign | q);
-}
-
-__device__ static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t mant = h & 0x03ffu;
-    if (exp == 0x1fu) {
-        if (mant == 0)
-            return __uint_as_float(sign | 0x7f800000u);
-        return __uint_as_float(sign | 0x7fc00000u | (mant << 13));
-    }
-    if (exp == 0) {
-        if (mant == 0)
-            return __uint_as_float(sign);
-        uint32_t e = 113;
-        while (!(mant & 0x0400u)) {
-            mant <<= 1;
-            e--;
-        }
-        return __uint_as_float(sign | (e << 23) | ((mant & 0x03ffu) << 13));
-    }
-    return __uint_as_float(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
-}
-
-__device__ static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x0040u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-__device__ static float bf16_to_f32(uint16_t b)
-{
-    uint32_t x = (uint32_t)b << 16;
-    if ((b & 0x7fffu) > 0x7f80u)
-        x |= 0x00400000u;
-    return __uint_as_float(x);
-}
+/* ---- casts (dtype_math.h on the device: dtype.c's bit arithmetic, the same bits) ------- */
 
 /* Element i of a buffer of type t, through memcpy so that unaligned buffers work too
  * (dtype.h promises no alignment); nvcc emits plain loads when it can. */
@@ -478,7 +409,7 @@ __device__ static float load_elem(const void *src, int t, size_t i)
         return f;
     }
     memcpy(&h, (const char *)src + 2 * i, 2);
-    return t == PST_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+    return t == PST_F16 ? pst_f32_from_f16(h) : pst_f32_from_bf16(h);
 }
 
 __device__ static void store_elem(void *dst, int t, size_t i, float f)
@@ -487,7 +418,7 @@ __device__ static void store_elem(void *dst, int t, size_t i, float f)
         memcpy((char *)dst + 4 * i, &f, 4);
         return;
     }
-    uint16_t h = t == PST_F16 ? f32_to_f16(f) : f32_to_bf16(f);
+    uint16_t h = t == PST_F16 ? pst_f16_from_f32(f) : pst_bf16_from_f32(f);
     memcpy((char *)dst + 2 * i, &h, 2);
 }
 
