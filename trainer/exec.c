@@ -16,9 +16,12 @@
  * broadcast, and every device's forward waits on the owner's ready event. Training alone,
  * the in-process store updates that buffer in place (its master values ARE the buffer),
  * after every device's backward has stopped reading the block's weights (x_done).
- * Distributed, there are TWO buffers, by step parity: step s computes with one while its pulls land in the other, so a pull starts
- * with its push (at grad_done) instead of waiting for backward to finish with the old
- * weights; step s+1 computes with the new buffer.
+ * Distributed, there are TWO buffers, by step parity: step s computes with one while its
+ * pulls land in the other, so a pull starts with its push (at grad_done) instead of
+ * waiting for backward to finish with the old weights; step s+1 computes with the new
+ * buffer. With replicas (--cpu-replicas 1, and on GPUs) each new block lands in host
+ * staging, is copied to the owner once backward stopped reading the old weights, and is
+ * broadcast; the recv stream waits for it on a flag the exchange raises (device.h).
  * A layer's weight gradient is computed in chunks of rows cut at the block boundaries
  * (ascending), and each block's grad_done is recorded right after the chunk that finishes
  * it: a large layer's first blocks leave while the rest of its weight gradient is still
@@ -106,7 +109,7 @@ struct tr_exec {
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
-    float *pbuf[2];                /* shared distributed mode: by step parity (see DESIGN) */
+    float *pbuf[2];                /* shared copy with pservers: by step parity (see DESIGN) */
     int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
     const tr_plan *plan;
@@ -211,7 +214,7 @@ static int block_in_first_tensor(const pst_model *m, const pst_layer *ly, const 
  * (the layer's split_tile: a linear layer's GEMM bits must not depend on where the plan
  * cut the blocks). A block's cut is at least row 1, and the cuts of a layer's blocks ascend
  * with the blocks; a block whose cut equals the previous one is finished by the same chunk.
- * Training alone nothing is sent early (the local optimizer waits for the layer's x_done
+ * Training alone nothing is sent early (the in-place update waits for the layer's x_done
  * anyway) and smaller GEMMs only cost speed, so each layer is one chunk. */
 static pst_status build_chunks(tr_exec *ex)
 {
