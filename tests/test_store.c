@@ -1289,3 +1289,48 @@ Test(store, push_f32_with_several_trainers_is_copied)
     assert_block_equals(st, 1, &ref);
     ps_store_free(st);
 }
+
+/* A gradient read in place is scanned for NaN and infinity by the pool's parts (a block
+ * large enough to be split): the first bad element is named whichever part holds it, and
+ * a refused push changes no value. */
+Test(store, in_place_scan_split_over_the_pool_names_the_first_bad_element)
+{
+    enum { N = 10007 };
+    static const ps_block_spec big[] = {{.id = 1, .offset = 0, .length = N}};
+    static float home[N], g[N];
+    fill_normal(home, N, 2, 0, 1.0f);
+    float *values[1] = {home};
+    pst_pool *pool = NULL;
+    cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = big,
+                           .nblocks = 1, .values = values, .pool = pool};
+    optim_for(PST_OPTIM_MOMENTUM, &cfg.optim);
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK, "%s", pst_error_detail());
+    static float before[N];
+    memcpy(before, home, sizeof before);
+    /* (positions, values): one bad element in the second part, then one in each part */
+    const struct {
+        uint64_t at[2];
+        int n;
+        const char *want;
+    } cases[] = {{{9000, 0}, 1, "nan at element 9000"},
+                 {{N - 1, 0}, 1, "inf at element 10006"},
+                 {{7000, 17}, 2, "nan at element 17"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fill_normal(g, N, 3, c, 1.0f);
+        for (int i = 0; i < cases[c].n; i++)
+            g[cases[c].at[i]] = strstr(cases[c].want, "inf") ? INFINITY : NAN;
+        cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, NULL), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), cases[c].want), "case %zu: %s", c,
+                  pst_error_detail());
+        cr_assert_eq(memcmp(before, home, sizeof before), 0, "case %zu changed values", c);
+        cr_assert_eq(ps_store_version(st, 1), 0);
+    }
+    fill_normal(g, N, 3, 99, 1.0f);
+    cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, NULL), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(ps_store_version(st, 1), 1);
+    cr_assert_neq(memcmp(before, home, sizeof before), 0, "a clean push updates");
+    ps_store_free(st);
+    pst_pool_free(pool);
+}
