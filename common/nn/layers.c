@@ -23,12 +23,15 @@ void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
                 weight + (int64_t)j0 * IC, IC, 0.0f, out + j0, OC);
     for (int b = 0; b < B; b++) {
         float *o = out + (int64_t)b * OC;
-        if (relu) {
+        if (relu && bias) {
             for (int j = j0; j < j1; j++) {
                 float v = o[j] + bias[j];
                 o[j] = v > 0.0f ? v : 0.0f;
             }
-        } else {
+        } else if (relu) {
+            for (int j = j0; j < j1; j++)
+                o[j] = o[j] > 0.0f ? o[j] : 0.0f;
+        } else if (bias) {
             for (int j = j0; j < j1; j++)
                 o[j] += bias[j];
         }
@@ -49,9 +52,9 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
     if (n <= 0)
         return;
     /* dbias: column sums, rows added in order so the result does not depend on threads. */
-    if (!accumulate)
+    if (dbias && !accumulate)
         memset(dbias + j0, 0, sizeof(float) * (size_t)n);
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; dbias && b < B; b++) {
         const float *d = dout + (int64_t)b * OC;
         for (int j = j0; j < j1; j++)
             dbias[j] += d[j];

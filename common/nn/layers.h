@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 /* out (B, OC) = inp (B, IC) @ weight^T + bias, then ReLU when relu != 0.
- * weight (OC, IC), bias (OC). */
+ * weight (OC, IC), bias (OC) or NULL (no bias; then dbias below is NULL too). */
 void pst_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
                         int B, int IC, int OC, int relu);
 

@@ -1,0 +1,59 @@
+/* seq_layers.h — CPU reference kernels for sequence models (a GPT-2-style transformer):
+ * token + position embedding, LayerNorm, causal multi-head attention, GELU (tanh form).
+ * The matmuls are the linear kernels of layers.h (a NULL bias there means none).
+ * llm.c conventions: outputs first, then inputs, then dimensions; row-major; a sequence
+ * batch is (B, T, C) with N = B*T rows. Parameter gradients overwrite, or add when
+ * `accumulate` (a tied tensor's second writer). Every sum over rows runs in ascending row
+ * order, and every slice function computes each element with the same operations in the
+ * same order as the whole call, so a split over threads changes no bit.
+ * Pure functions: thread safe on disjoint outputs. No allocation. */
+#ifndef PST_SEQ_LAYERS_H
+#define PST_SEQ_LAYERS_H
+
+#include <stdint.h>
+
+#define PST_LN_EPS 1e-5f
+
+/* out (B, T, C) = wte[tokens[b, t]] + wpe[t], for columns [c0, c1). Tokens in [0, V). */
+void pst_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           int B, int T, int C, int c0, int c1);
+/* dwte (V, C) += dout rows by token, dwpe (T, C) += dout summed over b, columns [c0, c1),
+ * rows (b, t) in ascending order; both are zeroed first (those columns) unless accumulate.
+ * Either may be NULL. */
+void pst_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                            int B, int T, int C, int V, int accumulate, int c0, int c1);
+
+/* out (N, C) = (inp - mean) * rstd * w + b per row, for rows [r0, r1); mean and rstd (N) are
+ * written for the backward (either may be NULL). */
+void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *b, int N, int C, int r0, int r1);
+/* dinp (N, C), rows [r0, r1): overwritten, or added to when dinp_accumulate (the residual
+ * stream's gradient). */
+void pst_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                                  const float *w, const float *mean, const float *rstd, int N,
+                                  int C, int dinp_accumulate, int r0, int r1);
+/* dw, db (C), columns [c0, c1): sums over all N rows in row order (overwritten, or added
+ * to when accumulate). */
+void pst_layernorm_backward_params(float *dw, float *db, const float *dout, const float *inp,
+                                   const float *mean, const float *rstd, int N, int C,
+                                   int accumulate, int c0, int c1);
+
+/* Causal self-attention over qkv (B, T, 3C) (the C query columns, then the keys, then the
+ * values; head h uses columns h*C/H .. (h+1)*C/H - 1 of each): out (B, T, C) and, for the
+ * backward, lse (B, H, T) = the log-sum-exp of each query's scaled scores. The mask is the
+ * loop bound (a query sees keys 0..t); the probabilities live in a T-float scratch for one
+ * query at a time. Pairs (b, h) with b*H + h in [bh0, bh1). scratch: T floats. */
+void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
+                           float *scratch, int bh0, int bh1);
+/* dqkv (B, T, 3C) for pairs [bh0, bh1) (overwritten) from dout (B, T, C): the
+ * probabilities are recomputed from qkv and lse, none kept from the forward.
+ * scratch: 2*T floats. */
+void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                            int B, int T, int C, int H, float *scratch, int bh0, int bh1);
+
+/* out (n) = GELU(inp), the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void pst_gelu_forward(float *out, const float *inp, int64_t n);
+/* dinp (n) = GELU'(inp) * dout (dinp may equal dout). */
+void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+
+#endif /* PST_SEQ_LAYERS_H */

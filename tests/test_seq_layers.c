@@ -1,0 +1,344 @@
+/* test_seq_layers.c — the sequence kernels (common/nn/seq_layers.h) against float64:
+ * each forward against a plain double-precision loop written here from the formula, each
+ * backward against central finite differences of that double forward (the objective is
+ * sum(dout * f(x)) for a random dout), and every split (rows, columns, heads) against the
+ * whole call, bit for bit. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/nn/layers.h"
+#include "common/nn/seq_layers.h"
+#include "common/rng.h"
+
+static void fill(float *x, size_t n, uint64_t seed, float scale)
+{
+    pst_rng r;
+    pst_rng_seed(&r, seed, 7);
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * pst_rng_normal(&r);
+}
+
+static void to_double(double *d, const float *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = f[i];
+}
+
+/* |got - want| <= atol + rtol |want| everywhere; names the first element that is not. */
+static void expect_close(const char *what, const float *got, const double *want, size_t n,
+                         double atol, double rtol)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= atol + rtol * fabs(want[i]),
+                  "%s[%zu]: %.9g, expected %.9g", what, i, (double)got[i], want[i]);
+}
+
+/* The finite-difference gradient of obj over x[0..n) (x changed and restored). */
+typedef double (*objective_fn)(void *ctx);
+static void numeric_grad(double *g, double *x, size_t n, objective_fn obj, void *ctx)
+{
+    const double h = 1e-5;
+    for (size_t i = 0; i < n; i++) {
+        const double keep = x[i];
+        x[i] = keep + h;
+        double up = obj(ctx);
+        x[i] = keep - h;
+        double down = obj(ctx);
+        x[i] = keep;
+        g[i] = (up - down) / (2 * h);
+    }
+}
+
+/* ---- LayerNorm ---------------------------------------------------------------------- */
+
+enum { LN_N = 6, LN_C = 24 };
+
+typedef struct ln_case {
+    double x[LN_N * LN_C], w[LN_C], b[LN_C], dout[LN_N * LN_C], out[LN_N * LN_C];
+} ln_case;
+
+static void ln_double(ln_case *k)
+{
+    for (int r = 0; r < LN_N; r++) {
+        const double *x = k->x + r * LN_C;
+        double m = 0, v = 0;
+        for (int c = 0; c < LN_C; c++)
+            m += x[c];
+        m /= LN_C;
+        for (int c = 0; c < LN_C; c++)
+            v += (x[c] - m) * (x[c] - m);
+        v /= LN_C;
+        for (int c = 0; c < LN_C; c++)
+            k->out[r * LN_C + c] = (x[c] - m) / sqrt(v + (double)PST_LN_EPS) * k->w[c] + k->b[c];
+    }
+}
+
+static double ln_obj(void *ctx)
+{
+    ln_case *k = ctx;
+    ln_double(k);
+    double s = 0;
+    for (int i = 0; i < LN_N * LN_C; i++)
+        s += k->dout[i] * k->out[i];
+    return s;
+}
+
+Test(seq_layers, layernorm_against_float64_and_finite_differences)
+{
+    static float x[LN_N * LN_C], w[LN_C], b[LN_C], dout[LN_N * LN_C], out[LN_N * LN_C];
+    static float mean[LN_N], rstd[LN_N], dx[LN_N * LN_C], dw[LN_C], db[LN_C];
+    fill(x, LN_N * LN_C, 1, 2.0f);
+    for (int i = 0; i < LN_N * LN_C; i++)
+        x[i] += 0.5f; /* a nonzero mean */
+    fill(w, LN_C, 2, 0.5f);
+    for (int c = 0; c < LN_C; c++)
+        w[c] += 1.0f;
+    fill(b, LN_C, 3, 0.5f);
+    fill(dout, LN_N * LN_C, 4, 1.0f);
+    static ln_case k;
+    to_double(k.x, x, LN_N * LN_C);
+    to_double(k.w, w, LN_C);
+    to_double(k.b, b, LN_C);
+    to_double(k.dout, dout, LN_N * LN_C);
+
+    pst_layernorm_forward(out, mean, rstd, x, w, b, LN_N, LN_C, 0, LN_N);
+    ln_double(&k);
+    expect_close("layernorm out", out, k.out, LN_N * LN_C, 1e-5, 1e-5);
+
+    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, LN_N, LN_C, 0, 0, LN_N);
+    pst_layernorm_backward_params(dw, db, dout, x, mean, rstd, LN_N, LN_C, 0, 0, LN_C);
+    static double g[LN_N * LN_C];
+    numeric_grad(g, k.x, LN_N * LN_C, ln_obj, &k);
+    expect_close("layernorm dinp", dx, g, LN_N * LN_C, 1e-4, 1e-3);
+    numeric_grad(g, k.w, LN_C, ln_obj, &k);
+    expect_close("layernorm dw", dw, g, LN_C, 1e-4, 1e-3);
+    numeric_grad(g, k.b, LN_C, ln_obj, &k);
+    expect_close("layernorm db", db, g, LN_C, 1e-4, 1e-3);
+
+    /* Accumulation adds (the residual stream; a second micro-batch), splits change no bit. */
+    static float dx2[LN_N * LN_C], dw2[LN_C], db2[LN_C], out2[LN_N * LN_C];
+    for (int i = 0; i < LN_N * LN_C; i++)
+        dx2[i] = 1.0f;
+    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, 1, 0, 4);
+    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, 1, 4, LN_N);
+    for (int i = 0; i < LN_N * LN_C; i++)
+        cr_assert_eq(dx2[i], 1.0f + dx[i], "dinp accumulate at %d", i);
+    pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 0, 0, 16);
+    pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 0, 16, LN_C);
+    cr_assert_eq(memcmp(dw2, dw, sizeof dw), 0);
+    cr_assert_eq(memcmp(db2, db, sizeof db), 0);
+    pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 1, 0, LN_C);
+    double twice[LN_C];
+    for (int c = 0; c < LN_C; c++)
+        twice[c] = 2.0 * dw[c]; /* rows added onto dw one by one: near, not the same bits */
+    expect_close("layernorm dw accumulated", dw2, twice, LN_C, 1e-5, 1e-5);
+    pst_layernorm_forward(out2, NULL, NULL, x, w, b, LN_N, LN_C, 0, 3);
+    pst_layernorm_forward(out2, NULL, NULL, x, w, b, LN_N, LN_C, 3, LN_N);
+    cr_assert_eq(memcmp(out2, out, sizeof out), 0);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+enum { AB = 2, AT = 7, AC = 12, AH = 3, A3 = 3 * AC };
+
+typedef struct att_case {
+    double qkv[AB * AT * A3], dout[AB * AT * AC], out[AB * AT * AC];
+} att_case;
+
+static void att_double(att_case *k)
+{
+    const int hs = AC / AH;
+    const double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < AB; b++)
+        for (int h = 0; h < AH; h++)
+            for (int t = 0; t < AT; t++) {
+                const double *q = k->qkv + (b * AT + t) * A3 + h * hs;
+                double s[AT], m = -INFINITY, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    const double *kk = k->qkv + (b * AT + j) * A3 + AC + h * hs;
+                    s[j] = 0;
+                    for (int i = 0; i < hs; i++)
+                        s[j] += q[i] * kk[i];
+                    s[j] *= scale;
+                    m = s[j] > m ? s[j] : m;
+                }
+                for (int j = 0; j <= t; j++)
+                    sum += exp(s[j] - m);
+                double *o = k->out + (b * AT + t) * AC + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    o[i] = 0;
+                    for (int j = 0; j <= t; j++)
+                        o[i] += exp(s[j] - m) / sum * k->qkv[(b * AT + j) * A3 + 2 * AC + h * hs + i];
+                }
+            }
+}
+
+static double att_obj(void *ctx)
+{
+    att_case *k = ctx;
+    att_double(k);
+    double s = 0;
+    for (int i = 0; i < AB * AT * AC; i++)
+        s += k->dout[i] * k->out[i];
+    return s;
+}
+
+Test(seq_layers, attention_against_float64_and_finite_differences)
+{
+    static float qkv[AB * AT * A3], dout[AB * AT * AC], out[AB * AT * AC], lse[AB * AH * AT];
+    static float dqkv[AB * AT * A3], scratch[2 * AT];
+    fill(qkv, AB * AT * A3, 5, 1.5f);
+    fill(dout, AB * AT * AC, 6, 1.0f);
+    static att_case k;
+    to_double(k.qkv, qkv, AB * AT * A3);
+    to_double(k.dout, dout, AB * AT * AC);
+    pst_attention_forward(out, lse, qkv, AB, AT, AC, AH, scratch, 0, AB * AH);
+    att_double(&k);
+    expect_close("attention out", out, k.out, AB * AT * AC, 1e-5, 1e-5);
+    /* The first query sees only itself: its output is its value row, exactly. */
+    for (int i = 0; i < AC; i++)
+        cr_assert_eq(out[i], qkv[2 * AC + i]);
+
+    memset(dqkv, 0xff, sizeof dqkv); /* NaN everywhere: the backward overwrites */
+    pst_attention_backward(dqkv, dout, qkv, lse, AB, AT, AC, AH, scratch, 0, AB * AH);
+    static double g[AB * AT * A3];
+    numeric_grad(g, k.qkv, AB * AT * A3, att_obj, &k);
+    expect_close("attention dqkv", dqkv, g, AB * AT * A3, 1e-4, 1e-3);
+
+    /* A later query never reaches an earlier output: the mask. The last key of each
+     * sequence is seen by the last query only, so its gradient comes from that query. */
+    static float out2[AB * AT * AC], lse2[AB * AH * AT], dqkv2[AB * AT * A3];
+    for (int bh = 0; bh < AB * AH; bh++) {
+        pst_attention_forward(out2, lse2, qkv, AB, AT, AC, AH, scratch, bh, bh + 1);
+        pst_attention_backward(dqkv2, dout, qkv, lse2, AB, AT, AC, AH, scratch, bh, bh + 1);
+    }
+    cr_assert_eq(memcmp(out2, out, sizeof out), 0, "split over heads: other bits");
+    cr_assert_eq(memcmp(lse2, lse, sizeof lse), 0);
+    cr_assert_eq(memcmp(dqkv2, dqkv, sizeof dqkv), 0);
+}
+
+/* ---- GELU --------------------------------------------------------------------------- */
+
+enum { GN = 64 };
+
+typedef struct gelu_case {
+    double x[GN], dout[GN];
+} gelu_case;
+
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_obj(void *ctx)
+{
+    gelu_case *k = ctx;
+    double s = 0;
+    for (int i = 0; i < GN; i++)
+        s += k->dout[i] * gelu_d(k->x[i]);
+    return s;
+}
+
+Test(seq_layers, gelu_against_float64_and_finite_differences)
+{
+    float x[GN], dout[GN], out[GN], dx[GN];
+    fill(x, GN, 8, 2.0f);
+    fill(dout, GN, 9, 1.0f);
+    gelu_case k;
+    to_double(k.x, x, GN);
+    to_double(k.dout, dout, GN);
+    double want[GN];
+    for (int i = 0; i < GN; i++)
+        want[i] = gelu_d(k.x[i]);
+    pst_gelu_forward(out, x, GN);
+    expect_close("gelu out", out, want, GN, 1e-6, 1e-5);
+    pst_gelu_backward(dx, x, dout, GN);
+    double g[GN];
+    numeric_grad(g, k.x, GN, gelu_obj, &k);
+    expect_close("gelu dinp", dx, g, GN, 1e-5, 1e-4);
+    memcpy(dx, dout, sizeof dx);
+    pst_gelu_backward(dx, x, dx, GN); /* in place */
+    expect_close("gelu dinp in place", dx, g, GN, 1e-5, 1e-4);
+}
+
+/* ---- embedding ---------------------------------------------------------------------- */
+
+Test(seq_layers, embedding_rows_and_gradients_in_a_fixed_order)
+{
+    enum { B = 3, T = 5, C = 20, V = 7 };
+    float wte[V * C], wpe[T * C], out[B * T * C], dout[B * T * C];
+    int32_t tok[B * T];
+    fill(wte, V * C, 10, 1.0f);
+    fill(wpe, T * C, 11, 1.0f);
+    fill(dout, B * T * C, 12, 1.0f);
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (i * 5 + 1) % V; /* repeats: several rows land on one token */
+    tok[3] = V - 1;
+    pst_embedding_forward(out, tok, wte, wpe, B, T, C, 0, C);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                cr_assert_eq(out[(b * T + t) * C + c],
+                             wte[tok[b * T + t] * C + c] + wpe[t * C + c]);
+    /* The gradient of a linear map is its transpose, so "finite differences" are exact
+     * here: compare with sums in double, then check the order by bits against a plain
+     * loop adding rows (b, t) ascending. */
+    float dwte[V * C], dwpe[T * C];
+    memset(dwte, 0xff, sizeof dwte);
+    pst_embedding_backward(dwte, dwpe, dout, tok, B, T, C, V, 0, 0, C);
+    double want_te[V * C] = {0}, want_pe[T * C] = {0};
+    float order_te[V * C] = {0};
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++) {
+                want_te[tok[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+                order_te[tok[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+                want_pe[t * C + c] += dout[(b * T + t) * C + c];
+            }
+    expect_close("dwte", dwte, want_te, V * C, 1e-6, 1e-6);
+    expect_close("dwpe", dwpe, want_pe, T * C, 1e-6, 1e-6);
+    cr_assert_eq(memcmp(dwte, order_te, sizeof dwte), 0, "rows not added in (b, t) order");
+    /* Accumulate (the tied embedding's second writer) and a column split. */
+    float acc[V * C], split[V * C];
+    for (int i = 0; i < V * C; i++)
+        acc[i] = split[i] = 0.25f;
+    pst_embedding_backward(acc, NULL, dout, tok, B, T, C, V, 1, 0, C);
+    pst_embedding_backward(split, NULL, dout, tok, B, T, C, V, 1, 0, 16);
+    pst_embedding_backward(split, NULL, dout, tok, B, T, C, V, 1, 16, C);
+    cr_assert_eq(memcmp(acc, split, sizeof acc), 0);
+    float direct[V * C] = {0};
+    for (int i = 0; i < V * C; i++)
+        direct[i] = 0.25f;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                direct[tok[b * T + t] * C + c] += dout[(b * T + t) * C + c];
+    cr_assert_eq(memcmp(acc, direct, sizeof acc), 0);
+}
+
+/* A linear layer without a bias (the tied output projection): out = inp @ w^T, dbias NULL. */
+Test(seq_layers, linear_without_bias)
+{
+    enum { B = 4, IC = 8, OC = 5 };
+    float inp[B * IC], w[OC * IC], out[B * OC], dout[B * OC], dw[OC * IC], dx[B * IC];
+    fill(inp, B * IC, 13, 1.0f);
+    fill(w, OC * IC, 14, 1.0f);
+    fill(dout, B * OC, 15, 1.0f);
+    pst_linear_forward(out, inp, w, NULL, B, IC, OC, 0);
+    double want[B * OC], wdw[OC * IC] = {0}, wdx[B * IC] = {0};
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OC; o++) {
+            want[b * OC + o] = 0;
+            for (int i = 0; i < IC; i++) {
+                want[b * OC + o] += (double)inp[b * IC + i] * w[o * IC + i];
+                wdw[o * IC + i] += (double)dout[b * OC + o] * inp[b * IC + i];
+                wdx[b * IC + i] += (double)dout[b * OC + o] * w[o * IC + i];
+            }
+        }
+    expect_close("out", out, want, B * OC, 1e-5, 1e-5);
+    pst_linear_backward(dx, dw, NULL, dout, inp, w, B, IC, OC, 0);
+    expect_close("dw", dw, wdw, OC * IC, 1e-5, 1e-5);
+    expect_close("dinp", dx, wdx, B * IC, 1e-5, 1e-5);
+}
