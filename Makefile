@@ -45,8 +45,8 @@ test-nocuda: deps
 # Fails at the end when no GPU was used (the tests themselves skip with "skipped: no GPU").
 test-gpu: deps
 	cmake -S . -B $(BUILD)-gpu -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_CUDA=ON $(CMAKE_FLAGS)
-	cmake --build $(BUILD)-gpu -j $(JOBS) --target test_ops test_collectives test_cuda_nogpu
-	cd $(BUILD)-gpu && ctest --output-on-failure --timeout 900 -R '^(test_ops|test_collectives|test_cuda_nogpu)$$'
+	cmake --build $(BUILD)-gpu -j $(JOBS) --target test_ops test_seq_ops test_collectives test_cuda_nogpu
+	cd $(BUILD)-gpu && ctest --output-on-failure --timeout 900 -R '^(test_ops|test_seq_ops|test_collectives|test_cuda_nogpu)$$'
 	@cd $(BUILD)-gpu && ./tests/test_ops --filter 'ops_backends/*' 2>&1 | grep 'parity runs on' \
 	  || { echo "test-gpu: no GPU was used (CUDA parity skipped); run it on a machine with a GPU" >&2; exit 1; }
 

@@ -25,6 +25,8 @@
 
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
 #define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
+/* --dataset kjv's text (scripts/deps.sh writes it from Debian's bible-kjv) */
+#define PST_KJV_PATH "/usr/local/share/pstrain/kjv.txt"
 
 typedef enum pst_role { PST_ROLE_TRAINER = 0, PST_ROLE_PSERVER } pst_role;
 typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
@@ -49,11 +51,15 @@ typedef struct pst_config {
     long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */
     int server_threads;                            /* pserver completion-queue threads */
     /* model and data */
-    char model[16];                                /* mlp | synthetic */
+    char model[16];                                /* mlp | gpt | synthetic */
     int nhidden;                                   /* --hidden: hidden layers of the mlp */
     int hidden[PST_MAX_HIDDEN];                    /* their widths */
     long params;                                   /* synthetic model size */
-    char dataset[32];                              /* fashion-mnist */
+    int layers, heads, embd, ctx;                  /* gpt: blocks, heads, channels, context */
+    int val_windows;                               /* text: validation windows evaluated */
+    int sample;                                    /* gpt: characters generated at the end */
+    float temperature;                             /* of that sampling */
+    char dataset[32];                              /* fashion-mnist | mnist | text | kjv */
     char data_dir[PST_PATH_MAX];
     int epochs;
     long steps;                                    /* stop after this many steps (0: epochs) */

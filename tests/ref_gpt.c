@@ -104,7 +104,8 @@ void ref_gpt_backward(ref_gpt *g, const float *params, float *grads, const int32
     const int T = g->d.T, C = g->d.C, V = g->d.V, H = g->d.H, L = g->d.L, N = B * T;
     const size_t NM = (size_t)g->max_batch * T;
     float *dlogits = g->logits; /* the logits are not needed any more */
-    pst_softmax_xent_backward(dlogits, g->probs, targets, N, V, 1.0f / (float)N);
+    /* the mean over B sequences of each one's mean over T positions, as the trainer scales */
+    pst_softmax_xent_backward(dlogits, g->probs, targets, N, V, 1.0f / (float)B / (float)T);
     /* the tied projection writes wte's gradient first; the embedding adds to it last */
     pst_linear_backward(g->dln, grads + g->off[WTE], NULL, dlogits, g->lnf, params + g->off[WTE],
                         N, C, V, 0);

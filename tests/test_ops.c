@@ -714,14 +714,16 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
                               .B = 2, .IC = 2, .OC = 2};
     CHECK_ERR(pst_op_linear_forward(NULL, &lf), PST_ERR_INVALID);
     CHECK_ERR(pst_op_linear_forward(s, NULL), PST_ERR_INVALID);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 3; k++) {
         pst_linear_fwd_args x = lf;
         if (k == 0) x.out = NULL;
         if (k == 1) x.inp = NULL;
         if (k == 2) x.w = NULL;
-        if (k == 3) x.b = NULL;
         CHECK_ERR(pst_op_linear_forward(s, &x), PST_ERR_INVALID);
     }
+    pst_linear_fwd_args nobias = lf;
+    nobias.b = NULL; /* a layer without bias (the tied output projection) */
+    CHECK_OK(pst_op_linear_forward(s, &nobias));
     pst_linear_fwd_args bad = lf;
     bad.B = -1;
     CHECK_ERR(pst_op_linear_forward(s, &bad), PST_ERR_INVALID);
@@ -736,10 +738,13 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
                               .inp = f + 24, .w = f + 32, .B = 2, .IC = 2, .OC = 2};
     CHECK_ERR(pst_op_linear_backward(NULL, &lb), PST_ERR_INVALID);
     CHECK_ERR(pst_op_linear_backward(s, NULL), PST_ERR_INVALID);
+    pst_linear_bwd_args nodb = lb;
+    nodb.db = NULL; /* no bias: no bias gradient */
+    CHECK_OK(pst_op_linear_backward(s, &nodb));
     for (int k = 0; k < 5; k++) {
         pst_linear_bwd_args x = lb;
         if (k == 0) x.dw = NULL;
-        if (k == 1) x.db = NULL;
+        if (k == 1) x.dinp = x.dw = NULL; /* nothing to compute but a bias gradient */
         if (k == 2) x.dout = NULL;
         if (k == 3) x.inp = NULL;
         if (k == 4) x.w = NULL;

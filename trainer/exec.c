@@ -67,8 +67,10 @@ typedef struct exec_dev {
     float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
     void **inst;                  /* (L) the layers' op arguments on this device */
     void **chunk;                 /* (nchunks) each weight-gradient chunk's arguments */
-    float *x;                     /* (max_batch, in_width) */
-    int32_t *y;                   /* (max_batch) */
+    float *x;                     /* (max_batch, in_width) floats, or int32 tokens (in_tokens) */
+    int32_t *y;                   /* (max_batch, target_width) */
+    float **save, **work;         /* (L) each layer's kept activations and scratch; NULL: none */
+    float **scratch;              /* (L) per-thread scratch; NULL: none */
     float *losses;                /* (max_batch) */
     int32_t *correct;             /* (1) */
     pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
@@ -183,10 +185,13 @@ static void bind_layers(tr_exec *ex, exec_dev *d)
     for (int l = 0; l < ex->L; l++) {
         const pst_layer_io io = {
             .pool = d->pool, .params = d->params, .grads = d->grads,
-            .in = l ? d->acts[l - 1] : d->x, .out = d->acts[l],
+            .in = l ? d->acts[l - 1] : m->in_tokens ? NULL : d->x, .out = d->acts[l],
+            .tokens = !l && m->in_tokens ? (const int32_t *)(const void *)d->x : NULL,
             .dout = l + 1 < ex->L ? d->dbuf[(ex->L - 2 - l) & 1] : NULL,
             .din = l ? d->dbuf[(ex->L - 1 - l) & 1] : NULL,
-            .targets = d->y, .losses = d->losses, .correct = d->correct};
+            .targets = d->y, .losses = d->losses, .correct = d->correct,
+            .save = d->save[l], .work = d->work[l], .scratch = d->scratch[l],
+            .max_batch = ex->max_batch};
         m->layers[l].cls->bind(d->inst[l], m, l, &io);
     }
 }
@@ -297,7 +302,10 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
         widest = m->layers[l].in_width > widest ? m->layers[l].in_width : widest;
     d->acts = calloc((size_t)ex->L, sizeof *d->acts);
     d->inst = calloc((size_t)ex->L, sizeof *d->inst);
-    if (!d->acts || !d->inst)
+    d->save = calloc((size_t)ex->L, sizeof *d->save);
+    d->work = calloc((size_t)ex->L, sizeof *d->work);
+    d->scratch = calloc((size_t)ex->L, sizeof *d->scratch);
+    if (!d->acts || !d->inst || !d->save || !d->work || !d->scratch)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     if (share_params)
         d->params = ex->devs[0].params; /* not freed through this device */
@@ -307,7 +315,8 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
-    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B, (void **)&d->y));
+    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
+    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B * tw, (void **)&d->y));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
     PST_TRY(alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
     for (int l = 0; l < ex->L; l++) {
@@ -315,6 +324,17 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
         if (ly->out_width > 0)
             PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->out_width,
                               (void **)&d->acts[l]));
+        if (ly->save_width > 0)
+            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->save_width,
+                              (void **)&d->save[l]));
+        if (ly->work_width > 0)
+            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->work_width,
+                              (void **)&d->work[l]));
+        if (ly->scratch_per_thread > 0) {
+            const size_t threads = d->pool ? (size_t)pst_pool_size(d->pool) : 1;
+            PST_TRY(alloc_dev(d->dev, sizeof(float) * threads * (size_t)ly->scratch_per_thread,
+                              (void **)&d->scratch[l]));
+        }
         if (!(d->inst[l] = calloc(1, ly->cls->inst_bytes ? ly->cls->inst_bytes : 1)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
@@ -557,10 +577,18 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->grads);
             pst_device_free(d->dev, d->dbuf[0]);
             pst_device_free(d->dev, d->dbuf[1]);
+            for (int l = 0; d->save && d->work && d->scratch && l < ex->L; l++) {
+                pst_device_free(d->dev, d->save[l]);
+                pst_device_free(d->dev, d->work[l]);
+                pst_device_free(d->dev, d->scratch[l]);
+            }
             for (int l = 0; d->acts && l < ex->L; l++)
                 pst_device_free(d->dev, d->acts[l]);
         }
         free(d->acts);
+        free(d->save);
+        free(d->work);
+        free(d->scratch);
         pst_pool_free(d->pool);
     }
     if (ex->pbuf[1])
@@ -830,10 +858,11 @@ static pst_status sync_streams(tr_exec *ex, int which)
     return PST_OK;
 }
 
-pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y, int rows,
+pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
                         int global_rows, double *loss_sum)
 {
     const int in = ex->model->in_width;
+    const size_t tw = ex->model->target_width > 0 ? (size_t)ex->model->target_width : 1;
     const float scale = 1.0f / (float)global_rows;
     *loss_sum = 0.0;
     use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
@@ -844,10 +873,11 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
         d->lo = lo;
         d->rows = hi - lo;
         if (d->rows && in)
-            PST_TRY(pst_memcpy_async(d->compute, d->x, x + (size_t)lo * in,
+            PST_TRY(pst_memcpy_async(d->compute, d->x, (const float *)x + (size_t)lo * in,
                                      sizeof(float) * (size_t)d->rows * in, PST_COPY_HOST_TO_DEVICE));
         if (d->rows && y)
-            PST_TRY(pst_memcpy_async(d->compute, d->y, y + lo, sizeof(int32_t) * (size_t)d->rows,
+            PST_TRY(pst_memcpy_async(d->compute, d->y, y + (size_t)lo * tw,
+                                     sizeof(int32_t) * (size_t)d->rows * tw,
                                      PST_COPY_HOST_TO_DEVICE));
         PST_TRY(enqueue_compute(ex, d, step, scale));
     }
@@ -888,6 +918,43 @@ pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y
 }
 
 /* ---- evaluation and results ----------------------------------------------------------- */
+
+pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int rows,
+                              double *loss_sum, long *correct)
+{
+    use_newest_params(ex);
+    exec_dev *d = &ex->devs[0];
+    pst_stream *s = d->compute;
+    const pst_model *m = ex->model;
+    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
+    int32_t hc = 0;
+    *loss_sum = 0.0;
+    *correct = 0;
+    if (rows < 0 || rows > ex->max_batch)
+        return pst_error_set(PST_ERR_INVALID, "evaluation: %d rows, at most %d", rows,
+                             ex->max_batch);
+    if (!rows)
+        return PST_OK;
+    const float *l = d->losses;
+    PST_TRY(pst_memset_async(s, d->correct, 0, sizeof(int32_t)));
+    PST_TRY(pst_memcpy_async(s, d->x, x, sizeof(float) * (size_t)rows * (size_t)m->in_width,
+                             PST_COPY_HOST_TO_DEVICE));
+    PST_TRY(pst_memcpy_async(s, d->y, y, sizeof(int32_t) * (size_t)rows * tw,
+                             PST_COPY_HOST_TO_DEVICE));
+    for (int k = 0; k < ex->L; k++) /* the loss layer with scale 0: no gradient */
+        PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
+    if (!ex->host_memory) {
+        PST_TRY(pst_memcpy_async(s, ex->host_losses, d->losses, sizeof(float) * (size_t)rows,
+                                 PST_COPY_DEVICE_TO_HOST));
+        l = ex->host_losses;
+    }
+    PST_TRY(pst_memcpy_async(s, &hc, d->correct, sizeof(int32_t), PST_COPY_DEVICE_TO_HOST));
+    PST_TRY(pst_stream_synchronize(s));
+    for (int r = 0; r < rows; r++)
+        *loss_sum += l[r];
+    *correct = hc;
+    return PST_OK;
+}
 
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
 {

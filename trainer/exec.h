@@ -49,13 +49,19 @@ size_t tr_exec_nparams(const tr_exec *ex);
 /* Initial parameters from `seed` on every device, through the link's start (the pservers:
  * Init, then everyone pulls trainer 0's values). */
 pst_status tr_exec_start(tr_exec *ex, uint64_t seed);
-/* Queues step `step` over rows x (rows, in) and y (rows) in host memory, this trainer's
+/* Queues step `step` over rows x (rows, in_width: floats, or int32 token ids when the model
+ * has in_tokens) and y (rows, target_width) in host memory, this trainer's
  * share of a global batch of `global_rows`; returns when the step's compute has run (its
  * communication may still be running), with the sum of the rows' losses. */
-pst_status tr_exec_step(tr_exec *ex, long step, const float *x, const int32_t *y, int rows,
+pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
                         int global_rows, double *loss_sum);
 /* Waits for all queued work. */
 pst_status tr_exec_sync(tr_exec *ex);
+/* The forward alone on device 0 over `rows` (at most the evaluation rows) host rows, as
+ * tr_exec_step takes them: the sum of their losses and the number of correct predictions
+ * (call after tr_exec_sync; returns when done). */
+pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int rows,
+                              double *loss_sum, long *correct);
 /* Test accuracy on device 0 (call after tr_exec_sync). */
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 /* L2 norm of device 0's parameters and a copy of them (after tr_exec_sync). */

@@ -19,6 +19,7 @@
 
 #include "common/clock.h"
 #include "common/data/data.h"
+#include "common/data/text.h"
 #include "common/runtime/device.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -70,6 +71,32 @@ static double median(double *v, long n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* ---- evaluation ------------------------------------------------------------------------ */
+
+/* The mean loss over the first --val-windows validation windows and the share of their
+ * tokens predicted, in batches of at most `chunk` windows (x, y hold chunk * T). */
+static pst_status text_validate(tr_exec *ex, const pst_text *text, const pst_config *cfg,
+                                int chunk, int32_t *x, int32_t *y, double *loss, double *acc)
+{
+    const int T = cfg->ctx;
+    int nw = pst_text_val_windows(text, T);
+    nw = nw < cfg->val_windows ? nw : cfg->val_windows;
+    double sum = 0.0;
+    long correct = 0;
+    for (int i = 0; i < nw; i += chunk) {
+        const int k = nw - i < chunk ? nw - i : chunk;
+        pst_text_val_rows(text, T, i, k, x, y);
+        double s;
+        long c;
+        PST_TRY(tr_exec_eval_batch(ex, x, y, k, &s, &c));
+        sum += s;
+        correct += c;
+    }
+    *loss = nw ? sum / nw : 0.0;
+    *acc = nw ? (double)correct / ((double)nw * T) : 0.0;
+    return PST_OK;
+}
+
 /* ---- the loop ------------------------------------------------------------------------- */
 
 /* The summary's view of the final parameters: their count, L2 norm and param_hash. */
@@ -89,6 +116,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     pst_config run_cfg = *user_cfg; /* gets the run's length, below */
     const pst_config *cfg = &run_cfg;
     pst_dataset train = {0}, test = {0};
+    pst_text text = {0};
     pst_model model = {0};
     pst_runtime *rt = NULL;
     pst_metrics metrics = {0};
@@ -97,7 +125,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     tr_link *link = NULL;
     tr_trace *trace = NULL;
     tr_exec *ex = NULL;
-    float *x = NULL, *params = NULL;
+    void *x = NULL;
+    float *params = NULL;
     int32_t *y = NULL;
     uint32_t *perm = NULL;
     double *step_ms = NULL;
@@ -110,23 +139,32 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
         goto error;
     const int data = pst_model_reads_data(cfg);
-    if (data && (st = pst_dataset_load(&train, &test, cfg->dataset, cfg->data_dir)) != PST_OK)
+    const int is_text = data && (!strcmp(cfg->dataset, "text") || !strcmp(cfg->dataset, "kjv"));
+    if (is_text && (st = pst_text_load(&text, cfg->data_dir, cfg->ctx)) != PST_OK)
         goto error;
-    if ((st = pst_model_from_config(&model, cfg, train.dim,
-                                    train.nclasses > test.nclasses ? train.nclasses
-                                                                   : test.nclasses)) != PST_OK)
+    if (data && !is_text &&
+        (st = pst_dataset_load(&train, &test, cfg->dataset, cfg->data_dir)) != PST_OK)
         goto error;
+    if ((st = pst_model_from_config(&model, cfg, is_text ? cfg->ctx : train.dim,
+                                    is_text ? text.vocab
+                                    : train.nclasses > test.nclasses ? train.nclasses
+                                                                     : test.nclasses)) != PST_OK)
+        goto error;
+    const int row_in = model.in_width > 0 ? model.in_width : 1;
+    const int row_targets = model.target_width > 0 ? model.target_width : 1;
 
     const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
     const int max_part = (B + T - 1) / T;
     /* With data: --epochs over the training set, or --steps if fewer. Without: --steps, or
      * 20 per epoch, as one epoch. */
-    long total = data ? (long)pst_batches_per_epoch(train.n, B) * cfg->epochs
-                      : cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
-    if (data && cfg->steps > 0 && cfg->steps < total)
+    /* Text: --steps windows drawn at random, as one epoch. */
+    const int images = data && !is_text;
+    long total = images ? (long)pst_batches_per_epoch(train.n, B) * cfg->epochs
+                        : cfg->steps > 0 ? cfg->steps : 20L * cfg->epochs;
+    if (images && cfg->steps > 0 && cfg->steps < total)
         total = cfg->steps;
-    const int epochs = data ? cfg->epochs : 1;
-    const long nb = data ? pst_batches_per_epoch(train.n, B) : total;
+    const int epochs = images ? cfg->epochs : 1;
+    const long nb = images ? pst_batches_per_epoch(train.n, B) : total;
     /* warmup_cosine reaches --min-lr at the last step: every optimizer (the executor's,
      * the pservers' through Init) needs the run's length. */
     run_cfg.optim.total_steps = total;
@@ -152,15 +190,17 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
      * over its share, a thread team of its own (OpenBLAS is single-threaded, see main.c). */
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
+    /* a sequence model's rows are large: evaluate in batches of the training rows */
     tr_exec_config ec = {.cfg = cfg, .rt = rt, .model = &model, .max_rows = max_part,
-                         .eval_rows = 256, .link = link, .overlap = cfg->overlap,
+                         .eval_rows = is_text ? max_part : 256, .link = link,
+                         .overlap = cfg->overlap,
                          .threads = threads_per_device,
                          .trace = trace};
     if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
         goto error;
 
-    x = malloc(sizeof(float) * (size_t)max_part * (train.dim ? train.dim : 1));
-    y = malloc(sizeof(int32_t) * (size_t)max_part);
+    x = malloc(sizeof(float) * (size_t)max_part * (size_t)row_in); /* floats or int32 tokens */
+    y = malloc(sizeof(int32_t) * (size_t)max_part * (size_t)row_targets);
     perm = malloc(sizeof(uint32_t) * (size_t)(train.n ? train.n : 1));
     step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
     params = malloc(sizeof(float) * tr_exec_nparams(ex));
@@ -182,16 +222,18 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         double t_epoch = pst_clock_s(), t_bar = 0.0, loss_sum = 0.0;
         long loss_n = 0;
         size_t epoch_samples = 0;
-        if (data)
+        if (images)
             pst_epoch_order(perm, train.n, cfg->seed, epoch);
         for (long b = 0; b < nb && step < total; b++, step++) {
             pst_log_set_step(step);
             long start = b * B;
-            int len = data && train.n - start < B ? (int)(train.n - start) : B, lo, hi;
+            int len = images && train.n - start < B ? (int)(train.n - start) : B, lo, hi;
             pst_batch_part(len, rank, T, &lo, &hi);
             int cnt = hi - lo;
-            if (data)
+            if (images)
                 pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
+            else if (is_text)
+                pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
             double t0 = pst_clock_s(), loss = 0.0;
             if ((st = check_stop()) != PST_OK ||
                 (st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
@@ -217,11 +259,17 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         train_time += dt;
         samples += epoch_samples;
         last_loss = loss_n ? loss_sum / (double)loss_n : 0.0;
-        if (data && (st = tr_exec_evaluate(ex, &test, &test_acc)) != PST_OK)
+        if (images && (st = tr_exec_evaluate(ex, &test, &test_acc)) != PST_OK)
+            goto error;
+        if (is_text && (st = text_validate(ex, &text, cfg, max_part, x, y, &sum->val_loss,
+                                           &test_acc)) != PST_OK)
             goto error;
         if (tty)
             fputc('\n', stderr);
-        if (lines)
+        if (lines && is_text)
+            PST_INFO("%ld steps: train_loss %.4f val_loss %.4f %.0f tokens/s", step, last_loss,
+                     sum->val_loss, (double)epoch_samples * cfg->ctx / dt);
+        else if (lines)
             PST_INFO("epoch %d/%d: train_loss %.4f test_acc %.4f %.0f samples/s", epoch + 1,
                      epochs, last_loss, test_acc, (double)epoch_samples / dt);
         pst_metrics_write(&metrics, "epoch",
@@ -234,6 +282,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->test_acc = test_acc;
     sum->train_loss = last_loss;
     sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
+    sum->text = is_text;
+    sum->tokens_per_s = is_text ? sum->samples_per_s * cfg->ctx : 0.0;
     sum->step_ms_median = median(step_ms, step);
     sum->steps = step;
     summarize_params(sum, params, tr_exec_nparams(ex));
@@ -264,6 +314,7 @@ error:
     pst_model_free(&model);
     pst_dataset_free(&train);
     pst_dataset_free(&test);
+    pst_text_free(&text);
     pst_runtime_free(rt);
     return st;
 }
@@ -278,6 +329,9 @@ void tr_summary_print(FILE *out, const tr_summary *s)
             s->params, s->param_l2, s->param_hash);
     for (int i = 0; i < s->ndevices; i++)
         fprintf(out, "%s%zu", i ? "," : "", s->peak_bytes[i]);
-    fputs("]}\n", out);
+    fputs("]", out);
+    if (s->text)
+        fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
+    fputs("}\n", out);
     fflush(out);
 }

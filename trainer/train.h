@@ -12,8 +12,11 @@
 #include "common/runtime/device.h"
 
 typedef struct tr_summary {
-    double test_acc;
+    double test_acc;       /* text: the share of validation tokens predicted (argmax) */
     double train_loss;     /* mean loss of this trainer's examples in the last epoch run */
+    int text;              /* 1: a language model; val_loss and tokens_per_s below */
+    double val_loss;       /* mean loss over the validation windows */
+    double tokens_per_s;
     double samples_per_s;  /* global-batch samples per second of training wall time */
     double step_ms_median; /* forward + backward + update */
     long steps;
@@ -27,7 +30,8 @@ typedef struct tr_summary {
 
 /* Trains the model the config names (models.h) on the trainer's devices through the
  * executor (exec.h), alone or with the configured pservers. A model that reads data gets
- * the configured data set, --epochs over it (or --steps) and a test accuracy per epoch; the
+ * the configured data set, --epochs over it (or --steps) and a test accuracy per epoch (a
+ * text data set: --steps of windows drawn at random, then the validation loss); the
  * synthetic model runs --steps (or 20 per epoch) steps of --batch rows and no evaluation.
  * Prints progress on stderr and fills *sum. Errors: device, data, allocation or pserver
  * failures, with their detail. */

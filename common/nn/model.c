@@ -38,11 +38,25 @@ pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer)
         if (layer->tensor[i] < 0 || layer->tensor[i] >= m->ntensors)
             return pst_error_set(PST_ERR_INVALID, "model %s: layer %d names tensor %d of %d",
                                  m->name, m->nlayers, layer->tensor[i], m->ntensors);
+    for (int i = 0; i < layer->ntensors; i++)
+        for (int k = 0; k < i; k++)
+            if (layer->tensor[k] == layer->tensor[i])
+                return pst_error_set(PST_ERR_INVALID, "model %s: layer %d names tensor %d twice",
+                                     m->name, m->nlayers, layer->tensor[i]);
     pst_layer *grown = realloc(m->layers, sizeof *grown * (size_t)(m->nlayers + 1));
     if (!grown)
         return pst_error_set(PST_ERR_NOMEM, "model %s: out of memory", m->name);
     m->layers = grown;
-    m->layers[m->nlayers++] = *layer;
+    /* An earlier layer runs its backward after this one: where they share a tensor, the
+     * earlier one adds to the gradient this one writes. */
+    for (int l = 0; l < m->nlayers; l++)
+        for (int i = 0; i < m->layers[l].ntensors; i++)
+            for (int k = 0; k < layer->ntensors; k++)
+                if (m->layers[l].tensor[i] == layer->tensor[k])
+                    m->layers[l].grad_accumulate |= 1u << i;
+    m->layers[m->nlayers] = *layer;
+    m->layers[m->nlayers].grad_accumulate = 0;
+    m->nlayers++;
     return PST_OK;
 }
 

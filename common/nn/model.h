@@ -13,6 +13,11 @@
  * Layer l's input is layer l-1's output (layer 0's is the batch); backward runs the layers
  * last to first, each reading the gradient of its output and writing that of its input.
  *
+ * A tensor named by several layers (a tied weight: the token embedding read by the first
+ * layer and the output projection) gets its gradient from each: the layer whose backward
+ * runs first (the highest) overwrites it, the others add to it. pst_model_add_layer works
+ * this out and sets each layer's grad_accumulate bits; a layer class reads them.
+ *
  * A block's gradient is final once the LOWEST layer that names it has run its backward (the
  * layers run backward one after another on one stream; a pipeline stage will be a range of
  * layers on one device, and then "lowest" becomes "last in the stage's order"). A layer
@@ -36,7 +41,7 @@
 struct pst_pool;
 struct pst_model;
 
-#define PST_LAYER_MAX_TENSORS 4
+#define PST_LAYER_MAX_TENSORS 16
 
 typedef struct pst_tensor {
     char name[32];      /* "l0.weight" */
@@ -54,12 +59,17 @@ typedef struct pst_layer_io {
     struct pst_pool *pool;      /* CPU: the device's thread team (NULL: the stream's thread) */
     float *params, *grads;      /* the flat buffers */
     const float *in;            /* (max_batch, in_width): the previous layer's output or the batch */
+    const int32_t *tokens;      /* layer 0 of a model with in_tokens: the batch as token ids */
     float *out;                 /* (max_batch, out_width); NULL when out_width is 0 */
     const float *dout;          /* gradient of `out` (NULL for the loss layer) */
     float *din;                 /* gradient of `in` (NULL for layer 0: nobody reads it) */
-    const int32_t *targets;     /* (max_batch) labels */
+    const int32_t *targets;     /* (max_batch, target_width) labels */
     float *losses;              /* (max_batch) per-row losses, written by the loss layer */
     int32_t *correct;           /* (1) correct predictions, added to by the loss layer */
+    float *save;                /* (max_batch, save_width): kept from forward to backward */
+    float *work;                /* (max_batch, work_width): scratch of this layer's ops */
+    float *scratch;             /* (pool threads, scratch_per_thread) */
+    int max_batch;
 } pst_layer_io;
 
 /* What a layer does, as ops queued on a stream (common/nn/ops.h). The op argument structs
@@ -93,6 +103,11 @@ typedef struct pst_layer {
     int split_rows;                    /* rows of tensor[0] wgrad computes by range (0: none) */
     int split_tile;                    /* cuts fall on multiples of this many rows */
     int flags;                         /* the class's own (e.g. PST_LINEAR_RELU) */
+    int save_width;                    /* floats per row kept from forward to backward */
+    int work_width;                    /* floats per row of scratch */
+    int scratch_per_thread;            /* floats of scratch per thread of the device's team */
+    uint32_t grad_accumulate;          /* bit i: add to tensor[i]'s gradient (set by
+                                        * pst_model_add_layer: a higher layer writes it first) */
 } pst_layer;
 
 typedef struct pst_model {
@@ -102,8 +117,10 @@ typedef struct pst_model {
     pst_layer *layers;                 /* forward order; the last is the loss */
     int nlayers;
     size_t nparams;
-    int in_width;                      /* floats per input row (0: the model reads no data) */
+    int in_width;                      /* values per input row (0: the model reads no data) */
+    int in_tokens;                     /* 1: the input rows are int32 token ids, not floats */
     int nclasses;                      /* labels are 0 .. nclasses-1 (0: no labels) */
+    int target_width;                  /* labels per row (0 means 1) */
     /* The initial parameters from `seed` (nparams host floats). */
     void (*init_params)(const struct pst_model *m, float *dst, uint64_t seed);
     void *data;                        /* the model's own, freed with it */
@@ -114,8 +131,9 @@ typedef struct pst_model {
 /* Appends a tensor of the given shape after the last one. Errors: PST_ERR_NOMEM,
  * PST_ERR_INVALID (a name too long, no or too many dimensions, a dimension < 1). */
 pst_status pst_model_add_tensor(pst_model *m, const char *name, int ndim, const int64_t *shape);
-/* Appends a layer (copied). Errors: PST_ERR_NOMEM, PST_ERR_INVALID (a tensor index out of
- * range, too many tensors, a negative width). */
+/* Appends a layer (copied), and sets grad_accumulate on the earlier layers that name one
+ * of its tensors. Errors: PST_ERR_NOMEM, PST_ERR_INVALID (a tensor index out of range, too
+ * many tensors, a negative width). */
 pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer);
 /* The checks the executor relies on: at least one layer; widths chain (layer l's in_width is
  * layer l-1's out_width, layer 0's the model's in_width); every tensor named by some layer;
@@ -134,6 +152,18 @@ int pst_model_find_tensor(const pst_model *m, const char *name);
 extern const pst_layer_class pst_layer_linear;
 /* Softmax cross-entropy over in_width classes (the loss; no tensors). */
 extern const pst_layer_class pst_layer_softmax_xent;
+/* Token + position embedding: the first layer of a model with in_tokens (rows of T token
+ * ids): out (B, T*C) = wte[token] + wpe[t]; tensors {wte (V, C), wpe (T, C)}. */
+extern const pst_layer_class pst_layer_embedding;
+/* A pre-LayerNorm transformer block over rows of T positions of C channels (in and out
+ * T*C): x += attproj(causal_attention(qkv(ln1(x)))); x += fcproj(gelu(fc(ln2(x)))).
+ * Tensors {ln1w, ln1b, qkvw (3C, C), qkvb, attprojw (C, C), attprojb, ln2w, ln2b,
+ * fcw (4C, C), fcb, fcprojw (C, 4C), fcprojb}; heads in flags. */
+extern const pst_layer_class pst_layer_transformer_block;
+/* The language-model loss: final LayerNorm, logits = x @ wte^T (the projection tied to the
+ * embedding), softmax cross-entropy of every position against its target; a row's loss is
+ * the mean over its T positions. Tensors {lnfw, lnfb, wte (V, C)}; the loss layer. */
+extern const pst_layer_class pst_layer_lm_head;
 /* The synthetic model's only layer: no compute; its weight gradient is a fixed host array
  * (m->data) copied to the device, its losses are zeros. */
 extern const pst_layer_class pst_layer_fixed_grad;

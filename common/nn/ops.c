@@ -32,7 +32,7 @@ static const pst_ops_iface *ops_of(pst_stream *s)
 pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
-    CHECK(o && a && a->out && a->inp && a->w && a->b, "linear_forward");
+    CHECK(o && a && a->out && a->inp && a->w, "linear_forward");
     CHECK(a->B >= 0 && a->IC > 0 && a->OC > 0, "linear_forward");
     return a->B ? o->linear_forward(s, a) : PST_OK;
 }
@@ -41,7 +41,7 @@ pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
     CHECK(o && a && a->dout && a->inp && a->w, "linear_backward");
-    CHECK((a->dw && a->db) || (!a->dw && !a->db && a->dinp), "linear_backward");
+    CHECK(a->dw || (!a->db && a->dinp), "linear_backward");
     CHECK(a->B > 0 && a->IC > 0 && a->OC > 0, "linear_backward");
     CHECK((a->row1 == 0 && a->row0 == 0) ||
               (a->row0 >= 0 && a->row0 < a->row1 && a->row1 <= a->OC && a->dw &&
@@ -62,7 +62,8 @@ pst_status pst_op_softmax_xent(pst_stream *s, const pst_xent_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
     CHECK(o && a && a->losses && a->dlogits && a->logits && a->targets, "softmax_xent");
-    CHECK(a->B >= 0 && a->C > 0, "softmax_xent");
+    CHECK(a->B >= 0 && a->C > 0 && a->group >= 0, "softmax_xent");
+    CHECK(a->group <= 1 || a->B % a->group == 0, "softmax_xent");
     return a->B ? o->softmax_xent(s, a) : PST_OK;
 }
 
@@ -90,3 +91,38 @@ pst_status pst_op_cast(pst_stream *s, const pst_cast_args *a)
           "cast");
     return a->n ? o->cast(s, a) : PST_OK;
 }
+
+/* A sequence op the stream's backend does not have yet: one line saying so. */
+#define SEQ_OP(fn, field, type, cond)                                                      \
+    pst_status fn(pst_stream *s, const type *a)                                            \
+    {                                                                                      \
+        const pst_ops_iface *o = ops_of(s);                                                \
+        CHECK(o && a && (cond), #field);                                                   \
+        if (!o->field)                                                                     \
+            return pst_error_set(PST_ERR_UNSUPPORTED, "%s: not implemented on the %s "     \
+                                 "backend yet", #field,                                    \
+                                 pst_runtime_backend(s->dev->rt) == PST_BACKEND_CUDA       \
+                                     ? "CUDA"                                              \
+                                     : "CPU");                                             \
+        return o->field(s, a);                                                             \
+    }
+
+SEQ_OP(pst_op_embedding_forward, embedding_forward, pst_embedding_fwd_args,
+       a->out && a->tokens && a->wte && a->wpe && a->B >= 0 && a->T > 0 && a->C > 0)
+SEQ_OP(pst_op_embedding_backward, embedding_backward, pst_embedding_bwd_args,
+       a->dout && a->tokens && (a->dwte || a->dwpe) && a->B >= 0 && a->T > 0 && a->C > 0 &&
+           a->V > 0)
+SEQ_OP(pst_op_layernorm_forward, layernorm_forward, pst_layernorm_args,
+       a->out && a->mean && a->rstd && a->inp && a->w && a->b && a->N >= 0 && a->C > 0)
+SEQ_OP(pst_op_layernorm_backward, layernorm_backward, pst_layernorm_args,
+       a->dout && a->inp && a->w && a->saved_mean && a->saved_rstd && (a->dinp || a->dw) &&
+           !a->dw == !a->db && a->N >= 0 && a->C > 0)
+SEQ_OP(pst_op_attention_forward, attention_forward, pst_attention_args,
+       a->out && a->lse && a->qkv && a->scratch && a->B >= 0 && a->T > 0 && a->H > 0 &&
+           a->C > 0 && a->C % a->H == 0)
+SEQ_OP(pst_op_attention_backward, attention_backward, pst_attention_args,
+       a->dqkv && a->dout && a->qkv && a->saved_lse && a->scratch && a->B >= 0 && a->T > 0 &&
+           a->H > 0 && a->C > 0 && a->C % a->H == 0)
+SEQ_OP(pst_op_gelu_forward, gelu_forward, pst_gelu_args, a->out && a->inp && a->n >= 0)
+SEQ_OP(pst_op_gelu_backward, gelu_backward, pst_gelu_args,
+       a->out && a->inp && a->dout && a->n >= 0)

@@ -24,7 +24,7 @@
 
 struct pst_pool;
 
-/* out (B, OC) = inp (B, IC) @ w^T (OC, IC) + b (OC), then ReLU when relu != 0.
+/* out (B, OC) = inp (B, IC) @ w^T (OC, IC) + b (OC; NULL: no bias), then ReLU when relu.
  * On CPU the GEMM and the bias/ReLU pass are split over `pool` by output columns when
  * given (NULL: the stream's thread alone), each part a single-threaded OpenBLAS call. */
 typedef struct pst_linear_fwd_args {
@@ -35,7 +35,8 @@ typedef struct pst_linear_fwd_args {
 } pst_linear_fwd_args;
 
 /* dw (OC, IC) = dout^T @ inp, db (OC) = column sums of dout (overwritten, or added when
- * accumulate), dinp (B, IC) = dout @ w (skipped when NULL). dw and db may both be NULL
+ * accumulate; db NULL: a layer without bias), dinp (B, IC) = dout @ w (skipped when NULL).
+ * dw and db may both be NULL
  * (only dinp): the executor computes the weight gradient first, so the block can leave
  * while the input gradient is still being computed. When row1 > 0 only rows [row0, row1)
  * of dw and db are computed (0 <= row0 < row1 <= OC): the executor cuts a layer's weight
@@ -61,7 +62,9 @@ typedef struct pst_relu_bwd_args {
 /* Softmax cross-entropy, forward and backward in one pass:
  * losses (B) = -log softmax(logits)[target]; correct (1 int) += rows whose argmax is the
  * target (may be NULL); dlogits (B, C) = (softmax - onehot) * scale, or, when scale is 0
- * (evaluation), the softmax itself. */
+ * (evaluation), the softmax itself. With group > 1 (a language model's positions: B rows
+ * in groups of `group`), losses has B/group entries, each the mean of its group's losses
+ * (summed in row order in double). */
 typedef struct pst_xent_args {
     float *losses;
     int32_t *correct;
@@ -70,6 +73,7 @@ typedef struct pst_xent_args {
     const int32_t *targets;
     int B, C;
     float scale;
+    int group;                   /* 0 or 1: a loss per row */
 } pst_xent_args;
 
 /* dst (n) += src (n); both on the stream's device, or src on another device of the same
@@ -101,6 +105,72 @@ typedef struct pst_cast_args {
     pst_dtype st;
     size_t n;
 } pst_cast_args;
+
+/* ---- sequence ops (seq_layers.h's kernels; on CPU split over `pool` where given, by rows,
+ * columns or (sequence, head) pairs, which changes no bit) ---- */
+
+/* out (B, T, C) = wte[tokens] + wpe[t]. */
+typedef struct pst_embedding_fwd_args {
+    float *out;
+    const int32_t *tokens;
+    const float *wte, *wpe;
+    int B, T, C;
+    struct pst_pool *pool;
+} pst_embedding_fwd_args;
+
+/* dwte (V, C) and dwpe (T, C) from dout (B, T, C), rows in (b, t) order; each overwritten
+ * or added to (its own accumulate flag); either may be NULL. */
+typedef struct pst_embedding_bwd_args {
+    float *dwte, *dwpe;
+    const float *dout;
+    const int32_t *tokens;
+    int B, T, C, V;
+    int wte_accumulate, wpe_accumulate;
+    struct pst_pool *pool;
+} pst_embedding_bwd_args;
+
+/* LayerNorm over rows of C: forward writes out, mean, rstd (N); backward writes dinp
+ * (overwritten, or added when dinp_accumulate; NULL: skipped) and dw, db (overwritten, or
+ * added when accumulate; both NULL: skipped). */
+typedef struct pst_layernorm_args {
+    float *out, *mean, *rstd;   /* forward */
+    float *dinp, *dw, *db;      /* backward */
+    const float *inp, *w, *b, *dout;
+    const float *saved_mean, *saved_rstd; /* backward: the forward's mean, rstd */
+    int N, C;
+    int dinp_accumulate, accumulate;
+    struct pst_pool *pool;
+} pst_layernorm_args;
+
+/* Causal multi-head attention (seq_layers.h): forward out (B, T, C), lse (B, H, T) from
+ * qkv (B, T, 3C); backward dqkv from dout, qkv, lse. scratch: 2*T floats per thread of the
+ * pool (one part's at scratch + part * 2T). */
+typedef struct pst_attention_args {
+    float *out, *lse;           /* forward */
+    float *dqkv;                /* backward */
+    const float *qkv, *dout, *saved_lse;
+    int B, T, C, H;
+    float *scratch;
+    struct pst_pool *pool;
+} pst_attention_args;
+
+/* GELU (tanh form): forward out = gelu(inp); backward out = gelu'(inp) * dout (out may be
+ * dout). */
+typedef struct pst_gelu_args {
+    float *out;
+    const float *inp, *dout;
+    int64_t n;
+    struct pst_pool *pool;
+} pst_gelu_args;
+
+pst_status pst_op_embedding_forward(pst_stream *s, const pst_embedding_fwd_args *a);
+pst_status pst_op_embedding_backward(pst_stream *s, const pst_embedding_bwd_args *a);
+pst_status pst_op_layernorm_forward(pst_stream *s, const pst_layernorm_args *a);
+pst_status pst_op_layernorm_backward(pst_stream *s, const pst_layernorm_args *a);
+pst_status pst_op_attention_forward(pst_stream *s, const pst_attention_args *a);
+pst_status pst_op_attention_backward(pst_stream *s, const pst_attention_args *a);
+pst_status pst_op_gelu_forward(pst_stream *s, const pst_gelu_args *a);
+pst_status pst_op_gelu_backward(pst_stream *s, const pst_gelu_args *a);
 
 pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a);
 pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/nn/layers.h"
+#include "common/nn/seq_layers.h"
 #include "common/nn/ops_impl.h"
 #include "common/runtime/pool.h"
 
@@ -65,7 +66,9 @@ static pst_status run_relu_bwd(void *arg)
 static pst_status run_xent(void *arg)
 {
     const pst_xent_args *a = arg;
+    const int group = a->group > 1 ? a->group : 1;
     int correct = 0;
+    double group_sum = 0.0;
     for (int b = 0; b < a->B; b++) {
         const float *l = a->logits + (int64_t)b * a->C;
         float *p = a->dlogits + (int64_t)b * a->C;
@@ -75,7 +78,15 @@ static pst_status run_xent(void *arg)
         correct += best == a->targets[b];
         /* one row through the reference kernel keeps the arithmetic identical */
         double loss = pst_softmax_xent_forward(p, l, a->targets + b, 1, a->C);
-        a->losses[b] = (float)loss;
+        if (group == 1) {
+            a->losses[b] = (float)loss;
+        } else {
+            group_sum += loss;
+            if ((b + 1) % group == 0) {
+                a->losses[b / group] = (float)(group_sum / group);
+                group_sum = 0.0;
+            }
+        }
         if (a->scale != 0.0f)
             pst_softmax_xent_backward(p, p, a->targets + b, 1, a->C, a->scale);
     }
@@ -115,6 +126,107 @@ static pst_status run_cast(void *arg)
     return PST_OK;
 }
 
+/* ---- the sequence ops ---- */
+
+static void embedding_fwd_part(void *arg, int part, int nparts)
+{
+    const pst_embedding_fwd_args *a = arg;
+    size_t c0, c1;
+    pst_pool_split((size_t)a->C, part, nparts, 16, &c0, &c1);
+    pst_embedding_forward(a->out, a->tokens, a->wte, a->wpe, a->B, a->T, a->C, (int)c0, (int)c1);
+}
+
+static void embedding_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_embedding_bwd_args *a = arg;
+    size_t c0, c1;
+    pst_pool_split((size_t)a->C, part, nparts, 16, &c0, &c1);
+    if (a->dwte)
+        pst_embedding_backward(a->dwte, NULL, a->dout, a->tokens, a->B, a->T, a->C, a->V,
+                               a->wte_accumulate, (int)c0, (int)c1);
+    if (a->dwpe)
+        pst_embedding_backward(NULL, a->dwpe, a->dout, a->tokens, a->B, a->T, a->C, a->V,
+                               a->wpe_accumulate, (int)c0, (int)c1);
+}
+
+static void layernorm_fwd_part(void *arg, int part, int nparts)
+{
+    const pst_layernorm_args *a = arg;
+    size_t r0, r1;
+    pst_pool_split((size_t)a->N, part, nparts, 1, &r0, &r1);
+    pst_layernorm_forward(a->out, a->mean, a->rstd, a->inp, a->w, a->b, a->N, a->C, (int)r0,
+                          (int)r1);
+}
+
+/* dinp by rows, dw and db by columns (each column's sum over rows in row order). */
+static void layernorm_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_layernorm_args *a = arg;
+    size_t lo, hi;
+    if (a->dinp) {
+        pst_pool_split((size_t)a->N, part, nparts, 1, &lo, &hi);
+        pst_layernorm_backward_input(a->dinp, a->dout, a->inp, a->w, a->saved_mean,
+                                     a->saved_rstd, a->N, a->C, a->dinp_accumulate, (int)lo,
+                                     (int)hi);
+    }
+    if (a->dw) {
+        pst_pool_split((size_t)a->C, part, nparts, 16, &lo, &hi);
+        pst_layernorm_backward_params(a->dw, a->db, a->dout, a->inp, a->saved_mean,
+                                      a->saved_rstd, a->N, a->C, a->accumulate, (int)lo,
+                                      (int)hi);
+    }
+}
+
+static void attention_fwd_part(void *arg, int part, int nparts)
+{
+    const pst_attention_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
+    pst_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H,
+                          a->scratch + (size_t)part * 2 * (size_t)a->T, (int)lo, (int)hi);
+}
+
+static void attention_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_attention_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
+    pst_attention_backward(a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H,
+                           a->scratch + (size_t)part * 2 * (size_t)a->T, (int)lo, (int)hi);
+}
+
+static void gelu_fwd_part(void *arg, int part, int nparts)
+{
+    const pst_gelu_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
+    pst_gelu_forward(a->out + lo, a->inp + lo, (int64_t)(hi - lo));
+}
+
+static void gelu_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_gelu_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
+    pst_gelu_backward(a->out + lo, a->inp + lo, a->dout + lo, (int64_t)(hi - lo));
+}
+
+/* A host function that runs `part` over the args' pool (NULL pool: inline). */
+#define POOL_RUN(name, type, part)                                \
+    static pst_status name(void *arg)                             \
+    {                                                             \
+        pst_pool_run(((const type *)arg)->pool, part, arg);      \
+        return PST_OK;                                            \
+    }
+POOL_RUN(run_embedding_fwd, pst_embedding_fwd_args, embedding_fwd_part)
+POOL_RUN(run_embedding_bwd, pst_embedding_bwd_args, embedding_bwd_part)
+POOL_RUN(run_layernorm_fwd, pst_layernorm_args, layernorm_fwd_part)
+POOL_RUN(run_layernorm_bwd, pst_layernorm_args, layernorm_bwd_part)
+POOL_RUN(run_attention_fwd, pst_attention_args, attention_fwd_part)
+POOL_RUN(run_attention_bwd, pst_attention_args, attention_bwd_part)
+POOL_RUN(run_gelu_fwd, pst_gelu_args, gelu_fwd_part)
+POOL_RUN(run_gelu_bwd, pst_gelu_args, gelu_bwd_part)
+
 #define CPU_OP(name, type, fn)                              \
     static pst_status name(pst_stream *s, const type *a)    \
     {                                                       \
@@ -127,6 +239,14 @@ CPU_OP(cpu_softmax_xent, pst_xent_args, run_xent)
 CPU_OP(cpu_add, pst_add_args, run_add)
 CPU_OP(cpu_optim_apply, pst_optim_args, run_optim)
 CPU_OP(cpu_cast, pst_cast_args, run_cast)
+CPU_OP(cpu_embedding_forward, pst_embedding_fwd_args, run_embedding_fwd)
+CPU_OP(cpu_embedding_backward, pst_embedding_bwd_args, run_embedding_bwd)
+CPU_OP(cpu_layernorm_forward, pst_layernorm_args, run_layernorm_fwd)
+CPU_OP(cpu_layernorm_backward, pst_layernorm_args, run_layernorm_bwd)
+CPU_OP(cpu_attention_forward, pst_attention_args, run_attention_fwd)
+CPU_OP(cpu_attention_backward, pst_attention_args, run_attention_bwd)
+CPU_OP(cpu_gelu_forward, pst_gelu_args, run_gelu_fwd)
+CPU_OP(cpu_gelu_backward, pst_gelu_args, run_gelu_bwd)
 
 const pst_ops_iface pst_cpu_ops_iface = {
     .linear_forward = cpu_linear_forward,
@@ -136,4 +256,12 @@ const pst_ops_iface pst_cpu_ops_iface = {
     .add = cpu_add,
     .optim_apply = cpu_optim_apply,
     .cast = cpu_cast,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
 };

@@ -14,6 +14,15 @@ typedef struct pst_ops_iface {
     pst_status (*add)(pst_stream *s, const pst_add_args *a);
     pst_status (*optim_apply)(pst_stream *s, const pst_optim_args *a);
     pst_status (*cast)(pst_stream *s, const pst_cast_args *a);
+    /* the sequence ops; a backend without them leaves them NULL (a clear error) */
+    pst_status (*embedding_forward)(pst_stream *s, const pst_embedding_fwd_args *a);
+    pst_status (*embedding_backward)(pst_stream *s, const pst_embedding_bwd_args *a);
+    pst_status (*layernorm_forward)(pst_stream *s, const pst_layernorm_args *a);
+    pst_status (*layernorm_backward)(pst_stream *s, const pst_layernorm_args *a);
+    pst_status (*attention_forward)(pst_stream *s, const pst_attention_args *a);
+    pst_status (*attention_backward)(pst_stream *s, const pst_attention_args *a);
+    pst_status (*gelu_forward)(pst_stream *s, const pst_gelu_args *a);
+    pst_status (*gelu_backward)(pst_stream *s, const pst_gelu_args *a);
 } pst_ops_iface;
 
 /* The CPU implementation (ops_cpu.c): host functions on the stream's worker, over the

@@ -32,6 +32,7 @@
 
 extern "C" {
 #include "common/nn/ops_impl.h"
+#include "common/nn/seq_layers.h" /* PST_LN_EPS */
 #include "common/dtype_math.h"
 #include "common/nn/optim_math.h"
 }
@@ -58,7 +59,7 @@ static __global__ void bias_act_kernel(float *out, const float *bias, size_t B, 
 {
     GRID_STRIDE(i, B * OC)
     {
-        float v = __fadd_rn(out[i], bias[i % OC]);
+        float v = bias ? __fadd_rn(out[i], bias[i % OC]) : out[i];
         out[i] = relu ? (v > 0.0f ? v : 0.0f) : v;
     }
 }
@@ -126,7 +127,8 @@ static pst_status cuda_linear_forward(pst_stream *s, const pst_linear_fwd_args *
                          a->IC, 0.0f, a->out, a->OC);
     pst_cuda_blas_release(s);
     PST_TRY(st);
-    PST_CUDA_CHECK(launch_bias_act(cs, a->out, a->b, a->B, a->OC, a->relu));
+    if (a->b || a->relu) /* no bias, no ReLU: the GEMM is the layer */
+        PST_CUDA_CHECK(launch_bias_act(cs, a->out, a->b, a->B, a->OC, a->relu));
     return PST_OK;
 }
 
@@ -225,85 +227,97 @@ static pst_status cuda_add(pst_stream *s, const pst_add_args *a)
 
 #define XENT_THREADS 256
 
-/* One block per row b: probs = softmax(logits[b]); losses[b] = log(sum) - (l[t] - max);
+/* One block per group of `group` rows (1: per row), its rows one after another; row b:
+ * probs = softmax(logits[b]); loss = log(sum) - (l[t] - max), written to losses[b], or with
+ * group > 1 summed in row order in double and written as the group's mean (ops_cpu.c);
  * correct += argmax == target (first index of the maximum, as ops_cpu.c); dlogits[b] =
  * (probs - onehot) * scale, or probs when scale == 0. A target outside [0, C) gives a NaN
  * loss instead of reading out of bounds. */
 static __global__ void xent_kernel(float *losses, int32_t *correct, float *dlogits,
                                    const float *logits, const int32_t *targets, int C,
-                                   float scale)
+                                   float scale, int group)
 {
     __shared__ float red_v[XENT_THREADS];
     __shared__ int red_i[XENT_THREADS];
-    const int b = blockIdx.x, tid = threadIdx.x;
-    const float *l = logits + (size_t)b * C;
-    float *p = dlogits + (size_t)b * C;
+    const int tid = threadIdx.x;
+    double group_sum = 0.0;
+    for (int b = blockIdx.x * group; b < (blockIdx.x + 1) * group; b++) {
+        const float *l = logits + (size_t)b * C;
+        float *p = dlogits + (size_t)b * C;
 
-    /* max and first argmax */
-    float mv = -INFINITY;
-    int mi = C;
-    for (int j = tid; j < C; j += blockDim.x) /* j grows: the thread's first maximum */
-        if (mi == C || l[j] > mv) {
-            mv = l[j];
-            mi = j;
-        }
-    red_v[tid] = mv;
-    red_i[tid] = mi;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if (tid < w) {
-            float ov = red_v[tid + w];
-            int oi = red_i[tid + w];
-            if (oi < C && (red_i[tid] == C || ov > red_v[tid] ||
-                           (ov == red_v[tid] && oi < red_i[tid]))) {
-                red_v[tid] = ov;
-                red_i[tid] = oi;
+        /* max and first argmax */
+        float mv = -INFINITY;
+        int mi = C;
+        for (int j = tid; j < C; j += blockDim.x) /* j grows: the thread's first maximum */
+            if (mi == C || l[j] > mv) {
+                mv = l[j];
+                mi = j;
             }
-        }
+        red_v[tid] = mv;
+        red_i[tid] = mi;
         __syncthreads();
-    }
-    const float maxv = red_v[0];
-    const int best = red_i[0];
-    __syncthreads();
+        for (int w = blockDim.x / 2; w > 0; w /= 2) {
+            if (tid < w) {
+                float ov = red_v[tid + w];
+                int oi = red_i[tid + w];
+                if (oi < C && (red_i[tid] == C || ov > red_v[tid] ||
+                               (ov == red_v[tid] && oi < red_i[tid]))) {
+                    red_v[tid] = ov;
+                    red_i[tid] = oi;
+                }
+            }
+            __syncthreads();
+        }
+        const float maxv = red_v[0];
+        const int best = red_i[0];
+        __syncthreads();
 
-    /* exponentials and their sum */
-    float sum = 0.0f;
-    for (int j = tid; j < C; j += blockDim.x) {
-        float e = expf(__fsub_rn(l[j], maxv));
-        p[j] = e;
-        sum = __fadd_rn(sum, e);
-    }
-    red_v[tid] = sum;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if (tid < w)
-            red_v[tid] = __fadd_rn(red_v[tid], red_v[tid + w]);
-        __syncthreads();
-    }
-    const float total = red_v[0];
-    const float inv = __fdiv_rn(1.0f, total);
-    const int t = targets[b];
-    for (int j = tid; j < C; j += blockDim.x) {
-        float q = __fmul_rn(p[j], inv);
-        if (scale != 0.0f) {
-            q = __fmul_rn(q, scale);
-            if (j == t)
-                q = __fsub_rn(q, scale);
+        /* exponentials and their sum */
+        float sum = 0.0f;
+        for (int j = tid; j < C; j += blockDim.x) {
+            float e = expf(__fsub_rn(l[j], maxv));
+            p[j] = e;
+            sum = __fadd_rn(sum, e);
         }
-        p[j] = q;
+        red_v[tid] = sum;
+        __syncthreads();
+        for (int w = blockDim.x / 2; w > 0; w /= 2) {
+            if (tid < w)
+                red_v[tid] = __fadd_rn(red_v[tid], red_v[tid + w]);
+            __syncthreads();
+        }
+        const float total = red_v[0];
+        const float inv = __fdiv_rn(1.0f, total);
+        const int t = targets[b];
+        for (int j = tid; j < C; j += blockDim.x) {
+            float q = __fmul_rn(p[j], inv);
+            if (scale != 0.0f) {
+                q = __fmul_rn(q, scale);
+                if (j == t)
+                    q = __fsub_rn(q, scale);
+            }
+            p[j] = q;
+        }
+        if (tid == 0) {
+            float loss = (t >= 0 && t < C) ? __fsub_rn(logf(total), __fsub_rn(l[t], maxv)) : NAN;
+            if (group == 1)
+                losses[b] = loss;
+            group_sum += (double)loss;
+            if (correct && best == t)
+                atomicAdd(correct, 1);
+        }
+        __syncthreads(); /* the next row reuses red_v, red_i */
     }
-    if (tid == 0) {
-        float loss = (t >= 0 && t < C) ? __fsub_rn(logf(total), __fsub_rn(l[t], maxv)) : NAN;
-        losses[b] = loss;
-        if (correct && best == t)
-            atomicAdd(correct, 1);
-    }
+    if (tid == 0 && group > 1)
+        losses[blockIdx.x] = (float)(group_sum / group);
 }
 
 static cudaError_t launch_xent(cudaStream_t s, const pst_xent_args *a)
 {
-    xent_kernel<<<a->B, XENT_THREADS, 0, s>>>(a->losses, a->correct, a->dlogits, a->logits,
-                                              a->targets, a->C, a->scale);
+    const int group = a->group > 1 ? a->group : 1;
+    xent_kernel<<<a->B / group, XENT_THREADS, 0, s>>>(a->losses, a->correct, a->dlogits,
+                                                      a->logits, a->targets, a->C, a->scale,
+                                                      group);
     return cudaGetLastError();
 }
 
@@ -452,7 +466,382 @@ static pst_status cuda_cast(pst_stream *s, const pst_cast_args *a)
     return PST_OK;
 }
 
+/* ---- sequence ops (seq_layers.h) ---------------------------------------------------------
+ * Simple kernels that keep the CPU's order of additions per element: a thread per output
+ * element, row or column, sums in ascending row order (deterministic, no atomics). The
+ * transcendental functions (expf, logf, tanhf) and the attention's recomputed scores
+ * differ from glibc by rounding: tests/test_seq_ops.c compares with tolerances. Written
+ * for parity first, not speed (one thread per (sequence, head) in the attention's
+ * backward). */
+
+static __global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const float *wte,
+                                            const float *wpe, int T, int C, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const size_t row = i / (size_t)C;
+        const int c = (int)(i % (size_t)C), t = (int)(row % (size_t)T);
+        out[i] = __fadd_rn(wte[(size_t)tok[row] * C + c], wpe[(size_t)t * C + c]);
+    }
+}
+
+/* one thread per column: every (b, t) row in order into its token's row */
+static __global__ void embedding_bwd_wte_kernel(float *dwte, const float *dout,
+                                                const int32_t *tok, int N, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    for (int r = 0; r < N; r++) {
+        float *e = dwte + (size_t)tok[r] * C + c;
+        *e = __fadd_rn(*e, dout[(size_t)r * C + c]);
+    }
+}
+
+/* one thread per (t, c): the sequences in order */
+static __global__ void embedding_bwd_wpe_kernel(float *dwpe, const float *dout, int B, int T,
+                                                int C, int accumulate)
+{
+    GRID_STRIDE(i, (size_t)T * C)
+    {
+        float acc = accumulate ? dwpe[i] : 0.0f;
+        for (int b = 0; b < B; b++)
+            acc = __fadd_rn(acc, dout[(size_t)b * T * C + i]);
+        dwpe[i] = acc;
+    }
+}
+
+static pst_status cuda_embedding_forward(pst_stream *s, const pst_embedding_fwd_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->B)
+        return PST_OK;
+    const size_t n = (size_t)a->B * a->T * a->C;
+    embedding_fwd_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->tokens, a->wte,
+                                                                      a->wpe, a->T, a->C, n);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status cuda_embedding_backward(pst_stream *s, const pst_embedding_bwd_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip)
+        return PST_OK;
+    if (a->dwte) {
+        if (!a->wte_accumulate)
+            PST_CUDA_CHECK(cudaMemsetAsync(a->dwte, 0, sizeof(float) * (size_t)a->V * a->C, cs));
+        const unsigned blocks = (unsigned)((a->C + PST_CUDA_THREADS - 1) / PST_CUDA_THREADS);
+        embedding_bwd_wte_kernel<<<blocks, PST_CUDA_THREADS, 0, cs>>>(a->dwte, a->dout,
+                                                                       a->tokens, a->B * a->T,
+                                                                       a->C);
+        PST_CUDA_CHECK(cudaGetLastError());
+    }
+    if (a->dwpe) {
+        embedding_bwd_wpe_kernel<<<blocks_for((size_t)a->T * a->C), PST_CUDA_THREADS, 0, cs>>>(
+            a->dwpe, a->dout, a->B, a->T, a->C, a->wpe_accumulate);
+        PST_CUDA_CHECK(cudaGetLastError());
+    }
+    return PST_OK;
+}
+
+/* one thread per row */
+static __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd,
+                                            const float *inp, const float *w, const float *b,
+                                            int N, int C)
+{
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= N)
+        return;
+    const float *x = inp + (size_t)r * C;
+    float m = 0.0f, v = 0.0f;
+    for (int c = 0; c < C; c++)
+        m = __fadd_rn(m, x[c]);
+    m = __fdiv_rn(m, (float)C);
+    for (int c = 0; c < C; c++) {
+        const float d = __fsub_rn(x[c], m);
+        v = __fadd_rn(v, __fmul_rn(d, d));
+    }
+    v = __fdiv_rn(v, (float)C);
+    const float sd = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(v, PST_LN_EPS)));
+    float *o = out + (size_t)r * C;
+    for (int c = 0; c < C; c++)
+        o[c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[c], m), sd), w[c]), b[c]);
+    mean[r] = m;
+    rstd[r] = sd;
+}
+
+static __global__ void layernorm_bwd_input_kernel(float *dinp, const float *dout,
+                                                  const float *inp, const float *w,
+                                                  const float *mean, const float *rstd, int N,
+                                                  int C, int accumulate)
+{
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= N)
+        return;
+    const float *x = inp + (size_t)r * C, *d = dout + (size_t)r * C;
+    const float m = mean[r], sd = rstd[r];
+    float dm = 0.0f, dnm = 0.0f;
+    for (int c = 0; c < C; c++) {
+        const float norm = __fmul_rn(__fsub_rn(x[c], m), sd), dnorm = __fmul_rn(w[c], d[c]);
+        dm = __fadd_rn(dm, dnorm);
+        dnm = __fadd_rn(dnm, __fmul_rn(dnorm, norm));
+    }
+    dm = __fdiv_rn(dm, (float)C);
+    dnm = __fdiv_rn(dnm, (float)C);
+    float *di = dinp + (size_t)r * C;
+    for (int c = 0; c < C; c++) {
+        const float norm = __fmul_rn(__fsub_rn(x[c], m), sd), dnorm = __fmul_rn(w[c], d[c]);
+        const float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dm), __fmul_rn(norm, dnm)), sd);
+        di[c] = accumulate ? __fadd_rn(di[c], g) : g;
+    }
+}
+
+/* one thread per column, rows in order */
+static __global__ void layernorm_bwd_params_kernel(float *dw, float *db, const float *dout,
+                                                   const float *inp, const float *mean,
+                                                   const float *rstd, int N, int C,
+                                                   int accumulate)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float aw = accumulate ? dw[c] : 0.0f, ab = accumulate ? db[c] : 0.0f;
+    for (int r = 0; r < N; r++) {
+        const float d = dout[(size_t)r * C + c];
+        ab = __fadd_rn(ab, d);
+        aw = __fadd_rn(aw, __fmul_rn(__fmul_rn(__fsub_rn(inp[(size_t)r * C + c], mean[r]),
+                                               rstd[r]),
+                                     d));
+    }
+    dw[c] = aw;
+    db[c] = ab;
+}
+
+static unsigned blocks_of(int n)
+{
+    return (unsigned)((n + PST_CUDA_THREADS - 1) / PST_CUDA_THREADS);
+}
+
+static pst_status cuda_layernorm_forward(pst_stream *s, const pst_layernorm_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->N)
+        return PST_OK;
+    layernorm_fwd_kernel<<<blocks_of(a->N), PST_CUDA_THREADS, 0, cs>>>(
+        a->out, a->mean, a->rstd, a->inp, a->w, a->b, a->N, a->C);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status cuda_layernorm_backward(pst_stream *s, const pst_layernorm_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip)
+        return PST_OK;
+    if (a->dinp && a->N) {
+        layernorm_bwd_input_kernel<<<blocks_of(a->N), PST_CUDA_THREADS, 0, cs>>>(
+            a->dinp, a->dout, a->inp, a->w, a->saved_mean, a->saved_rstd, a->N, a->C,
+            a->dinp_accumulate);
+        PST_CUDA_CHECK(cudaGetLastError());
+    }
+    if (a->dw) {
+        layernorm_bwd_params_kernel<<<blocks_of(a->C), PST_CUDA_THREADS, 0, cs>>>(
+            a->dw, a->db, a->dout, a->inp, a->saved_mean, a->saved_rstd, a->N, a->C,
+            a->accumulate);
+        PST_CUDA_CHECK(cudaGetLastError());
+    }
+    return PST_OK;
+}
+
+/* One thread per query (b, h, t): its scores against keys 0..t are recomputed in each of
+ * three passes (maximum, sum of exponentials, weighted values), so no T-wide buffer. */
+static __global__ void attention_fwd_kernel(float *out, float *lse, const float *qkv, int B,
+                                            int T, int C, int H)
+{
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * H * T)
+        return;
+    const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
+    const int hs = C / H, C3 = 3 * C;
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
+    const float *base = qkv + (size_t)b * T * C3, *q = base + (size_t)t * C3 + h * hs;
+    float m = -INFINITY, sum = 0.0f;
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j <= t; j++) {
+            const float *k = base + (size_t)j * C3 + C + h * hs;
+            float sc = 0.0f;
+            for (int i = 0; i < hs; i++)
+                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
+            sc = __fmul_rn(sc, scale);
+            if (pass == 0)
+                m = sc > m ? sc : m;
+            else
+                sum = __fadd_rn(sum, expf(__fsub_rn(sc, m)));
+        }
+    const float inv = __fdiv_rn(1.0f, sum);
+    float *o = out + ((size_t)b * T + t) * C + h * hs;
+    for (int i = 0; i < hs; i++)
+        o[i] = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        const float *k = base + (size_t)j * C3 + C + h * hs;
+        const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
+        float sc = 0.0f;
+        for (int i = 0; i < hs; i++)
+            sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
+        const float p = __fmul_rn(expf(__fsub_rn(__fmul_rn(sc, scale), m)), inv);
+        for (int i = 0; i < hs; i++)
+            o[i] = __fadd_rn(o[i], __fmul_rn(p, v[i]));
+    }
+    lse[((size_t)b * H + h) * T + t] = __fadd_rn(m, logf(sum));
+}
+
+/* One thread per (b, h), queries in order, as the CPU kernel (dk and dv gather over
+ * queries). */
+static __global__ void attention_bwd_kernel(float *dqkv, const float *dout, const float *qkv,
+                                            const float *lse, int B, int T, int C, int H)
+{
+    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
+    if (bh >= B * H)
+        return;
+    const int b = bh / H, h = bh % H, hs = C / H, C3 = 3 * C;
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
+    const float *base = qkv + (size_t)b * T * C3;
+    float *dbase = dqkv + (size_t)b * T * C3;
+    for (int t = 0; t < T; t++)
+        for (int part = 0; part < 3; part++)
+            for (int i = 0; i < hs; i++)
+                dbase[(size_t)t * C3 + part * C + h * hs + i] = 0.0f;
+    for (int t = 0; t < T; t++) {
+        const float *q = base + (size_t)t * C3 + h * hs;
+        const float *d = dout + ((size_t)b * T + t) * C + h * hs;
+        const float l = lse[((size_t)b * H + h) * T + t];
+        float D = 0.0f;
+        for (int j = 0; j <= t; j++) {
+            const float *k = base + (size_t)j * C3 + C + h * hs;
+            const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
+            float sc = 0.0f, g = 0.0f;
+            for (int i = 0; i < hs; i++) {
+                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
+                g = __fadd_rn(g, __fmul_rn(d[i], v[i]));
+            }
+            D = __fadd_rn(D, __fmul_rn(expf(__fsub_rn(__fmul_rn(sc, scale), l)), g));
+        }
+        float *dq = dbase + (size_t)t * C3 + h * hs;
+        for (int j = 0; j <= t; j++) {
+            const float *k = base + (size_t)j * C3 + C + h * hs;
+            const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
+            float *dk = dbase + (size_t)j * C3 + C + h * hs;
+            float *dv = dbase + (size_t)j * C3 + 2 * C + h * hs;
+            float sc = 0.0f, g = 0.0f;
+            for (int i = 0; i < hs; i++) {
+                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
+                g = __fadd_rn(g, __fmul_rn(d[i], v[i]));
+            }
+            const float p = expf(__fsub_rn(__fmul_rn(sc, scale), l));
+            const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), scale);
+            for (int i = 0; i < hs; i++) {
+                dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
+                dk[i] = __fadd_rn(dk[i], __fmul_rn(ds, q[i]));
+                dv[i] = __fadd_rn(dv[i], __fmul_rn(p, d[i]));
+            }
+        }
+    }
+}
+
+static pst_status cuda_attention_forward(pst_stream *s, const pst_attention_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->B)
+        return PST_OK;
+    attention_fwd_kernel<<<blocks_of(a->B * a->H * a->T), PST_CUDA_THREADS, 0, cs>>>(
+        a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status cuda_attention_backward(pst_stream *s, const pst_attention_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->B)
+        return PST_OK;
+    attention_bwd_kernel<<<blocks_of(a->B * a->H), PST_CUDA_THREADS, 0, cs>>>(
+        a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+#define GELU_S 0.7978845608028654f
+#define GELU_K 0.044715f
+
+static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const float x = inp[i];
+        const float u = __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
+        out[i] = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(u)));
+    }
+}
+
+static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        const float x = inp[i];
+        const float u = __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
+        const float th = tanhf(u);
+        const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
+        const float local = __fadd_rn(
+            __fmul_rn(0.5f, __fadd_rn(1.0f, th)),
+            __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), GELU_S),
+                      __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K, x), x))));
+        dinp[i] = __fmul_rn(local, dout[i]);
+    }
+}
+
+static pst_status cuda_gelu_forward(pst_stream *s, const pst_gelu_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->n)
+        return PST_OK;
+    gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
+                                                                           (size_t)a->n);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status cuda_gelu_backward(pst_stream *s, const pst_gelu_args *a)
+{
+    cudaStream_t cs;
+    int skip;
+    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
+    if (skip || !a->n)
+        return PST_OK;
+    gelu_bwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
+                                                                           a->dout, (size_t)a->n);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
 extern "C" const pst_ops_iface pst_cuda_ops_iface = {
     cuda_linear_forward, cuda_linear_backward, cuda_relu_backward, cuda_softmax_xent,
     cuda_add,            cuda_optim_apply,     cuda_cast,
+    cuda_embedding_forward, cuda_embedding_backward, cuda_layernorm_forward,
+    cuda_layernorm_backward, cuda_attention_forward, cuda_attention_backward,
+    cuda_gelu_forward, cuda_gelu_backward,
 };

@@ -14,13 +14,19 @@
  * nn.Linear: U(-1/sqrt(in), 1/sqrt(in)), layer l's from pst_rng stream (seed, l).
  * Errors: PST_ERR_INVALID for a width < 1 or more than PST_MAX_HIDDEN hidden layers. */
 pst_status pst_model_mlp(pst_model *m, int in_dim, int nclasses, int nhidden, const int *hidden);
+/* A GPT-2-style character language model (llm.c's layout, gpt.c): vocabulary V, context
+ * T, L blocks of H heads over C channels, the output projection tied to the token
+ * embedding; its input rows are T token ids, its targets T per row. Errors:
+ * PST_ERR_INVALID for a shape that cannot be built (C not a multiple of H, ...). */
+pst_status pst_model_gpt(pst_model *m, int V, int T, int L, int H, int C);
 /* n parameters starting at zero, one layer computing nothing; trainer `trainer_id`'s
  * gradient is small fixed values that depend on the index and the id. */
 pst_status pst_model_synthetic(pst_model *m, size_t n, int trainer_id);
 /* The model cfg->model names ("mlp": cfg's hidden widths over in_dim inputs and nclasses;
+ * "gpt": cfg's layers, heads, embd and ctx over a vocabulary of nclasses;
  * "synthetic": cfg->params for cfg->trainer_id). Errors: PST_ERR_INVALID for another name. */
 pst_status pst_model_from_config(pst_model *m, const pst_config *cfg, int in_dim, int nclasses);
-/* 1 when the model cfg->model names trains on a data set (mlp), 0 when not (synthetic). */
+/* 1 when the model cfg->model names trains on a data set (mlp, gpt), 0 when not (synthetic). */
 int pst_model_reads_data(const pst_config *cfg);
 
 #endif /* PST_MODELS_H */

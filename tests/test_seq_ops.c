@@ -1,0 +1,321 @@
+/* test_seq_ops.c — the sequence ops of ops.h (embedding, LayerNorm, attention, GELU, and
+ * the cross-entropy's per-group losses) on every backend against seq_layers.h's kernels
+ * called directly (whose own float64 checks are in test_seq_layers.c). On CPU, with and
+ * without a two-thread team, every result equals the kernel's bit for bit (the splits are by
+ * rows, columns or heads); on CUDA (when built and a GPU is present; `make test-gpu`) within
+ * tolerances: the same float operations, but CUDA's expf/tanhf/sqrt and the attention's
+ * recomputed scores round differently. Also: NULL and mismatched arguments are
+ * PST_ERR_INVALID. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/nn/layers.h"
+#include "common/nn/ops.h"
+#include "common/nn/seq_layers.h"
+#include "common/rng.h"
+#include "common/runtime/device.h"
+#include "common/runtime/pool.h"
+
+typedef struct backend {
+    const char *spec;
+    pst_runtime *rt;
+    pst_device *dev;
+    pst_stream *s;
+    pst_pool *pool; /* CPU: NULL or a two-thread team */
+    int exact;
+} backend;
+
+enum { MAXB = 3 };
+
+/* cpu:1 alone, cpu:1 with a team, cuda:0 when built and present */
+static int open_backends(backend *b)
+{
+    int n = 0;
+    for (int k = 0; k < 2; k++) {
+        b[n] = (backend){.spec = k ? "cpu:1 (2 threads)" : "cpu:1", .exact = 1};
+        cr_assert_eq(pst_runtime_init(&b[n].rt, "cpu:1"), PST_OK);
+        if (k)
+            cr_assert_eq(pst_pool_init(&b[n].pool, 2), PST_OK);
+        n++;
+    }
+#ifdef PSTRAIN_HAVE_CUDA
+    b[n] = (backend){.spec = "cuda:0"};
+    if (pst_runtime_init(&b[n].rt, "cuda:0") == PST_OK)
+        n++;
+    else
+        fprintf(stderr, "[SKIP] test_seq_ops: CUDA parity skipped: no GPU\n");
+#endif
+    for (int i = 0; i < n; i++) {
+        b[i].dev = pst_runtime_device(b[i].rt, 0);
+        cr_assert_eq(pst_stream_create(b[i].dev, &b[i].s), PST_OK);
+    }
+    return n;
+}
+
+static void close_backends(backend *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        pst_stream_destroy(b[i].s);
+        pst_pool_free(b[i].pool);
+        pst_runtime_free(b[i].rt);
+    }
+}
+
+static void *put(backend *b, const void *host, size_t bytes)
+{
+    void *p;
+    cr_assert_eq(pst_device_alloc(b->dev, bytes ? bytes : 1, &p), PST_OK);
+    if (host)
+        cr_assert_eq(pst_memcpy_async(b->s, p, host, bytes, PST_COPY_HOST_TO_DEVICE), PST_OK);
+    else
+        cr_assert_eq(pst_memset_async(b->s, p, 0, bytes), PST_OK);
+    return p;
+}
+
+static void get(backend *b, void *host, const void *dev, size_t bytes)
+{
+    cr_assert_eq(pst_memcpy_async(b->s, host, dev, bytes, PST_COPY_DEVICE_TO_HOST), PST_OK);
+    cr_assert_eq(pst_stream_synchronize(b->s), PST_OK, "%s", pst_error_detail());
+}
+
+static float *randn(size_t n, uint64_t seed, float scale)
+{
+    float *p = malloc(n * sizeof(float));
+    pst_rng r;
+    pst_rng_seed(&r, seed, 3);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * pst_rng_normal(&r);
+    return p;
+}
+
+static void compare(const char *what, const backend *b, const float *got, const float *want,
+                    size_t n, float tol)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (b->exact)
+            cr_assert_eq(memcmp(&got[i], &want[i], 4), 0, "%s on %s: element %zu is %a, the "
+                         "kernel's %a", what, b->spec, i, (double)got[i], (double)want[i]);
+        else
+            cr_assert(fabsf(got[i] - want[i]) <= tol * (1.0f + fabsf(want[i])),
+                      "%s on %s: element %zu is %.9g, the kernel's %.9g", what, b->spec, i,
+                      (double)got[i], (double)want[i]);
+    }
+}
+
+enum { B = 3, T = 9, C = 24, H = 3, V = 11, N = B * T };
+
+Test(seq_ops, embedding)
+{
+    backend be[MAXB];
+    const int nb = open_backends(be);
+    float *wte = randn(V * C, 1, 1), *wpe = randn(T * C, 2, 1), *dout = randn(N * C, 3, 1);
+    int32_t tok[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = (i * 7) % V;
+    static float want[N * C], wdte[V * C], wdpe[T * C], got[N * C], gte[V * C], gpe[T * C];
+    pst_embedding_forward(want, tok, wte, wpe, B, T, C, 0, C);
+    for (int i = 0; i < V * C; i++)
+        wdte[i] = 0.5f; /* accumulated onto (the tied table's second writer) */
+    pst_embedding_backward(wdte, NULL, dout, tok, B, T, C, V, 1, 0, C);
+    pst_embedding_backward(NULL, wdpe, dout, tok, B, T, C, V, 0, 0, C);
+    for (int i = 0; i < nb; i++) {
+        backend *b = &be[i];
+        float *d_wte = put(b, wte, sizeof(float) * V * C), *d_wpe = put(b, wpe, sizeof(float) * T * C);
+        float *d_out = put(b, NULL, sizeof(float) * N * C), *d_dout = put(b, dout, sizeof(float) * N * C);
+        float half[V * C];
+        for (int k = 0; k < V * C; k++)
+            half[k] = 0.5f;
+        float *d_dte = put(b, half, sizeof half), *d_dpe = put(b, NULL, sizeof(float) * T * C);
+        int32_t *d_tok = put(b, tok, sizeof tok);
+        pst_embedding_fwd_args f = {.out = d_out, .tokens = d_tok, .wte = d_wte, .wpe = d_wpe,
+                                    .B = B, .T = T, .C = C, .pool = b->pool};
+        cr_assert_eq(pst_op_embedding_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
+        pst_embedding_bwd_args g = {.dwte = d_dte, .dwpe = d_dpe, .dout = d_dout, .tokens = d_tok,
+                                    .B = B, .T = T, .C = C, .V = V, .wte_accumulate = 1,
+                                    .pool = b->pool};
+        cr_assert_eq(pst_op_embedding_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        get(b, got, d_out, sizeof got);
+        get(b, gte, d_dte, sizeof gte);
+        get(b, gpe, d_dpe, sizeof gpe);
+        compare("embedding out", b, got, want, N * C, 1e-6f);
+        compare("embedding dwte", b, gte, wdte, V * C, 1e-6f);
+        compare("embedding dwpe", b, gpe, wdpe, T * C, 1e-6f);
+        void *bufs[] = {d_wte, d_wpe, d_out, d_dout, d_dte, d_dpe, d_tok};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            pst_device_free(b->dev, bufs[k]);
+    }
+    free(wte);
+    free(wpe);
+    free(dout);
+    close_backends(be, nb);
+}
+
+Test(seq_ops, layernorm)
+{
+    backend be[MAXB];
+    const int nb = open_backends(be);
+    float *x = randn(N * C, 4, 2), *w = randn(C, 5, 1), *bb = randn(C, 6, 1), *dout = randn(N * C, 7, 1);
+    static float out[N * C], mean[N], rstd[N], dx[N * C], dw[C], db[C];
+    pst_layernorm_forward(out, mean, rstd, x, w, bb, N, C, 0, N);
+    for (int i = 0; i < N * C; i++)
+        dx[i] = 0.25f; /* the residual stream's gradient, added to */
+    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, 1, 0, N);
+    pst_layernorm_backward_params(dw, db, dout, x, mean, rstd, N, C, 0, 0, C);
+    for (int i = 0; i < nb; i++) {
+        backend *b = &be[i];
+        float quarter[N * C];
+        for (int k = 0; k < N * C; k++)
+            quarter[k] = 0.25f;
+        float *d_x = put(b, x, sizeof(float) * N * C), *d_w = put(b, w, sizeof(float) * C);
+        float *d_b = put(b, bb, sizeof(float) * C), *d_out = put(b, NULL, sizeof(float) * N * C);
+        float *d_m = put(b, NULL, sizeof(float) * N), *d_r = put(b, NULL, sizeof(float) * N);
+        float *d_dout = put(b, dout, sizeof(float) * N * C), *d_dx = put(b, quarter, sizeof quarter);
+        float *d_dw = put(b, NULL, sizeof(float) * C), *d_db = put(b, NULL, sizeof(float) * C);
+        pst_layernorm_args f = {.out = d_out, .mean = d_m, .rstd = d_r, .inp = d_x, .w = d_w,
+                                .b = d_b, .N = N, .C = C, .pool = b->pool};
+        cr_assert_eq(pst_op_layernorm_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
+        pst_layernorm_args g = {.dinp = d_dx, .dw = d_dw, .db = d_db, .dout = d_dout, .inp = d_x,
+                                .w = d_w, .saved_mean = d_m, .saved_rstd = d_r, .N = N, .C = C,
+                                .dinp_accumulate = 1, .pool = b->pool};
+        cr_assert_eq(pst_op_layernorm_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        static float go[N * C], gdx[N * C], gw[C], gb[C], gm[N], gr[N];
+        get(b, go, d_out, sizeof go);
+        get(b, gm, d_m, sizeof gm);
+        get(b, gr, d_r, sizeof gr);
+        get(b, gdx, d_dx, sizeof gdx);
+        get(b, gw, d_dw, sizeof gw);
+        get(b, gb, d_db, sizeof gb);
+        compare("layernorm out", b, go, out, N * C, 1e-5f);
+        compare("layernorm mean", b, gm, mean, N, 1e-5f);
+        compare("layernorm rstd", b, gr, rstd, N, 1e-5f);
+        compare("layernorm dinp", b, gdx, dx, N * C, 1e-4f);
+        compare("layernorm dw", b, gw, dw, C, 1e-4f);
+        compare("layernorm db", b, gb, db, C, 1e-5f);
+        void *bufs[] = {d_x, d_w, d_b, d_out, d_m, d_r, d_dout, d_dx, d_dw, d_db};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            pst_device_free(b->dev, bufs[k]);
+    }
+    free(x);
+    free(w);
+    free(bb);
+    free(dout);
+    close_backends(be, nb);
+}
+
+Test(seq_ops, attention)
+{
+    backend be[MAXB];
+    const int nb = open_backends(be);
+    float *qkv = randn(N * 3 * C, 8, 1.5f), *dout = randn(N * C, 9, 1);
+    static float out[N * C], lse[B * H * T], dqkv[N * 3 * C], scr[2 * T];
+    pst_attention_forward(out, lse, qkv, B, T, C, H, scr, 0, B * H);
+    pst_attention_backward(dqkv, dout, qkv, lse, B, T, C, H, scr, 0, B * H);
+    for (int i = 0; i < nb; i++) {
+        backend *b = &be[i];
+        float *d_qkv = put(b, qkv, sizeof(float) * N * 3 * C), *d_dout = put(b, dout, sizeof(float) * N * C);
+        float *d_out = put(b, NULL, sizeof out), *d_lse = put(b, NULL, sizeof lse);
+        float *d_dqkv = put(b, NULL, sizeof dqkv), *d_scr = put(b, NULL, sizeof(float) * 2 * T * 2);
+        pst_attention_args f = {.out = d_out, .lse = d_lse, .qkv = d_qkv, .B = B, .T = T, .C = C,
+                                .H = H, .scratch = d_scr, .pool = b->pool};
+        cr_assert_eq(pst_op_attention_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
+        pst_attention_args g = {.dqkv = d_dqkv, .dout = d_dout, .qkv = d_qkv, .saved_lse = d_lse,
+                                .B = B, .T = T, .C = C, .H = H, .scratch = d_scr, .pool = b->pool};
+        cr_assert_eq(pst_op_attention_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        static float go[N * C], gl[B * H * T], gd[N * 3 * C];
+        get(b, go, d_out, sizeof go);
+        get(b, gl, d_lse, sizeof gl);
+        get(b, gd, d_dqkv, sizeof gd);
+        compare("attention out", b, go, out, N * C, 1e-5f);
+        compare("attention lse", b, gl, lse, B * H * T, 1e-5f);
+        compare("attention dqkv", b, gd, dqkv, N * 3 * C, 1e-4f);
+        void *bufs[] = {d_qkv, d_dout, d_out, d_lse, d_dqkv, d_scr};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            pst_device_free(b->dev, bufs[k]);
+    }
+    free(qkv);
+    free(dout);
+    close_backends(be, nb);
+}
+
+Test(seq_ops, gelu_and_grouped_cross_entropy)
+{
+    backend be[MAXB];
+    const int nb = open_backends(be);
+    enum { NG = 1000 };
+    float *x = randn(NG, 10, 2), *dout = randn(NG, 11, 1);
+    static float y[NG], dx[NG];
+    pst_gelu_forward(y, x, NG);
+    pst_gelu_backward(dx, x, dout, NG);
+    /* cross-entropy over V classes at N positions, losses averaged over groups of T */
+    float *logits = randn(N * V, 12, 2);
+    int32_t tgt[N];
+    for (int i = 0; i < N; i++)
+        tgt[i] = (i * 5 + 2) % V;
+    static float probs[N * V], glosses[B];
+    for (int g = 0; g < B; g++) {
+        double s = 0;
+        for (int t = 0; t < T; t++)
+            s += pst_softmax_xent_forward(probs + (g * T + t) * V, logits + (g * T + t) * V,
+                                          tgt + g * T + t, 1, V);
+        glosses[g] = (float)(s / T);
+    }
+    for (int i = 0; i < nb; i++) {
+        backend *b = &be[i];
+        float *d_x = put(b, x, sizeof(float) * NG), *d_y = put(b, NULL, sizeof y);
+        float *d_dout = put(b, dout, sizeof(float) * NG);
+        pst_gelu_args f = {.out = d_y, .inp = d_x, .n = NG, .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
+        static float gy[NG], gdx[NG];
+        get(b, gy, d_y, sizeof gy);
+        pst_gelu_args g = {.out = d_dout, .inp = d_x, .dout = d_dout, .n = NG, .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        get(b, gdx, d_dout, sizeof gdx);
+        compare("gelu", b, gy, y, NG, 1e-6f);
+        compare("gelu backward (in place)", b, gdx, dx, NG, 1e-5f);
+
+        float *d_l = put(b, logits, sizeof(float) * N * V), *d_p = put(b, NULL, sizeof probs);
+        float *d_loss = put(b, NULL, sizeof(float) * B);
+        int32_t *d_t = put(b, tgt, sizeof tgt), *d_c = put(b, NULL, sizeof(int32_t));
+        pst_xent_args xa = {.losses = d_loss, .correct = d_c, .dlogits = d_p, .logits = d_l,
+                            .targets = d_t, .B = N, .C = V, .scale = 0.0f, .group = T};
+        cr_assert_eq(pst_op_softmax_xent(b->s, &xa), PST_OK, "%s", pst_error_detail());
+        float gl[B];
+        get(b, gl, d_loss, sizeof gl);
+        compare("grouped cross-entropy losses", b, gl, glosses, B, 1e-5f);
+        xa.B = N - 1; /* not a whole number of groups */
+        cr_assert_eq(pst_op_softmax_xent(b->s, &xa), PST_ERR_INVALID);
+        void *bufs[] = {d_x, d_y, d_dout, d_l, d_p, d_loss, d_t, d_c};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            pst_device_free(b->dev, bufs[k]);
+    }
+    free(x);
+    free(dout);
+    free(logits);
+    close_backends(be, nb);
+}
+
+Test(seq_ops, null_and_mismatched_arguments_are_invalid)
+{
+    pst_runtime *rt;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(pst_runtime_device(rt, 0), &s), PST_OK);
+    float f[64];
+    int32_t tok[4] = {0};
+    pst_embedding_fwd_args e = {.out = f, .tokens = tok, .wte = f, .wpe = f, .B = 1, .T = 2, .C = 2};
+    cr_assert_eq(pst_op_embedding_forward(s, NULL), PST_ERR_INVALID);
+    e.tokens = NULL;
+    cr_assert_eq(pst_op_embedding_forward(s, &e), PST_ERR_INVALID);
+    pst_attention_args a = {.out = f, .lse = f, .qkv = f, .scratch = f, .B = 1, .T = 2, .C = 6, .H = 4};
+    cr_assert_eq(pst_op_attention_forward(s, &a), PST_ERR_INVALID, "C not a multiple of H");
+    pst_layernorm_args l = {.dout = f, .inp = f, .w = f, .saved_mean = f, .saved_rstd = f,
+                            .dw = f, .N = 1, .C = 2};
+    cr_assert_eq(pst_op_layernorm_backward(s, &l), PST_ERR_INVALID, "dw without db");
+    pst_gelu_args g = {.out = f, .inp = NULL, .n = 4};
+    cr_assert_eq(pst_op_gelu_forward(s, &g), PST_ERR_INVALID);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
