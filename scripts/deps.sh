@@ -6,7 +6,7 @@ set -eu
 
 pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
       dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev
-      $*"
+      bible-kjv $*"
 
 missing=""
 for p in $pkgs; do
@@ -17,11 +17,23 @@ done
 # Node.js (for the offline manifest checks) may come from another repository whose
 # nodejs conflicts with Debian's npm: install Debian's pair only when neither is there.
 command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
-[ -z "$missing" ] && exit 0
-
 if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-echo "pstrain deps: installing$missing" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq >/dev/null
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+if [ -n "$missing" ]; then
+  echo "pstrain deps: installing$missing" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq >/dev/null
+  # shellcheck disable=SC2086
+  $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# --dataset kjv: the King James Bible as one text file (4.4 MB, 73 distinct bytes), written
+# once from Debian's bible-kjv (common/config.h's PST_KJV_PATH).
+kjv=/usr/local/share/pstrain/kjv.txt
+if [ ! -s "$kjv" ]; then
+  echo "pstrain deps: writing $kjv from bible-kjv" >&2
+  tmp=$(mktemp)
+  bible -f -l0 'Gen1:1-Rev22:21' > "$tmp"
+  $SUDO mkdir -p "$(dirname "$kjv")"
+  $SUDO install -m 0644 "$tmp" "$kjv"
+  rm -f "$tmp"
+fi

@@ -109,6 +109,34 @@ Test(config, data_dir_follows_the_dataset)
     cr_expect_str_eq(c.data_dir, "", "a pserver reads no data");
 }
 
+Test(config, gpt_flags_and_text_data_sets)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset", "kjv"));
+    cr_expect_str_eq(c.data_dir, PST_KJV_PATH);
+    cr_expect(c.layers == 4 && c.heads == 4 && c.embd == 128 && c.ctx == 128 &&
+              c.val_windows == 64 && c.sample == 0);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_LAYERS", "2", "PSTRAIN_CTX", "32"),
+                   "--model", "gpt", "--dataset", "text", "--data", "/x.txt", "--heads", "2",
+                   "--embd", "64", "--sample", "100", "--temperature", "0.5"));
+    cr_expect(c.layers == 2 && c.ctx == 32 && c.heads == 2 && c.embd == 64 && c.sample == 100);
+    cr_expect_str_eq(c.data_dir, "/x.txt");
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt"), PST_ERR_INVALID);
+    expect_detail_has("--model gpt cannot train on --dataset fashion-mnist", "--dataset kjv");
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--dataset", "kjv"), PST_ERR_INVALID);
+    expect_detail_has("--model mlp cannot train on --dataset kjv", NULL);
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset", "text"),
+                 PST_ERR_INVALID);
+    expect_detail_has("--dataset text needs --data FILE", NULL);
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset", "kjv",
+                      "--embd", "30"), PST_ERR_INVALID);
+    expect_detail_has("--embd 30 is not a multiple of --heads 4", NULL);
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt2"), PST_ERR_INVALID);
+    expect_detail_has("gpt2", "mlp, gpt or synthetic");
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset", "kjv",
+                      "--ctx", "0"), PST_ERR_INVALID);
+}
+
 Test(config, pserver_defaults)
 {
     pst_config c;

@@ -758,3 +758,101 @@ Test(epoch, gather_real_batch_in_order, .timeout = 30)
     free(perm);
     pst_dataset_free(&test);
 }
+
+/* ---- text files (common/data/text.h) ---- */
+
+#include "common/config.h"
+#include "common/data/text.h"
+
+TestSuite(text_files, .init = tmp_make, .fini = tmp_remove);
+
+static const char *write_text(const char *name, const char *bytes, size_t n)
+{
+    const char *p = tmp_path(name);
+    FILE *f = fopen(p, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, n, f), n);
+    fclose(f);
+    return p;
+}
+
+Test(text_files, missing_empty_short_and_directory_are_one_line_errors)
+{
+    pst_text t;
+    const char *missing = tmp_path("nope.txt");
+    cr_assert_eq(pst_text_load(&t, missing, 16), PST_ERR_NOT_FOUND);
+    cr_assert(strstr(pst_error_detail(), missing), "%s", pst_error_detail());
+    cr_assert_eq(t.tokens, NULL);
+    const char *empty = write_text("empty.txt", "", 0);
+    cr_assert_eq(pst_text_load(&t, empty, 16), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "empty") && strstr(pst_error_detail(), empty), "%s",
+              pst_error_detail());
+    /* 100 bytes: the last 10 cannot hold a window of 16 + 1 */
+    char hundred[100];
+    memset(hundred, 'a', sizeof hundred);
+    const char *shortf = write_text("short.txt", hundred, sizeof hundred);
+    cr_assert_eq(pst_text_load(&t, shortf, 16), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "too short for context 16"), "%s", pst_error_detail());
+    cr_assert_eq(pst_text_load(&t, shortf, 8), PST_OK, "%s", pst_error_detail());
+    pst_text_free(&t);
+    cr_assert_eq(pst_text_load(&t, tmp_dir, 8), PST_ERR_IO);
+    cr_assert(strstr(pst_error_detail(), "directory"), "%s", pst_error_detail());
+    for (const char *d = pst_error_detail(); *d; d++)
+        cr_assert_neq(*d, '\n', "one line");
+}
+
+Test(text_files, vocabulary_split_and_windows_follow_the_peer)
+{
+    /* 200 bytes over the sorted vocabulary {' ', 'a', 'b', 'z'} */
+    char text[200];
+    const char alphabet[] = "zab ";
+    for (int i = 0; i < 200; i++)
+        text[i] = alphabet[(i * 7 + i / 3) % 4];
+    const char *p = write_text("t.txt", text, sizeof text);
+    pst_text t;
+    cr_assert_eq(pst_text_load(&t, p, 8), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(t.vocab, 4);
+    cr_assert_eq(memcmp(t.bytes, " abz", 4), 0, "the sorted set of distinct bytes");
+    cr_assert_eq(t.n, 200);
+    cr_assert_eq(t.n_train, 180, "the first 90%% (floor) train");
+    for (int i = 0; i < 200; i++)
+        cr_assert_eq(t.bytes[t.tokens[i]], (uint8_t)text[i]);
+    /* validation windows at stride T from the start of the last 10% */
+    cr_assert_eq(pst_text_val_windows(&t, 8), (20 - 1) / 8);
+    int32_t x[4 * 8], y[4 * 8];
+    pst_text_val_rows(&t, 8, 1, 1, x, y);
+    for (int i = 0; i < 8; i++) {
+        cr_assert_eq(x[i], t.tokens[180 + 8 + i]);
+        cr_assert_eq(y[i], t.tokens[180 + 8 + i + 1], "targets are the next tokens");
+    }
+    /* a global batch of 4: the same on every call, the trainers' slices are its rows */
+    int32_t gx[4 * 8], gy[4 * 8], sx[4 * 8], sy[4 * 8];
+    pst_text_train_rows(&t, 8, 5, 17, 4, 0, 4, gx, gy);
+    pst_text_train_rows(&t, 8, 5, 17, 4, 0, 2, sx, sy);
+    pst_text_train_rows(&t, 8, 5, 17, 4, 2, 4, sx + 16, sy + 16);
+    cr_assert_eq(memcmp(gx, sx, sizeof gx), 0);
+    cr_assert_eq(memcmp(gy, sy, sizeof gy), 0);
+    pst_text_train_rows(&t, 8, 5, 18, 4, 0, 4, x, y);
+    cr_assert_neq(memcmp(gx, x, sizeof gx), 0, "another step, other windows");
+    /* every window lies inside the training part: each row is a contiguous run */
+    for (int r = 0; r < 4; r++) {
+        int found = 0;
+        for (size_t off = 0; off + 9 <= t.n_train && !found; off++) {
+            int ok = 1;
+            for (int i = 0; i < 8 && ok; i++)
+                ok = gx[r * 8 + i] == t.tokens[off + i] && gy[r * 8 + i] == t.tokens[off + i + 1];
+            found = ok;
+        }
+        cr_assert(found, "row %d is not a window of the training part", r);
+    }
+    pst_text_free(&t);
+}
+
+Test(text_files, the_king_james_bible_has_73_symbols, .timeout = 30)
+{
+    pst_text t;
+    cr_assert_eq(pst_text_load(&t, PST_KJV_PATH, 128), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(t.n, 4404412);
+    cr_assert_eq(t.vocab, 73);
+    pst_text_free(&t);
+}
