@@ -176,6 +176,8 @@ static void host_free(pst_comm *c)
     c->ctx = NULL;
 }
 
+#define HOST_JOBS 256
+
 static pst_status host_init(pst_comm *c)
 {
     host_ctx *hc = calloc(1, sizeof *hc);
@@ -186,6 +188,18 @@ static pst_status host_init(pst_comm *c)
         return pst_error_set(PST_ERR_INTERNAL, "pst_comm_init: pthread_mutex_init failed");
     }
     c->ctx = hc;
+    /* Reduce jobs are recycled; enough for the blocks of a few steps in flight are made now
+     * so a training step allocates nothing (more are made once if ever needed). */
+    for (int i = 0; i < HOST_JOBS; i++) {
+        host_job *j = calloc(1, sizeof *j);
+        if (!j)
+            break;
+        j->hc = hc;
+        j->next_all = hc->all_jobs;
+        hc->all_jobs = j;
+        j->next_free = hc->free_jobs;
+        hc->free_jobs = j;
+    }
     for (int d = 0; d < c->count; d++) {
         pst_device *dev = pst_runtime_device(c->rt, d);
         pst_status st = pst_event_create(dev, &hc->ready[d]);

@@ -120,6 +120,8 @@ static _Thread_local pst_cpu_stream *pst_cpu_current;
 
 /* ---- runtime ----------------------------------------------------------------------- */
 
+#define PST_CPU_RUNTIME_MARKS 4096
+
 static pst_status pst_cpu_runtime_init(pst_runtime *rt)
 {
     pst_cpu_runtime *crt = calloc(1, sizeof *crt);
@@ -130,6 +132,17 @@ static pst_status pst_cpu_runtime_init(pst_runtime *rt)
     if (pthread_mutex_init(&crt->jitter_mu, NULL) != 0)
         goto error_jitter;
     atomic_init(&crt->jitter_epoch, 0);
+    /* Marks are recycled; a stock for the events of a few steps in flight is made now, so a
+     * training step allocates nothing (a larger need grows the list once). */
+    for (int i = 0; i < PST_CPU_RUNTIME_MARKS; i++) {
+        pst_cpu_mark *m = malloc(sizeof *m);
+        if (!m || pthread_cond_init(&m->cv, NULL) != 0) {
+            free(m);
+            break; /* record reports it if it is ever short */
+        }
+        m->next_free = crt->free_marks;
+        crt->free_marks = m;
+    }
     rt->ctx = crt;
     return PST_OK;
 
@@ -398,6 +411,8 @@ static void *pst_cpu_worker(void *arg)
 
 /* ---- streams ----------------------------------------------------------------------- */
 
+#define PST_CPU_STREAM_ITEMS 1024
+
 static pst_status pst_cpu_stream_init(pst_stream *s)
 {
     pst_cpu_stream *cs = calloc(1, sizeof *cs);
@@ -413,11 +428,26 @@ static pst_status pst_cpu_stream_init(pst_stream *s)
         goto error_work;
     if (pthread_cond_init(&cs->done_cv, NULL) != 0)
         goto error_done;
+    /* Work items are recycled; enough for a deep queue are made now, so a training step
+     * (a few hundred items per stream at most, two steps in flight) allocates nothing. A
+     * deeper queue grows the list once. */
+    for (int i = 0; i < PST_CPU_STREAM_ITEMS; i++) {
+        pst_cpu_item *it = malloc(sizeof *it);
+        if (!it)
+            break; /* submit reports it if it is ever short */
+        it->next = cs->free_items;
+        cs->free_items = it;
+    }
     err = pthread_create(&cs->thread, NULL, pst_cpu_worker, cs);
     if (err != 0) {
         pthread_cond_destroy(&cs->done_cv);
         pthread_cond_destroy(&cs->work_cv);
         pthread_mutex_destroy(&cs->mu);
+        while (cs->free_items) {
+            pst_cpu_item *it = cs->free_items;
+            cs->free_items = it->next;
+            free(it);
+        }
         free(cs);
         return pst_error_set(PST_ERR_IO, "%s: cannot start a stream thread: %s", s->dev->name,
                              strerror(err));
