@@ -620,6 +620,8 @@ Test(cluster, gpt_2_pservers_2_trainers_and_devices_equal_local, .timeout = 240)
     free(out);
     cr_assert(ref > 0 && isfinite(ref) && val > 0 && val < 4.0, "param_l2 %g, val_loss %g", ref,
               val);
+    param_hash again = summary_hash_of(local, "cpu:1");
+    cr_assert_eq(memcmp(&again, &h, sizeof h), 0, "same seed and flags: other bits");
     param_hash h1 = summary_hash_of(one, "cpu:1");
     cr_assert_eq(memcmp(&h1, &h, sizeof h), 0, "1 trainer x 2 pservers: other bits than local");
     const char *devs[] = {"cpu:1", "cpu:2"};

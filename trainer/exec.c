@@ -919,6 +919,30 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
 
 /* ---- evaluation and results ----------------------------------------------------------- */
 
+pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs)
+{
+    use_newest_params(ex);
+    exec_dev *d = &ex->devs[0];
+    pst_stream *s = d->compute;
+    const pst_model *m = ex->model;
+    const pst_layer *last = &m->layers[ex->L - 1];
+    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
+    if (!last->cls->probs || m->nclasses < 1)
+        return pst_error_set(PST_ERR_UNSUPPORTED, "predict: model %s gives no probabilities",
+                             m->name);
+    if (rows < 1 || rows > ex->max_batch)
+        return pst_error_set(PST_ERR_INVALID, "predict: %d rows, 1 to %d", rows, ex->max_batch);
+    PST_TRY(pst_memcpy_async(s, d->x, x, sizeof(float) * (size_t)rows * (size_t)m->in_width,
+                             PST_COPY_HOST_TO_DEVICE));
+    PST_TRY(pst_memset_async(s, d->y, 0, sizeof(int32_t) * (size_t)rows * tw));
+    for (int k = 0; k < ex->L; k++)
+        PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
+    PST_TRY(pst_memcpy_async(s, probs, last->cls->probs(d->inst[ex->L - 1]),
+                             sizeof(float) * (size_t)rows * tw * (size_t)m->nclasses,
+                             PST_COPY_DEVICE_TO_HOST));
+    return pst_stream_synchronize(s);
+}
+
 pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int rows,
                               double *loss_sum, long *correct)
 {

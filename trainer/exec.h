@@ -62,6 +62,10 @@ pst_status tr_exec_sync(tr_exec *ex);
  * (call after tr_exec_sync; returns when done). */
 pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int rows,
                               double *loss_sum, long *correct);
+/* The model's predictions on device 0 for `rows` host rows (as tr_exec_step takes them):
+ * probs (rows, target_width, nclasses) in host memory. Errors: PST_ERR_UNSUPPORTED for a
+ * model whose loss layer gives none (call after tr_exec_sync). */
+pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs);
 /* Test accuracy on device 0 (call after tr_exec_sync). */
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 /* L2 norm of device 0's parameters and a copy of them (after tr_exec_sync). */

@@ -22,6 +22,7 @@
 #include "common/data/text.h"
 #include "common/runtime/device.h"
 #include "common/log.h"
+#include "common/rng.h"
 #include "common/metrics.h"
 #include "common/nn/models/models.h"
 #include "trainer/exec.h"
@@ -95,6 +96,57 @@ static pst_status text_validate(tr_exec *ex, const pst_text *text, const pst_con
     *loss = nw ? sum / nw : 0.0;
     *acc = nw ? (double)correct / ((double)nw * T) : 0.0;
     return PST_OK;
+}
+
+/* --sample N: N characters from the final model on stderr, after a one-byte prompt (the
+ * validation part's first). The window holds the last T tokens at its start; causal
+ * attention makes the prediction at its last filled position depend on those alone (the
+ * rest of the row is zeros). Each next token is drawn from softmax(logits / temperature)
+ * = p^(1/temperature), renormalized, by pst_rng stream (seed, "samp"). */
+static pst_status text_sample(tr_exec *ex, const pst_text *text, const pst_config *cfg)
+{
+    const int T = cfg->ctx, V = text->vocab;
+    int32_t *row = calloc((size_t)T, sizeof *row);
+    float *probs = malloc(sizeof(float) * (size_t)T * (size_t)V);
+    double *w = malloc(sizeof(double) * (size_t)V);
+    pst_status st = PST_OK;
+    if (!row || !probs || !w) {
+        st = pst_error_set(PST_ERR_NOMEM, "--sample: out of memory");
+        goto out;
+    }
+    pst_rng r;
+    pst_rng_seed(&r, cfg->seed, 0x73616d70ull /* "samp" */);
+    int len = 1;
+    row[0] = text->tokens[text->n_train];
+    fprintf(stderr, "sample (%d characters, temperature %g):\n%c", cfg->sample,
+            (double)cfg->temperature, text->bytes[row[0]]);
+    for (int i = 0; i < cfg->sample; i++) {
+        if ((st = tr_exec_predict(ex, row, 1, probs)) != PST_OK)
+            goto out;
+        const float *p = probs + (size_t)(len - 1) * V;
+        double total = 0.0;
+        for (int v = 0; v < V; v++)
+            total += w[v] = pow((double)p[v], 1.0 / cfg->temperature);
+        double u = (double)pst_rng_uniform(&r) * total;
+        int next = V - 1;
+        for (int v = 0; v < V; v++)
+            if ((u -= w[v]) < 0.0) {
+                next = v;
+                break;
+            }
+        fputc(text->bytes[next], stderr);
+        if (len == T) { /* slide: keep the last T - 1 tokens */
+            memmove(row, row + 1, sizeof *row * (size_t)(T - 1));
+            len--;
+        }
+        row[len++] = next;
+    }
+    fputc('\n', stderr);
+out:
+    free(row);
+    free(probs);
+    free(w);
+    return st;
 }
 
 /* ---- the loop ------------------------------------------------------------------------- */
@@ -278,6 +330,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     }
     pst_log_set_step(-1);
     if ((st = tr_exec_sync(ex)) != PST_OK || (st = tr_exec_params(ex, params)) != PST_OK)
+        goto error;
+    if (is_text && cfg->sample > 0 && rank == 0 && (st = text_sample(ex, &text, cfg)) != PST_OK)
         goto error;
     sum->test_acc = test_acc;
     sum->train_loss = last_loss;

@@ -93,6 +93,9 @@ typedef struct pst_layer_class {
     pst_status (*wgrad)(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1);
     /* The gradient of the input (io->din), when io->din is not NULL. NULL: nothing to do. */
     pst_status (*igrad)(void *inst, pst_stream *s, int B);
+    /* The loss layer's predictions after a forward with scale 0: (B, target_width,
+     * nclasses) probabilities in device memory. NULL: the layer has none. */
+    const float *(*probs)(void *inst);
 } pst_layer_class;
 
 typedef struct pst_layer {

@@ -88,6 +88,11 @@ static pst_status lm_head_igrad(void *inst, pst_stream *s, int B)
     return pst_op_layernorm_backward(s, &h->ln_igrad);
 }
 
+static const float *lm_head_probs(void *inst)
+{
+    return ((lm_head_inst *)inst)->xent.dlogits; /* scale 0 writes the softmax there */
+}
+
 const pst_layer_class pst_layer_lm_head = {
     .name = "lm_head",
     .inst_bytes = sizeof(lm_head_inst),
@@ -95,4 +100,5 @@ const pst_layer_class pst_layer_lm_head = {
     .forward = lm_head_forward,
     .wgrad = lm_head_wgrad,
     .igrad = lm_head_igrad,
+    .probs = lm_head_probs,
 };
