@@ -35,7 +35,7 @@ int ref_gpt_init(ref_gpt *g, ref_gpt_dims d, int max_batch)
     const size_t n[] = {N * C, L * N * C, L * N, L * N, L * N * 3 * C, L * N * C,
                         L * max_batch * H * T, L * N * C, L * N * C, L * N, L * N,
                         L * N * 4 * C, L * N * 4 * C, L * N * C, N * C, N, N, N * V, N * V,
-                        N * C, N * 4 * C, N * 3 * C, N * C, N * 4 * C, 2 * T};
+                        N * C, N * 4 * C, N * 3 * C, N * C, N * 4 * C, (size_t)PST_ATTENTION_SCRATCH(T)};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (!(*bufs[i] = calloc(n[i], sizeof(float)))) {
             ref_gpt_free(g);

@@ -188,7 +188,7 @@ static double att_obj(void *ctx)
 Test(seq_layers, attention_against_float64_and_finite_differences)
 {
     static float qkv[AB * AT * A3], dout[AB * AT * AC], out[AB * AT * AC], lse[AB * AH * AT];
-    static float dqkv[AB * AT * A3], scratch[2 * AT];
+    static float dqkv[AB * AT * A3], scratch[PST_ATTENTION_SCRATCH(AT)];
     fill(qkv, AB * AT * A3, 5, 1.5f);
     fill(dout, AB * AT * AC, 6, 1.0f);
     static att_case k;

@@ -210,14 +210,14 @@ Test(seq_ops, attention)
     backend be[MAXB];
     const int nb = open_backends(be);
     float *qkv = randn(N * 3 * C, 8, 1.5f), *dout = randn(N * C, 9, 1);
-    static float out[N * C], lse[B * H * T], dqkv[N * 3 * C], scr[2 * T];
+    static float out[N * C], lse[B * H * T], dqkv[N * 3 * C], scr[PST_ATTENTION_SCRATCH(T)];
     pst_attention_forward(out, lse, qkv, B, T, C, H, scr, 0, B * H);
     pst_attention_backward(dqkv, dout, qkv, lse, B, T, C, H, scr, 0, B * H);
     for (int i = 0; i < nb; i++) {
         backend *b = &be[i];
         float *d_qkv = put(b, qkv, sizeof(float) * N * 3 * C), *d_dout = put(b, dout, sizeof(float) * N * C);
         float *d_out = put(b, NULL, sizeof out), *d_lse = put(b, NULL, sizeof lse);
-        float *d_dqkv = put(b, NULL, sizeof dqkv), *d_scr = put(b, NULL, sizeof(float) * 2 * T * 2);
+        float *d_dqkv = put(b, NULL, sizeof dqkv), *d_scr = put(b, NULL, sizeof(float) * PST_ATTENTION_SCRATCH(T) * 2);
         pst_attention_args f = {.out = d_out, .lse = d_lse, .qkv = d_qkv, .B = B, .T = T, .C = C,
                                 .H = H, .scratch = d_scr, .pool = b->pool};
         cr_assert_eq(pst_op_attention_forward(b->s, &f), PST_OK, "%s", pst_error_detail());

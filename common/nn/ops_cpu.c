@@ -183,7 +183,7 @@ static void attention_fwd_part(void *arg, int part, int nparts)
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
     pst_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H,
-                          a->scratch + (size_t)part * 2 * (size_t)a->T, (int)lo, (int)hi);
+                          a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T), (int)lo, (int)hi);
 }
 
 static void attention_bwd_part(void *arg, int part, int nparts)
@@ -192,7 +192,7 @@ static void attention_bwd_part(void *arg, int part, int nparts)
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
     pst_attention_backward(a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H,
-                           a->scratch + (size_t)part * 2 * (size_t)a->T, (int)lo, (int)hi);
+                           a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T), (int)lo, (int)hi);
 }
 
 static void gelu_fwd_part(void *arg, int part, int nparts)

@@ -40,14 +40,15 @@ void pst_layernorm_backward_params(float *dw, float *db, const float *dout, cons
 
 /* Causal self-attention over qkv (B, T, 3C) (the C query columns, then the keys, then the
  * values; head h uses columns h*C/H .. (h+1)*C/H - 1 of each): out (B, T, C) and, for the
- * backward, lse (B, H, T) = the log-sum-exp of each query's scaled scores. The mask is the
- * loop bound (a query sees keys 0..t); the probabilities live in a T-float scratch for one
- * query at a time. Pairs (b, h) with b*H + h in [bh0, bh1). scratch: T floats. */
+ * backward, lse (B, H, T) = the log-sum-exp of each query's scaled scores. A query sees
+ * keys 0..t; the masked probabilities are 0. Pairs (b, h) with b*H + h in [bh0, bh1), one
+ * at a time: scratch holds one pair's (T, T) scores. scratch: PST_ATTENTION_SCRATCH(T). */
+#define PST_ATTENTION_SCRATCH(T) (2 * (int64_t)(T) * (T))
 void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
                            float *scratch, int bh0, int bh1);
 /* dqkv (B, T, 3C) for pairs [bh0, bh1) (overwritten) from dout (B, T, C): the
  * probabilities are recomputed from qkv and lse, none kept from the forward.
- * scratch: 2*T floats. */
+ * scratch: PST_ATTENTION_SCRATCH(T) floats (two (T, T) matrices). */
 void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
                             int B, int T, int C, int H, float *scratch, int bh0, int bh1);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/nn/models/models.h"
+#include "common/nn/seq_layers.h"
 #include "common/rng.h"
 
 /* the stacked kinds in llm.c's order, with their per-layer shapes (in units of C) */
@@ -99,7 +100,7 @@ pst_status pst_model_gpt(pst_model *m, int V, int T, int L, int H, int C)
         pst_layer blk = {.cls = &pst_layer_transformer_block, .ntensors = NKINDS,
                          .in_width = TC, .out_width = TC, .flags = H,
                          .save_width = T * (15 * C + 4 + H), .work_width = 10 * TC,
-                         .scratch_per_thread = 2 * T};
+                         .scratch_per_thread = (int)PST_ATTENTION_SCRATCH(T)};
         for (int k = 0; k < NKINDS; k++)
             blk.tensor[k] = first[k] + l;
         if ((st = pst_model_add_layer(m, &blk)) != PST_OK)
