@@ -5,6 +5,7 @@ set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/mlp.sh" "$build" 3
+"$here/gpt.sh" "$build" 3
 "$here/gemm.sh" "$build"
 "$here/ps_sync.sh" "$build" 3
 "$here/overlap.sh" "$build" 3
