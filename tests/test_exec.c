@@ -323,3 +323,128 @@ Test(exec, steps_equal_the_reference_kernels, .timeout = 120)
     }
     free(ref);
 }
+
+/* ---- the GPT through the executor ------------------------------------------------------
+ * A small GPT (2 blocks, 2 heads, 32 channels, context 16) on the King James Bible: on cpu:2
+ * the shared copy, overlap off, --cpu-replicas 1 and random stream delays all give the same
+ * bits (the tied embedding's gradient is written by the head and added to by the embedding
+ * on every schedule); on cpu:1 with one thread, five AdamW steps equal the tests' reference
+ * GPT (ref_gpt.c) and pst_optim_apply over the whole buffer, bit for bit. */
+#include "common/data/text.h"
+#include "ref_gpt.h"
+
+enum { GPT_T = 16, GPT_B = 6 };
+
+static float *train_gpt(const char *devices, int overlap, uint64_t jitter_seed, int steps,
+                        int replicas, int threads, size_t *n_out)
+{
+    pst_text text;
+    cr_assert_eq(pst_text_load(&text, PST_KJV_PATH, GPT_T), PST_OK, "%s", pst_error_detail());
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    cfg.block_bytes = 8192; /* 14 blocks of the 28k parameters */
+    cfg.optim.kind = PST_OPTIM_ADAMW;
+    cfg.optim.lr = 3e-3f;
+    cfg.optim.beta2 = 0.99f;
+    cfg.optim.weight_decay = 0.0f;
+    cfg.jitter_seed = jitter_seed;
+    cfg.jitter_us = jitter_seed ? 300 : 0;
+    cfg.cpu_replicas = replicas;
+    pst_runtime *rt = NULL;
+    cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
+    pst_model model;
+    cr_assert_eq(pst_model_gpt(&model, text.vocab, GPT_T, 2, 2, 32), PST_OK);
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, pst_runtime_count(rt)),
+                 PST_OK);
+    tr_link *link;
+    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = GPT_B,
+                         .eval_rows = GPT_B, .link = link, .overlap = overlap,
+                         .threads = threads};
+    tr_exec *ex = NULL;
+    cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_start(ex, 5), PST_OK, "%s", pst_error_detail());
+    int32_t x[GPT_B * GPT_T], y[GPT_B * GPT_T];
+    for (int s = 0; s < steps; s++) {
+        pst_text_train_rows(&text, GPT_T, 5, s, GPT_B, 0, GPT_B, x, y);
+        double loss;
+        cr_assert_eq(tr_exec_step(ex, s, x, y, GPT_B, GPT_B, &loss), PST_OK, "%s",
+                     pst_error_detail());
+        cr_assert(isfinite(loss) && loss > 0);
+    }
+    cr_assert_eq(tr_exec_sync(ex), PST_OK, "%s", pst_error_detail());
+    *n_out = tr_exec_nparams(ex);
+    float *p = malloc(sizeof(float) * *n_out);
+    cr_assert_eq(tr_exec_params(ex, p), PST_OK);
+    tr_exec_free(ex);
+    tr_link_free(link);
+    tr_plan_free(&plan);
+    pst_model_free(&model);
+    pst_runtime_free(rt);
+    pst_text_free(&text);
+    return p;
+}
+
+Test(exec, gpt_schedules_give_the_same_bits, .timeout = 300)
+{
+    size_t n, m;
+    float *ref = train_gpt("cpu:2", 1, 0, 4, 0, 2, &n);
+    const struct {
+        int overlap, replicas;
+        uint64_t jitter;
+    } runs[] = {{0, 0, 0}, {1, 1, 0}, {1, 1, 1}, {1, 0, 2}, {1, 1, 3}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        float *p = train_gpt("cpu:2", runs[k].overlap, runs[k].jitter, 4, runs[k].replicas, 2,
+                             &m);
+        cr_assert_eq(n, m);
+        cr_assert_eq(memcmp(ref, p, n * sizeof(float)), 0,
+                     "overlap %d, replicas %d, jitter seed %llu: other bits", runs[k].overlap,
+                     runs[k].replicas, (unsigned long long)runs[k].jitter);
+        free(p);
+    }
+    free(ref);
+}
+
+Test(exec, gpt_steps_equal_the_reference_gpt, .timeout = 120)
+{
+    const int steps = 5;
+    size_t n;
+    float *got = train_gpt("cpu:1", 1, 0, steps, 0, 1, &n);
+
+    pst_text text;
+    cr_assert_eq(pst_text_load(&text, PST_KJV_PATH, GPT_T), PST_OK);
+    pst_model model;
+    cr_assert_eq(pst_model_gpt(&model, text.vocab, GPT_T, 2, 2, 32), PST_OK);
+    ref_gpt r;
+    cr_assert_eq(ref_gpt_init(&r, (ref_gpt_dims){.V = text.vocab, .T = GPT_T, .L = 2, .H = 2,
+                                                 .C = 32}, GPT_B), 0);
+    cr_assert_eq(r.nparams, n);
+    float *params = malloc(sizeof(float) * n), *grads = malloc(sizeof(float) * n);
+    float *state = calloc(2 * n, sizeof(float));
+    model.init_params(&model, params, 5);
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    pst_optim_config oc = cfg.optim;
+    oc.kind = PST_OPTIM_ADAMW;
+    oc.lr = 3e-3f;
+    oc.beta2 = 0.99f;
+    oc.weight_decay = 0.0f;
+    int32_t x[GPT_B * GPT_T], y[GPT_B * GPT_T];
+    for (int s = 0; s < steps; s++) {
+        pst_text_train_rows(&text, GPT_T, 5, s, GPT_B, 0, GPT_B, x, y);
+        ref_gpt_forward(&r, params, x, y, GPT_B, NULL);
+        ref_gpt_backward(&r, params, grads, x, y, GPT_B);
+        cr_assert_eq(pst_optim_apply(&oc, s + 1, params, state, n, grads, n), PST_OK);
+    }
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(memcmp(&got[i], &params[i], sizeof(float)), 0,
+                     "parameter %zu: %.9g, the reference's %.9g", i, got[i], params[i]);
+    free(got);
+    free(params);
+    free(grads);
+    free(state);
+    ref_gpt_free(&r);
+    pst_model_free(&model);
+    pst_text_free(&text);
+}

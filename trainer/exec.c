@@ -97,11 +97,12 @@ struct exec_block {
 };
 
 /* Rows [row0, row1) of layer `layer`'s weight gradient (row1 0: the whole layer);
- * afterwards blocks [block_first, block_last] are final (none when block_first >
- * block_last). */
+ * afterwards the nblk blocks chunk_blocks[blk0 ..] are final, ascending. A list, not a
+ * range: a layer's tensors need not be contiguous (a transformer block's lie between the
+ * other blocks' in llm.c's layout), so the blocks it finishes need not be either. */
 typedef struct exec_chunk {
     int layer, row0, row1;
-    int block_first, block_last;
+    int blk0, nblk;
 } exec_chunk;
 
 struct tr_exec {
@@ -116,6 +117,7 @@ struct tr_exec {
     exec_dev *devs;
     const tr_plan *plan;
     exec_block *blocks;
+    int *chunk_blocks;             /* (nblocks) the blocks each chunk finishes (exec_chunk) */
     int *layer_blocks;             /* the blocks layer l reads, ascending: */
     int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
     exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
@@ -227,22 +229,23 @@ static pst_status build_chunks(tr_exec *ex)
     const int nb = ex->plan->nblocks, cut_at_blocks = !ex->c.link->in_process;
     ex->chunks = calloc((size_t)nb + (size_t)ex->L, sizeof *ex->chunks);
     ex->layer_chunk0 = calloc((size_t)ex->L + 1, sizeof(int));
-    if (!ex->chunks || !ex->layer_chunk0)
+    ex->chunk_blocks = calloc((size_t)nb, sizeof(int));
+    if (!ex->chunks || !ex->layer_chunk0 || !ex->chunk_blocks)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    int nlisted = 0; /* every block is listed by exactly one chunk: its lowest layer's */
     for (int l = 0; l < ex->L; l++) {
         const pst_layer *ly = &m->layers[l];
         ex->layer_chunk0[l] = ex->nchunks;
         if (!ly->ntensors)
             continue;
-        const int R = ly->split_rows;
-        int row0 = 0, first = -1, last = -1;
+        const int R = ly->split_rows, blk0 = nlisted;
+        int row0 = 0;
         /* Blocks whose lowest layer is l, ascending: their cut rows ascend too. */
         for (int b = 0; b < nb; b++) {
             if (ex->blocks[b].lmin != l)
                 continue;
             if (!R || !cut_at_blocks) { /* one chunk finishes them all */
-                first = first < 0 ? b : first;
-                last = b;
+                ex->chunk_blocks[nlisted++] = b;
                 continue;
             }
             const pst_tensor *t0 = &m->tensors[ly->tensor[0]];
@@ -253,19 +256,23 @@ static pst_status build_chunks(tr_exec *ex)
                           : R;
             cut = (cut + ly->split_tile - 1) / ly->split_tile * ly->split_tile;
             cut = cut < R ? cut : R;
+            ex->chunk_blocks[nlisted++] = b;
             if (cut <= row0) { /* row0 > 0: a chunk of this layer is already cut there */
-                ex->chunks[ex->nchunks - 1].block_last = b;
+                ex->chunks[ex->nchunks - 1].nblk++;
                 continue;
             }
-            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, cut, b, b};
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, cut, nlisted - 1, 1};
             row0 = cut;
         }
         if (!R || !cut_at_blocks)
-            ex->chunks[ex->nchunks++] = (exec_chunk){l, 0, R, first < 0 ? 1 : first, last};
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, 0, R, blk0, nlisted - blk0};
         else if (row0 < R) /* rows after the last block that ends in this layer */
-            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, R, 1, 0};
+            ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, R, nlisted, 0};
     }
     ex->layer_chunk0[ex->L] = ex->nchunks;
+    if (nlisted != nb) /* every block has a lowest layer (tr_exec_init checked it) */
+        return pst_error_set(PST_ERR_INTERNAL, "executor: %d of %d blocks in chunks", nlisted,
+                             nb);
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         d->chunk = calloc((size_t)ex->nchunks, sizeof *d->chunk);
@@ -597,6 +604,7 @@ void tr_exec_free(tr_exec *ex)
     pst_comm_free(ex->bcast_comm);
     free(ex->homes);
     free(ex->blocks);
+    free(ex->chunk_blocks);
     free(ex->layer_blocks);
     free(ex->layer_blocks0);
     free(ex->chunks);
@@ -732,8 +740,9 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
         for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++) {
             PST_TRY(cls->wgrad(d->inst[l], d->chunk[c], s, d->rows, ex->chunks[c].row0,
                                ex->chunks[c].row1));
-            for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
-                PST_TRY(pst_event_record(d->grad_done[b], s));
+            const int *done = ex->chunk_blocks + ex->chunks[c].blk0;
+            for (int k = 0; k < ex->chunks[c].nblk; k++)
+                PST_TRY(pst_event_record(d->grad_done[done[k]], s));
         }
         if (cls->igrad)
             PST_TRY(cls->igrad(d->inst[l], s, d->rows));
@@ -887,8 +896,9 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
      * first, each layer's chunks by ascending rows. */
     for (int l = ex->L - 1; l >= 0; l--)
         for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
-            for (int b = ex->chunks[c].block_first; b <= ex->chunks[c].block_last; b++)
-                PST_TRY(enqueue_send(ex, &ex->blocks[b], step));
+            for (int k = 0; k < ex->chunks[c].nblk; k++)
+                PST_TRY(enqueue_send(ex, &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]],
+                                     step));
     if (ex->pbuf[1])
         ex->cur ^= 1; /* the pulls above land there */
     if (!ex->c.overlap)
