@@ -342,3 +342,57 @@ Test(seq_layers, linear_without_bias)
     expect_close("dw", dw, wdw, OC * IC, 1e-5, 1e-5);
     expect_close("dinp", dx, wdx, B * IC, 1e-5, 1e-5);
 }
+
+/* ---- cross-entropy over the vocabulary through the tied projection ------------------ */
+
+enum { XN = 5, XC = 8, XV = 7 };
+
+typedef struct tied_case {
+    double x[XN * XC], wte[XV * XC];
+    int32_t tgt[XN];
+} tied_case;
+
+/* mean over the XN positions of -log softmax(x @ wte^T)[target], in double */
+static double tied_obj(void *ctx)
+{
+    tied_case *k = ctx;
+    double total = 0;
+    for (int n = 0; n < XN; n++) {
+        double z[XV], m = -INFINITY, s = 0;
+        for (int v = 0; v < XV; v++) {
+            z[v] = 0;
+            for (int c = 0; c < XC; c++)
+                z[v] += k->x[n * XC + c] * k->wte[v * XC + c];
+            m = z[v] > m ? z[v] : m;
+        }
+        for (int v = 0; v < XV; v++)
+            s += exp(z[v] - m);
+        total += log(s) - (z[k->tgt[n]] - m);
+    }
+    return total / XN;
+}
+
+Test(seq_layers, tied_projection_cross_entropy_against_finite_differences)
+{
+    float x[XN * XC], wte[XV * XC], logits[XN * XV], probs[XN * XV], dx[XN * XC], dw[XV * XC];
+    fill(x, XN * XC, 20, 1.0f);
+    fill(wte, XV * XC, 21, 1.0f);
+    tied_case k;
+    to_double(k.x, x, XN * XC);
+    to_double(k.wte, wte, XV * XC);
+    for (int n = 0; n < XN; n++)
+        k.tgt[n] = (n * 3 + 1) % XV;
+    /* the language-model head's arithmetic: logits by the linear kernel without bias, the
+     * softmax cross-entropy, its gradient scaled by 1/positions, both GEMM gradients */
+    pst_linear_forward(logits, x, wte, NULL, XN, XC, XV, 0);
+    const double loss = pst_softmax_xent_forward(probs, logits, k.tgt, XN, XV) / XN;
+    cr_assert(fabs(loss - tied_obj(&k)) <= 1e-6 * fabs(loss), "loss %.9g vs %.9g", loss,
+              tied_obj(&k));
+    pst_softmax_xent_backward(probs, probs, k.tgt, XN, XV, 1.0f / XN);
+    pst_linear_backward(dx, dw, NULL, probs, x, wte, XN, XC, XV, 0);
+    double g[XV * XC];
+    numeric_grad(g, k.x, XN * XC, tied_obj, &k);
+    expect_close("d loss / d x", dx, g, XN * XC, 1e-5, 1e-4);
+    numeric_grad(g, k.wte, XV * XC, tied_obj, &k);
+    expect_close("d loss / d wte", dw, g, XV * XC, 1e-5, 1e-4);
+}
