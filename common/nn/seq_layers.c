@@ -134,17 +134,12 @@ void pst_layernorm_backward_params(float *dw, float *db, const float *dout, cons
 #pragma GCC optimize("vect-cost-model=dynamic", "no-trapping-math")
 #endif
 
-/* tanh in float arithmetic that vectorizes (glibc's tanhf is a scalar call and was most of a
- * GPT step's time): tanh a = m / (m + 2) with m = e^{2a} - 1, a = |u| (the sign put back;
- * above 9, tanh is 1 in float). m = 2^n (q + 1) - 1 = 2^n q + (2^n - 1) with n = round(2a /
- * ln 2), r = 2a - n ln 2 (in two parts) and q = e^r - 1 by its Taylor series to r^8
- * (relative error below 1e-9 on |r| <= ln2/2): no cancellation near 0. Measured against
- * double tanh over [-12, 12] in steps of 1e-5: relative error at most 1.9e-7 (about 3 float
- * ulps), absolute at most 9e-8. */
-static inline float tanh_f(float u)
+/* e^x = 2^n (1 + q) for |x| <= 87, in float arithmetic that vectorizes: n = round(x / ln 2)
+ * (by the 1.5 * 2^23 trick: SSE2 has no vector rint), r = x - n ln 2 in two parts
+ * (|r| <= ln2/2), q = e^r - 1 by its Taylor series to r^8 (relative error below 1e-9).
+ * Returns 2^n (from the exponent bits) and sets *q. */
+static inline float exp_split(float x, float *q_out)
 {
-    const float au = fabsf(u), a = au < 9.0f ? au : 9.0f, x = 2.0f * a;
-    /* round to nearest by the 1.5 * 2^23 trick (SSE2 has no vector rint) */
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
     float q = 1.0f / 40320.0f;
@@ -155,39 +150,36 @@ static inline float tanh_f(float u)
     q = q * r + 1.0f / 6.0f;
     q = q * r + 0.5f;
     q = q * r + 1.0f;
-    q = q * r;
-    const int32_t bits = (int32_t)(n + 127.0f) << 23; /* 2^n, 0 <= n <= 26 */
+    *q_out = q * r;
+    const int32_t bits = (int32_t)(n + 127.0f) << 23; /* -126 <= n <= 126 */
     float s2;
     memcpy(&s2, &bits, sizeof s2);
+    return s2;
+}
+
+/* tanh (glibc's tanhf is a scalar call and was most of a GPT step's time): tanh a =
+ * m / (m + 2) with m = e^{2a} - 1 = 2^n q + (2^n - 1), a = |u| (the sign put back; above 9,
+ * tanh is 1 in float): no cancellation near 0. Measured against double tanh over [-12, 12]
+ * in steps of 1e-5: relative error at most 1.9e-7 (about 3 float ulps), absolute at most
+ * 9e-8. */
+static inline float tanh_f(float u)
+{
+    const float au = fabsf(u), a = au < 9.0f ? au : 9.0f;
+    float q;
+    const float s2 = exp_split(2.0f * a, &q);
     const float m = s2 * q + (s2 - 1.0f);
     const float t = m / (m + 2.0f);
     return u < 0.0f ? -t : t;
 }
 
-
-/* e^x in float arithmetic that vectorizes, for x <= 0 (a softmax's shifted scores; below
- * -87 the result is 0, where e^x < 2e-38): 2^n (1 + q) with n = round(x / ln 2),
- * r = x - n ln 2 in two parts and q = e^r - 1 by its Taylor series to r^8. Measured against
- * double exp over (-87, 0] in steps of 1e-5: relative error at most 9.7e-8 (1.6 ulps). */
+/* e^x for x <= 0 (a softmax's shifted scores; below -87 the result is 0, where
+ * e^x < 2e-38). Measured against double exp over (-87, 0] in steps of 1e-5: relative error
+ * at most 9.7e-8 (1.6 ulps). */
 static inline float exp_neg_f(float x)
 {
-    const float c = x > -87.0f ? x : -87.0f;
-    const float n = (c * 1.44269504088896341f - 12582912.0f) + 12582912.0f;
-    const float r = (c - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-    float q = 1.0f / 40320.0f;
-    q = q * r + 1.0f / 5040.0f;
-    q = q * r + 1.0f / 720.0f;
-    q = q * r + 1.0f / 120.0f;
-    q = q * r + 1.0f / 24.0f;
-    q = q * r + 1.0f / 6.0f;
-    q = q * r + 0.5f;
-    q = q * r + 1.0f;
-    q = q * r;
-    const int32_t bits = (int32_t)(n + 127.0f) << 23; /* 2^n, -126 <= n <= 0 */
-    float s2;
-    memcpy(&s2, &bits, sizeof s2);
-    const float e = s2 * q + s2;
-    return x > -87.0f ? e : 0.0f;
+    float q;
+    const float s2 = exp_split(x > -87.0f ? x : -87.0f, &q);
+    return x > -87.0f ? s2 * q + s2 : 0.0f;
 }
 
 /* One (sequence, head) pair: S = scale * Q K^T by one GEMM into the (T, T) scratch, the
