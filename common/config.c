@@ -253,7 +253,7 @@ static const opt options[] = {
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
     {"server-threads", "PSTRAIN_SERVER_THREADS", NULL, NULL, "2", "pserver RPC and update threads", R_PSERVER, OPT_INT, F(server_threads), 1, 256, NULL},
-    {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
+    {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, gpt (a character language model; unless set: --dataset kjv --batch 16 --optimizer adamw --lr 0.001 --beta2 0.99 --weight-decay 0), or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
     {"hidden", "PSTRAIN_HIDDEN", NULL, NULL, "1024,1024", "mlp hidden layer widths", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_hidden},
     {"params", "PSTRAIN_PARAMS", NULL, NULL, "25000000", "synthetic model: number of fp32 parameters", R_TRAINER, OPT_LONG, F(params), 1, 4e9, NULL},
     {"layers", "PSTRAIN_LAYERS", NULL, NULL, "4", "gpt: transformer blocks", R_TRAINER, OPT_INT, F(layers), 1, 1024, NULL},
@@ -444,6 +444,7 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
     pst_config_defaults(cfg);
     cfg->role = role;
     unsigned rmask = 1u << role;
+    char given[NOPTIONS] = {0}; /* set from the environment or a flag */
 
     /* Environment: Paddle's alias first, PSTRAIN_* over it. */
     for (int i = 0; i < NOPTIONS; i++) {
@@ -453,8 +454,10 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         const char *names[] = {o->alias2, o->alias, o->env};
         for (int k = 0; k < 3; k++) {
             const char *v = names[k] ? getenv_fn(names[k]) : NULL;
-            if (v && *v)
+            if (v && *v) {
                 PST_TRY(apply(cfg, o, v, names[k]));
+                given[i] = 1;
+            }
         }
     }
 
@@ -486,11 +489,24 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         char where[64];
         snprintf(where, sizeof where, "--%s", o->flag);
         PST_TRY(apply(cfg, o, v, where));
+        given[o - options] = 1;
     }
     if (cfg->help)
         return PST_OK;
 
     /* The whole. */
+    if (role == PST_ROLE_TRAINER && !strcmp(cfg->model, "gpt")) {
+        /* The GPT's own defaults (the PyTorch peer's) for what was not set: */
+        static const struct {
+            const char *flag, *value;
+        } gpt_defaults[] = {{"dataset", "kjv"},  {"batch", "16"},   {"optimizer", "adamw"},
+                            {"lr", "0.001"},     {"beta2", "0.99"}, {"weight-decay", "0"}};
+        for (size_t k = 0; k < sizeof gpt_defaults / sizeof gpt_defaults[0]; k++) {
+            const opt *o = find_flag(gpt_defaults[k].flag, strlen(gpt_defaults[k].flag), rmask);
+            if (o && !given[o - options])
+                PST_TRY(apply(cfg, o, gpt_defaults[k].value, "--model gpt's default"));
+        }
+    }
     if (role == PST_ROLE_TRAINER) {
         const int text = !strcmp(cfg->dataset, "text") || !strcmp(cfg->dataset, "kjv");
         if (!cfg->data_dir[0] && !strcmp(cfg->dataset, "kjv"))

@@ -121,7 +121,19 @@ Test(config, gpt_flags_and_text_data_sets)
                    "--embd", "64", "--sample", "100", "--temperature", "0.5"));
     cr_expect(c.layers == 2 && c.ctx == 32 && c.heads == 2 && c.embd == 64 && c.sample == 100);
     cr_expect_str_eq(c.data_dir, "/x.txt");
-    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt"), PST_ERR_INVALID);
+    /* what --model gpt leaves unset takes the PyTorch peer's settings; what is set stays */
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt"));
+    cr_expect_str_eq(c.dataset, "kjv");
+    cr_expect(c.batch == 16 && c.optim.kind == PST_OPTIM_ADAMW && c.optim.lr == 1e-3f &&
+              c.optim.beta2 == 0.99f && c.optim.weight_decay == 0.0f);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_OPTIMIZER", "adam"), "--model", "gpt",
+                   "--batch", "32", "--lr", "0.003"));
+    cr_expect(c.batch == 32 && c.optim.kind == PST_OPTIM_ADAM && c.optim.lr == 0.003f &&
+              c.optim.beta2 == 0.99f);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect(c.batch == 128 && c.optim.kind == PST_OPTIM_MOMENTUM, "the mlp's defaults stay");
+    cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset",
+                      "fashion-mnist"), PST_ERR_INVALID);
     expect_detail_has("--model gpt cannot train on --dataset fashion-mnist", "--dataset kjv");
     cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--dataset", "kjv"), PST_ERR_INVALID);
     expect_detail_has("--model mlp cannot train on --dataset kjv", NULL);
