@@ -382,6 +382,11 @@ static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char
     return PST_ERR_INTERNAL;
 }
 
+int pst_config_text_data(const pst_config *cfg)
+{
+    return !strcmp(cfg->dataset, "text") || !strcmp(cfg->dataset, "kjv");
+}
+
 void pst_config_defaults(pst_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
@@ -508,7 +513,7 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         }
     }
     if (role == PST_ROLE_TRAINER) {
-        const int text = !strcmp(cfg->dataset, "text") || !strcmp(cfg->dataset, "kjv");
+        const int text = pst_config_text_data(cfg);
         if (!cfg->data_dir[0] && !strcmp(cfg->dataset, "kjv"))
             snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", PST_KJV_PATH);
         else if (!cfg->data_dir[0] && text)

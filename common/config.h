@@ -99,6 +99,8 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
 /* The resolved configuration as one JSON object on one line. */
 void pst_config_print(FILE *out, const pst_config *cfg);
+/* 1 when cfg->dataset is a text data set (text, kjv: bytes are tokens), 0 for images. */
+int pst_config_text_data(const pst_config *cfg);
 const char *pst_role_name(pst_role r);
 const char *pst_mode_name(pst_mode m);
 

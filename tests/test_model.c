@@ -603,7 +603,7 @@ Test(model, synthetic_model)
 
 Test(model, malformed_models_are_clear_errors)
 {
-    pst_model m = {.name = "bad", .in_width = 4};
+    pst_model m = {.name = "bad", .in_width = 4, .target_width = 1};
     const int64_t w[2] = {3, 4}, b[1] = {3}, zero[1] = {0};
     cr_assert_eq(pst_model_add_tensor(&m, "w", 2, w), PST_OK);
     cr_assert_eq(pst_model_add_tensor(&m, "b", 1, b), PST_OK);
@@ -628,6 +628,10 @@ Test(model, malformed_models_are_clear_errors)
     cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID);
     cr_assert(strstr(pst_error_detail(), "tensor b"), "%s", pst_error_detail());
     m.layers[0].ntensors = 2;
+    m.target_width = 0;
+    cr_assert_eq(pst_model_check(&m), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "0 labels per row"), "%s", pst_error_detail());
+    m.target_width = 1;
     cr_assert_eq(pst_model_check(&m), PST_OK, "%s", pst_error_detail());
     pst_model_free(&m);
     const int hidden[1] = {0};

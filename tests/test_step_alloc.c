@@ -86,7 +86,7 @@ static long count_step_allocations(pst_config *cfg, const pst_model *model, cons
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 1), PST_OK, "%s", pst_error_detail());
     const size_t row_in = (size_t)(model->in_width > 0 ? model->in_width : 1);
-    const size_t row_t = (size_t)(model->target_width > 0 ? model->target_width : 1);
+    const size_t row_t = (size_t)model->target_width;
     void *x = malloc(sizeof(float) * rows * row_in);
     int32_t *y = malloc(sizeof(int32_t) * rows * row_t);
     long counted = 0;

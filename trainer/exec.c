@@ -322,8 +322,7 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
-    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
-    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B * tw, (void **)&d->y));
+    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B * (size_t)m->target_width, (void **)&d->y));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
     PST_TRY(alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
     for (int l = 0; l < ex->L; l++) {
@@ -871,7 +870,7 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
                         int global_rows, double *loss_sum)
 {
     const int in = ex->model->in_width;
-    const size_t tw = ex->model->target_width > 0 ? (size_t)ex->model->target_width : 1;
+    const size_t tw = (size_t)ex->model->target_width;
     const float scale = 1.0f / (float)global_rows;
     *loss_sum = 0.0;
     use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
@@ -929,26 +928,40 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
 
 /* ---- evaluation and results ----------------------------------------------------------- */
 
-pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs)
+/* Evaluation's forward on device 0 over `rows` host rows (as tr_exec_step takes them; y
+ * NULL: zero targets): every layer with scale 0, so the loss layer writes the losses and
+ * its softmax and no gradient. Queued on device 0's compute stream. */
+static pst_status forward_rows(tr_exec *ex, const void *x, const int32_t *y, int rows)
 {
-    use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
     pst_stream *s = d->compute;
     const pst_model *m = ex->model;
+    const size_t ybytes = sizeof(int32_t) * (size_t)rows * (size_t)m->target_width;
+    if (rows < 1 || rows > ex->max_batch)
+        return pst_error_set(PST_ERR_INVALID, "evaluation: %d rows, 1 to %d", rows,
+                             ex->max_batch);
+    use_newest_params(ex);
+    PST_TRY(pst_memcpy_async(s, d->x, x, sizeof(float) * (size_t)rows * (size_t)m->in_width,
+                             PST_COPY_HOST_TO_DEVICE));
+    PST_TRY(y ? pst_memcpy_async(s, d->y, y, ybytes, PST_COPY_HOST_TO_DEVICE)
+              : pst_memset_async(s, d->y, 0, ybytes));
+    for (int k = 0; k < ex->L; k++)
+        PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
+    return PST_OK;
+}
+
+pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs)
+{
+    const pst_model *m = ex->model;
     const pst_layer *last = &m->layers[ex->L - 1];
-    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
     if (!last->cls->probs || m->nclasses < 1)
         return pst_error_set(PST_ERR_UNSUPPORTED, "predict: model %s gives no probabilities",
                              m->name);
-    if (rows < 1 || rows > ex->max_batch)
-        return pst_error_set(PST_ERR_INVALID, "predict: %d rows, 1 to %d", rows, ex->max_batch);
-    PST_TRY(pst_memcpy_async(s, d->x, x, sizeof(float) * (size_t)rows * (size_t)m->in_width,
-                             PST_COPY_HOST_TO_DEVICE));
-    PST_TRY(pst_memset_async(s, d->y, 0, sizeof(int32_t) * (size_t)rows * tw));
-    for (int k = 0; k < ex->L; k++)
-        PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
-    PST_TRY(pst_memcpy_async(s, probs, last->cls->probs(d->inst[ex->L - 1]),
-                             sizeof(float) * (size_t)rows * tw * (size_t)m->nclasses,
+    pst_stream *s = ex->devs[0].compute;
+    PST_TRY(forward_rows(ex, x, NULL, rows));
+    PST_TRY(pst_memcpy_async(s, probs, last->cls->probs(ex->devs[0].inst[ex->L - 1]),
+                             sizeof(float) * (size_t)rows * (size_t)m->target_width *
+                                 (size_t)m->nclasses,
                              PST_COPY_DEVICE_TO_HOST));
     return pst_stream_synchronize(s);
 }
@@ -956,27 +969,16 @@ pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs)
 pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int rows,
                               double *loss_sum, long *correct)
 {
-    use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
     pst_stream *s = d->compute;
-    const pst_model *m = ex->model;
-    const size_t tw = m->target_width > 0 ? (size_t)m->target_width : 1;
     int32_t hc = 0;
     *loss_sum = 0.0;
     *correct = 0;
-    if (rows < 0 || rows > ex->max_batch)
-        return pst_error_set(PST_ERR_INVALID, "evaluation: %d rows, at most %d", rows,
-                             ex->max_batch);
     if (!rows)
         return PST_OK;
     const float *l = d->losses;
     PST_TRY(pst_memset_async(s, d->correct, 0, sizeof(int32_t)));
-    PST_TRY(pst_memcpy_async(s, d->x, x, sizeof(float) * (size_t)rows * (size_t)m->in_width,
-                             PST_COPY_HOST_TO_DEVICE));
-    PST_TRY(pst_memcpy_async(s, d->y, y, sizeof(int32_t) * (size_t)rows * tw,
-                             PST_COPY_HOST_TO_DEVICE));
-    for (int k = 0; k < ex->L; k++) /* the loss layer with scale 0: no gradient */
-        PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
+    PST_TRY(forward_rows(ex, x, y, rows));
     if (!ex->host_memory) {
         PST_TRY(pst_memcpy_async(s, ex->host_losses, d->losses, sizeof(float) * (size_t)rows,
                                  PST_COPY_DEVICE_TO_HOST));
@@ -992,42 +994,27 @@ pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int 
 
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
 {
-    use_newest_params(ex);
-    exec_dev *d = &ex->devs[0];
-    pst_stream *s = d->compute;
     const int in = ex->model->in_width, chunk = ex->max_batch;
     float *hx = malloc(sizeof(float) * (size_t)chunk * in);
     int32_t *hy = malloc(sizeof(int32_t) * (size_t)chunk);
     uint32_t *idx = malloc(sizeof(uint32_t) * (size_t)chunk);
     pst_status st = PST_OK;
-    int32_t correct = 0;
+    long correct = 0;
     if (!hx || !hy || !idx) {
         st = pst_error_set(PST_ERR_NOMEM, "evaluation: out of memory");
         goto out;
     }
-    if ((st = pst_memset_async(s, d->correct, 0, sizeof(int32_t))) != PST_OK)
-        goto out;
     for (int start = 0; start < test->n; start += chunk) {
-        int cnt = test->n - start < chunk ? test->n - start : chunk;
+        const int cnt = test->n - start < chunk ? test->n - start : chunk;
         for (int i = 0; i < cnt; i++)
             idx[i] = (uint32_t)(start + i);
         pst_dataset_gather(test, idx, cnt, hx, hy);
-        if ((st = pst_memcpy_async(s, d->x, hx, sizeof(float) * (size_t)cnt * in,
-                                   PST_COPY_HOST_TO_DEVICE)) != PST_OK ||
-            (st = pst_memcpy_async(s, d->y, hy, sizeof(int32_t) * (size_t)cnt,
-                                   PST_COPY_HOST_TO_DEVICE)) != PST_OK)
+        double loss;
+        long c;
+        if ((st = tr_exec_eval_batch(ex, hx, hy, cnt, &loss, &c)) != PST_OK)
             goto out;
-        for (int l = 0; l < ex->L; l++) /* the loss layer with scale 0: the softmax */
-            if ((st = ex->model->layers[l].cls->forward(d->inst[l], s, cnt, 0.0f)) != PST_OK)
-                goto out;
-        /* hx/hy are reused by the next chunk: let this one's copies run first. */
-        if ((st = pst_stream_synchronize(s)) != PST_OK)
-            goto out;
+        correct += c;
     }
-    if ((st = pst_memcpy_async(s, &correct, d->correct, sizeof(int32_t),
-                               PST_COPY_DEVICE_TO_HOST)) != PST_OK ||
-        (st = pst_stream_synchronize(s)) != PST_OK)
-        goto out;
     *acc = test->n ? (double)correct / test->n : 0.0;
 out:
     free(hx);

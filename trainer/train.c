@@ -191,7 +191,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
         goto error;
     const int data = pst_model_reads_data(cfg);
-    const int is_text = data && (!strcmp(cfg->dataset, "text") || !strcmp(cfg->dataset, "kjv"));
+    const int is_text = data && pst_config_text_data(cfg);
     if (is_text && (st = pst_text_load(&text, cfg->data_dir, cfg->ctx)) != PST_OK)
         goto error;
     if (data && !is_text &&
@@ -203,7 +203,6 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                                                                      : test.nclasses)) != PST_OK)
         goto error;
     const int row_in = model.in_width > 0 ? model.in_width : 1;
-    const int row_targets = model.target_width > 0 ? model.target_width : 1;
 
     const int T = cfg->trainers, rank = cfg->trainer_id, B = cfg->batch;
     const int max_part = (B + T - 1) / T;
@@ -252,7 +251,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         goto error;
 
     x = malloc(sizeof(float) * (size_t)max_part * (size_t)row_in); /* floats or int32 tokens */
-    y = malloc(sizeof(int32_t) * (size_t)max_part * (size_t)row_targets);
+    y = malloc(sizeof(int32_t) * (size_t)max_part * (size_t)model.target_width);
     perm = malloc(sizeof(uint32_t) * (size_t)(train.n ? train.n : 1));
     step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
     params = malloc(sizeof(float) * tr_exec_nparams(ex));

@@ -27,27 +27,16 @@ pst_status pst_text_load(pst_text *t, const char *path, int T)
     if (!f)
         return pst_error_set(PST_ERR_IO, "%s: cannot open the text file (%s)", path,
                              strerror(errno));
-    size_t cap = sb.st_size > 0 ? (size_t)sb.st_size : 4096, n = 0;
-    uint8_t *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) {
-            uint8_t *grown = realloc(buf, cap * 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-            }
-            buf = grown;
-            cap *= 2;
-        }
-    }
-    const int read_error = ferror(f);
+    /* the whole file, as stat sized it */
+    const size_t n = (size_t)sb.st_size;
+    uint8_t *buf = malloc(n ? n : 1);
+    const size_t got = buf ? fread(buf, 1, n, f) : 0;
     fclose(f);
     if (!buf)
-        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for %zu bytes", path, cap);
-    if (read_error) {
+        return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for %zu bytes", path, n);
+    if (got != n) {
         free(buf);
-        return pst_error_set(PST_ERR_IO, "%s: read error", path);
+        return pst_error_set(PST_ERR_IO, "%s: read %zu of its %zu bytes", path, got, n);
     }
     if (n == 0) {
         free(buf);

@@ -82,6 +82,9 @@ pst_status pst_model_check(const pst_model *m)
                                  "a tensor that does not have them", m->name, l, ly->cls->name,
                                  ly->split_rows);
     }
+    if (m->target_width < 1)
+        return pst_error_set(PST_ERR_INVALID, "model %s: %d labels per row (at least 1)",
+                             m->name, m->target_width);
     for (int t = 0; t < m->ntensors; t++) {
         int named = 0;
         for (int l = 0; l < m->nlayers && !named; l++)

@@ -123,7 +123,7 @@ typedef struct pst_model {
     int in_width;                      /* values per input row (0: the model reads no data) */
     int in_tokens;                     /* 1: the input rows are int32 token ids, not floats */
     int nclasses;                      /* labels are 0 .. nclasses-1 (0: no labels) */
-    int target_width;                  /* labels per row (0 means 1) */
+    int target_width;                  /* labels per row (at least 1) */
     /* The initial parameters from `seed` (nparams host floats). */
     void (*init_params)(const struct pst_model *m, float *dst, uint64_t seed);
     void *data;                        /* the model's own, freed with it */

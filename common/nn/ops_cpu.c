@@ -44,17 +44,15 @@ static void linear_bwd_part(void *arg, int part, int nparts)
     }
 }
 
-static pst_status run_linear_fwd(void *arg)
-{
-    pst_pool_run(((const pst_linear_fwd_args *)arg)->pool, linear_fwd_part, arg);
-    return PST_OK;
-}
-
-static pst_status run_linear_bwd(void *arg)
-{
-    pst_pool_run(((const pst_linear_bwd_args *)arg)->pool, linear_bwd_part, arg);
-    return PST_OK;
-}
+/* A host function that runs `part` over the args' pool (NULL pool: inline). */
+#define POOL_RUN(name, type, part)                                \
+    static pst_status name(void *arg)                             \
+    {                                                             \
+        pst_pool_run(((const type *)arg)->pool, part, arg);       \
+        return PST_OK;                                            \
+    }
+POOL_RUN(run_linear_fwd, pst_linear_fwd_args, linear_fwd_part)
+POOL_RUN(run_linear_bwd, pst_linear_bwd_args, linear_bwd_part)
 
 static pst_status run_relu_bwd(void *arg)
 {
@@ -113,11 +111,7 @@ static void optim_part(void *arg, int part, int nparts)
                           a->state_stride, a->grad + lo, hi - lo);
 }
 
-static pst_status run_optim(void *arg)
-{
-    pst_pool_run(((const pst_optim_args *)arg)->pool, optim_part, arg);
-    return PST_OK;
-}
+POOL_RUN(run_optim, pst_optim_args, optim_part)
 
 static pst_status run_cast(void *arg)
 {
@@ -183,7 +177,8 @@ static void attention_fwd_part(void *arg, int part, int nparts)
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
     pst_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H,
-                          a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T), (int)lo, (int)hi);
+                          a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T),
+                          (int)lo, (int)hi);
 }
 
 static void attention_bwd_part(void *arg, int part, int nparts)
@@ -192,7 +187,8 @@ static void attention_bwd_part(void *arg, int part, int nparts)
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
     pst_attention_backward(a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H,
-                           a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T), (int)lo, (int)hi);
+                           a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T),
+                          (int)lo, (int)hi);
 }
 
 static void gelu_fwd_part(void *arg, int part, int nparts)
@@ -211,13 +207,6 @@ static void gelu_bwd_part(void *arg, int part, int nparts)
     pst_gelu_backward(a->out + lo, a->inp + lo, a->dout + lo, (int64_t)(hi - lo));
 }
 
-/* A host function that runs `part` over the args' pool (NULL pool: inline). */
-#define POOL_RUN(name, type, part)                                \
-    static pst_status name(void *arg)                             \
-    {                                                             \
-        pst_pool_run(((const type *)arg)->pool, part, arg);      \
-        return PST_OK;                                            \
-    }
 POOL_RUN(run_embedding_fwd, pst_embedding_fwd_args, embedding_fwd_part)
 POOL_RUN(run_embedding_bwd, pst_embedding_bwd_args, embedding_bwd_part)
 POOL_RUN(run_layernorm_fwd, pst_layernorm_args, layernorm_fwd_part)

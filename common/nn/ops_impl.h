@@ -14,7 +14,7 @@ typedef struct pst_ops_iface {
     pst_status (*add)(pst_stream *s, const pst_add_args *a);
     pst_status (*optim_apply)(pst_stream *s, const pst_optim_args *a);
     pst_status (*cast)(pst_stream *s, const pst_cast_args *a);
-    /* the sequence ops; a backend without them leaves them NULL (a clear error) */
+    /* the sequence ops (seq_layers.h) */
     pst_status (*embedding_forward)(pst_stream *s, const pst_embedding_fwd_args *a);
     pst_status (*embedding_backward)(pst_stream *s, const pst_embedding_bwd_args *a);
     pst_status (*layernorm_forward)(pst_stream *s, const pst_layernorm_args *a);

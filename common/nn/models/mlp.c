@@ -23,7 +23,7 @@ static void mlp_init_params(const pst_model *m, float *dst, uint64_t seed)
 
 pst_status pst_model_mlp(pst_model *m, int in_dim, int nclasses, int nhidden, const int *hidden)
 {
-    *m = (pst_model){.name = "mlp", .in_width = in_dim, .nclasses = nclasses,
+    *m = (pst_model){.name = "mlp", .in_width = in_dim, .nclasses = nclasses, .target_width = 1,
                      .init_params = mlp_init_params};
     pst_status st = PST_OK;
     if (in_dim < 1 || nclasses < 1 || nhidden < 0 || nhidden > PST_MAX_HIDDEN) {

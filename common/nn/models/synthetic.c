@@ -13,7 +13,7 @@ static void zeros(const pst_model *m, float *dst, uint64_t seed)
 
 pst_status pst_model_synthetic(pst_model *m, size_t n, int trainer_id)
 {
-    *m = (pst_model){.name = "synthetic", .init_params = zeros};
+    *m = (pst_model){.name = "synthetic", .target_width = 1, .init_params = zeros};
     pst_status st;
     const int64_t shape[1] = {(int64_t)n};
     if ((st = pst_model_add_tensor(m, "params", 1, shape)) != PST_OK)
