@@ -126,9 +126,9 @@ void pst_layernorm_backward_params(float *dw, float *db, const float *dout, cons
     }
 }
 
-/* The attention's and GELU's loops: no-trapping-math lets GCC if-convert the selects next to a division and a
- * float-to-int conversion (it changes no value); the dynamic cost model vectorizes loops of
- * unknown length. */
+/* The attention's and GELU's loops: no-trapping-math lets GCC if-convert the selects next to a
+ * division and a float-to-int conversion (it changes no value); the dynamic cost model
+ * vectorizes loops of unknown length. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("vect-cost-model=dynamic", "no-trapping-math")
@@ -159,9 +159,11 @@ static inline float exp_split(float x, float *q_out)
 
 /* tanh (glibc's tanhf is a scalar call and was most of a GPT step's time): tanh a =
  * m / (m + 2) with m = e^{2a} - 1 = 2^n q + (2^n - 1), a = |u| (the sign put back; above 9,
- * tanh is 1 in float): no cancellation near 0. Measured against double tanh over [-12, 12]
- * in steps of 1e-5: relative error at most 1.9e-7 (about 3 float ulps), absolute at most
- * 9e-8. */
+ * tanh is 1 in float): no cancellation near 0. Measured (AMD EPYC, OPENBLAS_CORETYPE unset;
+ * the function is plain float arithmetic, so any IEEE machine gives the same) against
+ * double tanh over [-12, 12] in steps of 1e-5: relative error at most 1.9e-7 (about 3 float
+ * ulps), absolute at most 9e-8.
+ */
 static inline float tanh_f(float u)
 {
     const float au = fabsf(u), a = au < 9.0f ? au : 9.0f;
@@ -173,8 +175,9 @@ static inline float tanh_f(float u)
 }
 
 /* e^x for x <= 0 (a softmax's shifted scores; below -87 the result is 0, where
- * e^x < 2e-38). Measured against double exp over (-87, 0] in steps of 1e-5: relative error
- * at most 9.7e-8 (1.6 ulps). */
+ * e^x < 2e-38). Measured (same machine) against double exp over (-87, 0] in steps of 1e-5:
+ * relative error at most 9.7e-8 (1.6 ulps).
+ */
 static inline float exp_neg_f(float x)
 {
     float q;
