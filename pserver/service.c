@@ -28,6 +28,10 @@ struct ps_service {
     uint32_t num_trainers;
     int sync;                     /* sync mode: pulled values are stable until every trainer
                                      has read them (see answer_pull) */
+    pst_dtype lowp;               /* trainer 0's precision: the store's copy (f32: none) */
+    uint32_t *block_ids;          /* (nblock_ids) the blocks here, for the cast report */
+    size_t nblock_ids;
+    int casts_logged;             /* the cast report was written (once) */
     unsigned char *finished;      /* (num_trainers) */
     uint32_t nfinished;
     int all_finished;
@@ -69,6 +73,7 @@ void ps_service_free(ps_service *svc)
         return;
     ps_store_free(svc->store);
     free(svc->finished);
+    free(svc->block_ids);
     PST_INFO("%zu Pull calls served with %zu pull contexts", svc->pulls, svc->pull_allocs);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
         next = p->next;
@@ -129,6 +134,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                           .nblocks = (int)req->n_blocks};
     if ((st = optim_from_wire(req->optim, &sc.optim)) != PST_OK)
         return st;
+    if (rpc_dtype_from_wire(req->precision, &sc.lowp) != PST_OK)
+        return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: precision %d is not F32, "
+                             "F16 or BF16", (int)req->precision);
     uint64_t total = 0;
     blocks = calloc(req->n_blocks ? req->n_blocks : 1, sizeof *blocks);
     if (!blocks)
@@ -160,7 +168,12 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
-    if (!svc->finished) {
+    svc->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->block_ids);
+    if (!svc->finished || !svc->block_ids) {
+        free(svc->finished);
+        free(svc->block_ids);
+        svc->finished = NULL;
+        svc->block_ids = NULL;
         ps_store_free(svc->store);
         svc->store = NULL;
         st = pst_error_set(PST_ERR_NOMEM, "Init: out of memory");
@@ -169,10 +182,15 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     svc->fingerprint = req->fingerprint;
     svc->num_trainers = req->num_trainers;
     svc->sync = sc.mode == PST_MODE_SYNC;
+    svc->lowp = sc.lowp;
+    for (size_t i = 0; i < req->n_blocks; i++)
+        svc->block_ids[i] = blocks[i].id;
+    svc->nblock_ids = req->n_blocks;
     PST_INFO("initialized by trainer 0: %zu blocks, %llu parameters here (of %llu), %u "
-             "trainers, %s, optimizer %s lr %g", req->n_blocks, (unsigned long long)total,
-             (unsigned long long)req->total_params, req->num_trainers,
-             sc.mode == PST_MODE_ASYNC ? "async" : "sync", req->optim->kind, req->optim->lr);
+             "trainers, %s, optimizer %s lr %g, precision %s", req->n_blocks,
+             (unsigned long long)total, (unsigned long long)req->total_params,
+             req->num_trainers, sc.mode == PST_MODE_ASYNC ? "async" : "sync", req->optim->kind,
+             req->optim->lr, pst_dtype_name(sc.lowp));
 out:
     free(blocks);
     free(initial);
@@ -186,6 +204,20 @@ static void answer_init(ps_service *svc, rpc_call *call)
     if (req->trainer_id >= svc->num_trainers) {
         fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer id %u but trainer 0 said there "
                                  "are %u trainers", req->trainer_id, svc->num_trainers));
+        return;
+    }
+    /* Before the fingerprint, which may cover the precision too: this names the cause. */
+    pst_dtype precision;
+    if (rpc_dtype_from_wire(req->precision, &precision) != PST_OK) {
+        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %d is not F32, "
+                                 "F16 or BF16", req->trainer_id, (int)req->precision));
+        return;
+    }
+    if (precision != svc->lowp) {
+        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %s differs from "
+                                 "trainer 0's %s: start every trainer with the same precision",
+                                 req->trainer_id, pst_dtype_name(precision),
+                                 pst_dtype_name(svc->lowp)));
         return;
     }
     if (req->fingerprint != svc->fingerprint || req->num_trainers != svc->num_trainers) {
@@ -331,8 +363,8 @@ static Pstrain__DType dtype_to_wire(pst_dtype t)
 }
 
 /* Runs with the block's lock held (store contract): copy out, then send. */
-static void answer_pull(void *arg, pst_status st, const float *values, uint64_t length,
-                        int64_t version)
+static void answer_pull(void *arg, pst_status st, const float *values, const void *lowp,
+                        uint64_t length, int64_t version)
 {
     pull_ctx *p = arg;
     const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
@@ -347,11 +379,15 @@ static void answer_pull(void *arg, pst_status st, const float *values, uint64_t 
     reply.version = version;
     reply.dtype = dtype_to_wire(p->dtype);
     reply.length = length;
-    if (p->svc->sync && p->dtype == PST_F32) {
-        /* Zero copy: in sync mode a block's values change only when every trainer has
-         * pushed the next step, and a trainer pushes it only after it has received this
-         * version, so the values stay put while gRPC sends them from the store. */
-        rpc_call_reply(p->call, &reply.base, values, bytes, release_pull, p);
+    /* The store's low-precision copy of this version, when it is in the dtype wanted. */
+    const void *src = p->dtype == PST_F32 ? (const void *)values
+                      : lowp && p->dtype == p->svc->lowp ? lowp : NULL;
+    if (p->svc->sync && src) {
+        /* Zero copy: in sync mode a block's values (and their low-precision copy) change
+         * only when every trainer has pushed the next step, and a trainer pushes it only
+         * after it has received this version, so they stay put while gRPC sends them from
+         * the store. */
+        rpc_call_reply(p->call, &reply.base, src, bytes, release_pull, p);
         return;
     }
     if (p->cap < bytes) {
@@ -364,7 +400,10 @@ static void answer_pull(void *arg, pst_status st, const float *values, uint64_t 
         p->buf = buf;
         p->cap = bytes;
     }
-    pst_cast(p->buf, p->dtype, values, PST_F32, length);
+    if (src)
+        memcpy(p->buf, src, bytes); /* async: the next push may update the block */
+    else
+        pst_cast(p->buf, p->dtype, values, PST_F32, length); /* a dtype the store has no copy in */
     rpc_call_reply(p->call, &reply.base, p->buf, bytes, release_pull, p);
 }
 
@@ -389,6 +428,37 @@ static void handle_pull(ps_service *svc, rpc_call *call)
 }
 
 /* ---- Finish --------------------------------------------------------------------------- */
+
+/* The one INFO line on the low-precision copy's casts (nothing without a copy). Optimizer
+ * steps are the highest block version (sync: every block makes each step). */
+static void log_casts(ps_service *svc)
+{
+    pthread_mutex_lock(&svc->mu);
+    ps_store *store = svc->store;
+    int first = store && svc->lowp != PST_F32 && !svc->casts_logged;
+    svc->casts_logged |= first;
+    pthread_mutex_unlock(&svc->mu);
+    if (!first)
+        return;
+    int64_t steps = 0;
+    for (size_t i = 0; i < svc->nblock_ids; i++) {
+        int64_t v = ps_store_version(store, svc->block_ids[i]);
+        steps = v > steps ? v : steps;
+    }
+    uint64_t casts = ps_store_cast_count(store);
+    PST_INFO("casts: %llu elements to %s in %lld optimizer steps (%llu per step), %llu "
+             "parameters owned", (unsigned long long)casts, pst_dtype_name(svc->lowp),
+             (long long)steps, (unsigned long long)(steps > 0 ? casts / (uint64_t)steps : 0),
+             (unsigned long long)ps_store_total_length(store));
+}
+
+uint64_t ps_service_cast_count(ps_service *svc)
+{
+    pthread_mutex_lock(&svc->mu);
+    ps_store *store = svc->store;
+    pthread_mutex_unlock(&svc->mu);
+    return store ? ps_store_cast_count(store) : 0;
+}
 
 static void handle_finish(ps_service *svc, rpc_call *call)
 {
@@ -415,6 +485,7 @@ static void handle_finish(ps_service *svc, rpc_call *call)
     Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
     if (all) {
+        log_casts(svc);
         pthread_mutex_lock(&svc->mu);
         svc->all_finished = 1;
         pthread_cond_broadcast(&svc->cv);
@@ -471,4 +542,5 @@ void ps_service_cancel(ps_service *svc)
     pthread_mutex_unlock(&svc->mu);
     if (store)
         ps_store_cancel_waiters(store, PST_ERR_UNAVAILABLE);
+    log_casts(svc); /* at shutdown, unless every trainer's Finish has written it */
 }

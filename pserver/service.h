@@ -4,13 +4,20 @@
  * Init: trainer 0's Init creates the store from its block list, optimizer settings and
  * initial values (payload); an Init from another trainer waits for trainer 0's and is then
  * accepted only when its fingerprint (plan + settings) equals trainer 0's, otherwise it
- * fails with PST_ERR_MISMATCH. A repeated Init with the same fingerprint is answered with
- * the current version (a client retry). Push and Pull go to the store; before Init they
- * fail with PST_ERR_STATE. Finish marks a trainer done; once all have finished the service
- * reports done and main() shuts the server down. Every bad request gets an error status;
- * the service keeps serving. */
+ * fails with PST_ERR_MISMATCH. Trainer 0's precision (F32, or F16/BF16) becomes the store's
+ * lowp (store.h: a low-precision copy of every block cast once per update); another
+ * trainer whose precision differs gets PST_ERR_INVALID naming both. A repeated Init with the
+ * same fingerprint is answered with the current version (a client retry). Push and Pull go
+ * to the store; before Init they fail with PST_ERR_STATE. A Pull in the store's lowp dtype
+ * is answered from that copy (no cast per pull), one in f32 from the master values, one in
+ * any other dtype is cast for that pull. Finish marks a trainer done; once all have finished
+ * the service reports done and main() shuts the server down. Every bad request gets an
+ * error status; the service keeps serving. With a low-precision copy, one INFO line reports
+ * the elements cast when every trainer has finished, or else at ps_service_cancel. */
 #ifndef PS_SERVICE_H
 #define PS_SERVICE_H
+
+#include <stdint.h>
 
 #include "common/error.h"
 #include "rpc/server.h"
@@ -25,6 +32,9 @@ void ps_service_handle(void *arg, rpc_call *call);
 int ps_service_wait(ps_service *svc, volatile int *stop);
 /* Fails the pulls and inits still waiting (server shutting down). */
 void ps_service_cancel(ps_service *svc);
+/* Elements cast into the store's low-precision copies by updates (ps_store_cast_count);
+ * 0 before trainer 0's Init or without a copy. Thread safe. */
+uint64_t ps_service_cast_count(ps_service *svc);
 void ps_service_free(ps_service *svc); /* after the server is shut down; accepts NULL */
 
 #endif /* PS_SERVICE_H */

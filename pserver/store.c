@@ -8,10 +8,17 @@
  * t) and 1 in async mode (scratch for the gradient being applied). The block's mutex guards
  * everything else in the block: version, the per-trainer flags, the waiter list and the
  * values (a pull's fn reads them under it). Blocks are aligned to a cache line so the locks
- * of neighbouring blocks do not share one. */
+ * of neighbouring blocks do not share one.
+ *
+ * With a low-precision dtype (lowp) a block has one more allocation, lowp (length elements of
+ * 2 bytes), guarded by the same lock. The cast that refreshes it runs in the same pool parts
+ * as the optimizer, each part casting the slice it has just updated while it is in cache
+ * (pst_cast is elementwise, so the split changes no bit). The count of elements cast is the
+ * store's only state shared between blocks: an atomic, added to once per update. */
 #include "pserver/store.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +37,7 @@ typedef struct ps_block {
     float *mem;            /* what the store allocated: [values,] state, recv */
     float *state;          /* (nstate, length) optimizer state, NULL for SGD */
     float *recv;           /* sync: (num_trainers, length); async: (length) */
+    void *lowp;            /* (length) of the store's lowp: pst_cast(values); NULL for f32 */
     uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
     int npushed;           /* sync: how many flags are set */
     int64_t *last_step;    /* async: (num_trainers) last step applied, -1 for none */
@@ -49,6 +57,8 @@ struct ps_store {
     int nstate;            /* pst_optim_state_floats(optim.kind) */
     pst_optim_config optim;
     struct pst_pool *pool; /* may be NULL: updates on the pushing thread alone */
+    pst_dtype lowp;        /* f16/bf16: blocks keep a copy in it; f32: none */
+    _Atomic uint64_t casts; /* elements cast into the copies by updates */
     int nblocks;
     ps_block *blocks;      /* (nblocks) in the configured order */
     ps_block_index *by_id; /* (nblocks) sorted by id */
@@ -193,14 +203,15 @@ static void answer_waiters(ps_block *b)
             ps_pull_fn fn = w->fn;
             void *arg = w->arg;
             waiter_unlink(b, w);
-            fn(arg, PST_OK, b->values, b->length, b->version);
+            fn(arg, PST_OK, b->values, b->lowp, b->length, b->version);
         }
         w = next;
     }
 }
 
 /* One part of an update split over the store's pool (elementwise: the split changes no
- * bit, optim.h). */
+ * bit, optim.h), followed by the cast of the same slice into the low-precision copy. With
+ * g NULL only the cast (init). */
 typedef struct update_job {
     const ps_store *st;
     ps_block *b;
@@ -214,18 +225,31 @@ static void update_part(void *arg, int part, int nparts)
     size_t lo, hi;
     pst_pool_split((size_t)b->length, part, nparts, 16, &lo, &hi);
     /* cannot fail: validate_config checked the kind and schedule, t >= 1, state exists */
-    (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + lo,
-                          b->state ? b->state + lo : NULL, (size_t)b->length, j->g + lo, hi - lo);
+    if (j->g)
+        (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + lo,
+                              b->state ? b->state + lo : NULL, (size_t)b->length, j->g + lo,
+                              hi - lo);
+    if (b->lowp)
+        pst_cast((char *)b->lowp + lo * pst_dtype_size(j->st->lowp), j->st->lowp,
+                 b->values + lo, PST_F32, hi - lo);
 }
 
-/* One optimizer update with gradient g; bumps the version and answers waiters. */
-static pst_status apply_update(const ps_store *st, ps_block *b, const float *g)
+static void run_update(const ps_store *st, ps_block *b, const float *g)
 {
     update_job job = {st, b, g};
     if (st->pool)
         pst_pool_run(st->pool, update_part, &job);
     else
         update_part(&job, 0, 1);
+}
+
+/* One optimizer update with gradient g and the cast of the new values into the block's
+ * low-precision copy; bumps the version and answers waiters. */
+static pst_status apply_update(ps_store *st, ps_block *b, const float *g)
+{
+    run_update(st, b, g);
+    if (b->lowp)
+        atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
     b->version++;
     answer_waiters(b);
     return PST_OK;
@@ -233,7 +257,7 @@ static pst_status apply_update(const ps_store *st, ps_block *b, const float *g)
 
 /* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
  * (acc = buf[0]; acc += buf[1]; ...), applies it and clears the flags. */
-static pst_status complete_sync_step(const ps_store *st, ps_block *b)
+static pst_status complete_sync_step(ps_store *st, ps_block *b)
 {
     uint64_t n = b->length;
     float *acc = b->recv;
@@ -263,6 +287,9 @@ static pst_status validate_config(const ps_store_config *cfg)
     if ((unsigned)cfg->optim.schedule >= PST_LR_SCHEDULE_COUNT_)
         return pst_error_set(PST_ERR_INVALID, "pserver store: unknown lr schedule %d",
                              (int)cfg->optim.schedule);
+    if (cfg->lowp != PST_F32 && cfg->lowp != PST_F16 && cfg->lowp != PST_BF16)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: lowp dtype %d unknown (want f32 "
+                             "for no low-precision copy, f16 or bf16)", (int)cfg->lowp);
     if (cfg->nblocks < 0)
         return pst_error_set(PST_ERR_INVALID, "pserver store: nblocks %d, want >= 0",
                              cfg->nblocks);
@@ -324,6 +351,8 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
     st->num_trainers = cfg->num_trainers;
     st->optim = cfg->optim;
     st->pool = cfg->pool;
+    st->lowp = cfg->lowp;
+    atomic_init(&st->casts, 0);
     st->nstate = pst_optim_state_floats(cfg->optim.kind);
     int n = cfg->nblocks;
 
@@ -411,6 +440,17 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         if (initial)
             memcpy(b->values, initial + off, (size_t)s->length * sizeof(float));
         off += s->length;
+        if (cfg->lowp != PST_F32) {
+            const size_t lbytes = (size_t)s->length * pst_dtype_size(cfg->lowp);
+            b->lowp = aligned_alloc(PS_CACHE_LINE, (lbytes + PS_CACHE_LINE - 1) /
+                                                       PS_CACHE_LINE * PS_CACHE_LINE);
+            if (!b->lowp) {
+                rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory for block %u's "
+                                   "%s copy", (unsigned)s->id, pst_dtype_name(cfg->lowp));
+                goto error;
+            }
+            run_update(st, b, NULL); /* the cast alone: not counted */
+        }
         if (pthread_mutex_init(&b->mu, NULL) != 0) {
             rc = pst_error_set(PST_ERR_INTERNAL, "pserver store: pthread_mutex_init failed");
             goto error;
@@ -437,6 +477,7 @@ void ps_store_free(ps_store *st)
         if (b->mu_ok)
             pthread_mutex_destroy(&b->mu);
         free(b->mem);
+        free(b->lowp);
         free(b->pushed);
         free(b->last_step);
     }
@@ -577,9 +618,9 @@ pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,
 
     pthread_mutex_lock(&b->mu);
     if (b->version >= want_version)
-        fn(arg, PST_OK, b->values, b->length, b->version);
+        fn(arg, PST_OK, b->values, b->lowp, b->length, b->version);
     else if (b->closed != PST_OK)
-        fn(arg, b->closed, NULL, 0, b->version);
+        fn(arg, b->closed, NULL, NULL, 0, b->version);
     else
         waiter_append(b, w);
     pthread_mutex_unlock(&b->mu);
@@ -612,7 +653,7 @@ void ps_store_cancel_waiters(ps_store *st, pst_status status)
             ps_pull_fn fn = w->fn;
             void *arg = w->arg;
             waiter_unlink(b, w);
-            fn(arg, status, NULL, 0, b->version);
+            fn(arg, status, NULL, NULL, 0, b->version);
         }
         pthread_mutex_unlock(&b->mu);
     }
@@ -660,4 +701,15 @@ uint64_t ps_store_total_length(const ps_store *st)
 int ps_store_nblocks(const ps_store *st)
 {
     return st->nblocks;
+}
+
+pst_dtype ps_store_lowp(const ps_store *st)
+{
+    return st->lowp;
+}
+
+uint64_t ps_store_cast_count(const ps_store *st)
+{
+    /* atomic_load wants a non-const object in C11 */
+    return atomic_load_explicit((_Atomic uint64_t *)&st->casts, memory_order_relaxed);
 }

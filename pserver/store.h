@@ -31,13 +31,21 @@
  * the last step applied, and a push with step <= that one is a duplicate.
  *
  * A gradient holding NaN or infinity is rejected before it reaches any parameter; the
- * trainer may push that step again. */
+ * trainer may push that step again.
+ *
+ * Low precision (the config's lowp: f16 or bf16; PaddlePaddle PR #35878's cast in the
+ * optimizer stage). The master values and the optimizer state stay f32; each block also
+ * keeps a copy of its values in lowp, written by one pst_cast of the whole block at init and
+ * right after every update, by the thread that made the update, under the block's lock and
+ * before the waiting pulls are answered. Every pull is handed that copy, so a block is cast
+ * once per version however many trainers pull it, instead of once per pull. */
 #ifndef PST_PSERVER_STORE_H
 #define PST_PSERVER_STORE_H
 
 #include <stdint.h>
 
 #include "common/config.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/nn/optim.h"
 
@@ -65,8 +73,13 @@ typedef struct ps_store_config {
      * The store writes them only in an update; the caller keeps them alive and does not
      * write them. `initial` NULL then leaves them as they are. */
     float *const *values;
-    struct pst_pool *pool;     /* optional: each update split over these threads (the
-                                * split changes no bit); NULL: the pushing thread alone */
+    struct pst_pool *pool;     /* optional: each update and each cast split over these
+                                * threads (the split changes no bit); NULL: the pushing
+                                * thread alone */
+    /* PST_F32 (the zero value): no low-precision copy. PST_F16 or PST_BF16: per block a copy
+     * of the master values in that dtype (2 bytes an element, allocated at init), cast at
+     * init and after every update, handed to every pull (ps_pull_fn's lowp). */
+    pst_dtype lowp;
 } ps_store_config;
 
 /* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
@@ -78,17 +91,20 @@ typedef struct ps_store_config {
 typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t first, uint64_t length);
 
 /* Answers a pull. On success `st` is PST_OK and values[0..length) are the block's values at
- * `version` (>= the version wanted). On failure (ps_store_cancel_waiters) `st` is that
- * error, values is NULL and length 0. Called with the block's lock held, either inside
- * ps_store_pull or later on the thread that makes the version (inside ps_store_push) or
- * that cancels. It must not block for long and must not call back into the store.
- * The values pointer stays valid for the store's life, but the values change with the
- * next update: copy them before returning, unless the caller knows no update can happen
- * until it is done with them (sync mode, where update v+1 needs every trainer's push of
- * step v, which each trainer sends only after it has received version v: the pserver
- * service sends f32 pull replies straight from here on that basis). */
-typedef void (*ps_pull_fn)(void *arg, pst_status st, const float *values, uint64_t length,
-                           int64_t version);
+ * `version` (>= the version wanted); when the store has a low-precision copy (config lowp
+ * f16 or bf16), lowp points at length elements of that dtype, equal to
+ * pst_cast(values) bit for bit (the same version), otherwise lowp is NULL. On failure
+ * (ps_store_cancel_waiters) `st` is that error, values and lowp are NULL and length 0.
+ * Called with the block's lock held, either inside ps_store_pull or later on the thread
+ * that makes the version (inside ps_store_push) or that cancels. It must not block for long
+ * and must not call back into the store.
+ * The values and lowp pointers stay valid for the store's life, but what they point at
+ * changes with the next update: copy it before returning, unless the caller knows no update
+ * can happen until it is done with it (sync mode, where update v+1 needs every trainer's
+ * push of step v, which each trainer sends only after it has received version v: the
+ * pserver service sends f32 and lowp pull replies straight from here on that basis). */
+typedef void (*ps_pull_fn)(void *arg, pst_status st, const float *values, const void *lowp,
+                           uint64_t length, int64_t version);
 
 /* A queued pull: storage the caller provides (embed it in the call object), so that
  * queueing allocates nothing. All fields are private to the store. The caller must keep
@@ -108,10 +124,14 @@ typedef struct ps_pull_waiter {
  * the order cfg->blocks lists them (ps_store_total_length elements), or is NULL for zeros.
  * Optimizer state starts at zero and every version at 0. cfg and initial are only read
  * during the call.
+ * With cfg->lowp f16 or bf16 each block's low-precision copy is cast from its values once
+ * they are set (from `initial`, or the caller's cfg->values as they are); that cast is not
+ * counted by ps_store_cast_count.
  * Errors: PST_ERR_INVALID (detail names the field) for a NULL cfg or out, an unknown mode,
- * optimizer kind or schedule, num_trainers < 1, nblocks < 0, a NULL blocks array with
- * nblocks > 0, a zero length, a repeated block id, overlapping or overflowing ranges;
- * PST_ERR_NOMEM; PST_ERR_INTERNAL if a mutex cannot be created. On error *out is NULL.
+ * optimizer kind or schedule, a lowp other than f32, f16 or bf16, num_trainers < 1,
+ * nblocks < 0, a NULL blocks array with nblocks > 0, a zero length, a repeated block id,
+ * overlapping or overflowing ranges; PST_ERR_NOMEM; PST_ERR_INTERNAL if a mutex cannot be
+ * created. On error *out is NULL.
  * Not thread safe with respect to the new store (nothing else can reach it yet). */
 pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float *initial);
 
@@ -131,9 +151,10 @@ void ps_store_free(ps_store *st);
  *                      that step again);
  *   whatever fill returns (its detail kept).
  * When the push completes a step (sync) or always (async) the optimizer runs on this
- * thread and the pulls waiting for the new version are answered here, before the call
- * returns. Thread safe; blocks only on the block's lock (other pushes and pulls of the same
- * block, including one that runs its update). Allocates nothing. */
+ * thread, then (lowp f16/bf16) the block's low-precision copy is cast from the new values,
+ * and the pulls waiting for the new version are answered here, before the call returns.
+ * Thread safe; blocks only on the block's lock (other pushes and pulls of the same block,
+ * including one that runs its update). Allocates nothing. */
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
 
@@ -163,7 +184,7 @@ pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,
  * ps_store_pull on this store that returned PST_OK. */
 int ps_store_pull_cancel(ps_store *st, ps_pull_waiter *w);
 
-/* Calls every queued pull's fn with `status` (values NULL, length 0), empties the queues
+/* Calls every queued pull's fn with `status` (values and lowp NULL, length 0), empties the queues
  * and makes later pulls that would wait fail the same way (shutdown). A status of PST_OK
  * is replaced by PST_ERR_STATE. The fns run on this thread, each under its block's lock.
  * The status reaches fn without a detail; the caller knows why it cancelled. Thread safe. */
@@ -185,5 +206,15 @@ uint64_t ps_store_total_length(const ps_store *st);
 
 /* Number of blocks. */
 int ps_store_nblocks(const ps_store *st);
+
+/* The dtype of the blocks' low-precision copies: PST_F16 or PST_BF16, or PST_F32 for none. */
+pst_dtype ps_store_lowp(const ps_store *st);
+
+/* Elements cast into the low-precision copies by updates since init (the cast at init is
+ * not counted), summed over the blocks: each update adds its block's length. 0 without a
+ * copy. In sync mode, (optimizer steps) x ps_store_total_length when every block has made
+ * the same number of steps. Thread safe (an atomic read; a running update may or may not be
+ * counted yet). */
+uint64_t ps_store_cast_count(const ps_store *st);
 
 #endif /* PST_PSERVER_STORE_H */

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/nn/optim.h"
 #include "common/rng.h"
 #include "pserver/store.h"
@@ -124,6 +125,8 @@ typedef struct pull_box {
     uint64_t length;
     int64_t version;
     float values[64];
+    int lowp_null;
+    uint16_t lowp[64];  /* the store's f16/bf16 copy, when it has one */
 } pull_box;
 
 static int answer_seq;
@@ -135,11 +138,14 @@ static void pull_box_init(pull_box *b)
     pthread_cond_init(&b->cv, NULL);
 }
 
-static void pull_capture(void *arg, pst_status st, const float *values, uint64_t length,
-                         int64_t version)
+static void pull_capture(void *arg, pst_status st, const float *values, const void *lowp,
+                         uint64_t length, int64_t version)
 {
     pull_box *b = arg;
     pthread_mutex_lock(&b->mu);
+    b->lowp_null = lowp == NULL;
+    if (lowp && length <= 64)
+        memcpy(b->lowp, lowp, (size_t)length * sizeof(uint16_t));
     b->calls++;
     b->order = ++answer_seq;
     b->st = st;
@@ -937,9 +943,10 @@ static void stress_fail(stress_trainer *tr, const char *what)
                  pst_error_detail());
 }
 
-static void stress_answer(void *arg, pst_status st, const float *values, uint64_t length,
-                          int64_t version)
+static void stress_answer(void *arg, pst_status st, const float *values, const void *lowp,
+                          uint64_t length, int64_t version)
 {
+    (void)lowp;
     stress_pull *p = arg;
     stress_trainer *tr = p->tr;
     const ps_block_spec *spec = &tr->l->blocks[p->b];
@@ -1331,6 +1338,328 @@ Test(store, in_place_scan_split_over_the_pool_names_the_first_bad_element)
     cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, NULL), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(ps_store_version(st, 1), 1);
     cr_assert_neq(memcmp(before, home, sizeof before), 0, "a clean push updates");
+    ps_store_free(st);
+    pst_pool_free(pool);
+}
+
+/* ---- the low-precision copy (config lowp) ---- */
+
+/* Pulls block bi at want_version (which must exist) and asserts that the copy the pull is
+ * handed is pst_cast of the master values at that version, bit for bit; the copy goes to
+ * *copy (length elements) when copy is not NULL. */
+static void assert_lowp_is_cast(ps_store *st, pst_dtype dt, int bi, int64_t want_version,
+                                uint16_t *copy)
+{
+    const uint32_t id = test_blocks[bi].id;
+    const uint64_t n = test_blocks[bi].length;
+    pull_box box;
+    pull_box_init(&box);
+    ps_pull_waiter w;
+    cr_assert_eq(ps_store_pull(st, id, want_version, &w, pull_capture, &box), PST_OK);
+    cr_assert_eq(box.calls, 1, "the version exists: answered inside the call");
+    cr_assert_eq(box.st, PST_OK);
+    cr_assert_eq(box.version, want_version);
+    cr_assert_eq(box.lowp_null, 0, "%s store: the pull got no copy", pst_dtype_name(dt));
+    float master[64];
+    int64_t ver = -1;
+    cr_assert_eq(ps_store_read(st, id, master, &ver), PST_OK);
+    cr_assert_eq(ver, want_version);
+    cr_assert_eq(memcmp(box.values, master, (size_t)n * sizeof(float)), 0);
+    uint16_t want[64];
+    pst_cast(want, dt, master, PST_F32, (size_t)n);
+    cr_assert_eq(memcmp(box.lowp, want, (size_t)n * sizeof(uint16_t)), 0,
+                 "%s copy of block %u at version %lld is not the cast of the master values",
+                 pst_dtype_name(dt), (unsigned)id, (long long)want_version);
+    if (copy)
+        memcpy(copy, box.lowp, (size_t)n * sizeof(uint16_t));
+}
+
+/* bf16 and f16 stores, sync, 1 and 2 trainers, with and without a pool: after init and after
+ * every step each block's copy is pst_cast(master) bit for bit, the master values are the
+ * f32 reference's (the copy changes nothing else), and the count of elements cast grows by
+ * the owned length per step (the init cast is not counted). A cancelled pull gets no copy. */
+Test(store, lowp_copy_is_the_cast_after_every_sync_step)
+{
+    const pst_dtype dts[2] = {PST_BF16, PST_F16};
+    enum { STEPS = 5 };
+    for (int d = 0; d < 2; d++) {
+        for (int ntrainers = 1; ntrainers <= 2; ntrainers++) {
+            for (int use_pool = 0; use_pool < 2; use_pool++) {
+                pst_pool *pool = NULL;
+                if (use_pool)
+                    cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+                float initial[TOTAL_LEN];
+                fill_normal(initial, TOTAL_LEN, 1, 0, 1.0f);
+                ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = ntrainers,
+                                       .blocks = test_blocks, .nblocks = NTB, .pool = pool,
+                                       .lowp = dts[d]};
+                optim_for(PST_OPTIM_ADAMW, &cfg.optim);
+                ps_store *st = NULL;
+                cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s",
+                             pst_error_detail());
+                cr_assert_eq(ps_store_lowp(st), dts[d]);
+                cr_assert_eq(ps_store_cast_count(st), 0, "the init cast is not counted");
+                ref_block ref[NTB];
+                uint16_t at_init[NTB][64];
+                for (int i = 0; i < NTB; i++) {
+                    ref_init(&ref[i], initial + initial_offset(i), test_blocks[i].length);
+                    assert_lowp_is_cast(st, dts[d], i, 0, at_init[i]);
+                }
+                for (int s = 0; s < STEPS; s++) {
+                    float g[NTB][MAX_T][64];
+                    for (int i = 0; i < NTB; i++)
+                        for (int t = 0; t < ntrainers; t++)
+                            fill_normal(g[i][t], test_blocks[i].length, 2,
+                                        (uint64_t)(s * 100 + i * 10 + t), 0.5f);
+                    for (int t = ntrainers - 1; t >= 0; t--) {
+                        for (int i = 0; i < NTB; i++)
+                            cr_assert_eq(push_grad(st, (uint32_t)t, s, test_blocks[i].id,
+                                                   g[i][t], test_blocks[i].length, NULL, NULL),
+                                         PST_OK, "%s", pst_error_detail());
+                        if (t > 0) /* not every trainer has pushed: nothing cast yet */
+                            cr_assert_eq(ps_store_cast_count(st), (uint64_t)s * TOTAL_LEN);
+                    }
+                    cr_assert_eq(ps_store_cast_count(st), (uint64_t)(s + 1) * TOTAL_LEN,
+                                 "%s, %d trainers, step %d: %llu elements cast",
+                                 pst_dtype_name(dts[d]), ntrainers, s,
+                                 (unsigned long long)ps_store_cast_count(st));
+                    for (int i = 0; i < NTB; i++) {
+                        ref_step(&ref[i], &cfg.optim, g[i], ntrainers);
+                        assert_block_equals(st, i, &ref[i]);
+                        assert_lowp_is_cast(st, dts[d], i, s + 1, NULL);
+                    }
+                }
+                uint16_t now[64];
+                assert_lowp_is_cast(st, dts[d], 2, STEPS, now);
+                cr_assert_neq(memcmp(now, at_init[2], 33 * sizeof(uint16_t)), 0,
+                              "the updates changed the copy");
+                /* A duplicate push casts nothing. */
+                int dup = -1;
+                cr_assert_eq(push_grad(st, 0, STEPS - 1, test_blocks[0].id, ref[0].p,
+                                       test_blocks[0].length, &dup, NULL), PST_OK);
+                cr_assert_eq(dup, 1);
+                cr_assert_eq(ps_store_cast_count(st), (uint64_t)STEPS * TOTAL_LEN);
+                /* A pull failed by cancel_waiters gets neither values nor copy. */
+                pull_box box;
+                pull_box_init(&box);
+                ps_pull_waiter w;
+                cr_assert_eq(ps_store_pull(st, 12, STEPS + 1, &w, pull_capture, &box), PST_OK);
+                cr_assert_eq(box.calls, 0);
+                ps_store_cancel_waiters(st, PST_ERR_UNAVAILABLE);
+                cr_assert_eq(box.calls, 1);
+                cr_assert_eq(box.st, PST_ERR_UNAVAILABLE);
+                cr_assert(box.values_null && box.lowp_null);
+                ps_store_free(st);
+                pst_pool_free(pool);
+            }
+        }
+    }
+}
+
+/* Async, 2 trainers, bf16 and f16: every accepted push is one update and one cast of its
+ * block (count = sum over pushes of the block's length); duplicates and a rejected
+ * (non-finite) gradient cast nothing; the copy is the cast of the master values each time. */
+Test(store, lowp_async_casts_once_per_push)
+{
+    const pst_dtype dts[2] = {PST_BF16, PST_F16};
+    for (int d = 0; d < 2; d++) {
+        float initial[TOTAL_LEN];
+        fill_normal(initial, TOTAL_LEN, 1, 0, 1.0f);
+        ps_store_config cfg = {.mode = PST_MODE_ASYNC, .num_trainers = 2,
+                               .blocks = test_blocks, .nblocks = NTB, .lowp = dts[d]};
+        optim_for(PST_OPTIM_MOMENTUM, &cfg.optim);
+        ps_store *st = NULL;
+        cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
+        for (int i = 0; i < NTB; i++)
+            assert_lowp_is_cast(st, dts[d], i, 0, NULL);
+        /* (trainer, step, block index) */
+        static const struct { uint32_t t; int64_t step; int bi; } seq[] = {
+            {0, 0, 2}, {1, 0, 2}, {1, 0, 0}, {0, 1, 2}, {1, 3, 1}, {0, 2, 2}, {0, 0, 1},
+        };
+        uint64_t want = 0;
+        int64_t ver[NTB] = {0};
+        for (size_t k = 0; k < sizeof seq / sizeof seq[0]; k++) {
+            const int bi = seq[k].bi;
+            float g[64];
+            fill_normal(g, test_blocks[bi].length, 9, k, 1.0f);
+            int dup = -1;
+            cr_assert_eq(push_grad(st, seq[k].t, seq[k].step, test_blocks[bi].id, g,
+                                   test_blocks[bi].length, &dup, NULL), PST_OK, "%s",
+                         pst_error_detail());
+            cr_assert_eq(dup, 0);
+            want += test_blocks[bi].length;
+            cr_assert_eq(ps_store_cast_count(st), want, "%s, push %zu: %llu cast, want %llu",
+                         pst_dtype_name(dts[d]), k,
+                         (unsigned long long)ps_store_cast_count(st),
+                         (unsigned long long)want);
+            assert_lowp_is_cast(st, dts[d], bi, ++ver[bi], NULL);
+        }
+        float g[64];
+        fill_normal(g, 33, 10, 0, 1.0f);
+        int dup = -1;
+        cr_assert_eq(push_grad(st, 0, 2, 12, g, 33, &dup, NULL), PST_OK); /* a retry */
+        cr_assert_eq(dup, 1);
+        g[5] = INFINITY;
+        cr_assert_eq(push_grad(st, 1, 9, 12, g, 33, &dup, NULL), PST_ERR_INVALID);
+        cr_assert_eq(ps_store_cast_count(st), want, "a duplicate or refused push casts nothing");
+        assert_lowp_is_cast(st, dts[d], 2, ver[2], NULL);
+        ps_store_free(st);
+    }
+}
+
+/* lowp f32 (the zero value): no copy, pulls get lowp NULL and nothing is ever counted. */
+Test(store, lowp_f32_has_no_copy)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PST_MODE_SYNC, 1, PST_OPTIM_SGD, initial);
+    cr_assert_eq(ps_store_lowp(st), PST_F32);
+    for (int64_t s = 0; s < 3; s++) {
+        for (int i = 0; i < NTB; i++) {
+            float g[64];
+            fill_normal(g, test_blocks[i].length, 3, (uint64_t)(s * 10 + i), 1.0f);
+            cr_assert_eq(push_grad(st, 0, s, test_blocks[i].id, g, test_blocks[i].length,
+                                   NULL, NULL), PST_OK);
+            pull_box box;
+            pull_box_init(&box);
+            box.lowp_null = -1;
+            ps_pull_waiter w;
+            cr_assert_eq(ps_store_pull(st, test_blocks[i].id, s + 1, &w, pull_capture, &box),
+                         PST_OK);
+            cr_assert_eq(box.calls, 1);
+            cr_assert_eq(box.values_null, 0);
+            cr_assert_eq(box.lowp_null, 1);
+        }
+    }
+    cr_assert_eq(ps_store_cast_count(st), 0);
+    ps_store_free(st);
+}
+
+/* A lowp that is not a dtype is refused, naming the field; *out stays NULL. */
+Test(store, lowp_invalid_rejected)
+{
+    const int bad[] = {PST_DTYPE_COUNT_, 7, -1};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = test_blocks,
+                               .nblocks = NTB, .lowp = (pst_dtype)bad[k]};
+        pst_optim_defaults(&cfg.optim);
+        ps_store *st = (ps_store *)&cfg;
+        cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_ERR_INVALID, "lowp %d", bad[k]);
+        cr_assert_null(st);
+        cr_assert(strstr(pst_error_detail(), "lowp"), "%s", pst_error_detail());
+    }
+}
+
+/* The in-process store (trainer/local.c) over the caller's values with initial NULL: the
+ * copy is cast from the caller's values as they are, and refreshed by f32 pushes read in
+ * place (split over a pool). */
+Test(store, lowp_copy_of_caller_values)
+{
+    enum { SPAN = 40 + 33 };
+    float home[SPAN];
+    fill_normal(home, SPAN, 5, 0, 1.0f);
+    float *values[NTB];
+    for (int i = 0; i < NTB; i++)
+        values[i] = home + test_blocks[i].offset;
+    pst_pool *pool = NULL;
+    cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = test_blocks,
+                           .nblocks = NTB, .values = values, .pool = pool, .lowp = PST_BF16};
+    optim_for(PST_OPTIM_ADAM, &cfg.optim);
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK, "%s", pst_error_detail());
+    for (int i = 0; i < NTB; i++)
+        assert_lowp_is_cast(st, PST_BF16, i, 0, NULL);
+    for (int64_t s = 0; s < 3; s++) {
+        float g[64];
+        fill_normal(g, 33, 6, (uint64_t)s, 1.0f);
+        cr_assert_eq(ps_store_push_f32(st, 0, s, 12, g, 33, NULL), PST_OK, "%s",
+                     pst_error_detail());
+        assert_lowp_is_cast(st, PST_BF16, 2, s + 1, NULL);
+    }
+    cr_assert_eq(ps_store_cast_count(st), 3 * 33);
+    ps_store_free(st);
+    pst_pool_free(pool);
+}
+
+/* Checks, inside a pull's answer (block lock held), that the copy is the cast of the values
+ * it comes with. */
+typedef struct lowp_reader {
+    ps_store *st;
+    pst_dtype dt;
+    volatile int stop; /* written before join; the reader polls it between pulls */
+    int pulls, mismatches, missing;
+    uint16_t want[ASYNC_LEN];
+} lowp_reader;
+
+static void lowp_check_answer(void *arg, pst_status st, const float *values, const void *lowp,
+                              uint64_t length, int64_t version)
+{
+    (void)version;
+    lowp_reader *r = arg;
+    r->pulls++;
+    if (st != PST_OK || !lowp || length != ASYNC_LEN) {
+        r->missing++;
+        return;
+    }
+    pst_cast(r->want, r->dt, values, PST_F32, ASYNC_LEN);
+    r->mismatches += memcmp(r->want, lowp, sizeof r->want) != 0;
+}
+
+static void *lowp_reader_main(void *arg)
+{
+    lowp_reader *r = arg;
+    for (int k = 0; !__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE); k++) {
+        ps_pull_waiter w;
+        if (ps_store_pull(r->st, (uint32_t)(k % ASYNC_NB), 0, &w, lowp_check_answer, r) !=
+            PST_OK)
+            r->missing++;
+    }
+    return NULL;
+}
+
+/* Async pushes from two threads and a puller on a third, with the update and the cast split
+ * over a pool: every copy a pull sees is the cast of the values it sees (one version), and
+ * the count is every push's block length. */
+Test(store, lowp_multithreaded_async_copy_matches_values, .timeout = 20)
+{
+    enum { T = 2, STEPS = 100 };
+    ps_block_spec blocks[ASYNC_NB];
+    for (int b = 0; b < ASYNC_NB; b++)
+        blocks[b] = (ps_block_spec){.id = (uint32_t)b, .offset = (uint64_t)b * ASYNC_LEN,
+                                    .length = ASYNC_LEN};
+    pst_pool *pool = NULL;
+    cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+    ps_store_config cfg = {.mode = PST_MODE_ASYNC, .num_trainers = T, .blocks = blocks,
+                           .nblocks = ASYNC_NB, .pool = pool, .lowp = PST_F16};
+    pst_optim_defaults(&cfg.optim);
+    cfg.optim.kind = PST_OPTIM_MOMENTUM;
+    cfg.optim.lr = 0.01f;
+    cfg.optim.momentum = 0.9f;
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &cfg, NULL), PST_OK, "%s", pst_error_detail());
+    static lowp_reader r;
+    memset(&r, 0, sizeof r);
+    r.st = st;
+    r.dt = PST_F16;
+    pthread_t rth;
+    cr_assert_eq(pthread_create(&rth, NULL, lowp_reader_main, &r), 0);
+    async_worker w[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        w[t] = (async_worker){.st = st, .t = t, .steps = STEPS};
+        cr_assert_eq(pthread_create(&th[t], NULL, async_worker_main, &w[t]), 0);
+    }
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        cr_assert_eq(w[t].failures, 0);
+    }
+    __atomic_store_n(&r.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(rth, NULL);
+    cr_assert_gt(r.pulls, 0);
+    cr_assert_eq(r.missing, 0);
+    cr_assert_eq(r.mismatches, 0, "%d of %d pulls saw a copy that is not the values' cast",
+                 r.mismatches, r.pulls);
+    cr_assert_eq(ps_store_cast_count(st), (uint64_t)T * STEPS * ASYNC_NB * ASYNC_LEN);
     ps_store_free(st);
     pst_pool_free(pool);
 }
