@@ -6,12 +6,17 @@
 # Prints JSON lines: every run, then the medians and the ratio of step-time medians.
 # Not a test: it reports, it never gates. Needs iperf3 (apt-get install iperf3).
 #
-# usage: bench/ps_sync.sh [BUILD_DIR=build] [RUNS=3] [PARAMS=25000000] [STEPS=20]
+# usage: [PRECISION=fp32|bf16|fp16] bench/ps_sync.sh [BUILD_DIR=build] [RUNS=3] [PARAMS=25000000] [STEPS=20]
+# PRECISION (default fp32) is pstrain's --precision: bf16/fp16 push and pull 2 bytes per
+# parameter (the peer stays fp32, as it has no such mode).
 # BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (see bench_blas_core in bench/lib.sh).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; params=${3:-25000000}; steps=${4:-20}
+precision=${PRECISION:-fp32}
+case $precision in fp32) esize=4 ;; bf16|fp16) esize=2 ;;
+  *) echo "bench/ps_sync.sh: PRECISION=$precision: expected fp32, bf16 or fp16" >&2; exit 2 ;; esac
 peer="$BENCH_PEERS/torch_rpc_ps.py"
 bench_need_built "$build" pslaunch pserver trainer
 bench_need_peer torch_rpc_ps.py
@@ -19,10 +24,11 @@ bench_need_torch
 bench_need_iperf3
 bench_blas_core "$build"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-bench_header ps_sync "\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
+bench_header ps_sync "\"precision\":\"$precision\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
   "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- "$build/bin/trainer" \
     --model synthetic --params "$params" --steps "$steps" --optimizer sgd --lr 0.01 \
+    --precision "$precision" \
     --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
   echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
   "$BENCH_PY" "$peer" --params "$params" --steps "$steps" --transport tcp 2>/dev/null \
@@ -31,15 +37,16 @@ for i in $(seq 1 "$runs"); do
 done
 "$BENCH_PEERS/iperf3_loopback.sh" 3 15201 1 2>/dev/null | head -n 1 > "$tmp/iperf.json" || true
 iperf=$(cat "$tmp/iperf.json")
-"$BENCH_PY" - "$tmp" "$runs" "$params" "${iperf:-null}" <<'PY'
+"$BENCH_PY" - "$tmp" "$runs" "$params" "${iperf:-null}" "$esize" <<'PY'
 import json, statistics, sys
 d, n, params, iperf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+esize = int(sys.argv[5])
 load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
 p, t = load("p"), load("t")
 pm = statistics.median(r["step_ms_median"] for r in p)
 tm = statistics.median(r["step_ms_median"] for r in t)
 # push + pull of every trainer, like the peer's push_pull_GBps (1e9 B/s)
-gbps = 2 * 2 * params * 4 / (pm / 1e3) / 1e9
+gbps = 2 * 2 * params * esize / (pm / 1e3) / 1e9
 out = {"pstrain_step_ms_median": pm, "torch_rpc_step_ms_median": tm,
        "speedup_vs_torch_rpc": round(tm / pm, 3),
        "pstrain_push_pull_GBps": round(gbps, 2),

@@ -9,3 +9,5 @@ here=$(cd "$(dirname "$0")" && pwd)
 "$here/gemm.sh" "$build"
 "$here/ps_sync.sh" "$build" 3
 "$here/overlap.sh" "$build" 3
+PRECISION=bf16 "$here/ps_sync.sh" "$build" 3
+"$here/precision.sh" "$build" 1

@@ -210,6 +210,23 @@ static pst_status parse_dataset(pst_config *cfg, const char *v, const char *wher
     return PST_OK;
 }
 
+static pst_status parse_precision(pst_config *cfg, const char *v, const char *where,
+                                  const char *ex)
+{
+    if (pst_dtype_parse(v, &cfg->precision) != 0)
+        return bad(where, v, "expected fp32, bf16 or fp16", ex);
+    return PST_OK;
+}
+
+static pst_status parse_grad_dtype(pst_config *cfg, const char *v, const char *where,
+                                   const char *ex)
+{
+    if (pst_dtype_parse(v, &cfg->grad_dtype) != 0)
+        return bad(where, v, "expected fp32, bf16 or fp16", ex);
+    cfg->grad_dtype_set = 1;
+    return PST_OK;
+}
+
 /* A CPU list as taskset and cpusets write it: "0", "0-3", "0,2,4-7"; CPUs below 1024. */
 static pst_status parse_cpus(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
@@ -267,7 +284,13 @@ static const opt options[] = {
     {"data", "PSTRAIN_DATA", NULL, NULL, "/usr/share/datasets/fashion-mnist", "directory of the IDX files, or the text file (default: /usr/share/datasets/<dataset>; kjv: " PST_KJV_PATH ")", R_TRAINER, OPT_STR, S(data_dir), 0, 0, NULL},
     {"epochs", "PSTRAIN_EPOCHS", NULL, NULL, "5", "passes over the training set", R_TRAINER, OPT_INT, F(epochs), 1, 1e6, NULL},
     {"steps", "PSTRAIN_STEPS", NULL, NULL, "100", "stop after this many steps (0 = run all epochs)", R_TRAINER, OPT_LONG, F(steps), 0, 1e12, NULL},
-    {"batch", "PSTRAIN_BATCH", NULL, NULL, "128", "GLOBAL batch size (all trainers together)", R_TRAINER, OPT_INT, F(batch), 1, 1 << 20, NULL},
+    {"batch", "PSTRAIN_BATCH", NULL, NULL, "128", "GLOBAL batch size per optimizer step (all trainers and micro-batches together)", R_TRAINER, OPT_INT, F(batch), 1, 1 << 20, NULL},
+    {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
+    {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
+    {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
+    {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two (PyTorch GradScaler's default 2^16); halved on every overflow", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p64, NULL},
+    {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
+    {"test-overflow", "PSTRAIN_TEST_OVERFLOW", NULL, NULL, "3", "test hook (fp16): this trainer's gradient overflows at this step, as if a value were infinite (-1: never)", R_TRAINER, OPT_LONG, F(test_overflow_step), -1, 1e12, NULL},
     {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
     {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam or adamw", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
     {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 1e6, NULL},
@@ -421,6 +444,12 @@ void pst_config_defaults(pst_config *cfg)
     cfg->log_level = PST_LOG_INFO;
     cfg->threads = 0;
     cfg->overlap = 1;
+    cfg->precision = PST_F32;
+    cfg->grad_dtype = PST_F32;
+    cfg->acc_steps = 1;
+    cfg->loss_scale = 65536.0f;
+    cfg->loss_scale_window = 2000;
+    cfg->test_overflow_step = -1;
     cfg->trace_first = 10;
     cfg->trace_last = 12;
 }
@@ -537,6 +566,18 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
             return pst_error_set(PST_ERR_INVALID,
                                  "PSTRAIN_TRAINER_ID=%d: must be below PSTRAIN_TRAINERS=%d "
                                  "(example: PSTRAIN_TRAINER_ID=0)", cfg->trainer_id, cfg->trainers);
+        if (!cfg->grad_dtype_set)
+            cfg->grad_dtype = cfg->precision;
+        int e;
+        if (frexpf(cfg->loss_scale, &e) != 0.5f)
+            return pst_error_set(PST_ERR_INVALID, "--loss-scale %g is not a power of two "
+                                 "(example: --loss-scale 65536)", (double)cfg->loss_scale);
+        if (cfg->batch < cfg->trainers * cfg->acc_steps)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "--batch %d: the global batch must give each of the %d "
+                                 "trainers' %d micro-batches at least one example (example: "
+                                 "--batch %d)", cfg->batch, cfg->trainers, cfg->acc_steps,
+                                 cfg->trainers * cfg->acc_steps * 32);
         if (cfg->batch < cfg->trainers)
             return pst_error_set(PST_ERR_INVALID,
                                  "--batch %d: the global batch must give every one of the %d "
@@ -650,6 +691,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
                 cfg->optim.warmup_steps, cfg->optim.min_lr, cfg->connect_timeout_ms);
         fprintf(out, ",\"rpc_timeout_ms\":%ld,\"threads\":%d,\"overlap\":%d,\"cpu_replicas\":%d",
                 cfg->rpc_timeout_ms, cfg->threads, cfg->overlap, cfg->cpu_replicas);
+        json_str(out, "precision", pst_dtype_name(cfg->precision), &first);
+        json_str(out, "grad_dtype", pst_dtype_name(cfg->grad_dtype), &first);
+        fprintf(out, ",\"acc_steps\":%d", cfg->acc_steps);
         json_str(out, "trace", cfg->trace_path, &first);
         fprintf(out, ",\"trace_steps\":\"%ld:%ld\"", cfg->trace_first, cfg->trace_last);
         json_str(out, "metrics", cfg->metrics_path, &first);

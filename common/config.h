@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/optim_config.h"
@@ -66,6 +67,16 @@ typedef struct pst_config {
     int batch;                                     /* GLOBAL batch */
     uint64_t seed;
     pst_optim_config optim;
+    /* precision */
+    pst_dtype precision;                           /* the trainer's parameters: f32, bf16, f16 */
+    pst_dtype grad_dtype;                          /* pushed gradients (default: precision) */
+    int grad_dtype_set;                            /* --grad-dtype given */
+    int acc_steps;                                 /* micro-batches per optimizer step */
+    float loss_scale;                              /* fp16: initial dynamic loss scale */
+    long loss_scale_window;                        /* fp16: steps without overflow before
+                                                    * the scale doubles */
+    long test_overflow_step;                       /* test hook: fp16 overflow forced at this
+                                                    * step (-1: none) */
     /* output */
     char metrics_path[PST_PATH_MAX];
     pst_log_level log_level;

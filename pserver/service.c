@@ -8,6 +8,7 @@
  * count; pushes and pulls go straight to the store's per-block locks. */
 #include "pserver/service.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,19 @@
 #include "pserver/store.h"
 
 #define MAX_PARKED 4096
+
+/* fp16 loss scaling: the votes of one step (see handle_vote). Two, by step parity: a
+ * trainer that has its answer for step s may vote s+1 while others still wait for s. */
+typedef struct vote_slot {
+    int64_t step;                 /* -1: never used */
+    uint32_t count;               /* trainers that voted */
+    int overflow;                 /* the OR of their votes */
+    int decided;                  /* every trainer voted: `overflow` is the answer */
+    unsigned char *voted;         /* (num_trainers) */
+    rpc_call **calls;             /* (2 num_trainers) waiting for the answer (retries too) */
+    int ncalls;
+    rpc_call **answer;            /* (2 num_trainers) the calls being answered */
+} vote_slot;
 
 struct ps_service {
     pthread_mutex_t mu;
@@ -37,6 +51,8 @@ struct ps_service {
     int all_finished;
     rpc_call *parked[MAX_PARKED]; /* Inits waiting for trainer 0's */
     int nparked;
+    vote_slot votes[2];           /* by step parity (allocated with the store) */
+    long skipped;                 /* steps every trainer skipped (a vote said overflow) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
     pthread_mutex_t pull_mu;
     struct pull_ctx *pull_free;   /* contexts whose reply was sent, with their buffers */
@@ -74,6 +90,11 @@ void ps_service_free(ps_service *svc)
     ps_store_free(svc->store);
     free(svc->finished);
     free(svc->block_ids);
+    for (int k = 0; k < 2; k++) {
+        free(svc->votes[k].voted);
+        free(svc->votes[k].calls);
+        free(svc->votes[k].answer);
+    }
     PST_INFO("%zu Pull calls served with %zu pull contexts", svc->pulls, svc->pull_allocs);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
         next = p->next;
@@ -169,7 +190,22 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
     svc->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->block_ids);
-    if (!svc->finished || !svc->block_ids) {
+    int votes_ok = 1;
+    for (int k = 0; k < 2; k++) {
+        vote_slot *v = &svc->votes[k];
+        v->step = -1;
+        v->voted = calloc(req->num_trainers, 1);
+        v->calls = calloc(2 * (size_t)req->num_trainers, sizeof *v->calls);
+        v->answer = calloc(2 * (size_t)req->num_trainers, sizeof *v->answer);
+        votes_ok &= v->voted && v->calls && v->answer;
+    }
+    if (!svc->finished || !svc->block_ids || !votes_ok) {
+        for (int k = 0; k < 2; k++) {
+            free(svc->votes[k].voted);
+            free(svc->votes[k].calls);
+            free(svc->votes[k].answer);
+            svc->votes[k] = (vote_slot){0};
+        }
         free(svc->finished);
         free(svc->block_ids);
         svc->finished = NULL;
@@ -278,12 +314,19 @@ static void handle_init(ps_service *svc, rpc_call *call)
 typedef struct push_fill {
     const rpc_payload *payload;
     pst_dtype dtype;
+    float inv_scale;              /* 1 / the loss scale the gradient carries */
 } push_fill;
 
+/* The gradient as f32, divided by its loss scale: a power of two, so exact (barring
+ * subnormals), and the sum over trainers equals the sum divided once. */
 static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
-    return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
+    PST_TRY(rpc_payload_read_f32(f->payload, f->dtype, first, dst, length));
+    if (f->inv_scale != 1.0f)
+        for (uint64_t i = 0; i < length; i++)
+            dst[i] *= f->inv_scale;
+    return PST_OK;
 }
 
 static ps_store *store_or_fail(ps_service *svc, rpc_call *call)
@@ -303,8 +346,18 @@ static void handle_push(ps_service *svc, rpc_call *call)
     ps_store *store = store_or_fail(svc, call);
     if (!store)
         return;
-    push_fill f = {.payload = rpc_call_payload(call)};
+    push_fill f = {.payload = rpc_call_payload(call), .inv_scale = 1.0f};
     pst_status st = rpc_dtype_from_wire(req->dtype, &f.dtype);
+    int e;
+    if (st == PST_OK && req->scale != 0.0f && req->scale != 1.0f) {
+        if (!(req->scale > 0.0f) || isinf(req->scale) || frexpf(req->scale, &e) != 0.5f ||
+            e < -125 || e > 127)
+            st = pst_error_set(PST_ERR_INVALID, "Push: loss scale %g of block %u is not a "
+                               "power of two between 2^-126 and 2^126 (example: 65536)",
+                               (double)req->scale, req->block);
+        else
+            f.inv_scale = 1.0f / req->scale;
+    }
     if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
     int dup = 0;
@@ -427,6 +480,97 @@ static void handle_pull(ps_service *svc, rpc_call *call)
     }
 }
 
+/* ---- Vote ------------------------------------------------------------------------------ */
+
+static void answer_vote(rpc_call *call, int64_t step, int skip)
+{
+    Pstrain__VoteReply reply = PSTRAIN__VOTE_REPLY__INIT;
+    reply.step = step;
+    reply.skip = skip != 0;
+    rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+}
+
+/* fp16 dynamic loss scaling: one decision per step that every trainer and pserver agrees
+ * on. Every trainer sends its vote (did its summed gradient overflow?) to pserver 0 after
+ * backward and before any push of the step; the call is parked until all num_trainers
+ * have voted, then every vote of the step is answered with the OR. On skip no trainer
+ * pushes the step at all, so no pserver sees it: values, optimizer state and versions stay
+ * as they were, on every pserver, without the pservers talking to each other. A retried
+ * vote counts once (and is answered too); a vote after the decision gets the decision. */
+static void handle_vote(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__VoteRequest *req = (const Pstrain__VoteRequest *)rpc_call_request(call);
+    pthread_mutex_lock(&svc->mu);
+    pst_status st = PST_OK;
+    vote_slot *v = &svc->votes[req->step & 1];
+    if (!svc->store)
+        st = pst_error_set(PST_ERR_STATE, "Vote before Init: this pserver has no trainers yet");
+    else if (req->trainer_id >= svc->num_trainers)
+        st = pst_error_set(PST_ERR_INVALID, "Vote from trainer %u: there are %u trainers",
+                           req->trainer_id, svc->num_trainers);
+    else if (req->step < 0)
+        st = pst_error_set(PST_ERR_INVALID, "Vote for step %lld: steps start at 0",
+                           (long long)req->step);
+    else if (v->step > req->step)
+        st = pst_error_set(PST_ERR_INVALID, "Vote of trainer %u for step %lld: step %lld "
+                           "was decided since", req->trainer_id, (long long)req->step,
+                           (long long)v->step);
+    else if (v->step >= 0 && v->step < req->step && !v->decided)
+        st = pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld while step %lld "
+                           "still waits for votes", req->trainer_id, (long long)req->step,
+                           (long long)v->step);
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, st);
+        return;
+    }
+    if (v->step == req->step && v->decided) { /* a retry after the answer */
+        int skip = v->overflow;
+        pthread_mutex_unlock(&svc->mu);
+        answer_vote(call, req->step, skip);
+        return;
+    }
+    if (v->step != req->step) {
+        v->step = req->step;
+        v->count = 0;
+        v->overflow = 0;
+        v->decided = 0;
+        v->ncalls = 0;
+        memset(v->voted, 0, svc->num_trainers);
+    }
+    if (v->ncalls == 2 * (int)svc->num_trainers) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld: too "
+                                 "many retries waiting", req->trainer_id, (long long)req->step));
+        return;
+    }
+    v->calls[v->ncalls++] = call;
+    if (!v->voted[req->trainer_id]) {
+        v->voted[req->trainer_id] = 1;
+        v->count++;
+        v->overflow |= req->overflow;
+    }
+    int n = 0;
+    if (v->count == svc->num_trainers) {
+        v->decided = 1;
+        n = v->ncalls;
+        memcpy(v->answer, v->calls, (size_t)n * sizeof *v->calls);
+        v->ncalls = 0;
+        if (v->overflow)
+            svc->skipped++;
+    }
+    const int skip = v->overflow;
+    const long skipped = svc->skipped;
+    pthread_mutex_unlock(&svc->mu);
+    if (n && skip)
+        PST_INFO("step %lld skipped everywhere: a trainer's fp16 gradient overflowed (%ld "
+                 "skipped so far)", (long long)req->step, skipped);
+    /* v->answer is rewritten only when step + 2 is decided, which needs every trainer to
+     * have had this answer. */
+    for (int i = 0; i < n; i++)
+        answer_vote(v->answer[i], req->step, skip);
+}
+
 /* ---- Finish --------------------------------------------------------------------------- */
 
 /* The one INFO line on the low-precision copy's casts (nothing without a copy). Optimizer
@@ -509,6 +653,9 @@ void ps_service_handle(void *arg, rpc_call *call)
     case RPC_METHOD_FINISH:
         handle_finish(svc, call);
         break;
+    case RPC_METHOD_VOTE:
+        handle_vote(svc, call);
+        break;
     default:
         fail(call, pst_error_set(PST_ERR_NOT_FOUND, "unknown method"));
     }
@@ -538,6 +685,11 @@ void ps_service_cancel(ps_service *svc)
     for (int i = 0; i < svc->nparked; i++)
         rpc_call_fail(svc->parked[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
     svc->nparked = 0;
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < svc->votes[k].ncalls; i++)
+            rpc_call_fail(svc->votes[k].calls[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
+        svc->votes[k].ncalls = 0;
+    }
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
     if (store)

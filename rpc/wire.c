@@ -41,6 +41,8 @@ static const struct {
     [RPC_METHOD_FINISH] = {"Finish", "/pstrain.PServer/Finish",
                            &pstrain__finish_request__descriptor,
                            &pstrain__finish_reply__descriptor},
+    [RPC_METHOD_VOTE] = {"Vote", "/pstrain.PServer/Vote", &pstrain__vote_request__descriptor,
+                         &pstrain__vote_reply__descriptor},
 };
 
 const char *rpc_method_name(rpc_method m)

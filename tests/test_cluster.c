@@ -563,6 +563,219 @@ Test(cluster, one_trainer_equals_local_by_hash)
     }
 }
 
+/* bf16 and fp16 (the devices hold 2-byte parameters, the pservers the fp32 master): one
+ * trainer with 1 or 2 pservers equals training alone bit for bit, also with micro-batches.
+ * Alone, the in-process store rounds the pushed gradient to the wire's dtype and serves
+ * the same once-per-update copy, so the arithmetic is the same. */
+Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 240)
+{
+    const char *cases[3][6] = {{"bf16", "1"}, {"fp16", "1"}, {"bf16", "2"}};
+    for (int c = 0; c < 3; c++) {
+        const char *flags[24] = {"--hidden", "64", "--batch", "64", "--steps", "12", "--seed", "5",
+                                 "--progress", "none", "--log-level", "warn", CONNECT_5S,
+                                 "--precision", cases[c][0], "--acc-steps", cases[c][1], NULL};
+        const char *head_local[] = {TRAINER, NULL};
+        const char *argv[64];
+        join_argv(argv, 64, head_local, flags);
+        char *out = stdout_of(argv, "cpu:2");
+        param_hash local = summary_hash(out);
+        cr_assert_eq((long)summary_value(out, "param_bytes_per_device"),
+                     2 * (long)summary_value(out, "params"), "%s: not 2 bytes per parameter",
+                     cases[c][0]);
+        free(out);
+        for (int S = 1; S <= 2; S++) {
+            char sv[4];
+            snprintf(sv, sizeof sv, "%d", S);
+            const char *head[] = {PSLAUNCH, "--pservers", sv, "--trainers", "1", "--timeout", "90",
+                                  "--", TRAINER, NULL};
+            join_argv(argv, 64, head, flags);
+            out = stdout_of(argv, "cpu:2");
+            param_hash dist = summary_hash(out);
+            cr_assert_eq((long)summary_value(out, "optimizer_bytes_per_device"), 0);
+            cr_assert_eq((long)summary_value(out, "param_bytes_per_device"),
+                         2 * (long)summary_value(out, "params"));
+            free(out);
+            cr_assert_str_eq(dist.hex, local.hex, "%s acc-steps %s: 1 trainer x %d pservers %s "
+                             "vs local %s", cases[c][0], cases[c][1], S, dist.hex, local.hex);
+        }
+    }
+}
+
+/* Trainers started by hand against pservers started here (so the test reads the pservers'
+ * logs): T trainers with `flags`, each its own stdout. */
+static void run_trainers(int T, const int *ports, int S, const char *const flags[], char **outs)
+{
+    char pservers[256] = "PSTRAIN_PSERVERS=", trainers[32], ids[4][32];
+    for (int s = 0; s < S; s++)
+        snprintf(pservers + strlen(pservers), sizeof pservers - strlen(pservers), "%s127.0.0.1:%d",
+                 s ? "," : "", ports[s]);
+    snprintf(trainers, sizeof trainers, "PSTRAIN_TRAINERS=%d", T);
+    const char *head[] = {TRAINER, NULL};
+    const char *argv[64];
+    join_argv(argv, 64, head, flags);
+    proc *tr[4];
+    for (int t = 0; t < T; t++) {
+        snprintf(ids[t], sizeof ids[t], "PSTRAIN_TRAINER_ID=%d", t);
+        const char *env[] = {pservers, trainers, ids[t], NULL};
+        tr[t] = proc_start(argv, env);
+    }
+    for (int t = 0; t < T; t++) {
+        int done = proc_wait(tr[t], RUN_WAIT_MS);
+        char *err = slurp(tr[t]->err_path);
+        cr_assert(done && WIFEXITED(tr[t]->status) && WEXITSTATUS(tr[t]->status) == 0,
+                  "trainer %d of %d failed (status 0x%x); stderr:\n%s", t, T, tr[t]->status, err);
+        free(err);
+        outs[t] = slurp(tr[t]->out_path);
+    }
+}
+
+/* The pserver's closing "casts: N elements to D in S optimizer steps (P per step), O
+ * parameters owned" line, after it exited by itself (every trainer finished). */
+static void pserver_casts(proc *ps, unsigned long long *n, long long *steps,
+                          unsigned long long *per_step, unsigned long long *owned)
+{
+    int done = proc_wait(ps, EXIT_WAIT_MS);
+    char *err = slurp(ps->err_path);
+    cr_assert(done && WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 0,
+              "pserver did not exit cleanly; stderr:\n%s", err);
+    const char *q = strstr(err, "casts: ");
+    cr_assert_not_null(q, "no casts line in the pserver's log:\n%s", err);
+    char dt[16];
+    cr_assert_eq(sscanf(q, "casts: %llu elements to %15s in %lld optimizer steps (%llu per step), "
+                           "%llu parameters owned", n, dt, steps, per_step, owned), 5,
+                 "unreadable casts line: %s", q);
+    free(err);
+}
+
+/* The cast on the pserver, once per update: whatever the trainers (1 or 2) and the
+ * micro-batches (1 or 4), each pserver casts exactly the parameters it owns per optimizer
+ * step, not per pull, per trainer or per micro-batch. */
+Test(cluster, pserver_casts_its_parameters_once_per_step, .timeout = 240)
+{
+    const int Ts[] = {1, 2}, Ks[] = {1, 4};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            proc *ps[2];
+            int ports[2] = {pserver_start_logging(&ps[0], "info"),
+                            pserver_start_logging(&ps[1], "info")};
+            char k[8];
+            snprintf(k, sizeof k, "%d", Ks[j]);
+            const char *flags[] = {"--hidden", "48", "--batch", "64", "--steps", "7", "--seed", "2",
+                                   "--block-bytes", "8192", "--progress", "none", "--log-level",
+                                   "warn", CONNECT_5S, "--precision", "bf16", "--acc-steps", k,
+                                   NULL};
+            char *outs[2];
+            run_trainers(Ts[i], ports, 2, flags, outs);
+            const long params = (long)summary_value(outs[0], "params");
+            unsigned long long total = 0;
+            for (int s = 0; s < 2; s++) {
+                unsigned long long n, per, owned;
+                long long steps;
+                pserver_casts(ps[s], &n, &steps, &per, &owned);
+                cr_log_info("T=%d K=%d pserver %d: %llu casts in %lld steps, %llu per step, owns "
+                            "%llu\n", Ts[i], Ks[j], s, n, steps, per, owned);
+                cr_assert_eq(steps, 7, "T=%d K=%d pserver %d: %lld optimizer steps", Ts[i], Ks[j],
+                             s, steps);
+                cr_assert_eq(per, owned, "T=%d K=%d pserver %d: %llu casts per step, owns %llu",
+                             Ts[i], Ks[j], s, per, owned);
+                cr_assert_eq(n, 7 * owned);
+                total += owned;
+            }
+            cr_assert_eq(total, (unsigned long long)params, "the pservers own %llu of %ld", total,
+                         params);
+            for (int t = 0; t < Ts[i]; t++)
+                free(outs[t]);
+        }
+}
+
+/* fp16 dynamic loss scaling. Trainer 1 of 2 is told (test hook) that its gradient
+ * overflowed at step 3: the pserver's vote makes BOTH skip it, nothing changes on any
+ * pserver, and both halve the scale. With --loss-scale-window 2 the scale of each step is
+ * 65536, 65536, 131072, 131072 (overflow), 65536, 65536, then 131072 at the end (GradScaler:
+ * x2 after 2 good steps, x0.5 on overflow). A run of 4 steps whose last one is skipped ends
+ * with the parameters of a run of 3 steps: the skipped step left every block as it was. */
+Test(cluster, fp16_overflow_skips_the_step_everywhere, .timeout = 240)
+{
+    char metrics[2][64];
+    char *outs[2];
+    for (int round = 0; round < 3; round++) {
+        proc *ps[2];
+        int ports[2] = {pserver_start_logging(&ps[0], "info"), pserver_start_logging(&ps[1], "info")};
+        const char *steps = round == 0 ? "6" : round == 1 ? "4" : "3";
+        for (int t = 0; t < 2; t++) {
+            snprintf(metrics[t], sizeof metrics[t], "/tmp/pst_fp16_%d_%d.jsonl", (int)getpid(), t);
+            unlink(metrics[t]);
+        }
+        /* trainer-specific flags through the environment (run_trainers shares argv) */
+        const char *flags[] = {"--hidden", "48", "--batch", "64", "--steps", steps, "--seed", "4",
+                               "--block-bytes", "8192", "--progress", "none", "--log-level",
+                               "warn", CONNECT_5S, "--precision", "fp16",
+                               "--loss-scale-window", "2", NULL};
+        char pservers[96], ids[2][32], ovf[2][48], met[2][96];
+        snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d,127.0.0.1:%d", ports[0],
+                 ports[1]);
+        const char *head[] = {TRAINER, NULL};
+        const char *argv[64];
+        join_argv(argv, 64, head, flags);
+        proc *tr[2];
+        for (int t = 0; t < 2; t++) {
+            snprintf(ids[t], sizeof ids[t], "PSTRAIN_TRAINER_ID=%d", t);
+            snprintf(ovf[t], sizeof ovf[t], "PSTRAIN_TEST_OVERFLOW=%d", round < 2 && t == 1 ? 3 : -1);
+            snprintf(met[t], sizeof met[t], "PSTRAIN_METRICS=%s", metrics[t]);
+            const char *env[] = {pservers, "PSTRAIN_TRAINERS=2", ids[t], ovf[t], met[t], NULL};
+            tr[t] = proc_start(argv, env);
+        }
+        for (int t = 0; t < 2; t++) {
+            int done = proc_wait(tr[t], RUN_WAIT_MS);
+            char *err = slurp(tr[t]->err_path);
+            cr_assert(done && WIFEXITED(tr[t]->status) && WEXITSTATUS(tr[t]->status) == 0,
+                      "round %d trainer %d failed; stderr:\n%s", round, t, err);
+            free(err);
+            outs[t] = slurp(tr[t]->out_path);
+        }
+        long long want_steps = round == 0 ? 5 : 3;
+        for (int s = 0; s < 2; s++) {
+            unsigned long long n, per, owned;
+            long long st;
+            pserver_casts(ps[s], &n, &st, &per, &owned);
+            cr_assert_eq(st, want_steps, "round %d pserver %d: %lld optimizer steps, want %lld",
+                         round, s, st, want_steps);
+            cr_assert_eq(n, (unsigned long long)want_steps * owned, "round %d pserver %d", round, s);
+        }
+        param_hash h0 = summary_hash(outs[0]), h1 = summary_hash(outs[1]);
+        cr_assert_str_eq(h0.hex, h1.hex, "round %d: the trainers disagree", round);
+        if (round == 0) {
+            for (int t = 0; t < 2; t++) {
+                cr_assert_eq((long)summary_value(outs[t], "skipped_steps"), 1, "trainer %d", t);
+                cr_assert_eq(summary_value(outs[t], "loss_scale"), 131072.0, "trainer %d", t);
+                char *m = slurp(metrics[t]);
+                const double want[6] = {65536, 65536, 131072, 131072, 65536, 65536};
+                const char *q = m;
+                for (int k = 0; k < 6; k++) {
+                    q = strstr(q, "\"event\":\"step\"");
+                    cr_assert_not_null(q, "trainer %d: no metrics line for step %d:\n%s", t, k, m);
+                    const char *ls = strstr(q, "\"loss_scale\":"), *sk = strstr(q, "\"skipped\":");
+                    cr_assert(ls && sk, "step %d: %s", k, q);
+                    cr_assert_eq(strtod(ls + 13, NULL), want[k], "trainer %d step %d scale", t, k);
+                    cr_assert_eq(atoi(sk + 10), k == 3, "trainer %d step %d skipped", t, k);
+                    q = sk;
+                }
+                free(m);
+            }
+        }
+        static param_hash four;
+        if (round == 1)
+            four = h0;
+        if (round == 2)
+            cr_assert_str_eq(four.hex, h0.hex, "4 steps with the last skipped %s != 3 steps %s",
+                             four.hex, h0.hex);
+        for (int t = 0; t < 2; t++) {
+            free(outs[t]);
+            unlink(metrics[t]);
+        }
+    }
+}
+
 Test(cluster, same_seed_same_summary)
 {
     const char *argv[] = {TRAINER, "--hidden", "32", "--batch", "64", "--steps", "30", "--seed",
@@ -756,7 +969,7 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
         dc.n = 0;
         for (int k = 0; k < WNB; k++) {
             int b = order[k];
-            cr_assert_eq(tr_remote_exchange(r, b, step, grads + b * WLEN, params + b * WLEN,
+            cr_assert_eq(tr_remote_exchange(r, b, step, grads + b * WLEN, 1.0f, params + b * WLEN,
                                             count_done, &dc), PST_OK);
         }
         double queued = pst_clock_s();

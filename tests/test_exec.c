@@ -44,6 +44,9 @@ static void batch_of(int s, int B, float *x, int32_t *y)
 static const char *compute_cpus = ""; /* --compute-cpus of the runs below */
 static int cpu_replicas;              /* --cpu-replicas of the runs below */
 static int exec_threads = 2;          /* threads per device */
+static pst_dtype precision = PST_F32; /* --precision of the runs below */
+static int acc_steps = 1;             /* --acc-steps of the runs below */
+static size_t param_bytes;            /* tr_exec_param_bytes of the last run */
 
 static const char *no_env(const char *name)
 {
@@ -63,6 +66,8 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cfg.jitter_seed = jitter_seed;
     cfg.jitter_us = jitter_us;
     cfg.cpu_replicas = cpu_replicas;
+    cfg.precision = cfg.grad_dtype = precision;
+    cfg.acc_steps = acc_steps;
     if (*compute_cpus) { /* parsed as the trainer parses it */
         pst_config pinned;
         const char *argv[] = {"test", "--compute-cpus", compute_cpus};
@@ -101,8 +106,10 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cr_assert_eq(tr_exec_params(ex, p), PST_OK);
     if (acc_out)
         cr_assert_eq(tr_exec_evaluate(ex, &test_set, acc_out), PST_OK, "%s", pst_error_detail());
-    for (int d = 0; d < pst_runtime_count(rt); d++)
-        cr_assert_gt(tr_exec_peak_bytes(ex, d), n * 2 * sizeof(float), "device %d peak", d);
+    param_bytes = tr_exec_param_bytes(ex);
+    for (int d = 0; d < pst_runtime_count(rt); d++) /* parameters + fp32 gradients */
+        cr_assert_gt(tr_exec_peak_bytes(ex, d), n * (pst_dtype_size(precision) + sizeof(float)),
+                     "device %d peak", d);
     tr_exec_free(ex);
     tr_link_free(link);
     tr_plan_free(&plan);
@@ -199,6 +206,89 @@ Test(exec, replicas_equal_shared_under_delays, .timeout = 300)
         free(p);
     }
     free(ref);
+}
+
+/* --acc-steps K: the step's rows in K micro-batches whose fp32 gradients accumulate on the
+ * device, one push per block per step. Not bit for bit (a sum of K partial GEMMs rounds
+ * otherwise than one), within 1e-6 relative, on 1 and 2 devices. */
+Test(exec, micro_batches_1_2_4_equal_within_1e6, .timeout = 120)
+{
+    size_t n, m;
+    double acc;
+    float *ref = train("cpu:1", 1, 0, 0, 40, &n, NULL);
+    const int ks[] = {2, 4};
+    for (int i = 0; i < 2; i++)
+        for (int dv = 0; dv < 2; dv++) {
+            acc_steps = ks[i];
+            float *p = train(dv ? "cpu:2" : "cpu:1", 1, 0, 0, 40, &m, dv ? NULL : &acc);
+            acc_steps = 1;
+            cr_assert_eq(n, m);
+            double a = l2(ref, n), b = l2(p, m);
+            cr_log_info("acc-steps %d cpu:%d: param_l2 %.9g vs %.9g (rel %.3g)\n", ks[i],
+                        dv + 1, b, a, fabs(b - a) / a);
+            cr_assert_leq(fabs(b - a) / a, 1e-6, "acc-steps %d cpu:%d: %.9g vs %.9g", ks[i],
+                          dv + 1, b, a);
+            for (size_t j = 0; j < n; j++)
+                cr_assert_leq(fabs(p[j] - ref[j]), 1e-5 + 1e-4 * fabs(ref[j]), "param %zu", j);
+            if (!dv)
+                cr_assert_gt(acc, 0.3, "acc-steps %d did not learn (%.3f)", ks[i], acc);
+            free(p);
+        }
+    free(ref);
+}
+
+/* bf16 and fp16 parameters: the devices hold 2 bytes per parameter (the values are exactly
+ * the dtype's: every one survives a round trip through it), the run learns, ends near the
+ * fp32 run, and every schedule (devices sharing one copy or each its own, overlap on or
+ * off, micro-batches) gives the same bits, since the casts and the fp32 sums are the same. */
+Test(exec, low_precision_two_bytes_and_schedules_agree, .timeout = 240)
+{
+    size_t n, m;
+    float *f32 = train("cpu:1", 1, 0, 0, 40, &n, NULL);
+    cr_assert_eq(param_bytes, n * sizeof(float));
+    const pst_dtype dts[] = {PST_BF16, PST_F16};
+    for (int t = 0; t < 2; t++) {
+        precision = dts[t];
+        double acc;
+        float *p = train("cpu:2", 1, 0, 0, 40, &m, &acc);
+        cr_assert_eq(n, m);
+        cr_assert_eq(param_bytes, n * 2, "%s: %zu parameter bytes for %zu parameters",
+                     pst_dtype_name(precision), param_bytes, n);
+        double a = l2(f32, n), b = l2(p, n);
+        cr_log_info("%s: param_l2 %.9g vs fp32 %.9g, test_acc %.4f\n", pst_dtype_name(precision),
+                    b, a, acc);
+        cr_assert_gt(acc, 0.3, "%s did not learn (%.3f)", pst_dtype_name(precision), acc);
+        cr_assert_leq(fabs(b - a) / a, 2e-2, "%s: param_l2 %.9g vs fp32 %.9g",
+                      pst_dtype_name(precision), b, a);
+        uint16_t h;
+        for (size_t j = 0; j < n; j++) {
+            pst_cast(&h, precision, &p[j], PST_F32, 1);
+            float back;
+            pst_cast(&back, PST_F32, &h, precision, 1);
+            cr_assert_eq(back, p[j], "param %zu = %.9g is not a %s value", j, (double)p[j],
+                         pst_dtype_name(precision));
+        }
+        cpu_replicas = 1; /* the staging + broadcast of 2-byte values */
+        float *r = train("cpu:2", 0, 0, 0, 40, &m, NULL);
+        cpu_replicas = 0;
+        cr_assert_eq(memcmp(p, r, n * sizeof(float)), 0, "%s: replicas changed the bits",
+                     pst_dtype_name(precision));
+        float *j = train("cpu:2", 1, 5, 200, 40, &m, NULL);
+        cr_assert_eq(memcmp(p, j, n * sizeof(float)), 0, "%s: stream delays changed the bits",
+                     pst_dtype_name(precision));
+        acc_steps = 2;
+        float *k = train("cpu:2", 1, 0, 0, 40, &m, NULL);
+        acc_steps = 1;
+        double c = l2(k, n);
+        cr_assert_leq(fabs(c - b) / b, 1e-3, "%s: acc-steps 2 param_l2 %.9g vs %.9g",
+                      pst_dtype_name(precision), c, b);
+        free(p);
+        free(r);
+        free(j);
+        free(k);
+    }
+    precision = PST_F32;
+    free(f32);
 }
 
 Test(exec, fewer_rows_than_devices, .timeout = 120)

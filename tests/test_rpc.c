@@ -944,13 +944,18 @@ Test(rpc, deadline_on_deferred_call, .timeout = 30)
               b.first_error);
     cr_assert(strstr(b.first_error, sp.addr) != NULL, "%s", b.first_error);
     cr_assert(strstr(b.first_error, "200 ms") != NULL, "%s", b.first_error);
-    cr_assert(secs > 0.15 && secs < 0.65, "timed out after %.2f s", secs);
+    /* bounded, and not before the deadline; the upper bound is loose: a loaded machine */
+    cr_assert(secs > 0.15 && secs < 3.0, "timed out after %.2f s", secs);
     cr_log_info("deadline: %s", b.first_error);
     free(a.pulled);
-    /* The server answers the cancelled call later (reply dropped) and keeps serving. */
-    usleep(800 * 1000);
+    /* The server answers the cancelled call later (reply dropped) and keeps serving. It
+     * learns of the cancellation asynchronously: asked until it has, for up to 10 s (a
+     * loaded machine can take longer than the 0.8 s it usually needs). */
     int64_t seen = -1;
-    cr_assert_eq(call_init(cl, 999, 0, &seen), PST_OK, "%s", pst_error_detail());
+    for (int tries = 0; tries < 100 && seen != 1; tries++) {
+        usleep(100 * 1000);
+        cr_assert_eq(call_init(cl, 999, 0, &seen), PST_OK, "%s", pst_error_detail());
+    }
     cr_assert_eq(seen, 1, "the server saw the deferred call cancelled (rpc_call_cancelled)");
     finish_server(&sp, cl);
 }

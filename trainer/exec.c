@@ -33,6 +33,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,7 +55,8 @@ typedef struct exec_block exec_block;
 typedef struct exec_slot {
     exec_block *eb;
     long step;
-    float *dst;  /* where the pull lands */
+    float scale; /* the loss scale the gradient carries (1: none) */
+    void *dst;   /* where the pull lands (elements of the precision's dtype) */
 } exec_slot;
 
 typedef struct exec_dev {
@@ -62,7 +64,12 @@ typedef struct exec_dev {
     pst_device *dev;
     pst_stream *compute, *send, *recv;
     pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
-    float *params, *grads;        /* (nparams) the flat buffers; params shared on CPU */
+    void *params;                 /* (nparams) of the precision's dtype; shared on CPU */
+    float *grads;                 /* (nparams) fp32, micro-batches accumulate in it */
+    float *wbuf;                  /* bf16/fp16: (widest layer's tensors) fp32 values of the
+                                   * layer being computed, cast from params before each use */
+    pst_cast_args *casts;         /* (L * PST_LAYER_MAX_TENSORS) those casts, by layer */
+    int accumulate;               /* the layers are bound to add to the gradients */
     float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */
     float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
     void **inst;                  /* (L) the layers' op arguments on this device */
@@ -84,10 +91,11 @@ struct exec_block {
     int index;
     const tr_block *b;
     int lmin;                     /* lowest layer that names the block's parameters */
-    float **gbufs, **pbufs;       /* (D) grads / params + offset on every device */
+    float **gbufs;                /* (D) grads + offset on every device */
+    void **pbufs;                 /* (D) params + offset on every device */
     pst_event *sent;              /* owner's send stream: the exchange started (or failed) */
     float *hgrad;                 /* push staging when device memory is not host memory */
-    float *hparam;                /* pull staging (replicas, unless updated in place) */
+    void *hparam;                 /* pull staging (replicas, unless updated in place) */
     exec_slot slot[2];            /* by step parity */
     pst_rng jitter;               /* test hook: delay before each exchange */
     long step;                    /* of the exchange in flight (set when it starts) */
@@ -108,11 +116,26 @@ typedef struct exec_chunk {
 struct tr_exec {
     tr_exec_config c;
     const pst_model *model;
-    int in_place;                  /* the link updates the shared weights itself (local, CPU) */
+    int direct;                    /* the in-process link's update lands in the shared weights
+                                    * (training alone on CPU), after backward read them */
+    int in_place;                  /* the link updates the shared weights itself (direct,
+                                    * fp32) */
+    pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
+    size_t psize;                  /* its bytes */
+    int lowp;                      /* pdt is bf16 or fp16: layers compute from wbuf */
+    int K;                         /* micro-batches per step (--acc-steps) */
+    /* fp16 dynamic loss scaling (PyTorch GradScaler's rule) */
+    int scaler;                    /* precision f16 */
+    float loss_scale;              /* of the next step (1 without the scaler) */
+    long good_steps;               /* steps since the last overflow or growth */
+    long skipped;                  /* steps skipped for overflow */
+    int last_skip;                 /* the last step was skipped */
+    atomic_int overflow;           /* a block of this step overflowed (check_overflow) */
+    long applied;                  /* updates made: the exchanges' step numbers */
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
-    float *pbuf[2];                /* shared copy with pservers: by step parity (see DESIGN) */
+    void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
     int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
     const tr_plan *plan;
@@ -128,6 +151,7 @@ struct tr_exec {
     pst_comm *reduce_comm, *bcast_comm;
     pst_stream **send_streams, **recv_streams;
     float *host_params;            /* (nparams) */
+    void *host_lowp;               /* (nparams) of pdt when lowp: start and tr_exec_params */
     float *host_losses;            /* (max_batch) */
     int max_batch;
     cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
@@ -185,8 +209,8 @@ static void bind_layers(tr_exec *ex, exec_dev *d)
 {
     const pst_model *m = ex->model;
     for (int l = 0; l < ex->L; l++) {
-        const pst_layer_io io = {
-            .pool = d->pool, .params = d->params, .grads = d->grads,
+        pst_layer_io io = {
+            .pool = d->pool, .grads = d->grads, .accumulate = d->accumulate,
             .in = l ? d->acts[l - 1] : m->in_tokens ? NULL : d->x, .out = d->acts[l],
             .tokens = !l && m->in_tokens ? (const int32_t *)(const void *)d->x : NULL,
             .dout = l + 1 < ex->L ? d->dbuf[(ex->L - 2 - l) & 1] : NULL,
@@ -194,8 +218,37 @@ static void bind_layers(tr_exec *ex, exec_dev *d)
             .targets = d->y, .losses = d->losses, .correct = d->correct,
             .save = d->save[l], .work = d->work[l], .scratch = d->scratch[l],
             .max_batch = ex->max_batch};
-        m->layers[l].cls->bind(d->inst[l], m, l, &io);
+        const pst_layer *ly = &m->layers[l];
+        if (!ex->lowp) {
+            pst_layer_io_point(&io, m, l, d->params);
+        } else {
+            /* The layer's tensors packed in wbuf, each cast there before the layer runs. */
+            size_t at = 0;
+            for (int k = 0; k < ly->ntensors; k++) {
+                const pst_tensor *t = &m->tensors[ly->tensor[k]];
+                io.w[k] = d->wbuf + at;
+                d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
+                    .dst = d->wbuf + at, .dt = PST_F32,
+                    .src = (const char *)d->params + t->offset * ex->psize, .st = ex->pdt,
+                    .n = t->numel, .pool = d->pool};
+                at += t->numel;
+            }
+        }
+        ly->cls->bind(d->inst[l], m, l, &io);
     }
+}
+
+/* bf16/fp16: queues on s the casts of layer l's tensors into the device's fp32 scratch
+ * (before its forward, and again before its backward: the other layers used the scratch
+ * in between). One cast per tensor per use: the trainer keeps no fp32 copy. */
+static pst_status enqueue_weights(tr_exec *ex, exec_dev *d, pst_stream *s, int l)
+{
+    const pst_layer *ly = &ex->model->layers[l];
+    if (!ex->lowp || ly->cls->weights_unread)
+        return PST_OK;
+    for (int k = 0; k < ly->ntensors; k++)
+        PST_TRY(pst_op_cast(s, &d->casts[l * PST_LAYER_MAX_TENSORS + k]));
+    return PST_OK;
 }
 
 /* Whether block b's parameters that layer ly names all lie in its first tensor, and where
@@ -317,7 +370,20 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     if (share_params)
         d->params = ex->devs[0].params; /* not freed through this device */
     else
-        PST_TRY(alloc_dev(d->dev, sizeof(float) * n, (void **)&d->params));
+        PST_TRY(alloc_dev(d->dev, ex->psize * n, &d->params));
+    if (ex->lowp) {
+        size_t widest_layer = 1;
+        for (int l = 0; l < ex->L; l++) {
+            size_t numel = 0;
+            for (int k = 0; k < m->layers[l].ntensors; k++)
+                numel += m->tensors[m->layers[l].tensor[k]].numel;
+            if (!m->layers[l].cls->weights_unread && numel > widest_layer)
+                widest_layer = numel;
+        }
+        PST_TRY(alloc_dev(d->dev, sizeof(float) * widest_layer, (void **)&d->wbuf));
+        if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
+            return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    }
     PST_TRY(alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
     PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
@@ -364,16 +430,25 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->L = c->model->nlayers;
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
-    /* In place only on the shared CPU copy: with replicas (--cpu-replicas 1, as on GPUs) the
-     * new values go through host staging, are copied to the owner and broadcast. */
-    ex->in_place = c->link->in_process && ex->shared;
+    ex->pdt = c->cfg->precision;
+    ex->psize = pst_dtype_size(ex->pdt);
+    ex->lowp = ex->pdt != PST_F32;
+    ex->K = c->cfg->acc_steps > 0 ? c->cfg->acc_steps : 1;
+    ex->scaler = ex->pdt == PST_F16;
+    ex->loss_scale = ex->scaler ? c->cfg->loss_scale : 1.0f;
+    /* In place only on the shared CPU copy in fp32: with replicas (--cpu-replicas 1, as on
+     * GPUs) the new values go through host staging, are copied to the owner and broadcast;
+     * in bf16/fp16 the store's master is fp32 and the devices hold its low-precision copy. */
+    ex->direct = c->link->in_process && ex->shared;
+    ex->in_place = ex->direct && !ex->lowp;
     if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", D,
                              PST_DEVICE_MAX_COUNT);
     }
-    int per_dev = (c->max_rows + ex->D - 1) / ex->D;
+    const int per_micro = (c->max_rows + ex->K - 1) / ex->K; /* rows of one micro-batch */
+    int per_dev = (per_micro + ex->D - 1) / ex->D;
     ex->max_batch = per_dev > c->eval_rows ? per_dev : c->eval_rows;
     ex->devs = calloc((size_t)ex->D, sizeof *ex->devs);
     ex->send_streams = calloc((size_t)ex->D, sizeof *ex->send_streams);
@@ -410,8 +485,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     }
     size_t n = ex->model->nparams;
     ex->pbuf[0] = ex->devs[0].params;
-    if (ex->shared && !ex->in_place &&
-        (st = alloc_dev(ex->devs[0].dev, sizeof(float) * n, (void **)&ex->pbuf[1])) != PST_OK)
+    if (ex->shared && !ex->direct &&
+        (st = alloc_dev(ex->devs[0].dev, ex->psize * n, &ex->pbuf[1])) != PST_OK)
         goto error;
     ex->plan = c->link->plan;
     if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
@@ -429,9 +504,10 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     ex->layer_blocks = calloc((size_t)ex->L * (size_t)nb, sizeof(int));
     ex->layer_blocks0 = calloc((size_t)ex->L + 1, sizeof(int));
     ex->host_params = malloc(sizeof(float) * n);
+    ex->host_lowp = ex->lowp ? malloc(ex->psize * n) : NULL;
     ex->host_losses = malloc(sizeof(float) * (size_t)ex->max_batch);
     if (!ex->blocks || !ex->homes || !ex->layer_blocks || !ex->layer_blocks0 || !ex->host_params ||
-        !ex->host_losses) {
+        !ex->host_losses || (ex->lowp && !ex->host_lowp)) {
         st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         goto error;
     }
@@ -482,20 +558,20 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         eb->b = &ex->plan->blocks[b];
         pst_rng_seed(&eb->jitter, c->cfg->jitter_seed, 7000 + (uint64_t)b);
         eb->gbufs = calloc((size_t)ex->D, sizeof(float *));
-        eb->pbufs = calloc((size_t)ex->D, sizeof(float *));
+        eb->pbufs = calloc((size_t)ex->D, sizeof(void *));
         if (!eb->gbufs || !eb->pbufs) {
             st = pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
             goto error;
         }
         for (int i = 0; i < ex->D; i++) {
             eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
-            eb->pbufs[i] = ex->devs[i].params + eb->b->offset;
+            eb->pbufs[i] = (char *)ex->devs[i].params + eb->b->offset * ex->psize;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
         if ((st = pst_event_create(owner->dev, &eb->sent)) != PST_OK ||
             (st = pst_flag_create(owner->dev, &eb->landed)) != PST_OK)
             goto error;
-        ex->homes[b] = eb->pbufs[eb->b->owner_device];
+        ex->homes[b] = ex->lowp ? NULL : (float *)eb->pbufs[eb->b->owner_device];
         if (!ex->shared) {
             /* Pulls land in host staging (unless the update is made in place): a pull may
              * come back while backward still reads the block's weights (dinp), so it is
@@ -505,8 +581,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
                  (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
                                              (void **)&eb->hgrad)) != PST_OK) ||
                 (!ex->in_place &&
-                 (st = pst_device_alloc_host(owner->dev, sizeof(float) * eb->b->length,
-                                             (void **)&eb->hparam)) != PST_OK))
+                 (st = pst_device_alloc_host(owner->dev, ex->psize * eb->b->length,
+                                             &eb->hparam)) != PST_OK))
                 goto error;
         }
     }
@@ -578,9 +654,10 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->losses);
             pst_device_free(d->dev, d->correct);
             /* shared: device 0 owns pbuf[0] (params may point at pbuf[1] by now) */
-            float *own = !ex->shared ? d->params : i ? NULL : ex->pbuf[0] ? ex->pbuf[0] : d->params;
+            void *own = !ex->shared ? d->params : i ? NULL : ex->pbuf[0] ? ex->pbuf[0] : d->params;
             pst_device_free(d->dev, own);
             pst_device_free(d->dev, d->grads);
+            pst_device_free(d->dev, d->wbuf);
             pst_device_free(d->dev, d->dbuf[0]);
             pst_device_free(d->dev, d->dbuf[1]);
             for (int l = 0; d->save && d->work && d->scratch && l < ex->L; l++) {
@@ -591,6 +668,7 @@ void tr_exec_free(tr_exec *ex)
             for (int l = 0; d->acts && l < ex->L; l++)
                 pst_device_free(d->dev, d->acts[l]);
         }
+        free(d->casts);
         free(d->acts);
         free(d->save);
         free(d->work);
@@ -609,6 +687,7 @@ void tr_exec_free(tr_exec *ex)
     free(ex->chunks);
     free(ex->layer_chunk0);
     free(ex->host_params);
+    free(ex->host_lowp);
     free(ex->host_losses);
     free(ex->devs);
     free(ex->send_streams);
@@ -690,17 +769,25 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     ex->model->init_params(ex->model, ex->host_params, seed);
     PST_TRY(ex->c.link->ops->start(ex->c.link, ex->host_params, ex->in_place ? ex->homes : NULL,
                                    ex->devs[0].pool));
+    const void *src = ex->host_params;
+    if (ex->lowp) { /* the devices start from the master's low-precision copy */
+        pst_cast(ex->host_lowp, ex->pdt, ex->host_params, PST_F32, n);
+        src = ex->host_lowp;
+    }
     for (int i = 0; i < (ex->shared ? 1 : ex->D); i++)
-        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, ex->host_params,
-                                 n * sizeof(float), PST_COPY_HOST_TO_DEVICE));
+        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, src, n * ex->psize,
+                                 PST_COPY_HOST_TO_DEVICE));
     return tr_exec_sync(ex);
 }
 
 /* ---- the step ------------------------------------------------------------------------- */
 
-static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float scale)
+/* Queues forward and backward of micro-batch `micro` of the step on device d. */
+static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, int micro, float scale)
 {
     pst_stream *s = d->compute;
+    if (d->rows == 0 && micro > 0)
+        return PST_OK; /* the gradient so far stands */
     if (d->rows == 0) {
         /* No rows here this step: a zero gradient still takes part in the reduce. The
          * previous step's reduce may still read this device's gradient; every block's
@@ -725,6 +812,7 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
         tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
+        PST_TRY(enqueue_weights(ex, d, s, l));
         PST_TRY(layers[l].cls->forward(d->inst[l], s, d->rows, scale));
         mark_end(s, sp);
     }
@@ -733,6 +821,8 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, float sca
         tr_span *sp = cls->wgrad || cls->igrad
                           ? mark_begin(ex, s, ex->tr_compute[di], "backward", step, l)
                           : NULL;
+        if (l < ex->L - 1) /* the top layer's weights are still in the scratch */
+            PST_TRY(enqueue_weights(ex, d, s, l));
         /* The weight gradient first, chunk by chunk: each block leaves as soon as its rows
          * are done, while the rest of the layer (and its input gradient) is still being
          * computed. */
@@ -785,43 +875,74 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
-    return ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad, slot->dst, exchange_done,
-                              eb);
+    return ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad, slot->scale,
+                                     slot->dst, exchange_done, eb);
 }
 
-static pst_status enqueue_send(tr_exec *ex, exec_block *eb, long step)
+/* fp16: on the owner's send stream after the reduce, whether the block's summed (scaled)
+ * gradient overflows: a value that is not finite, or that --grad-dtype f16 cannot hold. */
+static pst_status check_overflow(void *arg)
+{
+    exec_block *eb = arg;
+    tr_exec *ex = eb->ex;
+    const float *g = eb->hgrad ? eb->hgrad : ex->devs[eb->b->owner_device].grads + eb->b->offset;
+    const float most = ex->c.cfg->grad_dtype == PST_F16 ? 65504.0f : INFINITY;
+    int bad = 0;
+    for (size_t i = 0; i < eb->b->length; i++)
+        bad |= !(fabsf(g[i]) <= most); /* NaN fails too */
+    if (bad)
+        atomic_store(&ex->overflow, 1);
+    return PST_OK;
+}
+
+/* The first half of a block's send: waits for its gradient on every device, reduces it
+ * into the owner and stages it for the host. The exchange itself is send_exchange. */
+static pst_status send_reduce(tr_exec *ex, exec_block *eb, long step)
 {
     const int o = eb->b->owner_device;
     exec_dev *owner = &ex->devs[o];
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
-    tr_span *sp = mark_begin(ex, owner->send, ex->tr_send[o],
-                             ex->in_place ? "reduce+update" : "reduce+push", step, eb->index);
+    eb->send_span = mark_begin(ex, owner->send, ex->tr_send[o],
+                               ex->direct ? "reduce+update" : "reduce+push", step, eb->index);
     PST_TRY(pst_comm_reduce(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams));
-    if (ex->in_place) {
-        /* The update writes the owner's weights (every device's, when shared): backward
-         * must be done reading them. */
+    if (ex->direct) {
+        /* The update writes the owner's weights (every device's, when shared), or the
+         * store's copy lands there: backward must be done reading them. */
         for (int i = 0; i < ex->D; i++)
             if (i == o || ex->shared)
                 PST_TRY(pst_stream_wait_event(owner->send, ex->devs[i].x_done[eb->lmin]));
     }
-    exec_slot *slot = &eb->slot[step & 1];
-    slot->eb = eb;
-    slot->step = step;
-    /* In place: nowhere (the link writes the owner's weights). Shared: into the other
-     * parameter buffer, which no compute reads this step. Replicas: host staging. */
-    slot->dst = ex->in_place ? NULL
-                : ex->shared ? ex->pbuf[ex->cur ^ 1] + eb->b->offset
-                             : eb->hparam;
     if (eb->hgrad)
         PST_TRY(pst_memcpy_async(owner->send, eb->hgrad, eb->gbufs[o],
                                  eb->b->length * sizeof(float), PST_COPY_DEVICE_TO_HOST));
+    if (ex->scaler)
+        PST_TRY(pst_stream_launch(owner->send, check_overflow, eb));
+    return PST_OK;
+}
+
+/* The second half: the block's push + pull for exchange step `step` (slot by its parity). */
+static pst_status send_exchange(tr_exec *ex, exec_block *eb, long step)
+{
+    exec_dev *owner = &ex->devs[eb->b->owner_device];
+    exec_slot *slot = &eb->slot[step & 1];
+    slot->eb = eb;
+    slot->step = step;
+    slot->scale = ex->loss_scale;
+    /* In place: nowhere (the link writes the owner's weights). Direct (alone, bf16/fp16):
+     * the store's copy straight into the shared weights, backward being done with them.
+     * Shared: into the other parameter buffer, which no compute reads this step. Replicas:
+     * host staging. */
+    slot->dst = ex->in_place ? NULL
+                : ex->direct ? (char *)ex->pbuf[0] + eb->b->offset * ex->psize
+                : ex->shared ? (char *)ex->pbuf[ex->cur ^ 1] + eb->b->offset * ex->psize
+                             : eb->hparam;
     PST_TRY(pst_stream_launch(owner->send, issue_exchange, slot));
     /* Without it, a send stream that failed before starting the exchange would leave the
      * recv stream waiting for a pull that never comes; through the event the recv stream
      * takes the failure instead. */
     PST_TRY(pst_event_record(eb->sent, owner->send));
-    mark_end(owner->send, sp);
+    mark_end(owner->send, eb->send_span);
     return PST_OK;
 }
 
@@ -848,8 +969,9 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
     PST_TRY(pst_stream_wait_flag(owner->recv, eb->landed, (uint64_t)step + 1));
     if (!ex->in_place)
         PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
-                                 eb->b->length * sizeof(float), PST_COPY_HOST_TO_DEVICE));
-    PST_TRY(pst_comm_broadcast(ex->bcast_comm, eb->pbufs, eb->b->length, o, ex->recv_streams));
+                                 eb->b->length * ex->psize, PST_COPY_HOST_TO_DEVICE));
+    PST_TRY(pst_comm_broadcast_bytes(ex->bcast_comm, eb->pbufs, eb->b->length * ex->psize, o,
+                                     ex->recv_streams));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
     mark_end(owner->recv, sp);
@@ -866,49 +988,10 @@ static pst_status sync_streams(tr_exec *ex, int which)
     return PST_OK;
 }
 
-pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
-                        int global_rows, double *loss_sum)
+/* Adds the per-row losses of the devices' last compute (synchronized) to *sum, in device
+ * and row order. */
+static pst_status add_losses(tr_exec *ex, double *sum)
 {
-    const int in = ex->model->in_width;
-    const size_t tw = (size_t)ex->model->target_width;
-    const float scale = 1.0f / (float)global_rows;
-    *loss_sum = 0.0;
-    use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
-    for (int i = 0; i < ex->D; i++) {
-        exec_dev *d = &ex->devs[i];
-        int lo, hi;
-        pst_batch_part(rows, i, ex->D, &lo, &hi);
-        d->lo = lo;
-        d->rows = hi - lo;
-        if (d->rows && in)
-            PST_TRY(pst_memcpy_async(d->compute, d->x, (const float *)x + (size_t)lo * in,
-                                     sizeof(float) * (size_t)d->rows * in, PST_COPY_HOST_TO_DEVICE));
-        if (d->rows && y)
-            PST_TRY(pst_memcpy_async(d->compute, d->y, y + (size_t)lo * tw,
-                                     sizeof(int32_t) * (size_t)d->rows * tw,
-                                     PST_COPY_HOST_TO_DEVICE));
-        PST_TRY(enqueue_compute(ex, d, step, scale));
-    }
-    if (!ex->c.overlap)
-        PST_TRY(sync_streams(ex, 0));
-    /* In the order backward finishes them (the send streams are FIFO): the top layer
-     * first, each layer's chunks by ascending rows. */
-    for (int l = ex->L - 1; l >= 0; l--)
-        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
-            for (int k = 0; k < ex->chunks[c].nblk; k++)
-                PST_TRY(enqueue_send(ex, &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]],
-                                     step));
-    if (ex->pbuf[1])
-        ex->cur ^= 1; /* the pulls above land there */
-    if (!ex->c.overlap)
-        PST_TRY(sync_streams(ex, 1));
-    for (int b = 0; b < ex->plan->nblocks; b++) /* forward order: the next step needs these first */
-        PST_TRY(enqueue_recv(ex, &ex->blocks[b], step));
-    if (!ex->c.overlap)
-        PST_TRY(sync_streams(ex, 2));
-    else
-        PST_TRY(sync_streams(ex, 0));
-    /* The losses, in device and row order. */
     for (int i = 0; i < ex->D; i++) {
         exec_dev *d = &ex->devs[i];
         if (!d->rows)
@@ -921,7 +1004,115 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
             l = ex->host_losses;
         }
         for (int r = 0; r < d->rows; r++)
-            *loss_sum += l[r];
+            *sum += l[r];
+    }
+    return PST_OK;
+}
+
+/* Binds every device's layers to overwrite (0) or add to (1) the gradients; the compute
+ * streams must have passed the ops bound before. */
+static void set_accumulate(tr_exec *ex, int on)
+{
+    for (int i = 0; i < ex->D; i++)
+        if (ex->devs[i].accumulate != on) {
+            ex->devs[i].accumulate = on;
+            bind_layers(ex, &ex->devs[i]);
+        }
+}
+
+pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
+                        int global_rows, double *loss_sum)
+{
+    const int in = ex->model->in_width;
+    const size_t tw = (size_t)ex->model->target_width;
+    const size_t xrow = ex->model->in_tokens ? sizeof(int32_t) : sizeof(float);
+    /* fp16: the loss (so every gradient) times the loss scale, a power of two: exact */
+    const float scale = ex->loss_scale / (float)global_rows;
+    *loss_sum = 0.0;
+    use_newest_params(ex); /* step s-1's compute has run: nothing reads the arguments */
+    /* Micro-batches (--acc-steps K): the trainer's rows in K parts, one after the other on
+     * every device; the first overwrites the gradients, the others add to them (fp32), and
+     * the blocks leave after the last. Between two, the host waits for the compute (it
+     * reads the losses, and rebinds the layers' arguments). */
+    for (int k = 0; k < ex->K; k++) {
+        int mlo, mhi;
+        pst_batch_part(rows, k, ex->K, &mlo, &mhi);
+        if (k > 0) {
+            PST_TRY(sync_streams(ex, 0));
+            PST_TRY(add_losses(ex, loss_sum));
+            set_accumulate(ex, 1);
+        }
+        for (int i = 0; i < ex->D; i++) {
+            exec_dev *d = &ex->devs[i];
+            int lo, hi;
+            pst_batch_part(mhi - mlo, i, ex->D, &lo, &hi);
+            d->lo = mlo + lo;
+            d->rows = hi - lo;
+            if (d->rows && in)
+                PST_TRY(pst_memcpy_async(d->compute, d->x,
+                                         (const char *)x + (size_t)d->lo * in * xrow,
+                                         xrow * (size_t)d->rows * in, PST_COPY_HOST_TO_DEVICE));
+            if (d->rows && y)
+                PST_TRY(pst_memcpy_async(d->compute, d->y, y + (size_t)d->lo * tw,
+                                         sizeof(int32_t) * (size_t)d->rows * tw,
+                                         PST_COPY_HOST_TO_DEVICE));
+            PST_TRY(enqueue_compute(ex, d, step, k, scale));
+        }
+    }
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 0));
+    /* The exchanges are numbered by the updates made: a skipped step makes none. */
+    const long xs = ex->applied;
+    /* In the order backward finishes them (the send streams are FIFO): the top layer
+     * first, each layer's chunks by ascending rows. */
+    for (int l = ex->L - 1; l >= 0; l--)
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
+            for (int k = 0; k < ex->chunks[c].nblk; k++) {
+                exec_block *eb = &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]];
+                PST_TRY(send_reduce(ex, eb, xs));
+                if (!ex->scaler)
+                    PST_TRY(send_exchange(ex, eb, xs));
+            }
+    if (ex->scaler) {
+        /* fp16: every block's sum is checked, then one decision for the whole job (the
+         * link's vote: every trainer's flag, the same answer everywhere) before any block
+         * leaves; a skipped step changes nothing anywhere and halves the scale. */
+        PST_TRY(sync_streams(ex, 1));
+        int overflow = atomic_exchange(&ex->overflow, 0) || step == ex->c.cfg->test_overflow_step;
+        int skip = 0;
+        PST_TRY(ex->c.link->ops->vote(ex->c.link, step, overflow, &skip));
+        ex->last_skip = skip;
+        if (skip) {
+            ex->skipped++;
+            ex->good_steps = 0;
+            PST_TRY(sync_streams(ex, 0));
+            PST_TRY(add_losses(ex, loss_sum));
+            set_accumulate(ex, 0);
+            ex->loss_scale *= 0.5f; /* the next step's; this one's gradient is dropped */
+            return PST_OK;
+        }
+        for (int l = ex->L - 1; l >= 0; l--)
+            for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
+                for (int k = 0; k < ex->chunks[c].nblk; k++)
+                    PST_TRY(send_exchange(
+                        ex, &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]], xs));
+    }
+    if (ex->pbuf[1])
+        ex->cur ^= 1; /* the pulls above land there */
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 1));
+    for (int b = 0; b < ex->plan->nblocks; b++) /* forward order: the next step needs these first */
+        PST_TRY(enqueue_recv(ex, &ex->blocks[b], xs));
+    if (!ex->c.overlap)
+        PST_TRY(sync_streams(ex, 2));
+    else
+        PST_TRY(sync_streams(ex, 0));
+    PST_TRY(add_losses(ex, loss_sum));
+    set_accumulate(ex, 0); /* the compute has run: the next step's first micro-batch */
+    ex->applied++;
+    if (ex->scaler && ++ex->good_steps == ex->c.cfg->loss_scale_window) {
+        ex->good_steps = 0;
+        ex->loss_scale *= 2.0f; /* GradScaler's growth */
     }
     return PST_OK;
 }
@@ -945,8 +1136,10 @@ static pst_status forward_rows(tr_exec *ex, const void *x, const int32_t *y, int
                              PST_COPY_HOST_TO_DEVICE));
     PST_TRY(y ? pst_memcpy_async(s, d->y, y, ybytes, PST_COPY_HOST_TO_DEVICE)
               : pst_memset_async(s, d->y, 0, ybytes));
-    for (int k = 0; k < ex->L; k++)
+    for (int k = 0; k < ex->L; k++) {
+        PST_TRY(enqueue_weights(ex, d, s, k));
         PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));
+    }
     return PST_OK;
 }
 
@@ -1027,7 +1220,28 @@ pst_status tr_exec_params(tr_exec *ex, float *dst)
 {
     use_newest_params(ex);
     exec_dev *d = &ex->devs[0];
-    PST_TRY(pst_memcpy_async(d->compute, dst, d->params, sizeof(float) * ex->model->nparams,
-                             PST_COPY_DEVICE_TO_HOST));
-    return pst_stream_synchronize(d->compute);
+    const size_t n = ex->model->nparams;
+    PST_TRY(pst_memcpy_async(d->compute, ex->lowp ? ex->host_lowp : (void *)dst, d->params,
+                             ex->psize * n, PST_COPY_DEVICE_TO_HOST));
+    PST_TRY(pst_stream_synchronize(d->compute));
+    if (ex->lowp)
+        pst_cast(dst, PST_F32, ex->host_lowp, ex->pdt, n);
+    return PST_OK;
+}
+
+float tr_exec_loss_scale(const tr_exec *ex)
+{
+    return ex->loss_scale;
+}
+
+long tr_exec_skipped(const tr_exec *ex, int *last)
+{
+    if (last)
+        *last = ex->last_skip;
+    return ex->skipped;
+}
+
+size_t tr_exec_param_bytes(const tr_exec *ex)
+{
+    return ex->psize * ex->model->nparams;
 }

@@ -49,7 +49,7 @@ size_t tr_exec_nparams(const tr_exec *ex);
 /* Initial parameters from `seed` on every device, through the link's start (the pservers:
  * Init, then everyone pulls trainer 0's values). */
 pst_status tr_exec_start(tr_exec *ex, uint64_t seed);
-/* Queues step `step` over rows x (rows, in_width: floats, or int32 token ids when the model
+/* Queues step `step` (0, 1, 2, ... in order) over rows x (rows, in_width: floats, or int32 token ids when the model
  * has in_tokens) and y (rows, target_width) in host memory, this trainer's
  * share of a global batch of `global_rows`; returns when the step's compute has run (its
  * communication may still be running), with the sum of the rows' losses. */
@@ -68,8 +68,16 @@ pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int 
 pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs);
 /* Test accuracy on device 0 (call after tr_exec_sync). */
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
-/* L2 norm of device 0's parameters and a copy of them (after tr_exec_sync). */
+/* A copy of device 0's parameters as f32 (after tr_exec_sync). */
 pst_status tr_exec_params(tr_exec *ex, float *dst);
 size_t tr_exec_peak_bytes(const tr_exec *ex, int device);
+/* fp16: the loss scale of the next step (GradScaler's rule: --loss-scale to start, x2
+ * after --loss-scale-window steps without overflow, x0.5 on overflow); 1 otherwise. */
+float tr_exec_loss_scale(const tr_exec *ex);
+/* Steps skipped because some trainer's fp16 gradient overflowed (every pserver and trainer
+ * skipped them: no block changed); *last (may be NULL): whether the last step was one. */
+long tr_exec_skipped(const tr_exec *ex, int *last);
+/* Bytes of one device's parameter copy: nparams x the precision's size (2 in bf16/fp16). */
+size_t tr_exec_param_bytes(const tr_exec *ex);
 
 #endif /* TR_EXEC_H */

@@ -32,16 +32,25 @@ typedef struct tr_exchange_times {
 
 typedef struct tr_link_ops {
     /* Makes every trainer start from the same parameters: params holds this trainer's
-     * initial values and, on return, the job's (trainer 0's). homes (may be NULL): per
+     * initial values and, on return, the job's (trainer 0's), in f32. homes (may be NULL,
+     * and is NULL unless the precision is f32): per
      * block, host-addressable memory that holds the block's values on its owner device;
      * an in-process link then keeps its master values there and writes each update in
      * place (the exchange's dst is not written). pool (may be NULL): threads an
      * in-process update may split over. Blocking. */
     pst_status (*start)(tr_link *l, float *params, float *const *homes, struct pst_pool *pool);
-    /* Starts the exchange of block b for step `step`: grad[0..len) is kept alive and
-     * unchanged until done runs; the new values land in dst[0..len). */
-    pst_status (*exchange)(tr_link *l, int b, long step, const float *grad, float *dst,
-                           tr_exchange_fn done, void *arg);
+    /* Starts the exchange of block b for step `step`: grad[0..len) (f32, the sum of the
+     * trainer's devices) is kept alive and unchanged until done runs; it travels as
+     * --grad-dtype, scaled by `scale` (fp16 loss scaling: a power of two the update divides
+     * out; 1 otherwise). The new values land in dst[0..len) in the job's precision (f32, or
+     * bf16/f16 from the pserver's copy, cast once per update). */
+    pst_status (*exchange)(tr_link *l, int b, long step, const float *grad, float scale,
+                           void *dst, tr_exchange_fn done, void *arg);
+    /* fp16 loss scaling: this trainer's gradient of (0-based) `step` overflowed or not;
+     * *skip is set to whether ANY trainer's did, the same answer for every trainer, so the
+     * step is skipped everywhere (no block exchanged, nothing updated). Blocking, with a
+     * deadline. */
+    pst_status (*vote)(tr_link *l, long step, int overflow, int *skip);
     void (*times)(const tr_link *l, int b, tr_exchange_times *out);
     /* Ends the job on the link's side (Finish on every pserver). */
     pst_status (*finish)(tr_link *l);

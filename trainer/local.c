@@ -9,7 +9,9 @@
 
 typedef struct local_block {
     ps_pull_waiter waiter;
-    float *dst;               /* where the exchange's values go (NULL: in place) */
+    void *dst;                /* where the exchange's values go (NULL: in place), in the
+                               * precision's dtype */
+    size_t elem;              /* bytes per element of dst */
     tr_exchange_times times;
 } local_block;
 
@@ -33,7 +35,8 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
                                    .length = p->blocks[b].length};
     const ps_store_config sc = {.mode = PST_MODE_SYNC, .num_trainers = 1,
                                 .optim = lk->cfg->optim, .blocks = specs,
-                                .nblocks = p->nblocks, .values = homes, .pool = pool};
+                                .nblocks = p->nblocks, .values = homes, .pool = pool,
+                                .lowp = lk->cfg->precision};
     /* The blocks tile the buffer in order, so params is the concatenation the store wants;
      * with homes the values are already there (the executor put them). */
     pst_status st = ps_store_init(&lk->store, &sc, homes ? NULL : params);
@@ -41,34 +44,82 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
     return st;
 }
 
-static void local_pulled(void *arg, pst_status st, const float *values, uint64_t length,
-                         int64_t version)
+static void local_pulled(void *arg, pst_status st, const float *values, const void *lowp,
+                         uint64_t length, int64_t version)
 {
     (void)version;
     local_block *lb = arg;
-    if (st == PST_OK && lb->dst && lb->dst != values)
-        memcpy(lb->dst, values, (size_t)length * sizeof(float));
+    const void *src = lowp ? lowp : (const void *)values; /* bf16/f16: the store's copy */
+    if (st == PST_OK && lb->dst && lb->dst != src)
+        memcpy(lb->dst, src, (size_t)length * lb->elem);
 }
 
-static pst_status local_exchange(tr_link *l, int b, long step, const float *grad, float *dst,
-                                 tr_exchange_fn done, void *arg)
+typedef struct rounding_fill {
+    const float *grad;
+    pst_dtype dtype;
+    float inv_scale;
+} rounding_fill;
+
+/* A ps_fill_fn: the gradient's piece as a pserver receives it: rounded to f.dtype and
+ * back, then divided by the loss scale (pserver/service.c does the same). */
+static pst_status fill_rounded(void *arg, float *dst, uint64_t first, uint64_t length)
+{
+    const rounding_fill *f = arg;
+    const float *g = f->grad + first;
+    if (f->dtype == PST_F32) {
+        memcpy(dst, g, length * sizeof(float));
+    } else {
+        uint16_t wire[2048]; /* as the wire holds it, a piece at a time */
+        for (uint64_t i = 0; i < length; i += 2048) {
+            const size_t k = length - i < 2048 ? (size_t)(length - i) : 2048;
+            pst_cast(wire, f->dtype, g + i, PST_F32, k);
+            pst_cast(dst + i, PST_F32, wire, f->dtype, k);
+        }
+    }
+    if (f->inv_scale != 1.0f)
+        for (uint64_t i = 0; i < length; i++)
+            dst[i] *= f->inv_scale;
+    return PST_OK;
+}
+
+static pst_status local_exchange(tr_link *l, int b, long step, const float *grad, float scale,
+                                 void *dst, tr_exchange_fn done, void *arg)
 {
     tr_local *lk = (tr_local *)l;
     local_block *lb = &lk->blocks[b];
     const tr_block *blk = &l->plan->blocks[b];
     int duplicate = 0;
     lb->times.push_start = pst_clock_s();
-    pst_status st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, &duplicate);
+    pst_status st;
+    if (lk->cfg->grad_dtype != PST_F32 || scale != 1.0f) {
+        /* Rounded to --grad-dtype as the wire would, so training alone equals one trainer
+         * with pservers bit for bit. */
+        rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype,
+                           .inv_scale = 1.0f / scale};
+        st = ps_store_push(lk->store, 0, step, blk->id, blk->length, fill_rounded, &f,
+                           &duplicate);
+    } else {
+        st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, &duplicate);
+    }
     lb->times.push_end = lb->times.pull_start = pst_clock_s();
     if (st == PST_OK && duplicate) /* one pusher, one push per step: cannot happen */
         st = pst_error_set(PST_ERR_INTERNAL, "local store: step %ld of block %d pushed twice",
                            step, b);
     lb->dst = dst;
+    lb->elem = pst_dtype_size(lk->cfg->precision);
     /* The version exists now (one trainer): answered inside the call. */
     if (st == PST_OK)
         st = ps_store_pull(lk->store, blk->id, step + 1, &lb->waiter, local_pulled, lb);
     lb->times.pull_end = pst_clock_s();
     done(arg, st, st == PST_OK ? NULL : pst_error_detail());
+    return PST_OK;
+}
+
+static pst_status local_vote(tr_link *l, long step, int overflow, int *skip)
+{
+    (void)l;
+    (void)step;
+    *skip = overflow != 0; /* one trainer: its own flag is the job's */
     return PST_OK;
 }
 
@@ -94,6 +145,7 @@ static void local_free(tr_link *l)
 static const tr_link_ops local_ops = {
     .start = local_start,
     .exchange = local_exchange,
+    .vote = local_vote,
     .times = local_times,
     .finish = local_finish,
     .free = local_free,

@@ -33,7 +33,9 @@ typedef struct block_ctx {
     Pstrain__PullRequest pull;
     /* the exchange in flight */
     atomic_int pending;
-    float *dst;
+    void *dst;          /* the values: f32 at start, the precision's dtype in a step */
+    pst_dtype dst_dtype;
+    void *wire_grad;    /* the gradient cast to --grad-dtype (NULL: pushed as f32) */
     tr_exchange_fn done;
     void *done_arg;
     pthread_mutex_t mu; /* guards err */
@@ -43,6 +45,7 @@ typedef struct block_ctx {
     /* waiting for the window */
     long step;
     const float *grad;
+    float scale;
 } block_ctx;
 
 /* One pserver's window: the exchanges in flight and those waiting. */
@@ -163,7 +166,7 @@ static void window_release(block_ctx *c)
 {
     link_sched *ls = &c->r->links[c->b->pserver];
     pthread_mutex_lock(&ls->mu);
-    ls->inflight -= c->b->length * sizeof(float);
+    ls->inflight -= c->b->length * pst_dtype_size(c->r->cfg->grad_dtype);
     pthread_mutex_unlock(&ls->mu);
     link_pump(c->r, c->b->pserver);
 }
@@ -200,7 +203,14 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
                                c->b->id, rpc_client_server(c->r->client, c->b->pserver),
                                (unsigned long long)rep->length, c->b->length);
-        if (st == PST_OK)
+        if (st == PST_OK && dt != c->dst_dtype && c->dst_dtype != PST_F32)
+            st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %s values, asked "
+                               "for %s", c->b->id, rpc_client_server(c->r->client,
+                                                                     c->b->pserver),
+                               pst_dtype_name(dt), pst_dtype_name(c->dst_dtype));
+        if (st == PST_OK && c->dst_dtype != PST_F32) /* bf16/fp16 as they came */
+            st = rpc_payload_read(payload, 0, c->dst, c->b->length * pst_dtype_size(dt));
+        else if (st == PST_OK)
             st = rpc_payload_read_f32(payload, dt, 0, c->dst, c->b->length);
         if (st != PST_OK)
             exchange_error(c, st, pst_error_detail());
@@ -210,9 +220,11 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
     exchange_step_done(c);
 }
 
+/* Pulls the block's values at `version` into c->dst, in c->dst_dtype. */
 static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
+    c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
     c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
@@ -247,11 +259,18 @@ static void exchange_start(block_ctx *c)
     const int sync = r->cfg->mode == PST_MODE_SYNC;
     const long step = c->step;
     c->push.step = step;
+    c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     c->times.push_start = pst_clock_s();
+    const void *payload = c->grad;
+    if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
+        pst_cast(c->wire_grad, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
+        payload = c->wire_grad;
+    }
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
-                                          c->grad, c->b->length * sizeof(float), push_released,
-                                          push_done, c);
+                                          payload,
+                                          c->b->length * pst_dtype_size(r->cfg->grad_dtype),
+                                          push_released, push_done, c);
     if (st != PST_OK) {
         /* The release has run; done will not: the exchange ends here. */
         exchange_error(c, st, pst_error_detail());
@@ -274,7 +293,7 @@ static void link_pump(tr_remote *r, int s)
         block_ctx *next = NULL;
         pthread_mutex_lock(&ls->mu);
         if (ls->nwaiting > 0) {
-            size_t bytes = ls->waiting[0]->b->length * sizeof(float);
+            size_t bytes = ls->waiting[0]->b->length * pst_dtype_size(r->cfg->grad_dtype);
             if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
                 next = ls->waiting[0];
                 heap_pop(ls);
@@ -288,17 +307,19 @@ static void link_pump(tr_remote *r, int s)
     }
 }
 
-pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
-                              tr_exchange_fn done, void *arg)
+pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float scale,
+                              void *dst, tr_exchange_fn done, void *arg)
 {
     if (b < 0 || b >= r->plan->nblocks)
         return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan->nblocks);
     block_ctx *c = &r->blocks[b];
     c->dst = dst;
+    c->dst_dtype = r->cfg->precision;
     c->done = done;
     c->done_arg = arg;
     c->step = step;
     c->grad = grad;
+    c->scale = scale;
     link_sched *ls = &r->links[c->b->pserver];
     pthread_mutex_lock(&ls->mu);
     heap_push(ls, c);
@@ -314,7 +335,9 @@ static uint64_t settings_fingerprint(const tr_remote *r)
     const pst_config *c = r->cfg;
     const pst_optim_config *o = &c->optim;
     uint64_t h = tr_plan_fingerprint(r->plan, 0);
-    int64_t ints[6] = {c->mode, c->trainers, o->kind, o->schedule, o->warmup_steps, o->total_steps};
+    int64_t ints[8] = {c->mode,         c->trainers,        o->kind,
+                       o->schedule,     o->warmup_steps,    o->total_steps,
+                       c->precision,    c->acc_steps};
     float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
     h = tr_fnv1a(h, ints, sizeof ints);
     return tr_fnv1a(h, floats, sizeof floats);
@@ -401,6 +424,7 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     ic->req.blocks = ic->spec_ptrs;
     ic->req.optim = &ic->optim;
     ic->req.fingerprint = fp;
+    ic->req.precision = rpc_dtype_to_wire(cfg->precision);
 }
 
 pst_status tr_remote_start(tr_remote *r, float *params)
@@ -443,6 +467,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
         c->dst = params + c->b->offset;
+        c->dst_dtype = PST_F32; /* the start's values are the master's, in f32 */
         c->done = start_pull_done;
         c->done_arg = r;
         atomic_store(&c->pending, 1);
@@ -503,10 +528,31 @@ static pst_status link_start(tr_link *l, float *params, float *const *homes,
     return tr_remote_start((tr_remote *)l, params);
 }
 
-static pst_status link_exchange(tr_link *l, int b, long step, const float *grad, float *dst,
-                                tr_exchange_fn done, void *arg)
+static pst_status link_exchange(tr_link *l, int b, long step, const float *grad, float scale,
+                                void *dst, tr_exchange_fn done, void *arg)
 {
-    return tr_remote_exchange((tr_remote *)l, b, step, grad, dst, done, arg);
+    return tr_remote_exchange((tr_remote *)l, b, step, grad, scale, dst, done, arg);
+}
+
+/* fp16: the step's vote on pserver 0, which answers once every trainer has voted. */
+static pst_status link_vote(tr_link *l, long step, int overflow, int *skip)
+{
+    tr_remote *r = (tr_remote *)l;
+    Pstrain__VoteRequest req = PSTRAIN__VOTE_REQUEST__INIT;
+    req.trainer_id = (uint32_t)r->cfg->trainer_id;
+    req.step = step;
+    req.overflow = overflow != 0;
+    rpc_message *rep = NULL;
+    PST_TRY(rpc_client_call(r->client, 0, RPC_METHOD_VOTE, &req.base, NULL, 0, &rep));
+    const Pstrain__VoteReply *vr = (const Pstrain__VoteReply *)rpc_message_header(rep);
+    pst_status st = PST_OK;
+    if (vr->step != step)
+        st = pst_error_set(PST_ERR_FORMAT, "Vote of step %ld: %s answered for step %lld", step,
+                           rpc_client_server(r->client, 0), (long long)vr->step);
+    else
+        *skip = vr->skip;
+    rpc_message_free(rep);
+    return st;
 }
 
 static void link_times(const tr_link *l, int b, tr_exchange_times *out)
@@ -527,6 +573,7 @@ static void link_free(tr_link *l)
 static const tr_link_ops remote_ops = {
     .start = link_start,
     .exchange = link_exchange,
+    .vote = link_vote,
     .times = link_times,
     .finish = link_finish,
     .free = link_free,
@@ -577,8 +624,13 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         pstrain__push_request__init(&c->push);
         c->push.trainer_id = (uint32_t)cfg->trainer_id;
         c->push.block = c->b->id;
-        c->push.dtype = PSTRAIN__DTYPE__F32;
+        c->push.dtype = rpc_dtype_to_wire(cfg->grad_dtype);
         c->push.length = c->b->length;
+        if (cfg->grad_dtype != PST_F32 &&
+            !(c->wire_grad = malloc(c->b->length * pst_dtype_size(cfg->grad_dtype)))) {
+            st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the push buffers");
+            goto error;
+        }
         pstrain__pull_request__init(&c->pull);
         c->pull.block = c->b->id;
         c->pull.dtype = PSTRAIN__DTYPE__F32;
@@ -608,8 +660,10 @@ void tr_remote_free(tr_remote *r)
     rpc_client_free(r->client);
     if (r->rpc_inited)
         rpc_global_shutdown();
-    for (int i = 0; r->blocks && i < r->plan->nblocks; i++)
+    for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
         pthread_mutex_destroy(&r->blocks[i].mu);
+        free(r->blocks[i].wire_grad);
+    }
     for (int s = 0; r->links && s < r->cfg->num_pservers; s++) {
         pthread_mutex_destroy(&r->links[s].mu);
         free(r->links[s].waiting);

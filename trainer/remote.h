@@ -32,11 +32,11 @@ tr_link *tr_remote_link(tr_remote *r);
 /* Init on every pserver with the values in params (trainer 0's are the cluster's), then
  * pulls every block's version 0 into params. Blocking. */
 pst_status tr_remote_start(tr_remote *r, float *params);
-/* Starts the exchange of block b for 0-based `step`: grad[0..len) is pushed (kept alive
- * and unchanged until done runs), the new values land in dst[0..len). done runs once,
- * after the pull. */
-pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float *dst,
-                              tr_exchange_fn done, void *arg);
+/* Starts the exchange of block b for 0-based `step`: grad[0..len) is pushed in
+ * --grad-dtype with its loss scale (kept alive and unchanged until done runs), the new
+ * values land in dst[0..len) in --precision's dtype. done runs once, after the pull. */
+pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float scale,
+                              void *dst, tr_exchange_fn done, void *arg);
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
 /* Finish on every pserver. A pserver already gone is a warning, not an error. */
 pst_status tr_remote_finish(tr_remote *r);

@@ -25,6 +25,7 @@
 #include "common/rng.h"
 #include "common/metrics.h"
 #include "common/nn/models/models.h"
+#include "common/nn/optim.h"
 #include "trainer/exec.h"
 #include "trainer/plan.h"
 #include "trainer/local.h"
@@ -286,6 +287,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             else if (is_text)
                 pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
             double t0 = pst_clock_s(), loss = 0.0;
+            const float step_scale = tr_exec_loss_scale(ex);
             if ((st = check_stop()) != PST_OK ||
                 (st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
                                    &loss)) != PST_OK)
@@ -295,8 +297,19 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             loss_n += cnt;
             step_ms[step] = 1e3 * (t1 - t0);
             epoch_samples += (size_t)len;
-            pst_metrics_write(&metrics, "step", "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f",
-                              step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step]);
+            if (cfg->precision == PST_F16) { /* the loss scale this step used, and its fate */
+                int skipped = 0;
+                tr_exec_skipped(ex, &skipped);
+                pst_metrics_write(&metrics, "step",
+                                  "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f,"
+                                  "\"loss_scale\":%.9g,\"skipped\":%d",
+                                  step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step],
+                                  (double)step_scale, skipped);
+            } else {
+                pst_metrics_write(&metrics, "step",
+                                  "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f",
+                                  step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step]);
+            }
             if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
                 t_bar = t1;
                 progress_bar(epoch + 1, epochs, (int)(b + 1), (int)nb,
@@ -343,6 +356,17 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
     for (int i = 0; i < sum->ndevices; i++)
         sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
+    sum->precision = cfg->precision;
+    sum->loss_scale = tr_exec_loss_scale(ex);
+    sum->skipped_steps = tr_exec_skipped(ex, NULL);
+    sum->param_bytes_per_device = tr_exec_param_bytes(ex);
+    /* Alone, the in-process store holds the optimizer state, and in bf16/fp16 the fp32
+     * master beside the devices' copy; with pservers the trainer holds neither. */
+    sum->optimizer_bytes_per_device =
+        cfg->num_pservers ? 0
+                          : tr_exec_nparams(ex) * sizeof(float) *
+                                ((size_t)pst_optim_state_floats(cfg->optim.kind) +
+                                 (cfg->precision != PST_F32));
     if (trace && (st = tr_trace_write(trace)) != PST_OK)
         goto error;
     st = link->ops->finish(link);
@@ -383,6 +407,13 @@ void tr_summary_print(FILE *out, const tr_summary *s)
     for (int i = 0; i < s->ndevices; i++)
         fprintf(out, "%s%zu", i ? "," : "", s->peak_bytes[i]);
     fputs("]", out);
+    fprintf(out, ",\"precision\":\"%s\",\"param_bytes_per_device\":%zu,"
+                 "\"optimizer_bytes_per_device\":%zu",
+            pst_dtype_name(s->precision), s->param_bytes_per_device,
+            s->optimizer_bytes_per_device);
+    if (s->precision == PST_F16)
+        fprintf(out, ",\"loss_scale\":%.9g,\"skipped_steps\":%ld", (double)s->loss_scale,
+                s->skipped_steps);
     if (s->text)
         fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
     fputs("}\n", out);

@@ -26,6 +26,13 @@ typedef struct tr_summary {
                             * hashes mean bit-identical parameters */
     int ndevices;
     size_t peak_bytes[PST_DEVICE_MAX_COUNT]; /* per local device */
+    pst_dtype precision;   /* of the parameters on the devices */
+    size_t param_bytes_per_device;     /* one device's parameter copy */
+    size_t optimizer_bytes_per_device; /* optimizer state (and fp32 master) the trainer
+                                        * holds: 0 with pservers; alone, the in-process
+                                        * store's (host memory, counted once) */
+    float loss_scale;      /* fp16: the dynamic loss scale at the end */
+    long skipped_steps;    /* fp16: steps skipped everywhere for an overflow */
 } tr_summary;
 
 /* Trains the model the config names (models.h) on the trainer's devices through the

@@ -114,3 +114,10 @@ void pst_model_free(pst_model *m)
     free(m->data);
     memset(m, 0, sizeof *m);
 }
+
+void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params)
+{
+    const pst_layer *ly = &m->layers[layer];
+    for (int k = 0; k < ly->ntensors; k++)
+        io->w[k] = params + m->tensors[ly->tensor[k]].offset;
+}

@@ -53,11 +53,17 @@ typedef struct pst_tensor {
 } pst_tensor;
 
 /* Where one layer instance on one device reads and writes (the executor's buffers, all
- * memory of that device). `params` changes between steps when the executor switches
- * parameter buffers; the class's bind is then called again. */
+ * memory of that device). `w` changes between steps when the executor switches parameter
+ * buffers; the class's bind is then called again. */
 typedef struct pst_layer_io {
     struct pst_pool *pool;      /* CPU: the device's thread team (NULL: the stream's thread) */
-    float *params, *grads;      /* the flat buffers */
+    const float *w[PST_LAYER_MAX_TENSORS]; /* the values of the layer's tensors, in the order
+                                 * it names them: in the flat fp32 buffer, or (bf16/fp16
+                                 * parameters) in an fp32 scratch the executor casts the
+                                 * layer's tensors into before each use */
+    float *grads;               /* the flat gradient buffer (fp32) */
+    int accumulate;             /* 1: every gradient the layer writes adds to the buffer
+                                 * (micro-batches after the first); 0: as grad_accumulate */
     const float *in;            /* (max_batch, in_width): the previous layer's output or the batch */
     const int32_t *tokens;      /* layer 0 of a model with in_tokens: the batch as token ids */
     float *out;                 /* (max_batch, out_width); NULL when out_width is 0 */
@@ -96,6 +102,9 @@ typedef struct pst_layer_class {
     /* The loss layer's predictions after a forward with scale 0: (B, target_width,
      * nclasses) probabilities in device memory. NULL: the layer has none. */
     const float *(*probs)(void *inst);
+    /* 1: no op reads the tensors' values (io->w unused): with bf16/fp16 parameters the
+     * executor casts nothing for this layer. */
+    int weights_unread;
 } pst_layer_class;
 
 typedef struct pst_layer {
@@ -143,6 +152,9 @@ pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer);
  * a split layer's first tensor has split_rows rows. Errors: PST_ERR_INVALID naming the layer. */
 pst_status pst_model_check(const pst_model *m);
 void pst_model_free(pst_model *m); /* accepts a zeroed or half-built model; zeroes it */
+
+/* Points io->w at layer `layer`'s tensors in the flat fp32 buffer `params`. */
+void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params);
 
 /* Index of the tensor named `name`, or -1. */
 int pst_model_find_tensor(const pst_model *m, const char *name);

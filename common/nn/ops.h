@@ -104,6 +104,7 @@ typedef struct pst_cast_args {
     const void *src;
     pst_dtype st;
     size_t n;
+    struct pst_pool *pool;       /* CPU only, may be NULL: split over it */
 } pst_cast_args;
 
 /* ---- sequence ops (seq_layers.h's kernels; on CPU split over `pool` where given, by rows,

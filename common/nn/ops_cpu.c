@@ -113,10 +113,20 @@ static void optim_part(void *arg, int part, int nparts)
 
 POOL_RUN(run_optim, pst_optim_args, optim_part)
 
+static void cast_part(void *arg, int part, int nparts)
+{
+    const pst_cast_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split(a->n, part, nparts, 16, &lo, &hi);
+    pst_cast((char *)a->dst + lo * pst_dtype_size(a->dt), a->dt,
+             (const char *)a->src + lo * pst_dtype_size(a->st), a->st, hi - lo);
+}
+
+/* Elementwise: split over the pool (the split changes no bit) unless too small to pay. */
 static pst_status run_cast(void *arg)
 {
     const pst_cast_args *a = arg;
-    pst_cast(a->dst, a->dt, a->src, a->st, a->n);
+    pst_pool_run(a->n >= 32768 ? a->pool : NULL, cast_part, arg);
     return PST_OK;
 }
 

@@ -78,7 +78,7 @@ const char *pst_comm_name(const pst_comm *c)
 }
 
 /* The checks every implementation relies on (collectives_impl.h). */
-static pst_status check_args(const char *what, pst_comm *c, float *const bufs[], size_t n,
+static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], size_t n,
                              int root, pst_stream *const streams[])
 {
     if (!c)
@@ -111,7 +111,7 @@ static pst_status check_args(const char *what, pst_comm *c, float *const bufs[],
 pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                            pst_stream *const streams[])
 {
-    PST_TRY(check_args("pst_comm_reduce", c, bufs, n, root, streams));
+    PST_TRY(check_args("pst_comm_reduce", c, (void *const *)bufs, n, root, streams));
     if (n == 0 || c->count == 1)
         return PST_OK; /* the sum of one buffer is itself */
     pthread_mutex_lock(&c->mu);
@@ -123,11 +123,19 @@ pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
 pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
                               pst_stream *const streams[])
 {
-    PST_TRY(check_args("pst_comm_broadcast", c, bufs, n, root, streams));
-    if (n == 0 || c->count == 1)
+    PST_TRY(check_args("pst_comm_broadcast", c, (void *const *)bufs, n, root, streams));
+    return pst_comm_broadcast_bytes(c, (void *const *)bufs, n * sizeof(float), root, streams);
+}
+
+pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t bytes, int root,
+                                    pst_stream *const streams[])
+{
+    PST_TRY(check_args("pst_comm_broadcast_bytes", c, bufs, bytes / sizeof(float), root,
+                       streams));
+    if (bytes == 0 || c->count == 1)
         return PST_OK;
     pthread_mutex_lock(&c->mu);
-    pst_status st = c->iface->broadcast(c, bufs, n, root, streams);
+    pst_status st = c->iface->broadcast(c, bufs, bytes, root, streams);
     pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -302,14 +310,14 @@ static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int ro
     return host_leave(hc, c->count, root, streams);
 }
 
-static pst_status host_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
+static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                  pst_stream *const streams[])
 {
     host_ctx *hc = c->ctx;
     PST_TRY(host_enter(hc, c->count, root, streams));
     for (int d = 0; d < c->count; d++)
         if (d != root)
-            PST_TRY(pst_memcpy_async(streams[root], bufs[d], bufs[root], n * sizeof(float),
+            PST_TRY(pst_memcpy_async(streams[root], bufs[d], bufs[root], bytes,
                                      PST_COPY_DEVICE_TO_DEVICE));
     return host_leave(hc, c->count, root, streams);
 }

@@ -59,5 +59,8 @@ pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
  * ordering rules as pst_comm_reduce. */
 pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
                               pst_stream *const streams[]);
+/* The same for `bytes` bytes of any element type (bf16/fp16 parameters). */
+pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t bytes, int root,
+                                    pst_stream *const streams[]);
 
 #endif /* PST_COLLECTIVES_H */

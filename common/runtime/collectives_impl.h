@@ -18,7 +18,8 @@ typedef struct pst_comm_iface {
     void (*free)(pst_comm *c);
     pst_status (*reduce)(pst_comm *c, float *const bufs[], size_t n, int root,
                          pst_stream *const streams[]);
-    pst_status (*broadcast)(pst_comm *c, float *const bufs[], size_t n, int root,
+    /* Copies `bytes` bytes of bufs[root] into every other device's buffer. */
+    pst_status (*broadcast)(pst_comm *c, void *const bufs[], size_t bytes, int root,
                             pst_stream *const streams[]);
 } pst_comm_iface;
 

@@ -16,14 +16,14 @@ static void embedding_bind(void *inst, const pst_model *m, int layer, const pst_
     const pst_tensor *wte = &m->tensors[ly->tensor[0]], *wpe = &m->tensors[ly->tensor[1]];
     const int V = (int)wte->shape[0], C = (int)wte->shape[1], T = (int)wpe->shape[0];
     e->fwd = (pst_embedding_fwd_args){.out = io->out, .tokens = io->tokens,
-                                      .wte = io->params + wte->offset,
-                                      .wpe = io->params + wpe->offset, .T = T, .C = C,
+                                      .wte = io->w[0],
+                                      .wpe = io->w[1], .T = T, .C = C,
                                       .pool = io->pool};
     e->bwd = (pst_embedding_bwd_args){.dwte = io->grads + wte->offset,
                                       .dwpe = io->grads + wpe->offset, .dout = io->dout,
                                       .tokens = io->tokens, .T = T, .C = C, .V = V,
-                                      .wte_accumulate = (ly->grad_accumulate & 1u) != 0,
-                                      .wpe_accumulate = (ly->grad_accumulate & 2u) != 0,
+                                      .wte_accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,
+                                      .wpe_accumulate = io->accumulate || (ly->grad_accumulate & 2u) != 0,
                                       .pool = io->pool};
 }
 

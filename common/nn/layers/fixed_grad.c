@@ -1,6 +1,7 @@
 /* fixed_grad.c — the synthetic model's layer (model.h): it computes nothing. Its weight
  * gradient is a fixed host array (the model's data) copied into the gradient buffer, so a
- * step costs only what the exchange costs; its losses are zeros. */
+ * step costs only what the exchange costs; its losses are zeros. It never reads the
+ * parameters' values. */
 #include "common/nn/model.h"
 
 typedef struct fixed_inst {
@@ -8,13 +9,15 @@ typedef struct fixed_inst {
     float *grads;
     float *losses;
     size_t n;
+    int accumulate;
 } fixed_inst;
 
 static void fixed_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
 {
     (void)layer;
     *(fixed_inst *)inst = (fixed_inst){.host_grad = m->data, .grads = io->grads,
-                                       .losses = io->losses, .n = m->nparams};
+                                       .losses = io->losses, .n = m->nparams,
+                                       .accumulate = io->accumulate};
 }
 
 static pst_status fixed_forward(void *inst, pst_stream *s, int B, float scale)
@@ -31,6 +34,9 @@ static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int
     (void)row0;
     (void)row1;
     fixed_inst *fi = inst;
+    if (fi->accumulate) /* the fixed gradient is one optimizer step's, whatever the
+                         * micro-batches: later ones leave it as it is */
+        return PST_OK;
     return pst_memcpy_async(s, fi->grads, fi->host_grad, sizeof(float) * fi->n,
                             PST_COPY_HOST_TO_DEVICE);
 }
@@ -41,4 +47,5 @@ const pst_layer_class pst_layer_fixed_grad = {
     .bind = fixed_bind,
     .forward = fixed_forward,
     .wgrad = fixed_wgrad,
+    .weights_unread = 1,
 };

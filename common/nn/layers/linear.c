@@ -18,15 +18,17 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
     const pst_layer *ly = &m->layers[layer];
     const pst_tensor *w = &m->tensors[ly->tensor[0]], *b = &m->tensors[ly->tensor[1]];
     const int OC = (int)w->shape[0], IC = (int)w->shape[1];
-    li->fwd = (pst_linear_fwd_args){.out = io->out, .inp = io->in, .w = io->params + w->offset,
-                                    .b = io->params + b->offset, .IC = IC, .OC = OC,
+    li->fwd = (pst_linear_fwd_args){.out = io->out, .inp = io->in, .w = io->w[0],
+                                    .b = io->w[1], .IC = IC, .OC = OC,
                                     .relu = (ly->flags & PST_LINEAR_RELU) != 0, .pool = io->pool};
     li->wgrad = (pst_linear_bwd_args){.dw = io->grads + w->offset, .db = io->grads + b->offset,
                                       .dout = io->dout, .inp = io->in,
-                                      .w = io->params + w->offset, .IC = IC, .OC = OC,
+                                      .w = io->w[0], .IC = IC, .OC = OC,
+                                      .accumulate = io->accumulate ||
+                                                    (ly->grad_accumulate & 3u) != 0,
                                       .pool = io->pool};
     li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,
-                                      .w = io->params + w->offset, .IC = IC, .OC = OC,
+                                      .w = io->w[0], .IC = IC, .OC = OC,
                                       .pool = io->pool};
     li->masked = io->din && (ly->flags & PST_LINEAR_MASK_INPUT);
     li->mask = (pst_relu_bwd_args){.dinp = io->din, .dout = io->din, .out = io->in};

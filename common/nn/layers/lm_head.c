@@ -30,26 +30,26 @@ static void lm_head_bind(void *inst, const pst_model *m, int layer, const pst_la
     float *dlogits = logits + NM * V, *dlnf = io->work;
     h->T = T;
     h->ln = (pst_layernorm_args){.out = lnf, .mean = mean, .rstd = rstd, .inp = io->in,
-                                 .w = io->params + lw->offset, .b = io->params + lb->offset,
+                                 .w = io->w[0], .b = io->w[1],
                                  .C = C, .pool = io->pool};
-    h->proj = (pst_linear_fwd_args){.out = logits, .inp = lnf, .w = io->params + wte->offset,
+    h->proj = (pst_linear_fwd_args){.out = logits, .inp = lnf, .w = io->w[2],
                                     .IC = C, .OC = V, .pool = io->pool};
     h->xent = (pst_xent_args){.losses = io->losses, .correct = io->correct,
                               .dlogits = dlogits, .logits = logits, .targets = io->targets,
                               .C = V, .group = T};
     h->proj_bwd = (pst_linear_bwd_args){.dinp = dlnf, .dw = io->grads + wte->offset,
                                         .dout = dlogits, .inp = lnf,
-                                        .w = io->params + wte->offset, .IC = C, .OC = V,
-                                        .accumulate = (ly->grad_accumulate & 4u) != 0,
+                                        .w = io->w[2], .IC = C, .OC = V,
+                                        .accumulate = io->accumulate || (ly->grad_accumulate & 4u) != 0,
                                         .pool = io->pool};
     h->ln_wgrad = (pst_layernorm_args){.dw = io->grads + lw->offset,
                                        .db = io->grads + lb->offset, .dout = dlnf,
-                                       .inp = io->in, .w = io->params + lw->offset,
+                                       .inp = io->in, .w = io->w[0],
                                        .saved_mean = mean, .saved_rstd = rstd, .C = C,
-                                       .accumulate = (ly->grad_accumulate & 1u) != 0,
+                                       .accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,
                                        .pool = io->pool};
     h->ln_igrad = (pst_layernorm_args){.dinp = io->din, .dout = dlnf, .inp = io->in,
-                                       .w = io->params + lw->offset, .saved_mean = mean,
+                                       .w = io->w[0], .saved_mean = mean,
                                        .saved_rstd = rstd, .C = C, .pool = io->pool};
 }
 

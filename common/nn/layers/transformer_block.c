@@ -35,9 +35,9 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     float *G[NT];
     int acc[NT];
     for (int i = 0; i < NT; i++) {
-        P[i] = io->params + m->tensors[ly->tensor[i]].offset;
+        P[i] = io->w[i];
         G[i] = io->grads + m->tensors[ly->tensor[i]].offset;
-        acc[i] = (ly->grad_accumulate >> i) & 1u;
+        acc[i] = io->accumulate || ((ly->grad_accumulate >> i) & 1u);
     }
     /* the kept activations, each (max_batch * T, width) */
     const size_t NM = (size_t)io->max_batch * (size_t)T;

@@ -78,16 +78,17 @@ static pst_status reduce_calls(const nccl_ctx *nc, int count, float *const bufs[
     return PST_OK;
 }
 
-static pst_status bcast_calls(const nccl_ctx *nc, int count, float *const bufs[], size_t n,
+/* A broadcast is a copy: bytes, whatever the element type. */
+static pst_status bcast_calls(const nccl_ctx *nc, int count, void *const bufs[], size_t bytes,
                               int root, const cudaStream_t *cs)
 {
     for (int d = 0; d < count; d++)
-        PST_CUDA_CHECK(ncclBcast(bufs[d], n, ncclFloat, root, nc->comms[d], cs[d]));
+        PST_CUDA_CHECK(ncclBcast(bufs[d], bytes, ncclUint8, root, nc->comms[d], cs[d]));
     return PST_OK;
 }
 
 /* Runs the per-device calls inside one NCCL group; the group is always closed. */
-static pst_status grouped(pst_comm *c, float *const bufs[], size_t n, int root,
+static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
                           pst_stream *const streams[], int broadcast)
 {
     cudaStream_t cs[PST_DEVICE_MAX_COUNT];
@@ -95,7 +96,7 @@ static pst_status grouped(pst_comm *c, float *const bufs[], size_t n, int root,
     PST_TRY(cuda_streams(c->count, streams, cs));
     PST_TRY(group_start());
     pst_status st = broadcast ? bcast_calls(nc, c->count, bufs, n, root, cs)
-                              : reduce_calls(nc, c->count, bufs, n, root, cs);
+                              : reduce_calls(nc, c->count, (float *const *)bufs, n, root, cs);
     if (st != PST_OK) {
         char keep[PST_DEVICE_DETAIL_MAX];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
@@ -108,13 +109,13 @@ static pst_status grouped(pst_comm *c, float *const bufs[], size_t n, int root,
 static pst_status nccl_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                               pst_stream *const streams[])
 {
-    return grouped(c, bufs, n, root, streams, 0);
+    return grouped(c, (void *const *)bufs, n, root, streams, 0);
 }
 
-static pst_status nccl_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
+static pst_status nccl_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                  pst_stream *const streams[])
 {
-    return grouped(c, bufs, n, root, streams, 1);
+    return grouped(c, bufs, bytes, root, streams, 1);
 }
 
 const pst_comm_iface pst_comm_nccl_iface = {
