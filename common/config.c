@@ -210,21 +210,24 @@ static pst_status parse_dataset(pst_config *cfg, const char *v, const char *wher
     return PST_OK;
 }
 
+static pst_status dtype_value(pst_dtype *out, const char *v, const char *where,
+                              const char *ex)
+{
+    return pst_dtype_parse(v, out) != 0 ? bad(where, v, "expected fp32, bf16 or fp16", ex)
+                                        : PST_OK;
+}
+
 static pst_status parse_precision(pst_config *cfg, const char *v, const char *where,
                                   const char *ex)
 {
-    if (pst_dtype_parse(v, &cfg->precision) != 0)
-        return bad(where, v, "expected fp32, bf16 or fp16", ex);
-    return PST_OK;
+    return dtype_value(&cfg->precision, v, where, ex);
 }
 
 static pst_status parse_grad_dtype(pst_config *cfg, const char *v, const char *where,
                                    const char *ex)
 {
-    if (pst_dtype_parse(v, &cfg->grad_dtype) != 0)
-        return bad(where, v, "expected fp32, bf16 or fp16", ex);
     cfg->grad_dtype_set = 1;
-    return PST_OK;
+    return dtype_value(&cfg->grad_dtype, v, where, ex);
 }
 
 /* A CPU list as taskset and cpusets write it: "0", "0-3", "0,2,4-7"; CPUs below 1024. */
@@ -302,7 +305,7 @@ static const opt options[] = {
     {"lr-schedule", "PSTRAIN_LR_SCHEDULE", NULL, NULL, "constant", "constant or warmup_cosine", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_schedule},
     {"warmup-steps", "PSTRAIN_WARMUP_STEPS", NULL, NULL, "100", "warmup_cosine: steps of linear warmup", R_TRAINER, OPT_LONG, F(optim.warmup_steps), 0, 1e12, NULL},
     {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 1e6, NULL},
-    {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append per-step and per-epoch metrics as JSON lines to this file", R_TRAINER, OPT_STR, S(metrics_path), 0, 0, NULL},
+    {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append metrics as JSON lines to this file (trainer: per step and epoch; pserver: one record at exit: casts, optimizer steps, state hash)", R_ALL, OPT_STR, S(metrics_path), 0, 0, NULL},
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
     {"overlap", "PSTRAIN_OVERLAP", NULL, NULL, "1", "1: send gradient blocks during backward and start the next forward per block; 0: serialized (backward, all sends, all pulls)", R_TRAINER, OPT_BOOL, F(overlap), 0, 0, NULL},

@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "common/memory.h"
+#include "common/metrics.h"
 #include "pserver/service.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
@@ -44,6 +45,13 @@ int main(int argc, char **argv)
         return 0;
     }
     pst_log_init(cfg.log_level, "pserver", cfg.pserver_id);
+    /* --metrics: one record at exit (what the service reports); opened now, so a bad path
+     * is a configuration error before serving. */
+    pst_metrics metrics = {0};
+    if (pst_metrics_open(&metrics, cfg.metrics_path) != PST_OK) {
+        fprintf(stderr, "pserver: %s\n", pst_error_detail());
+        return 2;
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -77,7 +85,24 @@ int main(int argc, char **argv)
         PST_INFO("stopping on signal");
     ps_service_cancel(svc);
     rpc_server_shutdown(srv, 1);
+    {
+        ps_service_report r;
+        ps_service_get_report(svc, &r);
+        pst_metrics_write(&metrics, "pserver",
+                      "\"pserver_id\":%d,\"initialized\":%d,\"precision\":\"%s\","
+                      "\"casts\":%llu,\"optimizer_steps\":%lld,"
+                      "\"casts_per_step\":%llu,\"owned\":%llu,\"skipped_steps\":%ld,"
+                      "\"state_hash\":\"%016llx\"",
+                      cfg.pserver_id, r.initialized, r.precision,
+                      (unsigned long long)r.casts, (long long)r.optimizer_steps,
+                      (unsigned long long)(r.optimizer_steps > 0
+                                               ? r.casts / (uint64_t)r.optimizer_steps
+                                               : 0),
+                      (unsigned long long)r.owned, r.skipped_steps,
+                      (unsigned long long)r.state_hash);
+    }
 out:
+    pst_metrics_close(&metrics);
     rpc_server_free(srv);
     ps_service_free(svc);
     rpc_global_shutdown();

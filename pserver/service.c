@@ -578,22 +578,43 @@ static void handle_vote(ps_service *svc, rpc_call *call)
 static void log_casts(ps_service *svc)
 {
     pthread_mutex_lock(&svc->mu);
-    ps_store *store = svc->store;
-    int first = store && svc->lowp != PST_F32 && !svc->casts_logged;
+    int first = svc->store && !svc->casts_logged;
     svc->casts_logged |= first;
     pthread_mutex_unlock(&svc->mu);
     if (!first)
         return;
-    int64_t steps = 0;
+    ps_service_report r;
+    ps_service_get_report(svc, &r);
+    if (svc->lowp != PST_F32)
+        PST_INFO("casts: %llu elements to %s in %lld optimizer steps (%llu per step), %llu "
+                 "parameters owned", (unsigned long long)r.casts, r.precision,
+                 (long long)r.optimizer_steps,
+                 (unsigned long long)(r.optimizer_steps > 0 ? r.casts / (uint64_t)r.optimizer_steps
+                                                            : 0),
+                 (unsigned long long)r.owned);
+    PST_INFO("state: hash %016llx of the values, optimizer state and versions after %lld "
+             "optimizer steps (%ld skipped for fp16 overflow)",
+             (unsigned long long)r.state_hash, (long long)r.optimizer_steps, r.skipped_steps);
+}
+
+void ps_service_get_report(ps_service *svc, ps_service_report *out)
+{
+    *out = (ps_service_report){.precision = "f32"};
+    pthread_mutex_lock(&svc->mu);
+    ps_store *store = svc->store;
+    out->skipped_steps = svc->skipped;
+    pthread_mutex_unlock(&svc->mu);
+    if (!store)
+        return;
+    out->initialized = 1;
+    out->precision = pst_dtype_name(svc->lowp);
     for (size_t i = 0; i < svc->nblock_ids; i++) {
         int64_t v = ps_store_version(store, svc->block_ids[i]);
-        steps = v > steps ? v : steps;
+        out->optimizer_steps = v > out->optimizer_steps ? v : out->optimizer_steps;
     }
-    uint64_t casts = ps_store_cast_count(store);
-    PST_INFO("casts: %llu elements to %s in %lld optimizer steps (%llu per step), %llu "
-             "parameters owned", (unsigned long long)casts, pst_dtype_name(svc->lowp),
-             (long long)steps, (unsigned long long)(steps > 0 ? casts / (uint64_t)steps : 0),
-             (unsigned long long)ps_store_total_length(store));
+    out->casts = ps_store_cast_count(store);
+    out->owned = ps_store_total_length(store);
+    out->state_hash = ps_store_state_hash(store);
 }
 
 uint64_t ps_service_cast_count(ps_service *svc)

@@ -13,7 +13,10 @@
  * any other dtype is cast for that pull. Finish marks a trainer done; once all have finished
  * the service reports done and main() shuts the server down. Every bad request gets an
  * error status; the service keeps serving. With a low-precision copy, one INFO line reports
- * the elements cast when every trainer has finished, or else at ps_service_cancel. */
+ * the elements cast when every trainer has finished, or else at ps_service_cancel; a second
+ * one the hash of the store's state (ps_store_state_hash) at that point. Vote (fp16 loss
+ * scaling, pserver 0 only) answers every trainer's vote for a step with the OR of all of
+ * them, once all have voted (see handle_vote). */
 #ifndef PS_SERVICE_H
 #define PS_SERVICE_H
 
@@ -35,6 +38,18 @@ void ps_service_cancel(ps_service *svc);
 /* Elements cast into the store's low-precision copies by updates (ps_store_cast_count);
  * 0 before trainer 0's Init or without a copy. Thread safe. */
 uint64_t ps_service_cast_count(ps_service *svc);
+
+/* What the pserver reports at exit (the log and --metrics). */
+typedef struct ps_service_report {
+    int initialized;          /* trainer 0's Init made the store; the rest is 0 otherwise */
+    const char *precision;    /* the store's low-precision copy: "bf16", "f16" or "f32" */
+    uint64_t casts;           /* ps_store_cast_count */
+    int64_t optimizer_steps;  /* the highest block version */
+    uint64_t owned;           /* parameters of this pserver's blocks */
+    long skipped_steps;       /* fp16 steps the vote skipped everywhere */
+    uint64_t state_hash;      /* ps_store_state_hash: values, optimizer state, versions */
+} ps_service_report;
+void ps_service_get_report(ps_service *svc, ps_service_report *out);
 void ps_service_free(ps_service *svc); /* after the server is shut down; accepts NULL */
 
 #endif /* PS_SERVICE_H */

@@ -708,6 +708,29 @@ pst_dtype ps_store_lowp(const ps_store *st)
     return st->lowp;
 }
 
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+uint64_t ps_store_state_hash(ps_store *st)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        h = fnv1a(h, &b->version, sizeof b->version);
+        h = fnv1a(h, b->values, b->length * sizeof(float));
+        if (b->state)
+            h = fnv1a(h, b->state, (size_t)st->nstate * b->length * sizeof(float));
+        pthread_mutex_unlock(&b->mu);
+    }
+    return h;
+}
+
 uint64_t ps_store_cast_count(const ps_store *st)
 {
     /* atomic_load wants a non-const object in C11 */

@@ -217,4 +217,9 @@ pst_dtype ps_store_lowp(const ps_store *st);
  * counted yet). */
 uint64_t ps_store_cast_count(const ps_store *st);
 
+/* FNV-1a over every block, in the configured order: its version, fp32 values and optimizer
+ * state (the bits an update changes), each block under its lock. Equal hashes: the same
+ * state, bit for bit (a skipped fp16 step must leave it so). Thread safe. */
+uint64_t ps_store_state_hash(ps_store *st);
+
 #endif /* PST_PSERVER_STORE_H */

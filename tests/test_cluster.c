@@ -259,9 +259,10 @@ static void suite_fini(void)
 /* ---- the programs ---------------------------------------------------------------------- */
 
 /* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
-static int pserver_start_logging(proc **ps, const char *log_level)
+/* extra: one more NAME=value for the pserver's environment, or NULL */
+static int pserver_start_env(proc **ps, const char *log_level, const char *extra)
 {
-    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", NULL};
+    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", extra, NULL};
     const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
     proc *p = *ps = proc_start(argv, env);
     double deadline = now_ms() + LISTEN_WAIT_MS;
@@ -286,6 +287,11 @@ static int pserver_start_logging(proc **ps, const char *log_level)
         }
         sleep_ms(10);
     }
+}
+
+static int pserver_start_logging(proc **ps, const char *log_level)
+{
+    return pserver_start_env(ps, log_level, NULL);
 }
 
 static int pserver_start(proc **ps)
@@ -631,8 +637,9 @@ static void run_trainers(int T, const int *ports, int S, const char *const flags
 
 /* The pserver's closing "casts: N elements to D in S optimizer steps (P per step), O
  * parameters owned" line, after it exited by itself (every trainer finished). */
-static void pserver_casts(proc *ps, unsigned long long *n, long long *steps,
-                          unsigned long long *per_step, unsigned long long *owned)
+static void pserver_casts_hash(proc *ps, unsigned long long *n, long long *steps,
+                               unsigned long long *per_step, unsigned long long *owned,
+                               char state_hash[17])
 {
     int done = proc_wait(ps, EXIT_WAIT_MS);
     char *err = slurp(ps->err_path);
@@ -644,7 +651,17 @@ static void pserver_casts(proc *ps, unsigned long long *n, long long *steps,
     cr_assert_eq(sscanf(q, "casts: %llu elements to %15s in %lld optimizer steps (%llu per step), "
                            "%llu parameters owned", n, dt, steps, per_step, owned), 5,
                  "unreadable casts line: %s", q);
+    q = strstr(err, "state: hash ");
+    cr_assert_not_null(q, "no state line in the pserver's log:\n%s", err);
+    cr_assert_eq(sscanf(q, "state: hash %16s", state_hash), 1, "unreadable: %s", q);
     free(err);
+}
+
+static void pserver_casts(proc *ps, unsigned long long *n, long long *steps,
+                          unsigned long long *per_step, unsigned long long *owned)
+{
+    char h[17];
+    pserver_casts_hash(ps, n, steps, per_step, owned, h);
 }
 
 /* The cast on the pserver, once per update: whatever the trainers (1 or 2) and the
@@ -656,7 +673,11 @@ Test(cluster, pserver_casts_its_parameters_once_per_step, .timeout = 240)
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) {
             proc *ps[2];
-            int ports[2] = {pserver_start_logging(&ps[0], "info"),
+            char mpath[64], menv[96];
+            snprintf(mpath, sizeof mpath, "/tmp/pst_casts_%d.jsonl", (int)getpid());
+            snprintf(menv, sizeof menv, "PSTRAIN_METRICS=%s", mpath);
+            unlink(mpath);
+            int ports[2] = {pserver_start_env(&ps[0], "info", menv),
                             pserver_start_logging(&ps[1], "info")};
             char k[8];
             snprintf(k, sizeof k, "%d", Ks[j]);
@@ -683,6 +704,19 @@ Test(cluster, pserver_casts_its_parameters_once_per_step, .timeout = 240)
             }
             cr_assert_eq(total, (unsigned long long)params, "the pservers own %llu of %ld", total,
                          params);
+            /* pserver 0's --metrics record says the same */
+            char *m = slurp(mpath);
+            unsigned long long per = 0, owned = 1;
+            const char *q = strstr(m, "\"event\":\"pserver\"");
+            cr_assert_not_null(q, "no pserver record in %s: %s", mpath, m);
+            cr_assert(strstr(q, "\"precision\":\"bf16\"") && strstr(q, "\"optimizer_steps\":7"),
+                      "%s", q);
+            cr_assert_eq(sscanf(strstr(q, "\"casts_per_step\":"), "\"casts_per_step\":%llu", &per),
+                         1);
+            cr_assert_eq(sscanf(strstr(q, "\"owned\":"), "\"owned\":%llu", &owned), 1);
+            cr_assert_eq(per, owned, "%s", q);
+            free(m);
+            unlink(mpath);
             for (int t = 0; t < Ts[i]; t++)
                 free(outs[t]);
         }
@@ -693,7 +727,8 @@ Test(cluster, pserver_casts_its_parameters_once_per_step, .timeout = 240)
  * pserver, and both halve the scale. With --loss-scale-window 2 the scale of each step is
  * 65536, 65536, 131072, 131072 (overflow), 65536, 65536, then 131072 at the end (GradScaler:
  * x2 after 2 good steps, x0.5 on overflow). A run of 4 steps whose last one is skipped ends
- * with the parameters of a run of 3 steps: the skipped step left every block as it was. */
+ * with the parameters of a run of 3 steps, and every pserver with the same state hash
+ * (values, momentum, versions): the skipped step left every block as it was. */
 Test(cluster, fp16_overflow_skips_the_step_everywhere, .timeout = 240)
 {
     char metrics[2][64];
@@ -734,10 +769,11 @@ Test(cluster, fp16_overflow_skips_the_step_everywhere, .timeout = 240)
             outs[t] = slurp(tr[t]->out_path);
         }
         long long want_steps = round == 0 ? 5 : 3;
+        static char state[3][2][17]; /* each round's pservers' state hashes */
         for (int s = 0; s < 2; s++) {
             unsigned long long n, per, owned;
             long long st;
-            pserver_casts(ps[s], &n, &st, &per, &owned);
+            pserver_casts_hash(ps[s], &n, &st, &per, &owned, state[round][s]);
             cr_assert_eq(st, want_steps, "round %d pserver %d: %lld optimizer steps, want %lld",
                          round, s, st, want_steps);
             cr_assert_eq(n, (unsigned long long)want_steps * owned, "round %d pserver %d", round, s);
@@ -766,9 +802,15 @@ Test(cluster, fp16_overflow_skips_the_step_everywhere, .timeout = 240)
         static param_hash four;
         if (round == 1)
             four = h0;
-        if (round == 2)
+        if (round == 2) {
             cr_assert_str_eq(four.hex, h0.hex, "4 steps with the last skipped %s != 3 steps %s",
                              four.hex, h0.hex);
+            /* every pserver's values, optimizer state (momentum) and versions, bit for bit */
+            for (int s = 0; s < 2; s++)
+                cr_assert_str_eq(state[1][s], state[2][s], "pserver %d: state %s after 4 steps "
+                                 "with the last skipped, %s after 3", s, state[1][s],
+                                 state[2][s]);
+        }
         for (int t = 0; t < 2; t++) {
             free(outs[t]);
             unlink(metrics[t]);
@@ -1195,6 +1237,121 @@ Test(cluster, retried_push_is_not_double_counted)
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], initial[i] - grad[i]);
 
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
+static pst_status do_vote(rpc_client *cl, uint32_t trainer, int64_t step, int overflow,
+                          int *skip)
+{
+    Pstrain__VoteRequest req = PSTRAIN__VOTE_REQUEST__INIT;
+    req.trainer_id = trainer;
+    req.step = step;
+    req.overflow = overflow != 0;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_VOTE, &req.base, NULL, 0, &m);
+    if (st == PST_OK && skip)
+        *skip = ((const Pstrain__VoteReply *)rpc_message_header(m))->skip;
+    rpc_message_free(m);
+    return st;
+}
+
+typedef struct vote_thread {
+    rpc_client *cl;
+    uint32_t trainer;
+    int64_t step;
+    int overflow, skip;
+    pst_status st;
+} vote_thread;
+
+static void *vote_main(void *arg)
+{
+    vote_thread *v = arg;
+    v->st = do_vote(v->cl, v->trainer, v->step, v->overflow, &v->skip);
+    return NULL;
+}
+
+/* fp16's vote and a push's loss scale, through the real pserver: a vote waits for every
+ * trainer and answers all with the OR, a retried vote gets the same answer, bad votes and
+ * scales get exact errors, and a scaled push is divided by its scale before the update. */
+Test(cluster, vote_and_loss_scale_on_the_wire)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB], g[NB], scaled[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(g, 0.25f, -0.125f);
+    for (int i = 0; i < NB; i++)
+        scaled[i] = g[i] * 1024.0f;
+
+    EXPECT_STATUS(do_vote(cl, 0, 0, 0, NULL), PST_ERR_STATE); /* before Init */
+    init_args ia = {.trainer = 0, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 7, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    ia.trainer = 1;
+    ia.initial = NULL;
+    ia.ninitial = 0;
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    EXPECT_STATUS(do_vote(cl, 2, 0, 0, NULL), PST_ERR_INVALID);  /* no trainer 2 */
+    EXPECT_STATUS(do_vote(cl, 0, -1, 0, NULL), PST_ERR_INVALID); /* negative step */
+
+    /* Step 0: trainer 1 overflowed; both are told to skip, the one that voted first too. */
+    vote_thread a = {.cl = cl, .trainer = 0, .step = 0, .overflow = 0, .skip = -1};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, vote_main, &a), 0);
+    int skip = -1;
+    EXPECT_STATUS(do_vote(cl, 1, 0, 1, &skip), PST_OK);
+    pthread_join(th, NULL);
+    EXPECT_STATUS(a.st, PST_OK);
+    cr_assert(skip == 1 && a.skip == 1, "skip %d and %d, want 1 and 1", skip, a.skip);
+    EXPECT_STATUS(do_vote(cl, 0, 0, 0, &skip), PST_OK); /* a retry: the same answer */
+    cr_assert_eq(skip, 1);
+    /* Step 1: nobody overflowed. */
+    a = (vote_thread){.cl = cl, .trainer = 1, .step = 1, .overflow = 0, .skip = -1};
+    cr_assert_eq(pthread_create(&th, NULL, vote_main, &a), 0);
+    EXPECT_STATUS(do_vote(cl, 0, 1, 0, &skip), PST_OK);
+    pthread_join(th, NULL);
+    cr_assert(skip == 0 && a.skip == 0, "skip %d and %d, want 0 and 0", skip, a.skip);
+    EXPECT_STATUS(do_vote(cl, 0, 0, 0, NULL), PST_OK); /* step 0's answer is kept... */
+    EXPECT_STATUS(do_vote(cl, 0, 1, 0, NULL), PST_OK); /* ...as is step 1's */
+
+    /* Loss scales: not a power of two, negative, infinite: refused, nothing applied. */
+    const float bad_scales[] = {3.0f, -1024.0f, INFINITY, NAN};
+    for (int k = 0; k < 4; k++) {
+        Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+        req.trainer_id = 0;
+        req.step = 0;
+        req.block = 0;
+        req.dtype = PSTRAIN__DTYPE__F32;
+        req.length = NB;
+        req.scale = bad_scales[k];
+        rpc_message *m = NULL;
+        EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_PUSH, &req.base, scaled, sizeof scaled, &m),
+                      PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "power of two"), "%s", pst_error_detail());
+    }
+    /* Both trainers push g scaled by 1024: the update (sgd, lr 1) subtracts 2 g exactly. */
+    for (uint32_t t = 0; t < 2; t++) {
+        Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+        req.trainer_id = t;
+        req.step = 0;
+        req.block = 0;
+        req.dtype = PSTRAIN__DTYPE__F32;
+        req.length = NB;
+        req.scale = 1024.0f;
+        rpc_message *m = NULL;
+        EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_PUSH, &req.base, scaled, sizeof scaled, &m),
+                      PST_OK);
+        rpc_message_free(m);
+    }
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, got, &v), PST_OK);
+    cr_assert_eq(v, 1);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i] - (g[i] + g[i]), "element %d: %g", i, (double)got[i]);
     rpc_client_free(cl);
     rpc_global_shutdown();
     pserver_stop(ps);

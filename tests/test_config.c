@@ -235,7 +235,7 @@ Test(config, pserver_types_from_the_environment)
     cr_expect_str_eq(c.bind_host, "127.0.0.1");
     cr_expect_eq(c.server_threads, 8);
     cr_expect_eq(c.rpc_timeout_ms, 60000L);
-    cr_expect_str_eq(c.metrics_path, "");
+    cr_expect_str_eq(c.metrics_path, "/tmp/ps.jsonl"); /* its record at exit */
     cr_expect_eq(c.log_level, PST_LOG_WARN);
     cr_expect_eq(c.threads, 0);
 }
@@ -960,6 +960,54 @@ Test(config, print_trainer_json)
     free(s);
 }
 
+/* Mixed precision: --precision sets the gradient dtype too unless --grad-dtype is given;
+ * micro-batches must each get a row of every trainer's share; the fp16 loss scale is a
+ * power of two; bad values name the setting and an example. */
+Test(config, precision_micro_batches_and_loss_scale)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_eq(c.precision, PST_F32);
+    cr_expect_eq(c.grad_dtype, PST_F32);
+    cr_expect_eq(c.acc_steps, 1);
+    cr_expect_eq(c.loss_scale, 65536.0f);
+    cr_expect_eq(c.loss_scale_window, 2000);
+    cr_expect_eq(c.test_overflow_step, -1);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_PRECISION", "bf16")));
+    cr_expect_eq(c.precision, PST_BF16);
+    cr_expect_eq(c.grad_dtype, PST_BF16);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_PRECISION", "fp16"), "--grad-dtype",
+                   "fp32", "--acc-steps", "4", "--loss-scale", "1024"));
+    cr_expect_eq(c.precision, PST_F16);
+    cr_expect_eq(c.grad_dtype, PST_F32);
+    cr_expect_eq(c.acc_steps, 4);
+    cr_expect_eq(c.loss_scale, 1024.0f);
+    char *s = print_config(&c);
+    expect_json_line(s);
+    expect_has(s, "\"precision\":\"f16\"");
+    expect_has(s, "\"grad_dtype\":\"f32\"");
+    expect_has(s, "\"acc_steps\":4");
+    free(s);
+
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_PRECISION", "fp8")), PST_ERR_INVALID);
+    expect_detail_has("PSTRAIN_PRECISION=fp8", "bf16");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--grad-dtype", "int8"), PST_ERR_INVALID);
+    expect_detail_has("grad-dtype", "example");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--acc-steps", "0"), PST_ERR_INVALID);
+    expect_detail_has("acc-steps", "example");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "1000"), PST_ERR_INVALID);
+    expect_detail_has("loss-scale", "power of two");
+    /* 2 trainers x 4 micro-batches need 8 rows */
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER,
+                      ENV("PSTRAIN_TRAINERS", "2", "PSTRAIN_PSERVERS", "127.0.0.1:7164"),
+                      "--batch", "7", "--acc-steps", "4"),
+                 PST_ERR_INVALID);
+    expect_detail_has("batch", "micro-batches");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER,
+                   ENV("PSTRAIN_TRAINERS", "2", "PSTRAIN_PSERVERS", "127.0.0.1:7164"), "--batch",
+                   "8", "--acc-steps", "4"));
+}
+
 Test(config, print_pserver_json)
 {
     pst_config c;
@@ -1033,7 +1081,7 @@ Test(config, help_lists_variables)
     cr_expect_null(strstr(p, "PSTRAIN_BATCH"), "pserver help lists PSTRAIN_BATCH");
     cr_expect_null(strstr(p, "PSTRAIN_BLOCK_BYTES"));
     cr_expect_null(strstr(p, "PSTRAIN_THREADS"), "BLAS threads are the trainer's");
-    cr_expect_null(strstr(p, "PSTRAIN_METRICS"), "the pserver writes no metrics file");
+    expect_has(p, "PSTRAIN_METRICS"); /* the pserver's record at exit */
     free(t);
     free(p);
 }
