@@ -210,13 +210,20 @@ static void answer_waiters(ps_block *b)
 }
 
 /* One part of an update split over the store's pool (elementwise: the split changes no
- * bit, optim.h), followed by the cast of the same slice into the low-precision copy. With
- * g NULL only the cast (init). */
+ * bit, optim.h): tile by tile, the sum of the trainers' rows (sync: `rows` rows `stride`
+ * floats apart from `sum`, summed into row 0 in trainer-id order), the optimizer, and the
+ * cast into the low-precision copy, each tile still in cache for the next pass. With
+ * neither g nor sum only the cast (init). */
 typedef struct update_job {
     const ps_store *st;
     ps_block *b;
-    const float *g;
+    const float *g;   /* the gradient as it is, or NULL */
+    float *sum;       /* or the rows to sum first, or NULL */
+    int rows;
+    uint64_t stride;
 } update_job;
+
+#define UPDATE_TILE 4096 /* floats: a tile of every array fits in L2 */
 
 static void update_part(void *arg, int part, int nparts)
 {
@@ -224,19 +231,31 @@ static void update_part(void *arg, int part, int nparts)
     const ps_block *b = j->b;
     size_t lo, hi;
     pst_pool_split((size_t)b->length, part, nparts, 16, &lo, &hi);
-    /* cannot fail: validate_config checked the kind and schedule, t >= 1, state exists */
-    if (j->g)
-        (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + lo,
-                              b->state ? b->state + lo : NULL, (size_t)b->length, j->g + lo,
-                              hi - lo);
-    if (b->lowp)
-        pst_cast((char *)b->lowp + lo * pst_dtype_size(j->st->lowp), j->st->lowp,
-                 b->values + lo, PST_F32, hi - lo);
+    for (size_t t0 = lo; t0 < hi; t0 += UPDATE_TILE) {
+        const size_t n = hi - t0 < UPDATE_TILE ? hi - t0 : UPDATE_TILE;
+        const float *g = j->g ? j->g + t0 : NULL;
+        if (j->sum) {
+            float *acc = j->sum + t0;
+            for (int r = 1; r < j->rows; r++) {
+                const float *src = j->sum + (uint64_t)r * j->stride + t0;
+                for (size_t i = 0; i < n; i++)
+                    acc[i] += src[i];
+            }
+            g = acc;
+        }
+        if (g) /* cannot fail: validate_config checked the kind and schedule, t >= 1, state */
+            (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + t0,
+                                  b->state ? b->state + t0 : NULL, (size_t)b->length, g, n);
+        if (b->lowp)
+            pst_cast((char *)b->lowp + t0 * pst_dtype_size(j->st->lowp), j->st->lowp,
+                     b->values + t0, PST_F32, n);
+    }
 }
 
-static void run_update(const ps_store *st, ps_block *b, const float *g)
+static void run_update(const ps_store *st, ps_block *b, const float *g, float *sum, int rows,
+                       uint64_t stride)
 {
-    update_job job = {st, b, g};
+    update_job job = {st, b, g, sum, rows, stride};
     if (st->pool)
         pst_pool_run(st->pool, update_part, &job);
     else
@@ -245,9 +264,11 @@ static void run_update(const ps_store *st, ps_block *b, const float *g)
 
 /* One optimizer update with gradient g and the cast of the new values into the block's
  * low-precision copy; bumps the version and answers waiters. */
-static pst_status apply_update(ps_store *st, ps_block *b, const float *g)
+/* g: the gradient; or sum: `rows` rows `stride` floats apart, summed in row order first. */
+static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float *sum, int rows,
+                               uint64_t stride)
 {
-    run_update(st, b, g);
+    run_update(st, b, g, sum, rows, stride);
     if (b->lowp)
         atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
     b->version++;
@@ -256,19 +277,13 @@ static pst_status apply_update(ps_store *st, ps_block *b, const float *g)
 }
 
 /* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
- * (acc = buf[0]; acc += buf[1]; ...), applies it and clears the flags. */
+ * (acc = buf[0]; acc += buf[1]; ...: per element, the same order whatever the tiles),
+ * applies it and clears the flags. */
 static pst_status complete_sync_step(ps_store *st, ps_block *b)
 {
-    uint64_t n = b->length;
-    float *acc = b->recv;
-    for (int t = 1; t < st->num_trainers; t++) {
-        const float *src = b->recv + (uint64_t)t * n;
-        for (uint64_t i = 0; i < n; i++)
-            acc[i] += src[i];
-    }
     memset(b->pushed, 0, (size_t)st->num_trainers);
     b->npushed = 0;
-    return apply_update(st, b, acc);
+    return apply_update(st, b, NULL, b->recv, st->num_trainers, b->length);
 }
 
 /* ---- config validation ---- */
@@ -449,7 +464,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
                                    "%s copy", (unsigned)s->id, pst_dtype_name(cfg->lowp));
                 goto error;
             }
-            run_update(st, b, NULL); /* the cast alone: not counted */
+            run_update(st, b, NULL, NULL, 0, 0); /* the cast alone: not counted */
         }
         if (pthread_mutex_init(&b->mu, NULL) != 0) {
             rc = pst_error_set(PST_ERR_INTERNAL, "pserver store: pthread_mutex_init failed");
@@ -578,7 +593,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     } else {
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
-        rc = apply_update(st, b, g); /* one trainer: its gradient is the sum */
+        rc = apply_update(st, b, g, NULL, 1, 0); /* one trainer: its gradient is the sum */
     }
 
 out:
