@@ -44,6 +44,7 @@ struct ps_service {
                                      has read them (see answer_pull) */
     pst_dtype lowp;               /* trainer 0's precision: the store's copy (f32: none) */
     uint32_t *block_ids;          /* (nblock_ids) the blocks here, for the cast report */
+    ps_block_spec *specs;         /* (nblock_ids) trainer 0's list: later Inits must match */
     size_t nblock_ids;
     int casts_logged;             /* the cast report was written (once) */
     unsigned char *finished;      /* (num_trainers) */
@@ -90,6 +91,7 @@ void ps_service_free(ps_service *svc)
     ps_store_free(svc->store);
     free(svc->finished);
     free(svc->block_ids);
+    free(svc->specs);
     for (int k = 0; k < 2; k++) {
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
@@ -127,6 +129,28 @@ static pst_status optim_from_wire(const Pstrain__OptimConfig *w, pst_optim_confi
     if (pst_lr_schedule_parse(w->schedule, &o->schedule) != 0)
         return pst_error_set(PST_ERR_INVALID, "Init: lr schedule \"%s\" unknown (example: constant)",
                              w->schedule);
+    /* Settings that cannot train are refused: the pserver does not trust its clients. */
+    const struct {
+        const char *name;
+        float v, lo, hi;
+        int hi_open;
+    } f[] = {{"lr", w->lr, 0.0f, INFINITY, 1},      {"momentum", w->momentum, 0.0f, 1.0f, 0},
+             {"beta1", w->beta1, 0.0f, 1.0f, 1},    {"beta2", w->beta2, 0.0f, 1.0f, 1},
+             {"eps", w->eps, 0.0f, INFINITY, 1},    {"weight_decay", w->weight_decay, 0.0f,
+                                                      INFINITY, 1},
+             {"min_lr", w->min_lr, 0.0f, INFINITY, 1}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!(f[i].v >= f[i].lo) || !(f[i].hi_open ? f[i].v < f[i].hi : f[i].v <= f[i].hi))
+            return pst_error_set(PST_ERR_INVALID, "Init: optimizer %s %g out of range [%g, %g%s",
+                                 f[i].name, (double)f[i].v, (double)f[i].lo, (double)f[i].hi,
+                                 f[i].hi_open ? ")" : "]");
+    if ((o->kind == PST_OPTIM_ADAM || o->kind == PST_OPTIM_ADAMW) && !(w->eps > 0.0f))
+        return pst_error_set(PST_ERR_INVALID, "Init: optimizer eps %g: Adam needs eps > 0 "
+                             "(example: 1e-8)", (double)w->eps);
+    if (w->warmup_steps < 0 || w->total_steps < 0)
+        return pst_error_set(PST_ERR_INVALID, "Init: warmup_steps %lld and total_steps %lld "
+                             "must not be negative", (long long)w->warmup_steps,
+                             (long long)w->total_steps);
     o->lr = w->lr;
     o->momentum = w->momentum;
     o->beta1 = w->beta1;
@@ -150,6 +174,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     if (req->num_trainers < 1 || req->num_trainers > 4096)
         return pst_error_set(PST_ERR_INVALID, "Init: num_trainers %u out of range 1..4096",
                              req->num_trainers);
+    if (req->mode != PSTRAIN__MODE__SYNC && req->mode != PSTRAIN__MODE__ASYNC)
+        return pst_error_set(PST_ERR_INVALID, "Init: mode %d unknown (SYNC = 0 or ASYNC = 1)",
+                             (int)req->mode);
     ps_store_config sc = {.mode = req->mode == PSTRAIN__MODE__ASYNC ? PST_MODE_ASYNC : PST_MODE_SYNC,
                           .num_trainers = (int)req->num_trainers,
                           .nblocks = (int)req->n_blocks};
@@ -185,11 +212,19 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     if (total && (st = rpc_payload_read_f32(pl, PST_F32, 0, initial, total)) != PST_OK)
         goto out;
+    for (uint64_t i = 0; i < total; i++)
+        if (!isfinite(initial[i])) {
+            st = pst_error_set(PST_ERR_INVALID, "Init from trainer 0: initial value %llu is %s; "
+                               "the values must be finite", (unsigned long long)i,
+                               isnan(initial[i]) ? "NaN" : "infinite");
+            goto out;
+        }
     sc.blocks = blocks;
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
     svc->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->block_ids);
+    svc->specs = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->specs);
     int votes_ok = 1;
     for (int k = 0; k < 2; k++) {
         vote_slot *v = &svc->votes[k];
@@ -199,7 +234,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         v->answer = calloc(2 * (size_t)req->num_trainers, sizeof *v->answer);
         votes_ok &= v->voted && v->calls && v->answer;
     }
-    if (!svc->finished || !svc->block_ids || !votes_ok) {
+    if (!svc->finished || !svc->block_ids || !svc->specs || !votes_ok) {
+        free(svc->specs);
+        svc->specs = NULL;
         for (int k = 0; k < 2; k++) {
             free(svc->votes[k].voted);
             free(svc->votes[k].calls);
@@ -219,8 +256,10 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     svc->num_trainers = req->num_trainers;
     svc->sync = sc.mode == PST_MODE_SYNC;
     svc->lowp = sc.lowp;
-    for (size_t i = 0; i < req->n_blocks; i++)
+    for (size_t i = 0; i < req->n_blocks; i++) {
         svc->block_ids[i] = blocks[i].id;
+        svc->specs[i] = blocks[i];
+    }
     svc->nblock_ids = req->n_blocks;
     PST_INFO("initialized by trainer 0: %zu blocks, %llu parameters here (of %llu), %u "
              "trainers, %s, optimizer %s lr %g, precision %s", req->n_blocks,
@@ -266,6 +305,28 @@ static void answer_init(ps_service *svc, rpc_call *call)
                                  svc->num_trainers));
         return;
     }
+    /* The fingerprint covers the plan, but a client can send any fingerprint: the list
+     * itself must be trainer 0's. */
+    size_t i = 0;
+    while (i < req->n_blocks && i < svc->nblock_ids && req->blocks[i]->id == svc->specs[i].id &&
+           req->blocks[i]->offset == svc->specs[i].offset &&
+           req->blocks[i]->length == svc->specs[i].length)
+        i++;
+    if (i < req->n_blocks || i < svc->nblock_ids) {
+        if (i < req->n_blocks && i < svc->nblock_ids)
+            fail(call, pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u's block %zu is %u "
+                                     "[%llu, +%llu), trainer 0's is %u [%llu, +%llu): start every "
+                                     "trainer with the same flags", req->trainer_id, i,
+                                     req->blocks[i]->id, (unsigned long long)req->blocks[i]->offset,
+                                     (unsigned long long)req->blocks[i]->length,
+                                     svc->specs[i].id, (unsigned long long)svc->specs[i].offset,
+                                     (unsigned long long)svc->specs[i].length));
+        else
+            fail(call, pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u lists %zu blocks, "
+                                     "trainer 0 %zu: start every trainer with the same flags",
+                                     req->trainer_id, req->n_blocks, svc->nblock_ids));
+        return;
+    }
     int64_t version = 0;
     if (ps_store_nblocks(svc->store) > 0) {
         /* Version of the first block this pserver owns (all move together in sync mode). */
@@ -280,6 +341,12 @@ static void answer_init(ps_service *svc, rpc_call *call)
 static void handle_init(ps_service *svc, rpc_call *call)
 {
     const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+    if (req->trainer_id >= req->num_trainers) { /* refused now, not parked until a deadline */
+        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer id %u of %u trainers: ids run "
+                                 "from 0 to num_trainers - 1", req->trainer_id,
+                                 req->num_trainers));
+        return;
+    }
     pthread_mutex_lock(&svc->mu);
     if (!svc->store) {
         if (req->trainer_id != 0) {
@@ -347,7 +414,13 @@ static void handle_push(ps_service *svc, rpc_call *call)
     if (!store)
         return;
     push_fill f = {.payload = rpc_call_payload(call), .inv_scale = 1.0f};
-    pst_status st = rpc_dtype_from_wire(req->dtype, &f.dtype);
+    pst_status st = PST_OK;
+    if (req->trainer_id < svc->num_trainers &&
+        __atomic_load_n(&svc->finished[req->trainer_id], __ATOMIC_ACQUIRE))
+        st = pst_error_set(PST_ERR_STATE, "Push of block %u from trainer %u after its Finish: a "
+                           "finished trainer can only Finish again", req->block, req->trainer_id);
+    if (st == PST_OK)
+        st = rpc_dtype_from_wire(req->dtype, &f.dtype);
     int e;
     if (st == PST_OK && req->scale != 0.0f && req->scale != 1.0f) {
         if (!(req->scale > 0.0f) || isinf(req->scale) || frexpf(req->scale, &e) != 0.5f ||
@@ -638,7 +711,7 @@ static void handle_finish(ps_service *svc, rpc_call *call)
     }
     int first = !svc->finished[req->trainer_id];
     if (first) {
-        svc->finished[req->trainer_id] = 1;
+        __atomic_store_n(&svc->finished[req->trainer_id], 1, __ATOMIC_RELEASE);
         svc->nfinished++;
         PST_INFO("trainer %u finished (%u of %u)", req->trainer_id, svc->nfinished,
                  svc->num_trainers);

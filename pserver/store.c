@@ -547,6 +547,15 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
                 *duplicate = 1;
             goto out;
         }
+        /* A trainer's pushes of a block come one step after another (retries repeat one):
+         * a step far ahead would make every real one after it look like a duplicate. */
+        if (step - b->last_step[trainer] > PS_ASYNC_STEP_WINDOW) {
+            rc = pst_error_set(PST_ERR_INVALID, "push: step %lld of block %u from trainer %u is "
+                               "more than %d steps past its last (%lld)", (long long)step,
+                               (unsigned)block, (unsigned)trainer, PS_ASYNC_STEP_WINDOW,
+                               (long long)b->last_step[trainer]);
+            goto out;
+        }
         dst = b->recv;
     }
 

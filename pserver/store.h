@@ -28,7 +28,9 @@
  *
  * Async mode. Each push is applied at once (t = version + 1, version++) and answers the
  * waiting pulls. Steps only serve to detect retries: per trainer and block the store keeps
- * the last step applied, and a push with step <= that one is a duplicate.
+ * the last step applied, and a push with step <= that one is a duplicate; one more than
+ * PS_ASYNC_STEP_WINDOW steps past it is an error (it would turn every later push of that
+ * trainer into a "duplicate").
  *
  * A gradient holding NaN or infinity is rejected before it reaches any parameter; the
  * trainer may push that step again.
@@ -52,6 +54,8 @@
 struct pst_pool;
 
 typedef struct ps_store ps_store;
+
+#define PS_ASYNC_STEP_WINDOW 1024 /* async: the furthest a push may be past its last step */
 
 /* One block of the trainers' flat parameter buffer: elements [offset, offset + length). */
 typedef struct ps_block_spec {

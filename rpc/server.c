@@ -35,6 +35,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <errno.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -430,6 +435,47 @@ static void cq_drain(grpc_completion_queue *cq)
         ;
 }
 
+/* Why gRPC could not listen on `bind` ("host:port"), found by doing it ourselves: the host
+ * does not resolve, or bind() fails (the port in use, an address not of this machine). */
+static void listen_failure(const char *bind_addr, char *why, size_t n)
+{
+    char host[256];
+    const char *colon = strrchr(bind_addr, ':');
+    if (!colon || colon == bind_addr || !colon[1] || (size_t)(colon - bind_addr) >= sizeof host) {
+        snprintf(why, n, "not host:port (example: 0.0.0.0:7164)");
+        return;
+    }
+    memcpy(host, bind_addr, (size_t)(colon - bind_addr));
+    host[colon - bind_addr] = '\0';
+    if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [::1] */
+        memmove(host, host + 1, strlen(host));
+        host[strlen(host) - 1] = '\0';
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    int rc = getaddrinfo(host, colon + 1, &hints, &ai);
+    if (rc != 0) {
+        snprintf(why, n, "the address %s does not resolve (%s; example: 0.0.0.0 or 127.0.0.1)",
+                 host, gai_strerror(rc));
+        return;
+    }
+    snprintf(why, n, "gRPC refused it");
+    for (struct addrinfo *p = ai; p; p = p->ai_next) {
+        int fd = socket(p->ai_family, p->ai_socktype, p->ai_protocol);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, p->ai_addr, p->ai_addrlen) != 0)
+            snprintf(why, n, "%s%s", strerror(errno),
+                     errno == EADDRINUSE ? " (another process listens there)" : "");
+        close(fd);
+        break;
+    }
+    freeaddrinfo(ai);
+}
+
 pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
 {
     *out = NULL;
@@ -479,10 +525,9 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     s->port = grpc_server_add_http2_port(s->server, cfg->bind, creds);
     grpc_server_credentials_release(creds);
     if (s->port <= 0) {
-        st = pst_error_set(PST_ERR_IO,
-                           "rpc server: cannot listen on %s (address in use or not "
-                           "host:port)",
-                           cfg->bind);
+        char why[256];
+        listen_failure(cfg->bind, why, sizeof why);
+        st = pst_error_set(PST_ERR_IO, "rpc server: cannot listen on %s: %s", cfg->bind, why);
         goto error;
     }
     /* Threads first: if one cannot start, the server was never started and unwinds

@@ -1091,6 +1091,8 @@ typedef struct init_args {
     uint64_t total_params; /* 0: NB */
     const float *initial;  /* NULL: no payload */
     size_t ninitial;
+    int mode;              /* the wire's Mode: 0 SYNC, 1 ASYNC, anything else as it is */
+    float momentum;
 } init_args;
 
 static pst_status do_init(rpc_client *cl, const init_args *a, int64_t *version)
@@ -1103,11 +1105,12 @@ static pst_status do_init(rpc_client *cl, const init_args *a, int64_t *version)
     Pstrain__OptimConfig optim = PSTRAIN__OPTIM_CONFIG__INIT;
     optim.kind = (char *)a->optimizer;
     optim.lr = a->lr;
+    optim.momentum = a->momentum;
     optim.schedule = (char *)"constant";
     Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
     req.trainer_id = a->trainer;
     req.num_trainers = a->ntrainers;
-    req.mode = PSTRAIN__MODE__SYNC;
+    req.mode = (Pstrain__Mode)a->mode;
     req.total_params = a->total_params ? a->total_params : NB;
     req.n_blocks = 1;
     req.blocks = specs;
@@ -1352,6 +1355,163 @@ Test(cluster, vote_and_loss_scale_on_the_wire)
     cr_assert_eq(v, 1);
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], initial[i] - (g[i] + g[i]), "element %d: %g", i, (double)got[i]);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
+/* The pserver does not trust its clients (issue 17): settings that cannot train, initial
+ * values that are not finite, a trainer id beyond the trainers, another block list under
+ * the right fingerprint, a push after the trainer's Finish, and (async) a step far past the
+ * trainer's last are refused with exact statuses, at once, and change nothing. */
+Test(cluster, hostile_inits_and_pushes_are_refused)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB], g[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(g, 0.25f, -0.125f);
+    init_args ia = {.trainer = 0, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 9, .initial = initial, .ninitial = NB};
+    /* A trainer id beyond the trainers: refused now, not parked until its deadline. */
+    init_args far = ia;
+    far.trainer = 2;
+    far.initial = NULL;
+    far.ninitial = 0;
+    double t0 = now_ms();
+    EXPECT_STATUS(do_init(cl, &far, NULL), PST_ERR_INVALID);
+    cr_assert_lt(now_ms() - t0, 30000.0, "the refusal waited for a deadline");
+    /* Settings that cannot train. */
+    const float bad_lr[] = {NAN, -0.5f, INFINITY};
+    for (int k = 0; k < 3; k++) {
+        init_args b = ia;
+        b.lr = bad_lr[k];
+        EXPECT_STATUS(do_init(cl, &b, NULL), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "lr"), "%s", pst_error_detail());
+    }
+    init_args mom = ia;
+    mom.momentum = 1.5f;
+    EXPECT_STATUS(do_init(cl, &mom, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "momentum"), "%s", pst_error_detail());
+    init_args adam = ia;
+    adam.optimizer = "adam"; /* eps 0 */
+    EXPECT_STATUS(do_init(cl, &adam, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "eps"), "%s", pst_error_detail());
+    init_args mode = ia;
+    mode.mode = 7;
+    EXPECT_STATUS(do_init(cl, &mode, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "mode"), "%s", pst_error_detail());
+    float nan_initial[NB];
+    memcpy(nan_initial, initial, sizeof initial);
+    nan_initial[3] = NAN;
+    init_args nanv = ia;
+    nanv.initial = nan_initial;
+    EXPECT_STATUS(do_init(cl, &nanv, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "initial value 3"), "%s", pst_error_detail());
+
+    /* The good Init; trainer 1 with the right fingerprint but another block list. */
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    init_args other = ia;
+    other.trainer = 1;
+    other.initial = NULL;
+    other.ninitial = 0;
+    other.block_id = 5;
+    EXPECT_STATUS(do_init(cl, &other, NULL), PST_ERR_MISMATCH);
+    cr_assert(strstr(pst_error_detail(), "block 0 is 5"), "%s", pst_error_detail());
+    other.block_id = 0;
+    EXPECT_STATUS(do_init(cl, &other, NULL), PST_OK);
+    /* Trainer 1 finishes, then pushes: refused. */
+    EXPECT_STATUS(do_finish(cl, 1), PST_OK);
+    EXPECT_STATUS(do_push(cl, 1, 0, g, NULL), PST_ERR_STATE);
+    cr_assert(strstr(pst_error_detail(), "after its Finish"), "%s", pst_error_detail());
+    /* Nothing changed: the values are trainer 0's. */
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 0, got, &v), PST_OK);
+    cr_assert_eq(v, 0);
+    cr_assert_eq(memcmp(got, initial, sizeof got), 0, "the refused calls changed the values");
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
+/* A trainer started with other flags than trainer 0 is refused at Init and exits 2 (a
+ * configuration error), naming the difference. */
+Test(cluster, trainer_with_other_flags_exits_2)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *argv0[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                           "--rpc-timeout-ms", "3000", CONNECT_5S, NULL};
+    const char *argv1[] = {TRAINER, "--hidden", "48", "--steps", "3", "--progress", "none",
+                           "--rpc-timeout-ms", "3000", CONNECT_5S, NULL};
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", NULL};
+    proc *t0 = proc_start(argv0, env0);
+    proc *t1 = proc_start(argv1, env1);
+    cr_assert(proc_wait(t1, RUN_WAIT_MS), "trainer 1 did not exit");
+    char *err = slurp(t1->err_path);
+    cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 2,
+              "trainer 1 exit status 0x%x, want exit 2; stderr:\n%s", t1->status, err);
+    cr_assert(strstr(err, "differ") || strstr(err, "other blocks") || strstr(err, "block 0 is"),
+              "trainer 1 does not say what differs:\n%s", err);
+    free(err);
+    kill(t0->pid, SIGTERM);
+    proc_wait(t0, EXIT_WAIT_MS);
+}
+
+/* A pserver that cannot listen says why: the address does not resolve, or the port is in
+ * use (found by binding it ourselves), and exits 1. */
+Test(cluster, pserver_says_why_it_cannot_listen)
+{
+    const char *argv[] = {PSERVER, NULL};
+    const char *garbage[] = {"PSTRAIN_BIND=no-such-host.invalid", "PSTRAIN_PORT=0", NULL};
+    char *err;
+    int rc = run(argv, garbage, RUN_WAIT_MS, NULL, &err);
+    cr_assert_eq(rc, 1, "exit %d; stderr:\n%s", rc, err);
+    cr_assert(strstr(err, "no-such-host.invalid does not resolve"), "%s", err);
+    free(err);
+    proc *ps;
+    int port = pserver_start(&ps);
+    char busy[32];
+    snprintf(busy, sizeof busy, "PSTRAIN_PORT=%d", port);
+    const char *taken[] = {"PSTRAIN_BIND=127.0.0.1", busy, NULL};
+    rc = run(argv, taken, RUN_WAIT_MS, NULL, &err);
+    cr_assert_eq(rc, 1, "exit %d; stderr:\n%s", rc, err);
+    cr_assert(strstr(err, "in use"), "%s", err);
+    free(err);
+    pserver_stop(ps);
+}
+
+/* Async: a push far past the trainer's last step is refused instead of poisoning its
+ * duplicate detection; its next real push is applied. */
+Test(cluster, async_step_far_ahead_is_refused)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB], g[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(g, 0.25f, -0.125f);
+    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 9, .initial = initial, .ninitial = NB, .mode = 1};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    int dup = -1;
+    EXPECT_STATUS(do_push(cl, 0, 0, g, &dup), PST_OK);
+    cr_assert_eq(dup, 0);
+    EXPECT_STATUS(do_push(cl, 0, (int64_t)1 << 62, g, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "past its last"), "%s", pst_error_detail());
+    EXPECT_STATUS(do_push(cl, 0, 1, g, &dup), PST_OK);
+    cr_assert_eq(dup, 0, "the real step 1 was taken for a duplicate");
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 2, got, &v), PST_OK);
+    cr_assert_eq(v, 2);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], (initial[i] - g[i]) - g[i], "element %d", i);
     rpc_client_free(cl);
     rpc_global_shutdown();
     pserver_stop(ps);

@@ -35,6 +35,7 @@ static int exit_code(pst_status st)
     case PST_ERR_NOT_FOUND:
     case PST_ERR_FORMAT:
     case PST_ERR_UNSUPPORTED:
+    case PST_ERR_MISMATCH: /* the trainers were started with other flags */
         return 2;
     default:
         return 1;
