@@ -53,6 +53,8 @@ struct ps_service {
     rpc_call *parked[MAX_PARKED]; /* Inits waiting for trainer 0's */
     int nparked;
     vote_slot votes[2];           /* by step parity (allocated with the store) */
+    char departed[512];           /* why the job cannot complete (a trainer left early) */
+    int departed_set;             /* atomic: departed is written and final */
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
     pthread_mutex_t pull_mu;
@@ -495,7 +497,10 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     pull_ctx *p = arg;
     const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
     if (st != PST_OK) {
-        rpc_call_fail(p->call, st, "%s", pst_error_detail());
+        if (__atomic_load_n(&p->svc->departed_set, __ATOMIC_ACQUIRE))
+            rpc_call_fail(p->call, st, "Pull of block %u: %s", req->block, p->svc->departed);
+        else
+            rpc_call_fail(p->call, st, "%s", pst_error_detail());
         release_pull(p);
         return;
     }
@@ -578,6 +583,8 @@ static void handle_vote(ps_service *svc, rpc_call *call)
     vote_slot *v = &svc->votes[req->step & 1];
     if (!svc->store)
         st = pst_error_set(PST_ERR_STATE, "Vote before Init: this pserver has no trainers yet");
+    else if (__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE))
+        st = pst_error_set(PST_ERR_STATE, "Vote: %s", svc->departed);
     else if (req->trainer_id >= svc->num_trainers)
         st = pst_error_set(PST_ERR_INVALID, "Vote from trainer %u: there are %u trainers",
                            req->trainer_id, svc->num_trainers);
@@ -710,14 +717,46 @@ static void handle_finish(ps_service *svc, rpc_call *call)
         return;
     }
     int first = !svc->finished[req->trainer_id];
+    int departs = 0;
     if (first) {
         __atomic_store_n(&svc->finished[req->trainer_id], 1, __ATOMIC_RELEASE);
         svc->nfinished++;
-        PST_INFO("trainer %u finished (%u of %u)", req->trainer_id, svc->nfinished,
-                 svc->num_trainers);
+        PST_INFO("trainer %u finished (%u of %u)%s%s", req->trainer_id, svc->nfinished,
+                 svc->num_trainers, req->early ? ", early: " : "",
+                 req->early ? req->reason : "");
+        /* Leaving early: no step after its last can complete, so every pull waiting for
+         * one (and every later one) fails now with the reason, instead of at its deadline. */
+        if (req->early && svc->nfinished < svc->num_trainers &&
+            !__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE)) {
+            char at[32];
+            if (req->step < 0)
+                snprintf(at, sizeof at, "before step 0");
+            else
+                snprintf(at, sizeof at, "at step %lld", (long long)req->step);
+            snprintf(svc->departed, sizeof svc->departed, "trainer %u left the job %s (%s)",
+                     req->trainer_id, at, req->reason && req->reason[0] ? req->reason
+                                                                        : "no reason given");
+            __atomic_store_n(&svc->departed_set, 1, __ATOMIC_RELEASE);
+            departs = 1;
+        }
     }
     int all = svc->nfinished == svc->num_trainers;
+    rpc_call *votes[2 * 4096];
+    int nvotes = 0;
+    for (int k = 0; departs && k < 2; k++) {
+        for (int i = 0; i < svc->votes[k].ncalls && nvotes < (int)(sizeof votes / sizeof *votes);
+             i++)
+            votes[nvotes++] = svc->votes[k].calls[i];
+        svc->votes[k].ncalls = 0;
+    }
+    ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
+    if (departs) {
+        PST_WARN("%s: failing the pulls that wait for it", svc->departed);
+        ps_store_cancel_waiters(store, PST_ERR_STATE);
+        for (int i = 0; i < nvotes; i++)
+            rpc_call_fail(votes[i], PST_ERR_STATE, "Vote: %s", svc->departed);
+    }
     /* Reply before reporting "all finished": main() fails every call still unanswered when
      * it shuts the server down. */
     Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;

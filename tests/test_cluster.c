@@ -1037,7 +1037,7 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
         checked++;
     }
     cr_assert_eq(checked, 2, "the first push always came back before the others were queued");
-    cr_assert_eq(tr_remote_finish(r), PST_OK);
+    cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
     tr_remote_free(r);
     tr_plan_free(&plan);
     cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
@@ -1437,7 +1437,9 @@ Test(cluster, hostile_inits_and_pushes_are_refused)
 }
 
 /* A trainer started with other flags than trainer 0 is refused at Init and exits 2 (a
- * configuration error), naming the difference. */
+ * configuration error), naming the difference; it tells the pserver it leaves, and trainer
+ * 0, waiting for its first step, fails at once with that reason instead of at its 60 s
+ * deadline (it is given 30 s here). */
 Test(cluster, trainer_with_other_flags_exits_2)
 {
     proc *ps;
@@ -1445,7 +1447,7 @@ Test(cluster, trainer_with_other_flags_exits_2)
     char pservers[64];
     snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
     const char *argv0[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
-                           "--rpc-timeout-ms", "3000", CONNECT_5S, NULL};
+                           CONNECT_5S, NULL};
     const char *argv1[] = {TRAINER, "--hidden", "48", "--steps", "3", "--progress", "none",
                            "--rpc-timeout-ms", "3000", CONNECT_5S, NULL};
     const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", NULL};
@@ -1459,8 +1461,50 @@ Test(cluster, trainer_with_other_flags_exits_2)
     cr_assert(strstr(err, "differ") || strstr(err, "other blocks") || strstr(err, "block 0 is"),
               "trainer 1 does not say what differs:\n%s", err);
     free(err);
-    kill(t0->pid, SIGTERM);
-    proc_wait(t0, EXIT_WAIT_MS);
+    cr_assert(proc_wait(t0, 30000), "trainer 0 still waits for the trainer that left");
+    err = slurp(t0->err_path);
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 1,
+              "trainer 0 exit status 0x%x; stderr:\n%s", t0->status, err);
+    cr_assert(strstr(err, "trainer 1 left the job before step 0"), "%s", err);
+    free(err);
+    pserver_stop(ps);
+}
+
+/* A trainer stopped by a signal mid-run tells the pservers; the other trainer's pull fails
+ * at once with "trainer 1 left the job at step N (stopped by signal)" and it exits 1,
+ * instead of waiting 60 s for its deadline (it is given 30 s here). */
+Test(cluster, trainer_stopped_by_signal_releases_the_others)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "100000", "--progress", "lines",
+                          CONNECT_5S, NULL};
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", NULL};
+    proc *t0 = proc_start(argv, env0);
+    proc *t1 = proc_start(argv, env1);
+    /* until trainer 1 has joined the job */
+    for (int i = 0; i < 1500; i++) {
+        char *e = slurp(t1->err_path);
+        int joined = strstr(e, "joined") != NULL;
+        free(e);
+        if (joined)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(200);
+    kill(t1->pid, SIGTERM);
+    cr_assert(proc_wait(t1, RUN_WAIT_MS), "trainer 1 did not stop");
+    cr_assert(proc_wait(t0, 30000), "trainer 0 still waits for the trainer that left");
+    char *err = slurp(t0->err_path);
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 1,
+              "trainer 0 exit status 0x%x; stderr:\n%s", t0->status, err);
+    cr_assert(strstr(err, "trainer 1 left the job at step") && strstr(err, "stopped by signal"),
+              "%s", err);
+    free(err);
+    pserver_stop(ps);
 }
 
 /* A pserver that cannot listen says why: the address does not resolve, or the port is in

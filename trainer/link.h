@@ -52,8 +52,11 @@ typedef struct tr_link_ops {
      * deadline. */
     pst_status (*vote)(tr_link *l, long step, int overflow, int *skip);
     void (*times)(const tr_link *l, int b, tr_exchange_times *out);
-    /* Ends the job on the link's side (Finish on every pserver). */
-    pst_status (*finish)(tr_link *l);
+    /* Ends the job on the link's side (Finish on every pserver). early != 0: this trainer
+     * leaves before the job's end, at (0-based) `step` (-1: before step 0, e.g. its Init
+     * was refused), for `reason`; the pservers then fail the other trainers' waiting pulls
+     * at once with that reason instead of letting them wait for their deadline. */
+    pst_status (*finish)(tr_link *l, int early, long step, const char *reason);
     void (*free)(tr_link *l);
 } tr_link_ops;
 

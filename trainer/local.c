@@ -128,9 +128,12 @@ static void local_times(const tr_link *l, int b, tr_exchange_times *out)
     *out = ((const tr_local *)l)->blocks[b].times;
 }
 
-static pst_status local_finish(tr_link *l)
+static pst_status local_finish(tr_link *l, int early, long step, const char *reason)
 {
     (void)l;
+    (void)early;
+    (void)step;
+    (void)reason;
     return PST_OK;
 }
 

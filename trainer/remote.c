@@ -498,10 +498,13 @@ static void finish_done(void *arg, pst_status st, const char *detail, const Prot
     batch_done(arg);
 }
 
-pst_status tr_remote_finish(tr_remote *r)
+pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason)
 {
     Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
     req.trainer_id = (uint32_t)r->cfg->trainer_id;
+    req.early = early != 0;
+    req.step = step;
+    req.reason = (char *)(reason ? reason : "");
     for (int s = 0; s < r->cfg->num_pservers; s++) {
         batch_add(r, 1);
         pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
@@ -560,9 +563,9 @@ static void link_times(const tr_link *l, int b, tr_exchange_times *out)
     tr_remote_times((const tr_remote *)l, b, out);
 }
 
-static pst_status link_finish(tr_link *l)
+static pst_status link_finish(tr_link *l, int early, long step, const char *reason)
 {
-    return tr_remote_finish((tr_remote *)l);
+    return tr_remote_finish((tr_remote *)l, early, step, reason);
 }
 
 static void link_free(tr_link *l)

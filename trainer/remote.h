@@ -38,7 +38,8 @@ pst_status tr_remote_start(tr_remote *r, float *params);
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float scale,
                               void *dst, tr_exchange_fn done, void *arg);
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
-/* Finish on every pserver. A pserver already gone is a warning, not an error. */
-pst_status tr_remote_finish(tr_remote *r);
+/* Finish on every pserver (early: leaving at `step` for `reason`, see link.h). A pserver
+ * already gone is a warning, not an error. */
+pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason);
 
 #endif /* TR_REMOTE_H */

@@ -183,7 +183,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     int32_t *y = NULL;
     uint32_t *perm = NULL;
     double *step_ms = NULL;
-    int started = 0;
+    int started = 0, joining = 0;
+    long step = 0;
     memset(sum, 0, sizeof *sum);
 
     if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
@@ -260,6 +261,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for batch buffers");
         goto error;
     }
+    joining = 1; /* a failed start still tells the pservers this trainer is gone */
     if ((st = tr_exec_start(ex, cfg->seed)) != PST_OK)
         goto error;
     started = 1;
@@ -267,7 +269,6 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     const int tty = cfg->progress == PST_PROGRESS_BAR ||
                     (cfg->progress == PST_PROGRESS_AUTO && isatty(STDERR_FILENO));
     const int lines = cfg->progress != PST_PROGRESS_NONE;
-    long step = 0;
     double train_time = 0.0, last_loss = 0.0, test_acc = 0.0;
     size_t samples = 0;
     for (int epoch = 0; epoch < epochs && step < total; epoch++) {
@@ -369,13 +370,15 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                                  (cfg->precision != PST_F32));
     if (trace && (st = tr_trace_write(trace)) != PST_OK)
         goto error;
-    st = link->ops->finish(link);
-    started = 0;
+    st = link->ops->finish(link, 0, step, NULL);
+    started = joining = 0;
 error:
-    if (started) {
+    /* (A start that failed for want of a pserver has no one to tell.) */
+    if (started || (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT)) {
+        /* Leaving early: the pservers tell the other trainers at once, with the reason. */
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        link->ops->finish(link);
+        link->ops->finish(link, 1, started ? step : -1, keep);
         pst_error_set(st, "%s", keep);
     }
     tr_exec_free(ex);
