@@ -352,6 +352,20 @@ static void handle_init(ps_service *svc, rpc_call *call)
     pthread_mutex_lock(&svc->mu);
     if (!svc->store) {
         if (req->trainer_id != 0) {
+            /* One waiting Init per trainer id: a retry replaces the one before (whose
+             * client has most likely given up), so a flood of them holds nothing. */
+            for (int i = 0; i < svc->nparked; i++) {
+                const Pstrain__InitRequest *old =
+                    (const Pstrain__InitRequest *)rpc_call_request(svc->parked[i]);
+                if (old->trainer_id == req->trainer_id) {
+                    rpc_call *stale = svc->parked[i];
+                    svc->parked[i] = call;
+                    pthread_mutex_unlock(&svc->mu);
+                    rpc_call_fail(stale, PST_ERR_STATE, "Init of trainer %u: replaced by a "
+                                  "newer Init of the same trainer", req->trainer_id);
+                    return;
+                }
+            }
             if (svc->nparked == MAX_PARKED) {
                 pthread_mutex_unlock(&svc->mu);
                 fail(call, pst_error_set(PST_ERR_UNAVAILABLE, "Init: too many trainers waiting "

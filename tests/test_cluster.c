@@ -1436,6 +1436,55 @@ Test(cluster, hostile_inits_and_pushes_are_refused)
     pserver_stop(ps);
 }
 
+typedef struct init_thread {
+    rpc_client *cl;
+    init_args a;
+    pst_status st;
+    char detail[256];
+} init_thread;
+
+static void *init_main(void *arg)
+{
+    init_thread *t = arg;
+    t->st = do_init(t->cl, &t->a, NULL);
+    snprintf(t->detail, sizeof t->detail, "%s", t->st == PST_OK ? "" : pst_error_detail());
+    return NULL;
+}
+
+/* Inits waiting for trainer 0's are bounded: one per trainer id, a retry replacing the
+ * Init before it (answered "replaced"), so a flood of them holds nothing. */
+Test(cluster, waiting_inits_one_per_trainer)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    init_thread t[3];
+    pthread_t th[3];
+    for (int k = 0; k < 3; k++) {
+        t[k] = (init_thread){.cl = cl, .a = {.trainer = 1, .ntrainers = 2, .optimizer = "sgd",
+                                             .lr = 1.0f, .fingerprint = 3}};
+        cr_assert_eq(pthread_create(&th[k], NULL, init_main, &t[k]), 0);
+        sleep_ms(200); /* one after the other (the outcome below does not depend on it) */
+    }
+    init_args zero = {.trainer = 0, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                      .fingerprint = 3, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &zero, NULL), PST_OK);
+    int ok = 0, replaced = 0;
+    for (int k = 0; k < 3; k++) {
+        pthread_join(th[k], NULL);
+        ok += t[k].st == PST_OK;
+        replaced += t[k].st == PST_ERR_STATE && strstr(t[k].detail, "replaced") != NULL;
+    }
+    cr_assert(ok == 1 && replaced == 2, "%d answered OK and %d replaced, want 1 and 2 (%s; %s; %s)",
+              ok, replaced, t[0].detail, t[1].detail, t[2].detail);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
 /* A trainer started with other flags than trainer 0 is refused at Init and exits 2 (a
  * configuration error), naming the difference; it tells the pserver it leaves, and trainer
  * 0, waiting for its first step, fails at once with that reason instead of at its 60 s
