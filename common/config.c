@@ -291,7 +291,7 @@ static const opt options[] = {
     {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
     {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
     {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
-    {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two (PyTorch GradScaler's default 2^16); halved on every overflow", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p64, NULL},
+    {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two from 2^-24 to 2^24 (PyTorch GradScaler's default 2^16); halved on every overflow, doubled after --loss-scale-window good steps up to 2^24", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p24, NULL},
     {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
     {"test-overflow", "PSTRAIN_TEST_OVERFLOW", NULL, NULL, "3", "test hook (fp16): this trainer's gradient overflows at this step, as if a value were infinite (-1: never)", R_TRAINER, OPT_LONG, F(test_overflow_step), -1, 1e12, NULL},
     {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
@@ -571,6 +571,10 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "(example: PSTRAIN_TRAINER_ID=0)", cfg->trainer_id, cfg->trainers);
         if (!cfg->grad_dtype_set)
             cfg->grad_dtype = cfg->precision;
+        if (cfg->precision == PST_F16 && cfg->mode == PST_MODE_ASYNC)
+            return pst_error_set(PST_ERR_INVALID, "--precision fp16 needs --mode sync: its "
+                                 "overflow vote keeps the trainers in step (example: "
+                                 "--precision bf16 --mode async)");
         int e;
         if (frexpf(cfg->loss_scale, &e) != 0.5f)
             return pst_error_set(PST_ERR_INVALID, "--loss-scale %g is not a power of two "

@@ -90,11 +90,12 @@ int main(int argc, char **argv)
         ps_service_get_report(svc, &r);
         pst_metrics_write(&metrics, "pserver",
                       "\"pserver_id\":%d,\"initialized\":%d,\"precision\":\"%s\","
-                      "\"casts\":%llu,\"optimizer_steps\":%lld,"
+                      "\"casts\":%llu,\"pull_casts\":%llu,\"optimizer_steps\":%lld,"
                       "\"casts_per_step\":%llu,\"owned\":%llu,\"skipped_steps\":%ld,"
                       "\"state_hash\":\"%016llx\"",
                       cfg.pserver_id, r.initialized, r.precision,
-                      (unsigned long long)r.casts, (long long)r.optimizer_steps,
+                      (unsigned long long)r.casts, (unsigned long long)r.pull_casts,
+                      (long long)r.optimizer_steps,
                       (unsigned long long)(r.optimizer_steps > 0
                                                ? r.casts / (uint64_t)r.optimizer_steps
                                                : 0),

@@ -31,7 +31,6 @@ typedef struct vote_slot {
     unsigned char *voted;         /* (num_trainers) */
     rpc_call **calls;             /* (2 num_trainers) waiting for the answer (retries too) */
     int ncalls;
-    rpc_call **answer;            /* (2 num_trainers) the calls being answered */
 } vote_slot;
 
 struct ps_service {
@@ -56,6 +55,8 @@ struct ps_service {
     char departed[512];           /* why the job cannot complete (a trainer left early) */
     int departed_set;             /* atomic: departed is written and final */
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
+    uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
+                                   * dtype the store keeps no copy in) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
     pthread_mutex_t pull_mu;
     struct pull_ctx *pull_free;   /* contexts whose reply was sent, with their buffers */
@@ -97,7 +98,6 @@ void ps_service_free(ps_service *svc)
     for (int k = 0; k < 2; k++) {
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
-        free(svc->votes[k].answer);
     }
     PST_INFO("%zu Pull calls served with %zu pull contexts", svc->pulls, svc->pull_allocs);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
@@ -233,8 +233,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         v->step = -1;
         v->voted = calloc(req->num_trainers, 1);
         v->calls = calloc(2 * (size_t)req->num_trainers, sizeof *v->calls);
-        v->answer = calloc(2 * (size_t)req->num_trainers, sizeof *v->answer);
-        votes_ok &= v->voted && v->calls && v->answer;
+        votes_ok &= v->voted && v->calls;
     }
     if (!svc->finished || !svc->block_ids || !svc->specs || !votes_ok) {
         free(svc->specs);
@@ -242,7 +241,6 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         for (int k = 0; k < 2; k++) {
             free(svc->votes[k].voted);
             free(svc->votes[k].calls);
-            free(svc->votes[k].answer);
             svc->votes[k] = (vote_slot){0};
         }
         free(svc->finished);
@@ -547,8 +545,10 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     }
     if (src)
         memcpy(p->buf, src, bytes); /* async: the next push may update the block */
-    else
-        pst_cast(p->buf, p->dtype, values, PST_F32, length); /* a dtype the store has no copy in */
+    else { /* a dtype the store has no copy in: cast for this pull, and counted */
+        pst_cast(p->buf, p->dtype, values, PST_F32, length);
+        __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
+    }
     rpc_call_reply(p->call, &reply.base, p->buf, bytes, release_pull, p);
 }
 
@@ -644,25 +644,38 @@ static void handle_vote(ps_service *svc, rpc_call *call)
         v->count++;
         v->overflow |= req->overflow;
     }
-    int n = 0;
+    int n = 0, decided_now = 0;
+    rpc_call **answer = NULL;
     if (v->count == svc->num_trainers) {
-        v->decided = 1;
+        v->decided = decided_now = 1;
         n = v->ncalls;
-        memcpy(v->answer, v->calls, (size_t)n * sizeof *v->calls);
-        v->ncalls = 0;
+        /* Answered after the lock is released, from a list of this call's own: with
+         * retries, step + 2 can be decided (and the slot reused) before the last of these
+         * answers is out. */
+        answer = malloc((size_t)n * sizeof *answer);
+        if (answer) {
+            memcpy(answer, v->calls, (size_t)n * sizeof *v->calls);
+            v->ncalls = 0;
+        }
         if (v->overflow)
             svc->skipped++;
     }
     const int skip = v->overflow;
     const long skipped = svc->skipped;
+    const int64_t step = req->step;
+    if (n && !answer) { /* no memory for the list: answer under the lock */
+        for (int i = 0; i < n; i++)
+            answer_vote(v->calls[i], step, skip);
+        v->ncalls = 0;
+        n = 0;
+    }
     pthread_mutex_unlock(&svc->mu);
-    if (n && skip)
+    if (decided_now && skip)
         PST_INFO("step %lld skipped everywhere: a trainer's fp16 gradient overflowed (%ld "
-                 "skipped so far)", (long long)req->step, skipped);
-    /* v->answer is rewritten only when step + 2 is decided, which needs every trainer to
-     * have had this answer. */
+                 "skipped so far)", (long long)step, skipped);
     for (int i = 0; i < n; i++)
-        answer_vote(v->answer[i], req->step, skip);
+        answer_vote(answer[i], step, skip);
+    free(answer);
 }
 
 /* ---- Finish --------------------------------------------------------------------------- */
@@ -686,6 +699,8 @@ static void log_casts(ps_service *svc)
                  (unsigned long long)(r.optimizer_steps > 0 ? r.casts / (uint64_t)r.optimizer_steps
                                                             : 0),
                  (unsigned long long)r.owned);
+    PST_INFO("pull casts: %llu elements cast for single pulls (0 when every pull is in the "
+             "job's precision)", (unsigned long long)r.pull_casts);
     PST_INFO("state: hash %016llx of the values, optimizer state and versions after %lld "
              "optimizer steps (%ld skipped for fp16 overflow)",
              (unsigned long long)r.state_hash, (long long)r.optimizer_steps, r.skipped_steps);
@@ -697,6 +712,7 @@ void ps_service_get_report(ps_service *svc, ps_service_report *out)
     pthread_mutex_lock(&svc->mu);
     ps_store *store = svc->store;
     out->skipped_steps = svc->skipped;
+    out->pull_casts = __atomic_load_n(&svc->pull_casts, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&svc->mu);
     if (!store)
         return;

@@ -44,6 +44,7 @@ typedef struct ps_service_report {
     int initialized;          /* trainer 0's Init made the store; the rest is 0 otherwise */
     const char *precision;    /* the store's low-precision copy: "bf16", "f16" or "f32" */
     uint64_t casts;           /* ps_store_cast_count */
+    uint64_t pull_casts;      /* elements cast for single pulls (dtype without a copy) */
     int64_t optimizer_steps;  /* the highest block version */
     uint64_t owned;           /* parameters of this pserver's blocks */
     long skipped_steps;       /* fp16 steps the vote skipped everywhere */

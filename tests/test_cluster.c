@@ -607,6 +607,24 @@ Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 240)
     }
 }
 
+/* fp16 with fp32 gradients on the wire never overflows, so the scale only grows: it stops
+ * at 2^24 (unbounded, it reached 2^127 after 111 steps of --loss-scale-window 1 and the
+ * pserver refused it). One trainer with a pserver, 130 steps. */
+Test(cluster, fp16_loss_scale_growth_is_bounded)
+{
+    const char *argv[] = {PSLAUNCH, "--pservers", "1", "--trainers", "1", "--timeout", "90", "--",
+                          TRAINER, "--hidden", "8", "--batch", "8", "--steps", "130",
+                          "--precision", "fp16", "--grad-dtype", "fp32", "--loss-scale-window",
+                          "1", "--progress", "none", "--log-level", "warn", CONNECT_5S, NULL};
+    char *out, *err;
+    int rc = run(argv, NULL, RUN_WAIT_MS + 30000, &out, &err);
+    cr_assert_eq(rc, 0, "exit %d; stderr:\n%s", rc, err);
+    cr_assert_eq(summary_value(out, "loss_scale"), 16777216.0, "%s", out);
+    cr_assert_eq((long)summary_value(out, "skipped_steps"), 0, "%s", out);
+    free(out);
+    free(err);
+}
+
 /* Trainers started by hand against pservers started here (so the test reads the pservers'
  * logs): T trainers with `flags`, each its own stdout. */
 static void run_trainers(int T, const int *ports, int S, const char *const flags[], char **outs)
@@ -715,6 +733,10 @@ Test(cluster, pserver_casts_its_parameters_once_per_step, .timeout = 240)
                          1);
             cr_assert_eq(sscanf(strstr(q, "\"owned\":"), "\"owned\":%llu", &owned), 1);
             cr_assert_eq(per, owned, "%s", q);
+            unsigned long long pull_casts = 1;
+            cr_assert_eq(sscanf(strstr(q, "\"pull_casts\":"), "\"pull_casts\":%llu", &pull_casts),
+                         1);
+            cr_assert_eq(pull_casts, 0, "pulls were cast one by one: %s", q);
             free(m);
             unlink(mpath);
             for (int t = 0; t < Ts[i]; t++)

@@ -997,6 +997,22 @@ Test(config, precision_micro_batches_and_loss_scale)
     expect_detail_has("acc-steps", "example");
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "1000"), PST_ERR_INVALID);
     expect_detail_has("loss-scale", "power of two");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "0"), PST_ERR_INVALID);
+    expect_detail_has("loss-scale", NULL);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "-65536"), PST_ERR_INVALID);
+    expect_detail_has("loss-scale", NULL);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "33554432"), /* 2^25 */
+                 PST_ERR_INVALID);
+    expect_detail_has("loss-scale", NULL);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale", "nan"), PST_ERR_INVALID);
+    expect_detail_has("loss-scale", NULL);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--loss-scale-window", "0"), PST_ERR_INVALID);
+    expect_detail_has("loss-scale-window", "example");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER,
+                      ENV("PSTRAIN_PSERVERS", "127.0.0.1:7164", "PSTRAIN_MODE", "async"),
+                      "--precision", "fp16"),
+                 PST_ERR_INVALID);
+    expect_detail_has("fp16", "sync");
     /* 2 trainers x 4 micro-batches need 8 rows */
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER,
                       ENV("PSTRAIN_TRAINERS", "2", "PSTRAIN_PSERVERS", "127.0.0.1:7164"),

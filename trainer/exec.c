@@ -1085,9 +1085,15 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
         if (skip) {
             ex->skipped++;
             ex->good_steps = 0;
+            for (int b = 0; b < ex->plan->nblocks; b++) /* the spans send_reduce opened */
+                mark_end(ex->devs[ex->blocks[b].b->owner_device].send, ex->blocks[b].send_span);
             PST_TRY(sync_streams(ex, 0));
             PST_TRY(add_losses(ex, loss_sum));
             set_accumulate(ex, 0);
+            if (ex->loss_scale <= PST_LOSS_SCALE_MIN)
+                return pst_error_set(PST_ERR_STATE, "fp16: step %ld overflowed at the smallest "
+                                     "loss scale (2^-24): the gradients are not finite at any "
+                                     "scale (a NaN or infinite loss?)", step);
             ex->loss_scale *= 0.5f; /* the next step's; this one's gradient is dropped */
             return PST_OK;
         }
@@ -1112,7 +1118,8 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
     ex->applied++;
     if (ex->scaler && ++ex->good_steps == ex->c.cfg->loss_scale_window) {
         ex->good_steps = 0;
-        ex->loss_scale *= 2.0f; /* GradScaler's growth */
+        if (ex->loss_scale < PST_LOSS_SCALE_MAX) /* GradScaler's growth, bounded */
+            ex->loss_scale *= 2.0f;
     }
     return PST_OK;
 }

@@ -72,7 +72,10 @@ pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 pst_status tr_exec_params(tr_exec *ex, float *dst);
 size_t tr_exec_peak_bytes(const tr_exec *ex, int device);
 /* fp16: the loss scale of the next step (GradScaler's rule: --loss-scale to start, x2
- * after --loss-scale-window steps without overflow, x0.5 on overflow); 1 otherwise. */
+ * after --loss-scale-window steps without overflow up to PST_LOSS_SCALE_MAX, x0.5 on
+ * overflow; an overflow at PST_LOSS_SCALE_MIN fails the step); 1 otherwise. */
+#define PST_LOSS_SCALE_MAX 0x1p24f
+#define PST_LOSS_SCALE_MIN 0x1p-24f
 float tr_exec_loss_scale(const tr_exec *ex);
 /* Steps skipped because some trainer's fp16 gradient overflowed (every pserver and trainer
  * skipped them: no block changed); *last (may be NULL): whether the last step was one. */
