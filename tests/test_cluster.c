@@ -997,6 +997,49 @@ static void count_done(void *arg, pst_status st, const char *detail)
     pthread_mutex_unlock(&dc->mu);
 }
 
+/* A push the pserver refuses (a NaN gradient) ends the exchange at once, with the push's
+ * error, instead of after its pull's 60 s deadline: the trainer leaves the job (an early
+ * Finish), which fails the waiting pulls. The test gives it 20 s. */
+Test(cluster, refused_push_ends_the_exchange_at_once, .timeout = 40)
+{
+    enum { LEN = 256 };
+    proc *ps;
+    int port = pserver_start(&ps);
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    cfg.num_pservers = 1;
+    snprintf(cfg.pservers[0], sizeof cfg.pservers[0], "127.0.0.1:%d", port);
+    cfg.trainers = 2; /* trainer 1 never comes: the pull could only end at its deadline */
+    cfg.trainer_id = 0;
+    cfg.rpc_timeout_ms = 60000;
+    cfg.connect_timeout_ms = 5000;
+    static float params[LEN], grads[LEN];
+    grads[7] = NAN;
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, LEN, cfg.block_bytes, 1, 1), PST_OK);
+    tr_remote *r;
+    cr_assert_eq(tr_remote_init(&r, &cfg, &plan), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
+    done_count dc = {.st = PST_OK};
+    pthread_mutex_init(&dc.mu, NULL);
+    pthread_cond_init(&dc.cv, NULL);
+    cr_assert_eq(tr_remote_exchange(r, 0, 0, grads, 1.0f, params, count_done, &dc), PST_OK);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 20;
+    pthread_mutex_lock(&dc.mu);
+    while (dc.n < 1 && pthread_cond_timedwait(&dc.cv, &dc.mu, &until) == 0)
+        ;
+    int n = dc.n;
+    pst_status st = dc.st;
+    pthread_mutex_unlock(&dc.mu);
+    cr_assert_eq(n, 1, "the exchange of a refused push still waits");
+    cr_assert_eq(st, PST_ERR_INVALID, "%s", pst_strerror(st));
+    tr_remote_free(r);
+    tr_plan_free(&plan);
+    pserver_stop(ps);
+}
+
 Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
 {
     enum { WNB = 8, WLEN = 1024 };

@@ -105,6 +105,10 @@ struct tr_remote {
     long pending;
     pst_status err;
     char err_detail[512];
+    /* leaving the job after a failed push (leave_on_push_failure) */
+    atomic_int left;
+    Pstrain__FinishRequest leave;
+    char leave_reason[640];
 };
 
 /* ---- blocking batches ----------------------------------------------------------------- */
@@ -234,6 +238,38 @@ static void start_pull(block_ctx *c, int64_t version)
     }
 }
 
+static void leave_done(void *arg, pst_status st, const char *detail,
+                       const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    (void)arg;
+    (void)reply;
+    (void)payload;
+    if (st != PST_OK)
+        PST_DEBUG("early Finish: %s", detail);
+}
+
+/* Sync: a push that failed for good means this trainer cannot make the step, and its own
+ * pull of the block (and every other trainer's) would wait for the deadline. It leaves
+ * the job at once: an early Finish on every pserver, which fails every waiting pull with
+ * the reason, this trainer's included. Once per link. */
+static void leave_on_push_failure(block_ctx *c, const char *detail)
+{
+    tr_remote *r = c->r;
+    if (atomic_exchange(&r->left, 1))
+        return;
+    snprintf(r->leave_reason, sizeof r->leave_reason, "push of block %u failed: %s", c->b->id,
+             detail);
+    pstrain__finish_request__init(&r->leave);
+    r->leave.trainer_id = (uint32_t)r->cfg->trainer_id;
+    r->leave.early = 1;
+    r->leave.step = c->step;
+    r->leave.reason = r->leave_reason;
+    for (int s = 0; s < r->cfg->num_pservers; s++)
+        if (rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &r->leave.base, NULL, 0, NULL,
+                                  leave_done, r) != PST_OK)
+            PST_DEBUG("early Finish to pserver %d: %s", s, pst_error_detail());
+}
+
 static void push_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
@@ -246,6 +282,8 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
         exchange_error(c, st, detail);
         if (c->r->cfg->mode == PST_MODE_ASYNC)
             exchange_step_done(c); /* the pull that would have followed */
+        else
+            leave_on_push_failure(c, detail);
     } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
         start_pull(c, 0);
     }
