@@ -69,7 +69,8 @@ int main(int argc, char **argv)
         goto out;
     }
     rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
-                            .handler = ps_service_handle, .handler_arg = svc};
+                            .handler = ps_service_handle, .handler_arg = svc,
+                            .on_cancel = ps_service_cancelled};
     if (rpc_server_init(&srv, &sc) != PST_OK) {
         fprintf(stderr, "pserver: %s\n", pst_error_detail());
         rc = 1;

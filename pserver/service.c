@@ -62,6 +62,7 @@ struct ps_service {
     struct pull_ctx *pull_free;   /* contexts whose reply was sent, with their buffers */
     size_t pull_allocs;           /* contexts ever allocated (the most pulls in flight) */
     size_t pulls;                 /* Pull calls handled */
+    size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
 };
 
 /* A pull in flight; back on svc->pull_free once its reply was sent (release_pull). */
@@ -73,6 +74,10 @@ typedef struct pull_ctx {
     void *buf;                    /* cast or copy of the values (async or not f32) */
     size_t cap;                   /* bytes allocated at buf, kept across reuses */
     struct pull_ctx *next;        /* in svc->pull_free */
+    /* under svc->pull_mu: the cancellation of an abandoned pull (pull_cancelled) */
+    int inflight;                 /* serving `call` (not on the free list) */
+    int cancelling;               /* pull_cancelled is withdrawing it: not reusable yet */
+    int release_pending;          /* its release came while cancelling */
 } pull_ctx;
 
 pst_status ps_service_init(ps_service **out)
@@ -99,7 +104,8 @@ void ps_service_free(ps_service *svc)
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
     }
-    PST_INFO("%zu Pull calls served with %zu pull contexts", svc->pulls, svc->pull_allocs);
+    PST_INFO("%zu Pull calls served with %zu pull contexts (%zu given up by their client)",
+             svc->pulls, svc->pull_allocs, svc->pulls_abandoned);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
         next = p->next;
         free(p->buf);
@@ -472,16 +478,19 @@ static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
     else
         svc->pull_allocs++; /* counts a failed calloc too: it is the caller's NOMEM */
     svc->pulls++;
+    if (!p)
+        p = calloc(1, sizeof *p);
+    if (p) { /* under the lock: pull_cancelled reads call and inflight */
+        void *buf = p->buf;
+        size_t cap = p->cap;
+        memset(p, 0, sizeof *p);
+        p->buf = buf;
+        p->cap = cap;
+        p->svc = svc;
+        p->call = call;
+        p->inflight = 1;
+    }
     pthread_mutex_unlock(&svc->pull_mu);
-    if (!p && !(p = calloc(1, sizeof *p)))
-        return NULL;
-    void *buf = p->buf;
-    size_t cap = p->cap;
-    memset(p, 0, sizeof *p);
-    p->buf = buf;
-    p->cap = cap;
-    p->svc = svc;
-    p->call = call;
     return p;
 }
 
@@ -491,9 +500,56 @@ static void release_pull(void *arg)
     pull_ctx *p = arg;
     ps_service *svc = p->svc;
     pthread_mutex_lock(&svc->pull_mu);
-    p->next = svc->pull_free;
-    svc->pull_free = p;
+    if (p->cancelling) {
+        p->release_pending = 1; /* pull_cancelled puts it back */
+    } else {
+        p->inflight = 0;
+        p->next = svc->pull_free;
+        svc->pull_free = p;
+    }
     pthread_mutex_unlock(&svc->pull_mu);
+}
+
+/* A Pull whose client gave up (deadline, cancel) while it waited for its version: its
+ * waiter is withdrawn from the store and the call failed at once, so nothing is kept for
+ * it. From the server's on_cancel (or handle_pull, when the cancel came first). A pull
+ * being answered meanwhile is left to its answer; the context is reused only after both. */
+static void pull_cancelled(ps_service *svc, rpc_call *call)
+{
+    pull_ctx *p = rpc_call_owner(call);
+    if (!p)
+        return; /* not a queued pull */
+    pthread_mutex_lock(&svc->pull_mu);
+    int mine = p->call == call && p->inflight && !p->cancelling;
+    if (mine)
+        p->cancelling = 1;
+    pthread_mutex_unlock(&svc->pull_mu);
+    if (!mine)
+        return;
+    pthread_mutex_lock(&svc->mu);
+    ps_store *store = svc->store;
+    pthread_mutex_unlock(&svc->mu);
+    const int withdrawn = store && ps_store_pull_cancel(store, &p->waiter);
+    if (withdrawn) {
+        __atomic_fetch_add(&svc->pulls_abandoned, 1, __ATOMIC_RELAXED);
+        rpc_call_fail(call, PST_ERR_TIMEOUT, "Pull: the client gave up waiting");
+    }
+    pthread_mutex_lock(&svc->pull_mu);
+    p->cancelling = 0;
+    if (withdrawn || p->release_pending) {
+        p->release_pending = 0;
+        p->inflight = 0;
+        p->next = svc->pull_free;
+        svc->pull_free = p;
+    }
+    pthread_mutex_unlock(&svc->pull_mu);
+}
+
+void ps_service_cancelled(void *arg, rpc_call *call)
+{
+    ps_service *svc = arg;
+    if (rpc_call_method(call) == RPC_METHOD_PULL)
+        pull_cancelled(svc, call);
 }
 
 static Pstrain__DType dtype_to_wire(pst_dtype t)
@@ -569,7 +625,13 @@ static void handle_pull(ps_service *svc, rpc_call *call)
     if (st != PST_OK) {
         release_pull(p);
         fail(call, st);
+        return;
     }
+    /* Queued (or answered already: then p may serve another call by now, which
+     * pull_cancelled sees). A cancel before this found no owner: it is caught here. */
+    rpc_call_set_owner(call, p);
+    if (rpc_call_cancelled(call))
+        pull_cancelled(svc, call);
 }
 
 /* ---- Vote ------------------------------------------------------------------------------ */

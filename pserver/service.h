@@ -30,6 +30,9 @@ typedef struct ps_service ps_service;
 pst_status ps_service_init(ps_service **out);
 /* The rpc_server handler; `arg` is the ps_service. */
 void ps_service_handle(void *arg, rpc_call *call);
+/* The rpc_server's on_cancel: a Pull whose client gave up is withdrawn from the store and
+ * failed at once (nothing is kept for it). */
+void ps_service_cancelled(void *arg, rpc_call *call);
 /* Blocks until every trainer has finished or `stop` becomes non-zero (checked every
  * 100 ms). Returns 1 when the trainers finished, 0 when stopped. */
 int ps_service_wait(ps_service *svc, volatile int *stop);

@@ -77,6 +77,7 @@ struct rpc_call {
     rpc_message *msg;
     char *peer; /* gpr_malloc'd */
     int close_cancelled;
+    void *_Atomic owner;  /* rpc_call_set_owner */
     atomic_int cancelled;
     atomic_int completed;
     atomic_int grpc_refs; /* close op + send op */
@@ -107,6 +108,7 @@ struct rpc_server {
     int port;
     rpc_handler_fn handler;
     void *handler_arg;
+    rpc_cancel_fn on_cancel;
     pthread_t threads[SRV_MAX_THREADS];
     int nthreads;
     struct srv_tag t_shutdown;
@@ -226,9 +228,12 @@ static void on_close(rpc_call *c)
 {
     if (c->close_cancelled) {
         atomic_store(&c->cancelled, 1);
-        if (!atomic_load(&c->completed))
+        if (!atomic_load(&c->completed)) {
             PST_DEBUG("rpc server: %s call from %s cancelled before its reply",
                       rpc_method_name(c->method), c->peer != NULL ? c->peer : "?");
+            if (c->srv->on_cancel) /* our gRPC reference keeps c alive meanwhile */
+                c->srv->on_cancel(c->srv->handler_arg, c);
+        }
     }
     call_grpc_unref(c);
 }
@@ -492,6 +497,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pthread_cond_init(&s->cv, NULL);
     s->handler = cfg->handler;
     s->handler_arg = cfg->handler_arg;
+    s->on_cancel = cfg->on_cancel;
     s->t_shutdown = (struct srv_tag){TAG_SHUTDOWN, s};
     pst_status st = PST_OK;
 
@@ -672,6 +678,16 @@ const ProtobufCMessage *rpc_call_request(const rpc_call *c)
 const rpc_payload *rpc_call_payload(const rpc_call *c)
 {
     return rpc_message_payload(c->msg);
+}
+
+void rpc_call_set_owner(rpc_call *c, void *owner)
+{
+    atomic_store(&c->owner, owner);
+}
+
+void *rpc_call_owner(const rpc_call *c)
+{
+    return atomic_load(&((rpc_call *)c)->owner);
 }
 
 int rpc_call_cancelled(const rpc_call *c)

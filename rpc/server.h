@@ -28,11 +28,19 @@ typedef struct rpc_call rpc_call;
  * rpc_call_reply() or rpc_call_fail(). */
 typedef void (*rpc_handler_fn)(void *arg, rpc_call *call);
 
+/* Optional: told, on one of the server's threads, that a call the owner has not completed
+ * yet was cancelled by its client (it went away, or its deadline passed), so the owner can
+ * release what it holds for it at once instead of when it would have answered. The owner
+ * still completes the call (rpc_call_fail) unless it is completing it on another thread;
+ * the call stays valid during the callback. Called at most once per call. */
+typedef void (*rpc_cancel_fn)(void *arg, rpc_call *call);
+
 typedef struct rpc_server_config {
     const char *bind;      /* "host:port"; port 0 picks a free port (rpc_server_port) */
     int threads;           /* completion-queue threads running handlers; 0 -> 2 */
     rpc_handler_fn handler;
     void *handler_arg;
+    rpc_cancel_fn on_cancel;  /* optional; gets handler_arg */
 } rpc_server_config;
 
 /* Creates the server, binds cfg->bind, starts serving. *out is NULL on failure.
@@ -73,6 +81,9 @@ const rpc_payload *rpc_call_payload(const rpc_call *c);
 /* 1 once the client went away or its deadline passed (the reply would be dropped), else
  * 0. A deferred call that is cancelled still needs to be completed by the owner. */
 int rpc_call_cancelled(const rpc_call *c);
+/* A pointer of the owner's kept with the call (for on_cancel); NULL until set. */
+void rpc_call_set_owner(rpc_call *c, void *owner);
+void *rpc_call_owner(const rpc_call *c);
 /* The peer's address ("ipv4:127.0.0.1:41234"); owned by the call. */
 const char *rpc_call_peer(const rpc_call *c);
 
