@@ -40,7 +40,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpc/compression.h>
 #include <grpc/grpc.h>
+#include <grpc/byte_buffer.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
@@ -379,7 +381,20 @@ static void on_new_call(rpc_call *c, int success)
 
     grpc_byte_buffer *bb = c->req_bb;
     c->req_bb = NULL;
-    pst_status st = rpc_wire_decode(bb, rpc_method_request_desc(c->method), &c->msg);
+    /* Pull, Finish and Vote carry a header only: a large body is hostile and is refused
+     * before it is decoded (compressed bodies are refused by gRPC: see the channel args). */
+    const size_t body = grpc_byte_buffer_length(bb);
+    pst_status st = PST_OK;
+    if (c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
+        body > RPC_SMALL_REQUEST_MAX) {
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+        st = pst_error_set(PST_ERR_INVALID, "%s request of %zu bytes: at most %d (it carries "
+                           "no payload)", rpc_method_name(c->method), body,
+                           RPC_SMALL_REQUEST_MAX);
+    }
+    if (st == PST_OK)
+        st = rpc_wire_decode(bb, rpc_method_request_desc(c->method), &c->msg);
     if (st != PST_OK) {
         PST_DEBUG("rpc server: bad %s request from %s: %s", rpc_method_name(c->method),
                   c->peer != NULL ? c->peer : "?", pst_error_detail());
@@ -502,7 +517,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
-    grpc_arg args[3];
+    grpc_arg args[4];
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -513,7 +528,12 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     args[2].type = GRPC_ARG_INTEGER;
     args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
     args[2].value.integer = 0;
-    grpc_channel_args cargs = {3, args};
+    /* Identity only: a compressed request is refused by gRPC, so a body's size on the wire
+     * is its size in memory (64 MiB of zeros gzip to a few KiB). */
+    args[3].type = GRPC_ARG_INTEGER;
+    args[3].key = (char *)GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET;
+    args[3].value.integer = 1 << GRPC_COMPRESS_NONE;
+    grpc_channel_args cargs = {4, args};
     s->server = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);

@@ -21,6 +21,10 @@
 #include "rpc/wire.h"
 
 typedef struct rpc_server rpc_server;
+
+/* The largest body of a request without payload (Pull, Finish, Vote): larger ones are
+ * refused INVALID_ARGUMENT before they are decoded. Compressed requests are refused. */
+#define RPC_SMALL_REQUEST_MAX 65536
 typedef struct rpc_call rpc_call;
 
 /* Receives every decoded request, on one of the server's threads. It must not block for

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/compression.h>
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
@@ -21,14 +22,19 @@ typedef struct raw_result {
     double secs;
 } raw_result;
 
-static raw_result raw_call(int port, const char *method, const void *body, size_t len,
-                           int timeout_ms)
+/* gzip: the channel compresses the request with gzip (a client the pserver must refuse). */
+static raw_result raw_call_gz(int port, const char *method, const void *body, size_t len,
+                              int timeout_ms, int gzip)
 {
     raw_result r = {.code = GRPC_STATUS_UNKNOWN, .pst = -1};
     char target[64];
     snprintf(target, sizeof(target), "127.0.0.1:%d", port);
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-    grpc_channel *ch = grpc_channel_create(target, creds, NULL);
+    grpc_arg arg = {.type = GRPC_ARG_INTEGER,
+                    .key = (char *)GRPC_COMPRESSION_CHANNEL_DEFAULT_ALGORITHM,
+                    .value.integer = GRPC_COMPRESS_GZIP};
+    grpc_channel_args cargs = {1, &arg};
+    grpc_channel *ch = grpc_channel_create(target, creds, gzip ? &cargs : NULL);
     grpc_channel_credentials_release(creds);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
@@ -89,6 +95,12 @@ static raw_result raw_call(int port, const char *method, const void *body, size_
     grpc_completion_queue_destroy(cq);
     grpc_channel_destroy(ch);
     return r;
+}
+
+static raw_result raw_call(int port, const char *method, const void *body, size_t len,
+                           int timeout_ms)
+{
+    return raw_call_gz(port, method, body, len, timeout_ms, 0);
 }
 
 #endif /* PST_TESTS_RAW_CALL_H */

@@ -1638,6 +1638,43 @@ Test(cluster, abandoned_pulls_are_released, .timeout = 120)
     free(err);
 }
 
+/* What a stranger can make the pserver hold is bounded: a Pull (or Finish, Vote) with a
+ * large body is refused before it is decoded, and a compressed request (64 MiB of zeros
+ * gzip to a few KiB on the wire) is refused by gRPC; the pserver keeps serving. */
+Test(cluster, large_and_compressed_requests_are_refused)
+{
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    /* a valid Pull header followed by 1 MiB */
+    Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
+    req.block = 0;
+    req.version = 0;
+    uint8_t hdr[64];
+    size_t hl = pstrain__pull_request__pack(&req, hdr);
+    size_t len = 4 + hl + (1u << 20);
+    uint8_t *body = calloc(1, len);
+    body[0] = (uint8_t)hl;
+    memcpy(body + 4, hdr, hl);
+    raw_result r = raw_call(port, "/pstrain.PServer/Pull", body, len, 10000);
+    cr_assert_eq(r.code, GRPC_STATUS_INVALID_ARGUMENT, "%d: %s", (int)r.code, r.detail);
+    cr_assert(strstr(r.detail, "at most 65536"), "%s", r.detail);
+    r = raw_call_gz(port, "/pstrain.PServer/Pull", body, 4 + hl, 10000, 1);
+    cr_assert_neq(r.code, GRPC_STATUS_OK, "a gzip request was accepted");
+    cr_log_info("gzip Pull: status %d: %s\n", (int)r.code, r.detail);
+    free(body);
+    /* and it still serves */
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 2, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
 /* A trainer started with other flags than trainer 0 is refused at Init and exits 2 (a
  * configuration error), naming the difference; it tells the pserver it leaves, and trainer
  * 0, waiting for its first step, fails at once with that reason instead of at its 60 s
