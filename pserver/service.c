@@ -545,11 +545,38 @@ static void pull_cancelled(ps_service *svc, rpc_call *call)
     pthread_mutex_unlock(&svc->pull_mu);
 }
 
+/* An Init or Vote whose client gave up while it waited (for trainer 0, for the other
+ * votes) leaves its list and is failed now. */
+static void parked_cancelled(ps_service *svc, rpc_call *call)
+{
+    int found = 0;
+    pthread_mutex_lock(&svc->mu);
+    for (int i = 0; i < svc->nparked && !found; i++)
+        if (svc->parked[i] == call) {
+            svc->parked[i] = svc->parked[--svc->nparked];
+            found = 1;
+        }
+    for (int k = 0; k < 2 && !found; k++) {
+        vote_slot *v = &svc->votes[k];
+        for (int i = 0; i < v->ncalls && !found; i++)
+            if (v->calls[i] == call) {
+                v->calls[i] = v->calls[--v->ncalls]; /* its vote stays counted */
+                found = 1;
+            }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    if (found)
+        rpc_call_fail(call, PST_ERR_TIMEOUT, "%s: the client gave up waiting",
+                      rpc_method_name(rpc_call_method(call)));
+}
+
 void ps_service_cancelled(void *arg, rpc_call *call)
 {
     ps_service *svc = arg;
     if (rpc_call_method(call) == RPC_METHOD_PULL)
         pull_cancelled(svc, call);
+    else if (rpc_call_method(call) == RPC_METHOD_INIT || rpc_call_method(call) == RPC_METHOD_VOTE)
+        parked_cancelled(svc, call);
 }
 
 static Pstrain__DType dtype_to_wire(pst_dtype t)
