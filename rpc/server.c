@@ -383,7 +383,7 @@ static void on_new_call(rpc_call *c, int success)
     c->req_bb = NULL;
     /* Pull, Finish and Vote carry a header only: a large body is hostile and is refused
      * before it is decoded (compressed bodies are refused by gRPC: see the channel args). */
-    const size_t body = grpc_byte_buffer_length(bb);
+    const size_t body = bb ? grpc_byte_buffer_length(bb) : 0; /* NULL: no message came */
     pst_status st = PST_OK;
     if (c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
         body > RPC_SMALL_REQUEST_MAX) {

@@ -1579,8 +1579,9 @@ static void abandoned_done(void *arg, pst_status st, const char *detail,
 /* Pulls for a version that never comes, whose clients give up after 50 ms: the pserver
  * withdraws each one when its client goes (it used to keep the queue entry and the
  * request until the version came, about 14 KB each): after 10 rounds of 200 (gRPC's and
- * the allocator's own warm-up) 30 more leave its resident memory flat (under 2 MB more),
- * and it reports all 8000 given up. */
+ * the allocator's own warm-up) 30 more leave its resident memory flat: under 16 MB more
+ * (measured 0.7 MB alone, 2.6 MB beside the other suites; 82 MB when they were kept), and
+ * it reports all 8000 given up. */
 Test(cluster, abandoned_pulls_are_released, .timeout = 120)
 {
     proc *ps;
@@ -1625,7 +1626,7 @@ Test(cluster, abandoned_pulls_are_released, .timeout = 120)
     long after_last = rss_kb(ps->pid);
     cr_log_info("pserver RSS %ld kB after the first round, %ld kB after the last\n",
                 after_first, after_last);
-    cr_assert(after_first > 0 && after_last - after_first < 2048,
+    cr_assert(after_first > 0 && after_last - after_first < 16384,
               "pserver RSS grew from %ld to %ld kB over 30 rounds of abandoned pulls",
               after_first, after_last);
     rpc_client_free(impatient);

@@ -131,6 +131,8 @@ struct tr_exec {
     long skipped;                  /* steps skipped for overflow */
     int last_skip;                 /* the last step was skipped */
     atomic_int overflow;           /* a block of this step overflowed (check_overflow) */
+    atomic_long exchanges;         /* started and not yet done: tr_exec_free waits for them
+                                    * (their done callbacks touch the blocks' flags) */
     long applied;                  /* updates made: the exchanges' step numbers */
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
@@ -618,6 +620,11 @@ void tr_exec_free(tr_exec *ex)
         return;
     if (ex->devs)
         tr_exec_sync(ex);
+    /* After a failure the streams are done but an exchange may still be in flight (its
+     * push or pull answers later, at the latest at its RPC deadline): its done callback
+     * signals a block's flag, so everything waits for it. */
+    while (atomic_load(&ex->exchanges) > 0)
+        usleep(1000);
     for (int b = 0; ex->blocks && b < ex->plan->nblocks; b++) {
         exec_block *eb = &ex->blocks[b];
         pst_device *owner = ex->devs[eb->b->owner_device].dev;
@@ -862,6 +869,7 @@ static void exchange_done(void *arg, pst_status st, const char *detail)
     /* The recv stream waits on the flag, not in a host function: on CUDA that would hold
      * the driver's one callback thread and stall every stream's host functions. */
     pst_flag_signal(eb->landed, (uint64_t)eb->step + 1, st, detail);
+    atomic_fetch_sub(&ex->exchanges, 1); /* last: ex may be freed right after */
 }
 
 /* On the owner's send stream, after the reduce: starts the block's push + pull. */
@@ -875,8 +883,12 @@ static pst_status issue_exchange(void *arg)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
-    return ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad, slot->scale,
-                                     slot->dst, exchange_done, eb);
+    atomic_fetch_add(&ex->exchanges, 1);
+    pst_status st = ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad,
+                                              slot->scale, slot->dst, exchange_done, eb);
+    if (st != PST_OK) /* not started: done will not run */
+        atomic_fetch_sub(&ex->exchanges, 1);
+    return st;
 }
 
 /* fp16: on the owner's send stream after the reduce, whether the block's summed (scaled)
