@@ -22,6 +22,7 @@ static const char *const names[PST_ERR_COUNT_] = {
     [PST_ERR_UNSUPPORTED] = "unsupported",
     [PST_ERR_MISMATCH] = "mismatch",
     [PST_ERR_INTERNAL] = "internal error",
+    [PST_ERR_RANGE] = "out of range",
 };
 
 const char *pst_strerror(pst_status st)

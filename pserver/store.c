@@ -531,7 +531,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     float *dst;
     if (st->mode == PST_MODE_SYNC) {
         if (step > b->version) {
-            rc = pst_error_set(PST_ERR_INVALID, "step %lld is ahead of block %u's version %lld",
+            rc = pst_error_set(PST_ERR_RANGE, "step %lld is ahead of block %u's version %lld",
                                (long long)step, (unsigned)block, (long long)b->version);
             goto out;
         }
@@ -550,7 +550,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         /* A trainer's pushes of a block come one step after another (retries repeat one):
          * a step far ahead would make every real one after it look like a duplicate. */
         if (step - b->last_step[trainer] > PS_ASYNC_STEP_WINDOW) {
-            rc = pst_error_set(PST_ERR_INVALID, "push: step %lld of block %u from trainer %u is "
+            rc = pst_error_set(PST_ERR_RANGE, "push: step %lld of block %u from trainer %u is "
                                "more than %d steps past its last (%lld)", (long long)step,
                                (unsigned)block, (unsigned)trainer, PS_ASYNC_STEP_WINDOW,
                                (long long)b->last_step[trainer]);

@@ -150,9 +150,10 @@ void ps_store_free(ps_store *st);
  * Errors, each with a one-line detail and no change to the store:
  *   PST_ERR_NOT_FOUND  the block is not on this pserver;
  *   PST_ERR_INVALID    length differs from the block's, trainer >= num_trainers, step < 0,
- *                      fill is NULL, (sync) step > the block's version, or the gradient
- *                      holds NaN or infinity (checked after fill; the trainer may push
- *                      that step again);
+ *                      fill is NULL, or the gradient holds NaN or infinity (checked after
+ *                      fill; the trainer may push that step again);
+ *   PST_ERR_RANGE      (sync) step > the block's version; (async) step more than
+ *                      PS_ASYNC_STEP_WINDOW past the trainer's last;
  *   whatever fill returns (its detail kept).
  * When the push completes a step (sync) or always (async) the optimizer runs on this
  * thread, then (lowp f16/bf16) the block's low-precision copy is cast from the new values,

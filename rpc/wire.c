@@ -377,6 +377,7 @@ grpc_status_code rpc_status_to_grpc(pst_status st)
     case PST_ERR_STATE: return GRPC_STATUS_FAILED_PRECONDITION;
     case PST_ERR_UNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
     case PST_ERR_MISMATCH: return GRPC_STATUS_FAILED_PRECONDITION;
+    case PST_ERR_RANGE: return GRPC_STATUS_OUT_OF_RANGE;
     case PST_ERR_INTERNAL:
     default: return GRPC_STATUS_INTERNAL;
     }
@@ -386,8 +387,8 @@ pst_status rpc_status_from_grpc(grpc_status_code code)
 {
     switch (code) {
     case GRPC_STATUS_OK: return PST_OK;
+    case GRPC_STATUS_OUT_OF_RANGE: return PST_ERR_RANGE;
     case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_OUT_OF_RANGE:
     case GRPC_STATUS_PERMISSION_DENIED:
     case GRPC_STATUS_UNAUTHENTICATED: return PST_ERR_INVALID;
     case GRPC_STATUS_RESOURCE_EXHAUSTED: return PST_ERR_NOMEM;

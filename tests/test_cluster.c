@@ -1787,7 +1787,7 @@ Test(cluster, async_step_far_ahead_is_refused)
     int dup = -1;
     EXPECT_STATUS(do_push(cl, 0, 0, g, &dup), PST_OK);
     cr_assert_eq(dup, 0);
-    EXPECT_STATUS(do_push(cl, 0, (int64_t)1 << 62, g, NULL), PST_ERR_INVALID);
+    EXPECT_STATUS(do_push(cl, 0, (int64_t)1 << 62, g, NULL), PST_ERR_RANGE);
     cr_assert(strstr(pst_error_detail(), "past its last"), "%s", pst_error_detail());
     EXPECT_STATUS(do_push(cl, 0, 1, g, &dup), PST_OK);
     cr_assert_eq(dup, 0, "the real step 1 was taken for a duplicate");
@@ -1942,7 +1942,7 @@ Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
     EXPECT_STATUS(do_push_raw(cl, 2, 0, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
                   PST_ERR_INVALID); /* trainer id out of range (2 trainers) */
     EXPECT_STATUS(do_push_raw(cl, 0, 1, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
-                  PST_ERR_INVALID); /* step in the future (version 0) */
+                  PST_ERR_RANGE); /* step in the future (version 0): OUT_OF_RANGE */
     EXPECT_STATUS(do_push_raw(cl, 0, -1, BLOCK, PSTRAIN__DTYPE__F32, NB, g0, NB, NULL),
                   PST_ERR_INVALID); /* negative step */
     memcpy(bad, g0, sizeof bad);

@@ -550,6 +550,7 @@ Test(wire, status_mapping)
         {PST_ERR_UNSUPPORTED, GRPC_STATUS_UNIMPLEMENTED},
         {PST_ERR_IO, GRPC_STATUS_DATA_LOSS},
         {PST_ERR_INTERNAL, GRPC_STATUS_INTERNAL},
+        {PST_ERR_RANGE, GRPC_STATUS_OUT_OF_RANGE},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         cr_assert_eq(rpc_status_to_grpc(table[i].st), table[i].code, "%s",
@@ -557,6 +558,7 @@ Test(wire, status_mapping)
     /* Back, for peers that send no pst-status metadata. */
     cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_OK), PST_OK);
     cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_INVALID_ARGUMENT), PST_ERR_INVALID);
+    cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_OUT_OF_RANGE), PST_ERR_RANGE);
     cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_NOT_FOUND), PST_ERR_NOT_FOUND);
     cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_FAILED_PRECONDITION), PST_ERR_STATE);
     cr_assert_eq(rpc_status_from_grpc(GRPC_STATUS_UNAVAILABLE), PST_ERR_UNAVAILABLE);

@@ -620,11 +620,11 @@ Test(store, future_step_rejected)
     cr_assert_eq(ps_store_read(st, 3, before, NULL), PST_OK);
     int dup = -1, calls = -1;
     pst_error_clear();
-    cr_assert_eq(push_grad(st, 0, 9, 3, g, 4, &dup, &calls), PST_ERR_INVALID);
+    cr_assert_eq(push_grad(st, 0, 9, 3, g, 4, &dup, &calls), PST_ERR_RANGE);
     cr_assert_str_eq(pst_error_detail(), "step 9 is ahead of block 3's version 7");
     cr_assert_eq(dup, 0);
     cr_assert_eq(calls, 0);
-    cr_assert_eq(push_grad(st, 0, 8, 3, g, 4, NULL, NULL), PST_ERR_INVALID);
+    cr_assert_eq(push_grad(st, 0, 8, 3, g, 4, NULL, NULL), PST_ERR_RANGE);
     cr_assert_eq(ps_store_version(st, 3), 7);
     cr_assert_eq(ps_store_read(st, 3, after, NULL), PST_OK);
     cr_assert(memcmp(before, after, sizeof before) == 0);
