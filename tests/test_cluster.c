@@ -1147,6 +1147,22 @@ static rpc_client *client_connect(int port, int connect_timeout_ms)
     return cl;
 }
 
+/* A pserver started here and a client of it (gRPC initialized after the fork), and their
+ * end: the pserver must then stop cleanly. */
+static rpc_client *fixture_start(proc **ps, int *port)
+{
+    *port = pserver_start(ps);
+    rpc_global_init();
+    return client_connect(*port, 5000);
+}
+
+static void fixture_stop(proc *ps, rpc_client *cl)
+{
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+}
+
 typedef struct init_args {
     uint32_t trainer, ntrainers;
     const char *optimizer;
@@ -1305,9 +1321,7 @@ Test(cluster, retried_push_is_not_double_counted)
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], initial[i] - grad[i]);
 
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 static pst_status do_vote(rpc_client *cl, uint32_t trainer, int64_t step, int overflow,
@@ -1346,9 +1360,8 @@ static void *vote_main(void *arg)
 Test(cluster, vote_and_loss_scale_on_the_wire)
 {
     proc *ps;
-    int port = pserver_start(&ps);
-    rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
     float initial[NB], g[NB], scaled[NB], got[NB];
     fill_block(initial, 0.5f, 1.0f);
     fill_block(g, 0.25f, -0.125f);
@@ -1420,9 +1433,7 @@ Test(cluster, vote_and_loss_scale_on_the_wire)
     cr_assert_eq(v, 1);
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], initial[i] - (g[i] + g[i]), "element %d: %g", i, (double)got[i]);
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 /* The pserver does not trust its clients (issue 17): settings that cannot train, initial
@@ -1432,9 +1443,8 @@ Test(cluster, vote_and_loss_scale_on_the_wire)
 Test(cluster, hostile_inits_and_pushes_are_refused)
 {
     proc *ps;
-    int port = pserver_start(&ps);
-    rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
     float initial[NB], g[NB], got[NB];
     fill_block(initial, 0.5f, 1.0f);
     fill_block(g, 0.25f, -0.125f);
@@ -1496,9 +1506,7 @@ Test(cluster, hostile_inits_and_pushes_are_refused)
     EXPECT_STATUS(do_pull(cl, 0, 0, got, &v), PST_OK);
     cr_assert_eq(v, 0);
     cr_assert_eq(memcmp(got, initial, sizeof got), 0, "the refused calls changed the values");
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 typedef struct init_thread {
@@ -1521,9 +1529,8 @@ static void *init_main(void *arg)
 Test(cluster, waiting_inits_one_per_trainer)
 {
     proc *ps;
-    int port = pserver_start(&ps);
-    rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
     float initial[NB];
     fill_block(initial, 0.5f, 1.0f);
     init_thread t[3];
@@ -1545,9 +1552,7 @@ Test(cluster, waiting_inits_one_per_trainer)
     }
     cr_assert(ok == 1 && replaced == 2, "%d answered OK and %d replaced, want 1 and 2 (%s; %s; %s)",
               ok, replaced, t[0].detail, t[1].detail, t[2].detail);
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 static long rss_kb(pid_t pid)
@@ -1671,9 +1676,7 @@ Test(cluster, large_and_compressed_requests_are_refused)
     init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
                     .fingerprint = 2, .initial = initial, .ninitial = NB};
     EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 /* A trainer started with other flags than trainer 0 is refused at Init and exits 2 (a
@@ -1775,9 +1778,8 @@ Test(cluster, pserver_says_why_it_cannot_listen)
 Test(cluster, async_step_far_ahead_is_refused)
 {
     proc *ps;
-    int port = pserver_start(&ps);
-    rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
     float initial[NB], g[NB], got[NB];
     fill_block(initial, 0.5f, 1.0f);
     fill_block(g, 0.25f, -0.125f);
@@ -1796,9 +1798,7 @@ Test(cluster, async_step_far_ahead_is_refused)
     cr_assert_eq(v, 2);
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], (initial[i] - g[i]) - g[i], "element %d", i);
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 /* The last trainer's Finish gets an OK reply and the pserver then exits 0 by itself.
@@ -1897,9 +1897,8 @@ Test(cluster, dead_pserver_fails_in_bounded_time_naming_it)
 Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
 {
     proc *ps;
-    int port = pserver_start(&ps);
-    rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
 
     float initial[NB], g0[NB], g1[NB], bad[NB], got[NB];
     fill_block(initial, 0.5f, 2.0f);
@@ -2017,9 +2016,7 @@ Test(cluster, malformed_requests_get_exact_errors_and_pserver_keeps_serving)
         cr_assert_eq(got[i], want, "element %d: %g, want %g", i, (double)got[i], (double)want);
     }
 
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
+    fixture_stop(ps, cl);
 }
 
 /* ---- 6. pslaunch leaves nothing behind ------------------------------------------------ */
