@@ -694,6 +694,9 @@ static void handle_vote(ps_service *svc, rpc_call *call)
     else if (req->step < 0)
         st = pst_error_set(PST_ERR_INVALID, "Vote for step %lld: steps start at 0",
                            (long long)req->step);
+    else if (svc->finished[req->trainer_id])
+        st = pst_error_set(PST_ERR_STATE, "Vote of trainer %u after its Finish: a finished "
+                           "trainer can only Finish again", req->trainer_id);
     else if (v->step > req->step)
         st = pst_error_set(PST_ERR_INVALID, "Vote of trainer %u for step %lld: step %lld "
                            "was decided since", req->trainer_id, (long long)req->step,

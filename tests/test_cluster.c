@@ -1433,6 +1433,10 @@ Test(cluster, vote_and_loss_scale_on_the_wire)
     cr_assert_eq(v, 1);
     for (int i = 0; i < NB; i++)
         cr_assert_eq(got[i], initial[i] - (g[i] + g[i]), "element %d: %g", i, (double)got[i]);
+    /* A finished trainer cannot vote. */
+    EXPECT_STATUS(do_finish(cl, 1), PST_OK);
+    EXPECT_STATUS(do_vote(cl, 1, 2, 0, NULL), PST_ERR_STATE);
+    cr_assert(strstr(pst_error_detail(), "after its Finish"), "%s", pst_error_detail());
     fixture_stop(ps, cl);
 }
 
