@@ -55,6 +55,7 @@ struct ps_service {
     char departed[512];           /* why the job cannot complete (a trainer left early) */
     int departed_set;             /* atomic: departed is written and final */
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
+    long withdrawn;               /* waiting Inits and Votes whose client gave up */
     uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
                                    * dtype the store keeps no copy in) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
@@ -104,8 +105,9 @@ void ps_service_free(ps_service *svc)
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
     }
-    PST_INFO("%zu Pull calls served with %zu pull contexts (%zu given up by their client)",
-             svc->pulls, svc->pull_allocs, svc->pulls_abandoned);
+    PST_INFO("%zu Pull calls served with %zu pull contexts (%zu given up by their client); "
+             "%ld waiting Inits and Votes given up", svc->pulls, svc->pull_allocs,
+             svc->pulls_abandoned, svc->withdrawn);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
         next = p->next;
         free(p->buf);
@@ -564,6 +566,8 @@ static void parked_cancelled(ps_service *svc, rpc_call *call)
                 found = 1;
             }
     }
+    if (found)
+        svc->withdrawn++;
     pthread_mutex_unlock(&svc->mu);
     if (found)
         rpc_call_fail(call, PST_ERR_TIMEOUT, "%s: the client gave up waiting",
