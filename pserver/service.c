@@ -403,19 +403,12 @@ static void handle_init(ps_service *svc, rpc_call *call)
 typedef struct push_fill {
     const rpc_payload *payload;
     pst_dtype dtype;
-    float inv_scale;              /* 1 / the loss scale the gradient carries */
 } push_fill;
 
-/* The gradient as f32, divided by its loss scale: a power of two, so exact (barring
- * subnormals), and the sum over trainers equals the sum divided once. */
 static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
-    PST_TRY(rpc_payload_read_f32(f->payload, f->dtype, first, dst, length));
-    if (f->inv_scale != 1.0f)
-        for (uint64_t i = 0; i < length; i++)
-            dst[i] *= f->inv_scale;
-    return PST_OK;
+    return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
 }
 
 static ps_store *store_or_fail(ps_service *svc, rpc_call *call)
@@ -435,7 +428,7 @@ static void handle_push(ps_service *svc, rpc_call *call)
     ps_store *store = store_or_fail(svc, call);
     if (!store)
         return;
-    push_fill f = {.payload = rpc_call_payload(call), .inv_scale = 1.0f};
+    push_fill f = {.payload = rpc_call_payload(call)};
     pst_status st = PST_OK;
     if (req->trainer_id < svc->num_trainers &&
         __atomic_load_n(&svc->finished[req->trainer_id], __ATOMIC_ACQUIRE))
@@ -443,22 +436,13 @@ static void handle_push(ps_service *svc, rpc_call *call)
                            "finished trainer can only Finish again", req->block, req->trainer_id);
     if (st == PST_OK)
         st = rpc_dtype_from_wire(req->dtype, &f.dtype);
-    int e;
-    if (st == PST_OK && req->scale != 0.0f && req->scale != 1.0f) {
-        if (!(req->scale > 0.0f) || isinf(req->scale) || frexpf(req->scale, &e) != 0.5f ||
-            e < -125 || e > 127)
-            st = pst_error_set(PST_ERR_INVALID, "Push: loss scale %g of block %u is not a "
-                               "power of two between 2^-126 and 2^126 (example: 65536)",
-                               (double)req->scale, req->block);
-        else
-            f.inv_scale = 1.0f / req->scale;
-    }
     if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
     int dup = 0;
-    if (st == PST_OK)
-        st = ps_store_push(store, req->trainer_id, req->step, req->block, req->length,
-                           fill_from_payload, &f, &dup);
+    if (st == PST_OK) /* scale 0 on the wire: none */
+        st = ps_store_push_scaled(store, req->trainer_id, req->step, req->block, req->length,
+                                  req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
+                                  &dup);
     if (st != PST_OK) {
         fail(call, st);
         return;
@@ -774,6 +758,17 @@ static void handle_vote(ps_service *svc, rpc_call *call)
     free(answer);
 }
 
+/* Fails every Vote waiting for the others' (the job cannot decide that step any more).
+ * Called with svc->mu held; rpc_call_fail does not call back into the service. */
+static void fail_votes_locked(ps_service *svc, pst_status st, const char *why)
+{
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < svc->votes[k].ncalls; i++)
+            rpc_call_fail(svc->votes[k].calls[i], st, "Vote: %s", why);
+        svc->votes[k].ncalls = 0;
+    }
+}
+
 /* ---- Finish --------------------------------------------------------------------------- */
 
 /* The one INFO line on the low-precision copy's casts (nothing without a copy). Optimizer
@@ -867,21 +862,13 @@ static void handle_finish(ps_service *svc, rpc_call *call)
         }
     }
     int all = svc->nfinished == svc->num_trainers;
-    rpc_call *votes[2 * 4096];
-    int nvotes = 0;
-    for (int k = 0; departs && k < 2; k++) {
-        for (int i = 0; i < svc->votes[k].ncalls && nvotes < (int)(sizeof votes / sizeof *votes);
-             i++)
-            votes[nvotes++] = svc->votes[k].calls[i];
-        svc->votes[k].ncalls = 0;
-    }
+    if (departs)
+        fail_votes_locked(svc, PST_ERR_STATE, svc->departed);
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
     if (departs) {
         PST_WARN("%s: failing the pulls that wait for it", svc->departed);
         ps_store_cancel_waiters(store, PST_ERR_STATE);
-        for (int i = 0; i < nvotes; i++)
-            rpc_call_fail(votes[i], PST_ERR_STATE, "Vote: %s", svc->departed);
     }
     /* Reply before reporting "all finished": main() fails every call still unanswered when
      * it shuts the server down. */
@@ -944,11 +931,7 @@ void ps_service_cancel(ps_service *svc)
     for (int i = 0; i < svc->nparked; i++)
         rpc_call_fail(svc->parked[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
     svc->nparked = 0;
-    for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < svc->votes[k].ncalls; i++)
-            rpc_call_fail(svc->votes[k].calls[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
-        svc->votes[k].ncalls = 0;
-    }
+    fail_votes_locked(svc, PST_ERR_UNAVAILABLE, "pserver shutting down");
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
     if (store)

@@ -17,6 +17,7 @@
  * store's only state shared between blocks: an atomic, added to once per update. */
 #include "pserver/store.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -503,8 +504,8 @@ void ps_store_free(ps_store *st)
 
 /* ps_store_push, or with `direct` (fill NULL) ps_store_push_f32. */
 static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
-                       uint64_t length, ps_fill_fn fill, void *fill_arg, const float *direct,
-                       int *duplicate)
+                       uint64_t length, float inv_scale, ps_fill_fn fill, void *fill_arg,
+                       const float *direct, int *duplicate)
 {
     if (duplicate)
         *duplicate = 0;
@@ -584,6 +585,9 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
             memcpy(dst + off, direct + off, (size_t)n * sizeof(float));
         if (rc != PST_OK)
             goto out;
+        if (inv_scale != 1.0f) /* a power of two: exact (barring subnormals) */
+            for (uint64_t i = 0; i < n; i++)
+                dst[off + i] *= inv_scale;
         uint64_t bad = find_nonfinite(g + off, n);
         if (bad < n) {
             rc = pst_error_set(PST_ERR_INVALID,
@@ -613,7 +617,21 @@ out:
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
 {
-    return push(st, trainer, step, block, length, fill, fill_arg, NULL, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, fill, fill_arg, NULL, duplicate);
+}
+
+pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                                uint64_t length, float loss_scale, ps_fill_fn fill,
+                                void *fill_arg, int *duplicate)
+{
+    int e;
+    if (!(loss_scale > 0.0f) || isinf(loss_scale) || frexpf(loss_scale, &e) != 0.5f ||
+        e < -125 || e > 127)
+        return pst_error_set(PST_ERR_INVALID, "push: loss scale %g of block %u is not a power "
+                             "of two between 2^-126 and 2^126 (example: 65536)",
+                             (double)loss_scale, (unsigned)block);
+    return push(st, trainer, step, block, length, 1.0f / loss_scale, fill, fill_arg, NULL,
+                duplicate);
 }
 
 pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
@@ -621,7 +639,7 @@ pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint3
 {
     if (!grad)
         return pst_error_set(PST_ERR_INVALID, "push: no gradient");
-    return push(st, trainer, step, block, length, NULL, NULL, grad, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, duplicate);
 }
 
 pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,

@@ -163,6 +163,15 @@ void ps_store_free(ps_store *st);
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
 
+/* ps_store_push of a gradient scaled by `loss_scale` (fp16 dynamic loss scaling): every
+ * piece is divided by it after fill, before the NaN/Inf check and the sum, so the sum over
+ * trainers equals the unscaled sum (a power of two divides exactly, barring subnormals).
+ * Errors as ps_store_push, plus PST_ERR_INVALID (nothing changed) for a scale that is not
+ * a power of two in [2^-126, 2^126]. */
+pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                                uint64_t length, float loss_scale, ps_fill_fn fill,
+                                void *fill_arg, int *duplicate);
+
 /* ps_store_push with the gradient as an f32 array in this process (the in-process store of
  * local training). A push that makes the update on its own (one trainer, or async) is read
  * where it is, checked and applied without a copy; otherwise it is copied as a fill would.

@@ -143,6 +143,9 @@ struct tr_exec {
     const tr_plan *plan;
     exec_block *blocks;
     int *chunk_blocks;             /* (nblocks) the blocks each chunk finishes (exec_chunk) */
+    int *send_order;               /* (nblocks) the order backward finishes the blocks: the
+                                    * top layer first, each layer's chunks by ascending rows */
+    size_t wbuf_floats;            /* bf16/fp16: the widest layer's tensors (its scratch) */
     int *layer_blocks;             /* the blocks layer l reads, ascending: */
     int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
     exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
@@ -325,6 +328,12 @@ static pst_status build_chunks(tr_exec *ex)
             ex->chunks[ex->nchunks++] = (exec_chunk){l, row0, R, nlisted, 0};
     }
     ex->layer_chunk0[ex->L] = ex->nchunks;
+    if (!(ex->send_order = malloc(sizeof(int) * (size_t)(nb ? nb : 1))))
+        return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    for (int l = ex->L - 1, i = 0; l >= 0; l--)
+        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
+            for (int k = 0; k < ex->chunks[c].nblk; k++)
+                ex->send_order[i++] = ex->chunk_blocks[ex->chunks[c].blk0 + k];
     if (nlisted != nb) /* every block has a lowest layer (tr_exec_init checked it) */
         return pst_error_set(PST_ERR_INTERNAL, "executor: %d of %d blocks in chunks", nlisted,
                              nb);
@@ -374,15 +383,7 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     else
         PST_TRY(alloc_dev(d->dev, ex->psize * n, &d->params));
     if (ex->lowp) {
-        size_t widest_layer = 1;
-        for (int l = 0; l < ex->L; l++) {
-            size_t numel = 0;
-            for (int k = 0; k < m->layers[l].ntensors; k++)
-                numel += m->tensors[m->layers[l].tensor[k]].numel;
-            if (!m->layers[l].cls->weights_unread && numel > widest_layer)
-                widest_layer = numel;
-        }
-        PST_TRY(alloc_dev(d->dev, sizeof(float) * widest_layer, (void **)&d->wbuf));
+        PST_TRY(alloc_dev(d->dev, sizeof(float) * ex->wbuf_floats, (void **)&d->wbuf));
         if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
@@ -443,6 +444,15 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
      * in bf16/fp16 the store's master is fp32 and the devices hold its low-precision copy. */
     ex->direct = c->link->in_process && ex->shared;
     ex->in_place = ex->direct && !ex->lowp;
+    ex->wbuf_floats = 1;
+    for (int l = 0; ex->lowp && l < ex->L; l++) {
+        const pst_layer *ly = &c->model->layers[l];
+        size_t numel = 0;
+        for (int k = 0; k < ly->ntensors; k++)
+            numel += c->model->tensors[ly->tensor[k]].numel;
+        if (!ly->cls->weights_unread && numel > ex->wbuf_floats)
+            ex->wbuf_floats = numel;
+    }
     if (ex->D > PST_DEVICE_MAX_COUNT) {
         int D = ex->D;
         free(ex);
@@ -689,6 +699,7 @@ void tr_exec_free(tr_exec *ex)
     free(ex->homes);
     free(ex->blocks);
     free(ex->chunk_blocks);
+    free(ex->send_order);
     free(ex->layer_blocks);
     free(ex->layer_blocks0);
     free(ex->chunks);
@@ -1073,60 +1084,53 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
     }
     if (!ex->c.overlap)
         PST_TRY(sync_streams(ex, 0));
-    /* The exchanges are numbered by the updates made: a skipped step makes none. */
+    /* The exchanges are numbered by the updates made: a skipped step makes none. Blocks go
+     * in the order backward finishes them (the send streams are FIFO). fp16: every block's
+     * sum is reduced and checked first, then one decision for the whole job (the link's
+     * vote: every trainer's flag, the same answer everywhere) before any block leaves. */
     const long xs = ex->applied;
-    /* In the order backward finishes them (the send streams are FIFO): the top layer
-     * first, each layer's chunks by ascending rows. */
-    for (int l = ex->L - 1; l >= 0; l--)
-        for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
-            for (int k = 0; k < ex->chunks[c].nblk; k++) {
-                exec_block *eb = &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]];
-                PST_TRY(send_reduce(ex, eb, xs));
-                if (!ex->scaler)
-                    PST_TRY(send_exchange(ex, eb, xs));
-            }
-    if (ex->scaler) {
-        /* fp16: every block's sum is checked, then one decision for the whole job (the
-         * link's vote: every trainer's flag, the same answer everywhere) before any block
-         * leaves; a skipped step changes nothing anywhere and halves the scale. */
-        PST_TRY(sync_streams(ex, 1));
-        int overflow = atomic_exchange(&ex->overflow, 0) || step == ex->c.cfg->test_overflow_step;
-        int skip = 0;
-        PST_TRY(ex->c.link->ops->vote(ex->c.link, step, overflow, &skip));
-        ex->last_skip = skip;
-        if (skip) {
-            ex->skipped++;
-            ex->good_steps = 0;
-            for (int b = 0; b < ex->plan->nblocks; b++) /* the spans send_reduce opened */
-                mark_end(ex->devs[ex->blocks[b].b->owner_device].send, ex->blocks[b].send_span);
-            PST_TRY(sync_streams(ex, 0));
-            PST_TRY(add_losses(ex, loss_sum));
-            set_accumulate(ex, 0);
-            if (ex->loss_scale <= PST_LOSS_SCALE_MIN)
-                return pst_error_set(PST_ERR_STATE, "fp16: step %ld overflowed at the smallest "
-                                     "loss scale (2^-24): the gradients are not finite at any "
-                                     "scale (a NaN or infinite loss?)", step);
-            ex->loss_scale *= 0.5f; /* the next step's; this one's gradient is dropped */
-            return PST_OK;
-        }
-        for (int l = ex->L - 1; l >= 0; l--)
-            for (int c = ex->layer_chunk0[l]; c < ex->layer_chunk0[l + 1]; c++)
-                for (int k = 0; k < ex->chunks[c].nblk; k++)
-                    PST_TRY(send_exchange(
-                        ex, &ex->blocks[ex->chunk_blocks[ex->chunks[c].blk0 + k]], xs));
+    const int nb = ex->plan->nblocks;
+    int skip = 0;
+    for (int i = 0; i < nb; i++) {
+        PST_TRY(send_reduce(ex, &ex->blocks[ex->send_order[i]], xs));
+        if (!ex->scaler)
+            PST_TRY(send_exchange(ex, &ex->blocks[ex->send_order[i]], xs));
     }
-    if (ex->pbuf[1])
-        ex->cur ^= 1; /* the pulls above land there */
-    if (!ex->c.overlap)
+    if (ex->scaler) {
         PST_TRY(sync_streams(ex, 1));
-    for (int b = 0; b < ex->plan->nblocks; b++) /* forward order: the next step needs these first */
-        PST_TRY(enqueue_recv(ex, &ex->blocks[b], xs));
-    if (!ex->c.overlap)
-        PST_TRY(sync_streams(ex, 2));
-    else
-        PST_TRY(sync_streams(ex, 0));
+        const int overflow =
+            atomic_exchange(&ex->overflow, 0) || step == ex->c.cfg->test_overflow_step;
+        PST_TRY(ex->c.link->ops->vote(ex->c.link, step, overflow, &skip));
+        for (int i = 0; i < nb; i++)
+            if (skip) /* nothing leaves: close the spans send_reduce opened */
+                mark_end(ex->devs[ex->blocks[i].b->owner_device].send, ex->blocks[i].send_span);
+            else
+                PST_TRY(send_exchange(ex, &ex->blocks[ex->send_order[i]], xs));
+    }
+    if (!skip) {
+        if (ex->pbuf[1])
+            ex->cur ^= 1; /* the pulls above land there */
+        if (!ex->c.overlap)
+            PST_TRY(sync_streams(ex, 1));
+        for (int b = 0; b < nb; b++) /* forward order: the next step needs these first */
+            PST_TRY(enqueue_recv(ex, &ex->blocks[b], xs));
+        if (!ex->c.overlap)
+            PST_TRY(sync_streams(ex, 2));
+    }
+    PST_TRY(sync_streams(ex, 0));
     PST_TRY(add_losses(ex, loss_sum));
     set_accumulate(ex, 0); /* the compute has run: the next step's first micro-batch */
+    ex->last_skip = skip;
+    if (skip) { /* this step's gradient is dropped everywhere; the next one's scale halves */
+        ex->skipped++;
+        ex->good_steps = 0;
+        if (ex->loss_scale <= PST_LOSS_SCALE_MIN)
+            return pst_error_set(PST_ERR_STATE, "fp16: step %ld overflowed at the smallest "
+                                 "loss scale (2^-24): the gradients are not finite at any "
+                                 "scale (a NaN or infinite loss?)", step);
+        ex->loss_scale *= 0.5f;
+        return PST_OK;
+    }
     ex->applied++;
     if (ex->scaler && ++ex->good_steps == ex->c.cfg->loss_scale_window) {
         ex->good_steps = 0;

@@ -11,7 +11,7 @@ typedef struct local_block {
     ps_pull_waiter waiter;
     void *dst;                /* where the exchange's values go (NULL: in place), in the
                                * precision's dtype */
-    size_t elem;              /* bytes per element of dst */
+    size_t elem;              /* bytes per element of dst (set once) */
     tr_exchange_times times;
 } local_block;
 
@@ -57,11 +57,10 @@ static void local_pulled(void *arg, pst_status st, const float *values, const vo
 typedef struct rounding_fill {
     const float *grad;
     pst_dtype dtype;
-    float inv_scale;
 } rounding_fill;
 
-/* A ps_fill_fn: the gradient's piece as a pserver receives it: rounded to f.dtype and
- * back, then divided by the loss scale (pserver/service.c does the same). */
+/* A ps_fill_fn: the gradient's piece as a pserver receives it, rounded to f.dtype and
+ * back (the store divides out the loss scale, as for a pserver's push). */
 static pst_status fill_rounded(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     const rounding_fill *f = arg;
@@ -76,9 +75,6 @@ static pst_status fill_rounded(void *arg, float *dst, uint64_t first, uint64_t l
             pst_cast(dst + i, PST_F32, wire, f->dtype, k);
         }
     }
-    if (f->inv_scale != 1.0f)
-        for (uint64_t i = 0; i < length; i++)
-            dst[i] *= f->inv_scale;
     return PST_OK;
 }
 
@@ -94,10 +90,9 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
     if (lk->cfg->grad_dtype != PST_F32 || scale != 1.0f) {
         /* Rounded to --grad-dtype as the wire would, so training alone equals one trainer
          * with pservers bit for bit. */
-        rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype,
-                           .inv_scale = 1.0f / scale};
-        st = ps_store_push(lk->store, 0, step, blk->id, blk->length, fill_rounded, &f,
-                           &duplicate);
+        rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype};
+        st = ps_store_push_scaled(lk->store, 0, step, blk->id, blk->length, scale,
+                                  fill_rounded, &f, &duplicate);
     } else {
         st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, &duplicate);
     }
@@ -106,7 +101,6 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
         st = pst_error_set(PST_ERR_INTERNAL, "local store: step %ld of block %d pushed twice",
                            step, b);
     lb->dst = dst;
-    lb->elem = pst_dtype_size(lk->cfg->precision);
     /* The version exists now (one trainer): answered inside the call. */
     if (st == PST_OK)
         st = ps_store_pull(lk->store, blk->id, step + 1, &lb->waiter, local_pulled, lb);
@@ -164,6 +158,8 @@ pst_status tr_local_init(tr_link **out, const pst_config *cfg, const tr_plan *pl
     }
     lk->base = (tr_link){.ops = &local_ops, .plan = plan, .in_process = 1};
     lk->cfg = cfg;
+    for (int b = 0; b < plan->nblocks; b++)
+        lk->blocks[b].elem = pst_dtype_size(cfg->precision);
     *out = &lk->base;
     return PST_OK;
 }

@@ -298,19 +298,16 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             loss_n += cnt;
             step_ms[step] = 1e3 * (t1 - t0);
             epoch_samples += (size_t)len;
-            if (cfg->precision == PST_F16) { /* the loss scale this step used, and its fate */
+            char fp16[64] = ""; /* the loss scale this step used, and its fate */
+            if (cfg->precision == PST_F16) {
                 int skipped = 0;
                 tr_exec_skipped(ex, &skipped);
-                pst_metrics_write(&metrics, "step",
-                                  "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f,"
-                                  "\"loss_scale\":%.9g,\"skipped\":%d",
-                                  step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step],
-                                  (double)step_scale, skipped);
-            } else {
-                pst_metrics_write(&metrics, "step",
-                                  "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f",
-                                  step, epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step]);
+                snprintf(fp16, sizeof fp16, ",\"loss_scale\":%.9g,\"skipped\":%d",
+                         (double)step_scale, skipped);
             }
+            pst_metrics_write(&metrics, "step",
+                              "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f%s", step,
+                              epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step], fp16);
             if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
                 t_bar = t1;
                 progress_bar(epoch + 1, epochs, (int)(b + 1), (int)nb,
