@@ -20,6 +20,10 @@
 #include "pserver/store.h"
 
 #define MAX_PARKED 4096
+/* A parked Init is answered this long before its client's deadline (ps_service_wait looks
+ * every 100 ms), so the trainer learns that trainer 0 never came instead of a bare
+ * "no reply" that blames the pserver. */
+#define INIT_ANSWER_MARGIN_MS 1000
 
 /* fp16 loss scaling: the votes of one step (see handle_vote). Two, by step parity: a
  * trainer that has its answer for step s may vote s+1 while others still wait for s. */
@@ -56,6 +60,7 @@ struct ps_service {
     int departed_set;             /* atomic: departed is written and final */
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
     long withdrawn;               /* waiting Inits and Votes whose client gave up */
+    long inits_expired;           /* waiting Inits answered near their deadline */
     uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
                                    * dtype the store keeps no copy in) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
@@ -106,8 +111,9 @@ void ps_service_free(ps_service *svc)
         free(svc->votes[k].calls);
     }
     PST_INFO("%zu Pull calls served with %zu pull contexts (%zu given up by their client); "
-             "%ld waiting Inits and Votes given up", svc->pulls, svc->pull_allocs,
-             svc->pulls_abandoned, svc->withdrawn);
+             "%ld waiting Inits and Votes given up; %ld waiting Inits answered at their "
+             "deadline", svc->pulls, svc->pull_allocs, svc->pulls_abandoned, svc->withdrawn,
+             svc->inits_expired);
     for (pull_ctx *p = svc->pull_free, *next; p; p = next) {
         next = p->next;
         free(p->buf);
@@ -907,10 +913,34 @@ void ps_service_handle(void *arg, rpc_call *call)
     }
 }
 
+/* Inits still waiting for trainer 0 when their client's deadline is near are answered
+ * DEADLINE_EXCEEDED with the reason. A call without a deadline waits on (it holds one slot
+ * of its trainer id; a newer Init of that id replaces it). Called with svc->mu held. */
+static void expire_parked_locked(ps_service *svc)
+{
+    for (int i = 0; i < svc->nparked;) {
+        rpc_call *call = svc->parked[i];
+        int64_t left = rpc_call_deadline_left_ms(call);
+        if (left < 0 || left > INIT_ANSWER_MARGIN_MS) {
+            i++;
+            continue;
+        }
+        const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+        uint32_t id = req->trainer_id;
+        svc->parked[i] = svc->parked[--svc->nparked];
+        svc->inits_expired++;
+        rpc_call_fail(call, PST_ERR_TIMEOUT, "Init of trainer %u: trainer 0 has not sent its "
+                      "Init to this pserver before the call's deadline; start trainer 0 "
+                      "(PSTRAIN_TRAINER_ID=0) with the same pservers and flags, or give the "
+                      "trainers a longer --rpc-timeout-ms", id);
+    }
+}
+
 int ps_service_wait(ps_service *svc, volatile int *stop)
 {
     pthread_mutex_lock(&svc->mu);
     while (!svc->all_finished && !*stop) {
+        expire_parked_locked(svc);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;

@@ -715,6 +715,17 @@ int rpc_call_cancelled(const rpc_call *c)
     return atomic_load(&((rpc_call *)c)->cancelled);
 }
 
+int64_t rpc_call_deadline_left_ms(const rpc_call *c)
+{
+    gpr_timespec inf = gpr_inf_future(c->deadline.clock_type);
+    if (gpr_time_cmp(c->deadline, inf) == 0)
+        return -1;
+    gpr_timespec d = gpr_convert_clock_type(c->deadline, GPR_CLOCK_MONOTONIC);
+    gpr_timespec left = gpr_time_sub(d, gpr_now(GPR_CLOCK_MONOTONIC));
+    int64_t ms = gpr_time_to_millis(left);
+    return ms > 0 ? ms : 0;
+}
+
 const char *rpc_call_peer(const rpc_call *c)
 {
     return c->peer != NULL ? c->peer : "?";

@@ -16,6 +16,7 @@
 #define PST_RPC_SERVER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 #include "rpc/wire.h"
@@ -85,6 +86,10 @@ const rpc_payload *rpc_call_payload(const rpc_call *c);
 /* 1 once the client went away or its deadline passed (the reply would be dropped), else
  * 0. A deferred call that is cancelled still needs to be completed by the owner. */
 int rpc_call_cancelled(const rpc_call *c);
+/* Milliseconds left until the client's deadline (0 once it has passed), or -1 when the
+ * call has none. Lets an owner that parks a call answer it, with its own reason, before the
+ * client gives up on it. */
+int64_t rpc_call_deadline_left_ms(const rpc_call *c);
 /* A pointer of the owner's kept with the call (for on_cancel); NULL until set. */
 void rpc_call_set_owner(rpc_call *c, void *owner);
 void *rpc_call_owner(const rpc_call *c);

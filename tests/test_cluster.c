@@ -1699,7 +1699,8 @@ Test(cluster, large_and_compressed_requests_are_refused)
 }
 
 /* Inits waiting for a trainer 0 that never comes, whose clients give up after 50 ms: each
- * leaves the waiting list when its client goes; 20 rounds of 200 (trainer ids 1..200 of
+ * leaves the waiting list when its client goes (or is answered, its deadline being near,
+ * when the pserver looks first); 20 rounds of 200 (trainer ids 1..200 of
  * 4096) leave the pserver's memory flat after the first 5 (under 16 MB more), and it
  * reports all 4000 given up. */
 Test(cluster, abandoned_inits_are_released, .timeout = 120)
@@ -1716,6 +1717,47 @@ Test(cluster, abandoned_inits_are_released, .timeout = 120)
         reqs[k] = &inits[k].base;
     }
     abandon_rounds(port, ps->pid, RPC_METHOD_INIT, reqs, 20, 5);
+    rpc_global_shutdown();
+    pserver_stop(ps);
+    /* each one left either when its client went or at the pserver's look at deadlines */
+    char *err = slurp(ps->err_path);
+    const char *at = strstr(err, " waiting Inits and Votes given up");
+    long given_up = -1, answered = -1;
+    while (at > err && at[-1] == ' ')
+        at--;
+    while (at > err && at[-1] >= '0' && at[-1] <= '9')
+        at--;
+    cr_assert(sscanf(at, "%ld waiting Inits and Votes given up; %ld waiting Inits answered",
+                     &given_up, &answered) == 2, "%s", err);
+    cr_assert_eq(given_up + answered, 4000, "%ld given up + %ld answered:\n%s", given_up,
+                 answered, err);
+    free(err);
+}
+
+/* Votes waiting for the other trainers' (fp16 loss scaling), whose clients give up after
+ * 50 ms: 20 rounds of 200 (trainers 1..200 of 4096, step 0, which never decides) leave the
+ * pserver's memory flat after the first 5, and it reports all 4000 given up. */
+Test(cluster, abandoned_votes_are_released, .timeout = 120)
+{
+    proc *ps;
+    int port = pserver_start_logging(&ps, "info");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    init_args ia = {.trainer = 0, .ntrainers = 4096, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 5, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    Pstrain__VoteRequest votes[200];
+    const ProtobufCMessage *reqs[200];
+    for (int k = 0; k < 200; k++) {
+        pstrain__vote_request__init(&votes[k]);
+        votes[k].trainer_id = (uint32_t)k + 1;
+        votes[k].step = 0;
+        reqs[k] = &votes[k].base;
+    }
+    abandon_rounds(port, ps->pid, RPC_METHOD_VOTE, reqs, 20, 5);
+    rpc_client_free(cl);
     rpc_global_shutdown();
     pserver_stop(ps);
     char *err = slurp(ps->err_path);
@@ -1772,6 +1814,37 @@ Test(cluster, trainer_with_other_flags_exits_2)
     pserver_stop(ps);
 }
 
+/* A trainer whose trainer 0 never comes is answered by the pserver before its own deadline
+ * (3 s here), with the reason, instead of a bare "no reply" that blames the pserver; the
+ * pserver then serves the job as usual. */
+Test(cluster, init_without_trainer_0_is_answered_with_the_reason)
+{
+    proc *ps, *t0, *t1;
+    int port = pserver_start(&ps);
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", NULL};
+    const char *lone[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                          "--rpc-timeout-ms", "3000", CONNECT_5S, NULL};
+    proc *t = proc_start(lone, env1);
+    cr_assert(proc_wait(t, RUN_WAIT_MS), "trainer 1 did not exit");
+    char *err = slurp(t->err_path);
+    cr_assert(WIFEXITED(t->status) && WEXITSTATUS(t->status) == 1,
+              "trainer 1 exit status 0x%x; stderr:\n%s", t->status, err);
+    cr_assert(strstr(err, "Init of trainer 1: trainer 0 has not sent its Init"), "%s", err);
+    cr_assert(!strstr(err, "no reply within"), "the client's deadline answered first:\n%s",
+              err);
+    free(err);
+    proc_cleanup(t);
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                          CONNECT_5S, NULL};
+    start_pair(port, argv, argv, &t0, &t1);
+    cr_assert(proc_wait(t0, RUN_WAIT_MS) && proc_wait(t1, RUN_WAIT_MS), "the job did not end");
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 0);
+    cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 0);
+    pserver_stop(ps);
+}
+
 /* A trainer stopped by a signal mid-run tells the pservers; the other trainer's pull fails
  * at once with "trainer 1 left the job at step N (stopped by signal)" and it exits 1,
  * instead of waiting 60 s for its deadline (it is given 30 s here). */
@@ -1779,8 +1852,9 @@ Test(cluster, trainer_stopped_by_signal_releases_the_others)
 {
     proc *ps, *t0, *t1;
     int port = pserver_start(&ps);
-    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "100000", "--progress", "lines",
-                          CONNECT_5S, NULL};
+    /* --epochs: the job must still run when the signal comes (5 epochs take ~2 s here) */
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
+                          "--progress", "lines", CONNECT_5S, NULL};
     start_pair(port, argv, argv, &t0, &t1);
     /* until trainer 1 has joined the job */
     for (int i = 0; i < 1500; i++) {
