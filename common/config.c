@@ -120,6 +120,41 @@ static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where
     return PST_OK;
 }
 
+static pst_status parse_pipe_schedule(pst_config *cfg, const char *v, const char *where,
+                                      const char *ex)
+{
+    if (strcasecmp(v, "gpipe") == 0)
+        cfg->schedule = PST_SCHEDULE_GPIPE;
+    else if (strcasecmp(v, "1f1b") == 0)
+        cfg->schedule = PST_SCHEDULE_1F1B;
+    else if (strcasecmp(v, "interleaved") == 0)
+        cfg->schedule = PST_SCHEDULE_INTERLEAVED;
+    else
+        return bad(where, v, "expected gpipe, 1f1b or interleaved", ex);
+    return PST_OK;
+}
+
+/* Layers per model chunk, first to last: "2,3,3,2" (empty: balanced by compute). */
+static pst_status parse_partition(pst_config *cfg, const char *v, const char *where,
+                                  const char *ex)
+{
+    int n = 0;
+    for (const char *p = v; *p;) {
+        char *e;
+        errno = 0;
+        long k = strtol(p, &e, 10);
+        if (e == p || errno || k < 1 || k > 1 << 20 || (*e && *e != ','))
+            return bad(where, v, "expected comma-separated layer counts >= 1, one per model "
+                       "chunk", ex);
+        if (n == PST_MAX_CHUNKS)
+            return bad(where, v, "at most 256 model chunks", ex);
+        cfg->partition[n++] = (int)k;
+        p = *e ? e + 1 : e;
+    }
+    cfg->npartition = n;
+    return PST_OK;
+}
+
 static pst_status parse_optimizer(pst_config *cfg, const char *v, const char *where,
                                   const char *ex)
 {
@@ -291,6 +326,11 @@ static const opt options[] = {
     {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
     {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
     {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
+    {"pipeline", "PSTRAIN_PIPELINE", NULL, NULL, "4", "pipeline stages: the model's layers split over this many of the trainer's devices (PSTRAIN_DEVICES=cpu:P); 1: no pipeline", R_TRAINER, OPT_INT, F(pipeline), 1, 64, NULL},
+    {"micro-batches", "PSTRAIN_MICRO_BATCHES", NULL, NULL, "8", "pipeline: micro-batches per step (the trainer's rows split in M)", R_TRAINER, OPT_INT, F(micro_batches), 1, 4096, NULL},
+    {"schedule", "PSTRAIN_SCHEDULE", NULL, NULL, "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved (needs --virtual-stages >= 2 and --micro-batches a multiple of --pipeline)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_pipe_schedule},
+    {"virtual-stages", "PSTRAIN_VIRTUAL_STAGES", NULL, NULL, "2", "pipeline, interleaved: model chunks per device", R_TRAINER, OPT_INT, F(virtual_stages), 1, 16, NULL},
+    {"partition", "PSTRAIN_PARTITION", NULL, NULL, "2,3,3,2", "pipeline: layers per model chunk, first to last (default: balanced by compute)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_partition},
     {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two from 2^-24 to 2^24 (PyTorch GradScaler's default 2^16); halved on every overflow, doubled after --loss-scale-window good steps up to 2^24", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p24, NULL},
     {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
     {"test-overflow", "PSTRAIN_TEST_OVERFLOW", NULL, NULL, "3", "test hook (fp16): this trainer's gradient overflows at this step, as if a value were infinite (-1: never)", R_TRAINER, OPT_LONG, F(test_overflow_step), -1, 1e12, NULL},
@@ -450,6 +490,10 @@ void pst_config_defaults(pst_config *cfg)
     cfg->precision = PST_F32;
     cfg->grad_dtype = PST_F32;
     cfg->acc_steps = 1;
+    cfg->pipeline = 1;
+    cfg->micro_batches = 1;
+    cfg->schedule = PST_SCHEDULE_1F1B;
+    cfg->virtual_stages = 1;
     cfg->loss_scale = 65536.0f;
     cfg->loss_scale_window = 2000;
     cfg->test_overflow_step = -1;
@@ -585,6 +629,26 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "trainers' %d micro-batches at least one example (example: "
                                  "--batch %d)", cfg->batch, cfg->trainers, cfg->acc_steps,
                                  cfg->trainers * cfg->acc_steps * 32);
+        if (cfg->pipeline == 1 && cfg->micro_batches > 1)
+            return pst_error_set(PST_ERR_INVALID, "--micro-batches %d without --pipeline: "
+                                 "micro-batches of one device are --acc-steps (example: "
+                                 "--acc-steps %d, or --pipeline 2 --micro-batches %d)",
+                                 cfg->micro_batches, cfg->micro_batches, cfg->micro_batches);
+        if (cfg->pipeline > 1 && cfg->acc_steps > 1)
+            return pst_error_set(PST_ERR_INVALID, "--acc-steps %d with --pipeline %d: a "
+                                 "pipeline's micro-batches are --micro-batches (example: "
+                                 "--pipeline %d --micro-batches %d)", cfg->acc_steps,
+                                 cfg->pipeline, cfg->pipeline, cfg->acc_steps);
+        if (cfg->virtual_stages > 1 && cfg->schedule != PST_SCHEDULE_INTERLEAVED)
+            return pst_error_set(PST_ERR_INVALID, "--virtual-stages %d needs --schedule "
+                                 "interleaved (example: --schedule interleaved "
+                                 "--virtual-stages 2)", cfg->virtual_stages);
+        if (cfg->pipeline > 1 && cfg->batch < cfg->trainers * cfg->micro_batches)
+            return pst_error_set(PST_ERR_INVALID,
+                                 "--batch %d: the global batch must give each of the %d "
+                                 "trainers' %d micro-batches at least one example (example: "
+                                 "--batch %d)", cfg->batch, cfg->trainers, cfg->micro_batches,
+                                 cfg->trainers * cfg->micro_batches * 8);
         if (cfg->batch < cfg->trainers)
             return pst_error_set(PST_ERR_INVALID,
                                  "--batch %d: the global batch must give every one of the %d "
@@ -612,6 +676,11 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 const char *pst_role_name(pst_role r)
 {
     return r == PST_ROLE_PSERVER ? "pserver" : "trainer";
+}
+
+const char *pst_schedule_name(pst_schedule s)
+{
+    return s == PST_SCHEDULE_GPIPE ? "gpipe" : s == PST_SCHEDULE_1F1B ? "1f1b" : "interleaved";
 }
 
 const char *pst_mode_name(pst_mode m)
@@ -700,7 +769,10 @@ void pst_config_print(FILE *out, const pst_config *cfg)
                 cfg->rpc_timeout_ms, cfg->threads, cfg->overlap, cfg->cpu_replicas);
         json_str(out, "precision", pst_dtype_name(cfg->precision), &first);
         json_str(out, "grad_dtype", pst_dtype_name(cfg->grad_dtype), &first);
-        fprintf(out, ",\"acc_steps\":%d", cfg->acc_steps);
+        fprintf(out, ",\"acc_steps\":%d,\"pipeline\":%d,\"micro_batches\":%d", cfg->acc_steps,
+                cfg->pipeline, cfg->micro_batches);
+        json_str(out, "schedule", pst_schedule_name(cfg->schedule), &first);
+        fprintf(out, ",\"virtual_stages\":%d", cfg->virtual_stages);
         json_str(out, "trace", cfg->trace_path, &first);
         fprintf(out, ",\"trace_steps\":\"%ld:%ld\"", cfg->trace_first, cfg->trace_last);
         json_str(out, "metrics", cfg->metrics_path, &first);

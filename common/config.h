@@ -34,6 +34,15 @@ typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
 typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRESS_LINES,
                             PST_PROGRESS_NONE } pst_progress;
 
+/* Pipeline schedules (--schedule). */
+typedef enum pst_schedule {
+    PST_SCHEDULE_GPIPE = 0,   /* every forward, then every backward */
+    PST_SCHEDULE_1F1B,        /* one forward, one backward (PipeDream-flush) */
+    PST_SCHEDULE_INTERLEAVED  /* 1F1B over V model chunks per device (Megatron) */
+} pst_schedule;
+const char *pst_schedule_name(pst_schedule s);
+#define PST_MAX_CHUNKS 256 /* pipeline stages x virtual stages */
+
 typedef struct pst_config {
     /* cluster */
     pst_role role;
@@ -72,6 +81,14 @@ typedef struct pst_config {
     pst_dtype grad_dtype;                          /* pushed gradients (default: precision) */
     int grad_dtype_set;                            /* --grad-dtype given */
     int acc_steps;                                 /* micro-batches per optimizer step */
+    /* pipeline parallelism inside the trainer (trainer/schedule.h, exec.h) */
+    int pipeline;                                  /* stages P (1: none) */
+    int micro_batches;                             /* M: micro-batches per step, pipelined */
+    pst_schedule schedule;                         /* gpipe | 1f1b | interleaved */
+    int virtual_stages;                            /* V: model chunks per device (interleaved) */
+    int partition[PST_MAX_CHUNKS];                 /* layers per model chunk, by hand (npartition
+                                                    * 0: balanced by compute) */
+    int npartition;
     float loss_scale;                              /* fp16: initial dynamic loss scale */
     long loss_scale_window;                        /* fp16: steps without overflow before
                                                     * the scale doubles */

@@ -1137,3 +1137,47 @@ Test(config, help_lists_every_variable_config_reads)
     free(t);
     free(p);
 }
+
+Test(config, pipeline_flags)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_eq(c.pipeline, 1);
+    cr_expect_eq(c.micro_batches, 1);
+    cr_expect_eq(c.schedule, PST_SCHEDULE_1F1B);
+    cr_expect_eq(c.virtual_stages, 1);
+    cr_expect_eq(c.npartition, 0);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_PIPELINE", "4"), "--micro-batches", "8",
+                   "--schedule", "Interleaved", "--virtual-stages", "2", "--partition",
+                   "1,1,1,1,1,1,1,1"));
+    cr_expect_eq(c.pipeline, 4);
+    cr_expect_eq(c.micro_batches, 8);
+    cr_expect_eq(c.schedule, PST_SCHEDULE_INTERLEAVED);
+    cr_expect_eq(c.virtual_stages, 2);
+    cr_expect_eq(c.npartition, 8);
+    char *s = print_config(&c);
+    expect_json_line(s);
+    expect_has(s, "\"pipeline\":4");
+    expect_has(s, "\"micro_batches\":8");
+    expect_has(s, "\"schedule\":\"interleaved\"");
+    free(s);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--schedule", "gpipe"));
+    cr_expect_eq(c.schedule, PST_SCHEDULE_GPIPE);
+
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--schedule", "zigzag"), PST_ERR_INVALID);
+    expect_detail_has("--schedule=zigzag", "1f1b");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--micro-batches", "4"), PST_ERR_INVALID);
+    expect_detail_has("--micro-batches 4 without --pipeline", "--acc-steps 4");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--pipeline", "2", "--acc-steps", "2"),
+                 PST_ERR_INVALID);
+    expect_detail_has("--acc-steps 2 with --pipeline 2", "--micro-batches 2");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--virtual-stages", "2"), PST_ERR_INVALID);
+    expect_detail_has("--virtual-stages 2", "--schedule interleaved");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--pipeline", "2", "--micro-batches", "128",
+                      "--batch", "64"), PST_ERR_INVALID);
+    expect_detail_has("--batch 64", "micro-batches");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--partition", "2,0,3"), PST_ERR_INVALID);
+    expect_detail_has("--partition=2,0,3", "layer counts");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--pipeline", "0"), PST_ERR_INVALID);
+    expect_detail_has("pipeline", "example");
+}

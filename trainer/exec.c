@@ -44,126 +44,8 @@
 #include "common/nn/ops.h"
 #include "common/runtime/pool.h"
 #include "common/rng.h"
+#include "trainer/exec_impl.h"
 
-
-typedef struct exec_block exec_block;
-
-/* What a queued host function of a block needs to know about its step. The host queues
- * step s+1 before step s's send/recv items have run, so each block has two, by step
- * parity: step s+2 is queued only after step s+1's compute, which waited for every one
- * of step s's items (through the ready events). */
-typedef struct exec_slot {
-    exec_block *eb;
-    long step;
-    float scale; /* the loss scale the gradient carries (1: none) */
-    void *dst;   /* where the pull lands (elements of the precision's dtype) */
-} exec_slot;
-
-typedef struct exec_dev {
-    tr_exec *ex;
-    pst_device *dev;
-    pst_stream *compute, *send, *recv;
-    pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
-    void *params;                 /* (nparams) of the precision's dtype; shared on CPU */
-    float *grads;                 /* (nparams) fp32, micro-batches accumulate in it */
-    float *wbuf;                  /* bf16/fp16: (widest layer's tensors) fp32 values of the
-                                   * layer being computed, cast from params before each use */
-    pst_cast_args *casts;         /* (L * PST_LAYER_MAX_TENSORS) those casts, by layer */
-    int accumulate;               /* the layers are bound to add to the gradients */
-    float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */
-    float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
-    void **inst;                  /* (L) the layers' op arguments on this device */
-    void **chunk;                 /* (nchunks) each weight-gradient chunk's arguments */
-    float *x;                     /* (max_batch, in_width) floats, or int32 tokens (in_tokens) */
-    int32_t *y;                   /* (max_batch, target_width) */
-    float **save, **work;         /* (L) each layer's kept activations and scratch; NULL: none */
-    float **scratch;              /* (L) per-thread scratch; NULL: none */
-    float *losses;                /* (max_batch) */
-    int32_t *correct;             /* (1) */
-    pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
-    pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
-    pst_event **ready;            /* (nblocks) */
-    int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
-} exec_dev;
-
-struct exec_block {
-    tr_exec *ex;
-    int index;
-    const tr_block *b;
-    int lmin;                     /* lowest layer that names the block's parameters */
-    float **gbufs;                /* (D) grads + offset on every device */
-    void **pbufs;                 /* (D) params + offset on every device */
-    pst_event *sent;              /* owner's send stream: the exchange started (or failed) */
-    float *hgrad;                 /* push staging when device memory is not host memory */
-    void *hparam;                 /* pull staging (replicas, unless updated in place) */
-    exec_slot slot[2];            /* by step parity */
-    pst_rng jitter;               /* test hook: delay before each exchange */
-    long step;                    /* of the exchange in flight (set when it starts) */
-    pst_flag *landed;             /* on the owner: step s's values have landed at s + 1 */
-    /* trace */
-    tr_span *send_span, *recv_span;
-};
-
-/* Rows [row0, row1) of layer `layer`'s weight gradient (row1 0: the whole layer);
- * afterwards the nblk blocks chunk_blocks[blk0 ..] are final, ascending. A list, not a
- * range: a layer's tensors need not be contiguous (a transformer block's lie between the
- * other blocks' in llm.c's layout), so the blocks it finishes need not be either. */
-typedef struct exec_chunk {
-    int layer, row0, row1;
-    int blk0, nblk;
-} exec_chunk;
-
-struct tr_exec {
-    tr_exec_config c;
-    const pst_model *model;
-    int direct;                    /* the in-process link's update lands in the shared weights
-                                    * (training alone on CPU), after backward read them */
-    int in_place;                  /* the link updates the shared weights itself (direct,
-                                    * fp32) */
-    pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
-    size_t psize;                  /* its bytes */
-    int lowp;                      /* pdt is bf16 or fp16: layers compute from wbuf */
-    int K;                         /* micro-batches per step (--acc-steps) */
-    /* fp16 dynamic loss scaling (PyTorch GradScaler's rule) */
-    int scaler;                    /* precision f16 */
-    float loss_scale;              /* of the next step (1 without the scaler) */
-    long good_steps;               /* steps since the last overflow or growth */
-    long skipped;                  /* steps skipped for overflow */
-    int last_skip;                 /* the last step was skipped */
-    atomic_int overflow;           /* a block of this step overflowed (check_overflow) */
-    atomic_long exchanges;         /* started and not yet done: tr_exec_free waits for them
-                                    * (their done callbacks touch the blocks' flags) */
-    long applied;                  /* updates made: the exchanges' step numbers */
-    float **homes;                 /* (nblocks) each block's values on its owner device */
-    int D, L, host_memory;
-    int shared;                    /* CPU: one parameter buffer for every device */
-    void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
-    int cur;                       /* pbuf[cur] holds the newest parameters */
-    exec_dev *devs;
-    const tr_plan *plan;
-    exec_block *blocks;
-    int *chunk_blocks;             /* (nblocks) the blocks each chunk finishes (exec_chunk) */
-    int *send_order;               /* (nblocks) the order backward finishes the blocks: the
-                                    * top layer first, each layer's chunks by ascending rows */
-    size_t wbuf_floats;            /* bf16/fp16: the widest layer's tensors (its scratch) */
-    int *layer_blocks;             /* the blocks layer l reads, ascending: */
-    int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
-    exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
-    int nchunks;
-    int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
-    /* Reduce (send streams) and broadcast (recv streams) run concurrently: each has a
-     * communicator of its own (NCCL orders the kernels of one communicator). */
-    pst_comm *reduce_comm, *bcast_comm;
-    pst_stream **send_streams, **recv_streams;
-    float *host_params;            /* (nparams) */
-    void *host_lowp;               /* (nparams) of pdt when lowp: start and tr_exec_params */
-    float *host_losses;            /* (max_batch) */
-    int max_batch;
-    cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
-    int pin_compute;
-    int tr_compute[PST_DEVICE_MAX_COUNT], tr_send[PST_DEVICE_MAX_COUNT], tr_recv[PST_DEVICE_MAX_COUNT];
-    int tr_push, tr_pull;
-};
 
 static void cpu_set_of(const pst_config *cfg, cpu_set_t *set);
 
@@ -182,8 +64,8 @@ static pst_status span_end(void *arg)
 }
 
 /* Opens a span on stream s when the step is traced; returns it for mark_end (or NULL). */
-static tr_span *mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
-                           long arg)
+tr_span *exec_mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
+                          long arg)
 {
     if (!tr_trace_on(ex->c.trace, step))
         return NULL;
@@ -193,7 +75,7 @@ static tr_span *mark_begin(tr_exec *ex, pst_stream *s, int track, const char *na
     return sp;
 }
 
-static void mark_end(pst_stream *s, tr_span *sp)
+void exec_mark_end(pst_stream *s, tr_span *sp)
 {
     if (sp)
         pst_stream_launch(s, span_end, sp);
@@ -201,7 +83,7 @@ static void mark_end(pst_stream *s, tr_span *sp)
 
 /* ---- init / free ---------------------------------------------------------------------- */
 
-static pst_status alloc_dev(pst_device *dev, size_t bytes, void **p)
+pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p)
 {
     return pst_device_alloc(dev, bytes ? bytes : 1, p);
 }
@@ -358,8 +240,11 @@ static void use_newest_params(tr_exec *ex)
         return;
     for (int i = 0; i < ex->D; i++) {
         ex->devs[i].params = ex->pbuf[ex->cur];
-        bind_layers(ex, &ex->devs[i]);
+        if (!ex->pipe)
+            bind_layers(ex, &ex->devs[i]);
     }
+    if (ex->pipe)
+        exec_pipe_bind(ex);
 }
 
 /* Allocates device d's buffers: the flat parameters (unless shared with device 0) and
@@ -381,33 +266,35 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     if (share_params)
         d->params = ex->devs[0].params; /* not freed through this device */
     else
-        PST_TRY(alloc_dev(d->dev, ex->psize * n, &d->params));
+        PST_TRY(exec_alloc_dev(d->dev, ex->psize * n, &d->params));
     if (ex->lowp) {
-        PST_TRY(alloc_dev(d->dev, sizeof(float) * ex->wbuf_floats, (void **)&d->wbuf));
+        PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * ex->wbuf_floats, (void **)&d->wbuf));
         if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
-    PST_TRY(alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
-    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
-    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
-    PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
-    PST_TRY(alloc_dev(d->dev, sizeof(int32_t) * B * (size_t)m->target_width, (void **)&d->y));
-    PST_TRY(alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
-    PST_TRY(alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
+    if (ex->c.cfg->pipeline > 1)
+        return PST_OK; /* activations and layer instances: per slot (exec_pipe.c) */
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(int32_t) * B * (size_t)m->target_width, (void **)&d->y));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
     for (int l = 0; l < ex->L; l++) {
         const pst_layer *ly = &m->layers[l];
         if (ly->out_width > 0)
-            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->out_width,
+            PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->out_width,
                               (void **)&d->acts[l]));
         if (ly->save_width > 0)
-            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->save_width,
+            PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->save_width,
                               (void **)&d->save[l]));
         if (ly->work_width > 0)
-            PST_TRY(alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->work_width,
+            PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)ly->work_width,
                               (void **)&d->work[l]));
         if (ly->scratch_per_thread > 0) {
             const size_t threads = d->pool ? (size_t)pst_pool_size(d->pool) : 1;
-            PST_TRY(alloc_dev(d->dev, sizeof(float) * threads * (size_t)ly->scratch_per_thread,
+            PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * threads * (size_t)ly->scratch_per_thread,
                               (void **)&d->scratch[l]));
         }
         if (!(d->inst[l] = calloc(1, ly->cls->inst_bytes ? ly->cls->inst_bytes : 1)))
@@ -462,6 +349,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     const int per_micro = (c->max_rows + ex->K - 1) / ex->K; /* rows of one micro-batch */
     int per_dev = (per_micro + ex->D - 1) / ex->D;
     ex->max_batch = per_dev > c->eval_rows ? per_dev : c->eval_rows;
+    if (c->cfg->pipeline > 1) /* the evaluation's bound; a step's rows go through slots */
+        ex->max_batch = c->eval_rows > 0 ? c->eval_rows : 1;
     ex->devs = calloc((size_t)ex->D, sizeof *ex->devs);
     ex->send_streams = calloc((size_t)ex->D, sizeof *ex->send_streams);
     ex->recv_streams = calloc((size_t)ex->D, sizeof *ex->recv_streams);
@@ -493,12 +382,13 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         for (int l = 0; l < ex->L; l++)
             if ((st = pst_event_create(d->dev, &d->x_done[l])) != PST_OK)
                 goto error;
-        bind_layers(ex, d);
+        if (c->cfg->pipeline <= 1)
+            bind_layers(ex, d);
     }
     size_t n = ex->model->nparams;
     ex->pbuf[0] = ex->devs[0].params;
     if (ex->shared && !ex->direct &&
-        (st = alloc_dev(ex->devs[0].dev, ex->psize * n, &ex->pbuf[1])) != PST_OK)
+        (st = exec_alloc_dev(ex->devs[0].dev, ex->psize * n, &ex->pbuf[1])) != PST_OK)
         goto error;
     ex->plan = c->link->plan;
     if (ex->plan->nparams != n || ex->plan->ndevices != ex->D) {
@@ -600,6 +490,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
     }
     if ((st = build_chunks(ex)) != PST_OK)
         goto error;
+    if (c->cfg->pipeline > 1 && (st = exec_pipe_init(ex)) != PST_OK)
+        goto error;
     if (c->cfg->jitter_us)
         pst_runtime_set_jitter(c->rt, c->cfg->jitter_seed, c->cfg->jitter_us);
     if (c->trace) {
@@ -635,6 +527,7 @@ void tr_exec_free(tr_exec *ex)
      * signals a block's flag, so everything waits for it. */
     while (atomic_load(&ex->exchanges) > 0)
         usleep(1000);
+    exec_pipe_free(ex);
     for (int b = 0; ex->blocks && b < ex->plan->nblocks; b++) {
         exec_block *eb = &ex->blocks[b];
         pst_device *owner = ex->devs[eb->b->owner_device].dev;
@@ -829,15 +722,15 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, int micro
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
-        tr_span *sp = mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
+        tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[di], "forward", step, l);
         PST_TRY(enqueue_weights(ex, d, s, l));
         PST_TRY(layers[l].cls->forward(d->inst[l], s, d->rows, scale));
-        mark_end(s, sp);
+        exec_mark_end(s, sp);
     }
     for (int l = ex->L - 1; l >= 0; l--) {
         const pst_layer_class *cls = layers[l].cls;
         tr_span *sp = cls->wgrad || cls->igrad
-                          ? mark_begin(ex, s, ex->tr_compute[di], "backward", step, l)
+                          ? exec_mark_begin(ex, s, ex->tr_compute[di], "backward", step, l)
                           : NULL;
         if (l < ex->L - 1) /* the top layer's weights are still in the scratch */
             PST_TRY(enqueue_weights(ex, d, s, l));
@@ -854,7 +747,7 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, int micro
         if (cls->igrad)
             PST_TRY(cls->igrad(d->inst[l], s, d->rows));
         PST_TRY(pst_event_record(d->x_done[l], s));
-        mark_end(s, sp);
+        exec_mark_end(s, sp);
     }
     return PST_OK;
 }
@@ -926,7 +819,7 @@ static pst_status send_reduce(tr_exec *ex, exec_block *eb, long step)
     exec_dev *owner = &ex->devs[o];
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
-    eb->send_span = mark_begin(ex, owner->send, ex->tr_send[o],
+    eb->send_span = exec_mark_begin(ex, owner->send, ex->tr_send[o],
                                ex->direct ? "reduce+update" : "reduce+push", step, eb->index);
     PST_TRY(pst_comm_reduce(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams));
     if (ex->direct) {
@@ -965,7 +858,7 @@ static pst_status send_exchange(tr_exec *ex, exec_block *eb, long step)
      * recv stream waiting for a pull that never comes; through the event the recv stream
      * takes the failure instead. */
     PST_TRY(pst_event_record(eb->sent, owner->send));
-    mark_end(owner->send, eb->send_span);
+    exec_mark_end(owner->send, eb->send_span);
     return PST_OK;
 }
 
@@ -973,7 +866,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
 {
     const int o = eb->b->owner_device;
     exec_dev *owner = &ex->devs[o];
-    tr_span *sp = mark_begin(ex, owner->recv, ex->tr_recv[o], "pull+broadcast", step,
+    tr_span *sp = exec_mark_begin(ex, owner->recv, ex->tr_recv[o], "pull+broadcast", step,
                              eb->index);
     /* Through sent the recv stream also takes a failure of the streams before it, instead
      * of waiting for a pull that never comes. */
@@ -983,7 +876,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
          * the send stream waited for x_done everywhere) or the other buffer. */
         PST_TRY(pst_stream_wait_flag(owner->recv, eb->landed, (uint64_t)step + 1));
         PST_TRY(pst_event_record(owner->ready[eb->index], owner->recv));
-        mark_end(owner->recv, sp);
+        exec_mark_end(owner->recv, sp);
         return PST_OK;
     }
     /* The new values overwrite weights that backward reads for dinp until x_done. */
@@ -997,7 +890,7 @@ static pst_status enqueue_recv(tr_exec *ex, exec_block *eb, long step)
                                      ex->recv_streams));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
-    mark_end(owner->recv, sp);
+    exec_mark_end(owner->recv, sp);
     return PST_OK;
 }
 
@@ -1057,7 +950,9 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
      * every device; the first overwrites the gradients, the others add to them (fp32), and
      * the blocks leave after the last. Between two, the host waits for the compute (it
      * reads the losses, and rebinds the layers' arguments). */
-    for (int k = 0; k < ex->K; k++) {
+    if (ex->pipe)
+        PST_TRY(exec_pipe_step(ex, step, x, y, rows, scale));
+    for (int k = 0; !ex->pipe && k < ex->K; k++) {
         int mlo, mhi;
         pst_batch_part(rows, k, ex->K, &mlo, &mhi);
         if (k > 0) {
@@ -1103,7 +998,7 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
         PST_TRY(ex->c.link->ops->vote(ex->c.link, step, overflow, &skip));
         for (int i = 0; i < nb; i++)
             if (skip) /* nothing leaves: close the spans send_reduce opened */
-                mark_end(ex->devs[ex->blocks[i].b->owner_device].send, ex->blocks[i].send_span);
+                exec_mark_end(ex->devs[ex->blocks[i].b->owner_device].send, ex->blocks[i].send_span);
             else
                 PST_TRY(send_exchange(ex, &ex->blocks[ex->send_order[i]], xs));
     }
@@ -1118,7 +1013,10 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
             PST_TRY(sync_streams(ex, 2));
     }
     PST_TRY(sync_streams(ex, 0));
-    PST_TRY(add_losses(ex, loss_sum));
+    if (ex->pipe)
+        *loss_sum = exec_pipe_loss(ex, rows);
+    else
+        PST_TRY(add_losses(ex, loss_sum));
     set_accumulate(ex, 0); /* the compute has run: the next step's first micro-batch */
     ex->last_skip = skip;
     if (skip) { /* this step's gradient is dropped everywhere; the next one's scale halves */
@@ -1173,6 +1071,14 @@ pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs)
     if (!last->cls->probs || m->nclasses < 1)
         return pst_error_set(PST_ERR_UNSUPPORTED, "predict: model %s gives no probabilities",
                              m->name);
+    if (ex->pipe) {
+        long correct;
+        if (rows < 1 || rows > ex->max_batch)
+            return pst_error_set(PST_ERR_INVALID, "predict: %d rows, 1 to %d", rows,
+                                 ex->max_batch);
+        use_newest_params(ex);
+        return exec_pipe_forward(ex, x, NULL, rows, ex->host_losses, probs, &correct);
+    }
     pst_stream *s = ex->devs[0].compute;
     PST_TRY(forward_rows(ex, x, NULL, rows));
     PST_TRY(pst_memcpy_async(s, probs, last->cls->probs(ex->devs[0].inst[ex->L - 1]),
@@ -1192,6 +1098,16 @@ pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int 
     *correct = 0;
     if (!rows)
         return PST_OK;
+    if (ex->pipe) {
+        if (rows > ex->max_batch)
+            return pst_error_set(PST_ERR_INVALID, "evaluation: %d rows, 1 to %d", rows,
+                                 ex->max_batch);
+        use_newest_params(ex);
+        PST_TRY(exec_pipe_forward(ex, x, y, rows, ex->host_losses, NULL, correct));
+        for (int r = 0; r < rows; r++)
+            *loss_sum += ex->host_losses[r];
+        return PST_OK;
+    }
     const float *l = d->losses;
     PST_TRY(pst_memset_async(s, d->correct, 0, sizeof(int32_t)));
     PST_TRY(forward_rows(ex, x, y, rows));

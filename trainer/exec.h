@@ -80,6 +80,14 @@ float tr_exec_loss_scale(const tr_exec *ex);
 /* Steps skipped because some trainer's fp16 gradient overflowed (every pserver and trainer
  * skipped them: no block changed); *last (may be NULL): whether the last step was one. */
 long tr_exec_skipped(const tr_exec *ex, int *last);
+/* Pipeline (--pipeline > 1): activation and gradient copies between stages so far (the
+ * only messages between them: 2 (C - 1) per micro-batch and step); 0 without a pipeline. */
+long tr_exec_stage_messages(const tr_exec *ex);
+/* *equal = 1 when every tensor that chunks on several devices name (the tied token
+ * embedding: the first stage's embedding, the last stage's projection) has the same bits
+ * in each of those devices' parameter copies (call after tr_exec_sync; 1 without a
+ * pipeline or with one shared CPU copy). Blocking. */
+pst_status tr_exec_tied_equal(tr_exec *ex, int *equal);
 /* Bytes of one device's parameter copy: nparams x the precision's size (2 in bf16/fp16). */
 size_t tr_exec_param_bytes(const tr_exec *ex);
 

@@ -1,0 +1,278 @@
+/* test_pipeline.c — the executor's pipeline mode (trainer/exec_pipe.c) in one process, on
+ * the GPT and the King James Bible (scripts/deps.sh writes it):
+ *   - every schedule, stage count, virtual stage count and micro-batch count gives the
+ *     parameters of plain training with the same global batch within 1e-6 relative
+ *     (param L2), and, for one M, the same bits as each other (each device adds its
+ *     micro-batches in order; the reduce adds the devices in order);
+ *   - the tied token embedding's copies on the first and the last stage are equal bit
+ *     for bit after every step (--cpu-replicas 1: a parameter copy per device);
+ *   - exactly 2 (C - 1) M copies travel between stages per step, nothing else;
+ *   - peak bytes per device are flat in M for 1F1B and interleaved, and grow for GPipe;
+ *   - invalid combinations are refused with one line naming them. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
+#include "common/data/text.h"
+#include "common/nn/models/models.h"
+#include "common/runtime/device.h"
+#include "trainer/exec.h"
+#include "trainer/local.h"
+
+enum { T = 16, LAYERS = 6 }; /* 8 model layers: embedding, 6 blocks, the head */
+
+typedef struct run {
+    int P, V, M, replicas, overlap;
+    pst_schedule sched;
+    int mb;              /* rows per micro-batch (0: global batch 16 split in M) */
+    int steps;
+} run;
+
+typedef struct result {
+    float *params;
+    size_t n;
+    size_t peak[8];      /* per device */
+    long messages;
+    int tied_unequal_steps;
+} result;
+
+static pst_text text;
+
+static void load(void)
+{
+    if (text.n == 0)
+        cr_assert_eq(pst_text_load(&text, PST_KJV_PATH, T), PST_OK, "%s", pst_error_detail());
+}
+
+static void base_config(pst_config *cfg)
+{
+    pst_config_defaults(cfg);
+    cfg->block_bytes = 8192;
+    cfg->optim.kind = PST_OPTIM_ADAMW;
+    cfg->optim.lr = 3e-3f;
+    cfg->optim.beta2 = 0.99f;
+    cfg->optim.weight_decay = 0.0f;
+}
+
+/* Trains r->steps AdamW steps of the 8-layer GPT with r's pipeline (P 1: plain, cpu:1)
+ * and returns the final parameters and what the run measured. tr_exec_init's error, if
+ * any, is returned with *res untouched. */
+static pst_status train(const run *r, result *res)
+{
+    load();
+    pst_config cfg;
+    base_config(&cfg);
+    cfg.pipeline = r->P;
+    cfg.virtual_stages = r->V ? r->V : 1;
+    cfg.micro_batches = r->P > 1 ? r->M : 1;
+    cfg.acc_steps = r->P > 1 ? 1 : (r->M ? r->M : 1);
+    cfg.schedule = r->sched;
+    cfg.cpu_replicas = r->replicas;
+    const int B = r->mb ? r->mb * r->M : 16;
+    char devices[16];
+    snprintf(devices, sizeof devices, "cpu:%d", r->P);
+    pst_runtime *rt = NULL;
+    cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
+    pst_model model;
+    cr_assert_eq(pst_model_gpt(&model, text.vocab, T, LAYERS, 2, 32), PST_OK);
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, r->P), PST_OK);
+    tr_link *link;
+    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B,
+                         .eval_rows = B, .link = link, .overlap = r->overlap, .threads = 1};
+    tr_exec *ex = NULL;
+    pst_status st = tr_exec_init(&ex, &ec);
+    if (st == PST_OK) {
+        memset(res, 0, sizeof *res);
+        cr_assert_eq(tr_exec_start(ex, 5), PST_OK, "%s", pst_error_detail());
+        int32_t *x = malloc(sizeof(int32_t) * (size_t)B * T);
+        int32_t *y = malloc(sizeof(int32_t) * (size_t)B * T);
+        for (int s = 0; s < r->steps; s++) {
+            pst_text_train_rows(&text, T, 5, s, B, 0, B, x, y);
+            double loss;
+            cr_assert_eq(tr_exec_step(ex, s, x, y, B, B, &loss), PST_OK, "%s",
+                         pst_error_detail());
+            cr_assert(isfinite(loss) && loss > 0);
+            cr_assert_eq(tr_exec_sync(ex), PST_OK, "%s", pst_error_detail());
+            int equal = 0;
+            cr_assert_eq(tr_exec_tied_equal(ex, &equal), PST_OK, "%s", pst_error_detail());
+            res->tied_unequal_steps += !equal;
+        }
+        free(x);
+        free(y);
+        res->n = tr_exec_nparams(ex);
+        res->params = malloc(sizeof(float) * res->n);
+        cr_assert_eq(tr_exec_params(ex, res->params), PST_OK);
+        for (int i = 0; i < r->P && i < 8; i++)
+            res->peak[i] = tr_exec_peak_bytes(ex, i);
+        res->messages = tr_exec_stage_messages(ex);
+    }
+    tr_exec_free(ex);
+    tr_link_free(link);
+    tr_plan_free(&plan);
+    pst_model_free(&model);
+    pst_runtime_free(rt);
+    return st;
+}
+
+static double l2(const float *p, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)p[i] * p[i];
+    return sqrt(s);
+}
+
+static const char *name(pst_schedule s)
+{
+    return pst_schedule_name(s);
+}
+
+/* P = 2 and 4, 1F1B and interleaved (V = 2), GPipe, M = 4 and 8: param L2 within 1e-6 of
+ * plain training (one device, the same 16-row global batch in M micro-batches); for each
+ * M, every pipelined run has the bits of the first. */
+Test(pipeline, every_schedule_equals_plain_training, .timeout = 300)
+{
+    const int Ms[] = {4, 8};
+    for (int mi = 0; mi < 2; mi++) {
+        const int M = Ms[mi];
+        result plain, first = {0};
+        run pr = {.P = 1, .M = M, .steps = 10};
+        cr_assert_eq(train(&pr, &plain), PST_OK, "%s", pst_error_detail());
+        const double ref = l2(plain.params, plain.n);
+        const run runs[] = {
+            {.P = 2, .M = M, .sched = PST_SCHEDULE_1F1B, .steps = 10},
+            {.P = 2, .M = M, .sched = PST_SCHEDULE_GPIPE, .steps = 10},
+            {.P = 2, .V = 2, .M = M, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 10},
+            {.P = 4, .M = M, .sched = PST_SCHEDULE_1F1B, .steps = 10},
+            {.P = 4, .V = 2, .M = M, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 10},
+            {.P = 4, .M = M, .sched = PST_SCHEDULE_1F1B, .steps = 10, .overlap = 1,
+             .replicas = 1},
+        };
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+            result res;
+            cr_assert_eq(train(&runs[i], &res), PST_OK, "%s", pst_error_detail());
+            const double v = l2(res.params, res.n);
+            fprintf(stderr, "pipeline P %d V %d M %d %s: param_l2 %.9g, plain %.9g\n",
+                    runs[i].P, runs[i].V, M, name(runs[i].sched), v, ref);
+            cr_assert_leq(fabs(v - ref) / ref, 1e-6, "P %d V %d M %d %s: %.9g vs plain %.9g",
+                          runs[i].P, runs[i].V, M, name(runs[i].sched), v, ref);
+            if (!first.params) {
+                first = res;
+                continue;
+            }
+            cr_assert_eq(memcmp(first.params, res.params, res.n * sizeof(float)), 0,
+                         "P %d V %d M %d %s: other bits than P 2 1f1b", runs[i].P, runs[i].V,
+                         M, name(runs[i].sched));
+            free(res.params);
+        }
+        free(first.params);
+        free(plain.params);
+    }
+}
+
+/* With a parameter copy per device (the GPU layout) the tied token embedding is held by
+ * the first stage (the embedding) and the last (the projection): after every step both
+ * copies are the same bits. */
+Test(pipeline, tied_embedding_copies_equal_after_every_step, .timeout = 120)
+{
+    const run runs[] = {
+        {.P = 2, .M = 4, .sched = PST_SCHEDULE_1F1B, .replicas = 1, .overlap = 1, .steps = 8},
+        {.P = 4, .V = 2, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .replicas = 1,
+         .overlap = 1, .steps = 8},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        result res;
+        cr_assert_eq(train(&runs[i], &res), PST_OK, "%s", pst_error_detail());
+        cr_assert_eq(res.tied_unequal_steps, 0, "P %d: the copies differed after %d steps",
+                     runs[i].P, res.tied_unequal_steps);
+        free(res.params);
+    }
+}
+
+/* Only activations go forward and gradients back, one copy each per micro-batch and chunk
+ * boundary: 2 (C - 1) M per step, C = P V; no shape or metadata message exists. */
+Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
+{
+    const run runs[] = {
+        {.P = 2, .M = 4, .sched = PST_SCHEDULE_1F1B, .steps = 3},
+        {.P = 4, .M = 8, .sched = PST_SCHEDULE_GPIPE, .steps = 3},
+        {.P = 2, .V = 2, .M = 6, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 3},
+        {.P = 4, .M = 3, .sched = PST_SCHEDULE_1F1B, .steps = 3}, /* M < P */
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        result res;
+        cr_assert_eq(train(&runs[i], &res), PST_OK, "%s", pst_error_detail());
+        const long C = runs[i].P * (runs[i].V ? runs[i].V : 1);
+        cr_assert_eq(res.messages, 2 * (C - 1) * runs[i].M * runs[i].steps,
+                     "P %d V %d M %d: %ld messages", runs[i].P, runs[i].V, runs[i].M,
+                     res.messages);
+        free(res.params);
+    }
+}
+
+/* The point of the memory work (Paddle PR #34230): at a fixed micro-batch size, a stage's
+ * peak bytes do not grow with the number of micro-batches. 1F1B holds min(P - s, M)
+ * micro-batches: the same bytes (within 2%) from M = P to M = 16P (the README's table
+ * goes to 64P). Interleaved holds min(M V, (P - s - 1) 2 + (V - 1) P + 1) chunk
+ * activations: its most from M = 2P on (M = P has only M V = P V of them), so flat from
+ * 4P to 16P and never more than at 4P. GPipe holds all M: it grows. */
+Test(pipeline, peak_memory_is_flat_in_micro_batches, .timeout = 300)
+{
+    const pst_schedule kinds[] = {PST_SCHEDULE_1F1B, PST_SCHEDULE_INTERLEAVED,
+                                  PST_SCHEDULE_GPIPE};
+    const int P = 2;
+    for (int q = 0; q < 3; q++) {
+        size_t peak[3][2];
+        for (int i = 0, f = 1; i < 3; i++, f *= 4) {
+            run r = {.P = P, .V = kinds[q] == PST_SCHEDULE_INTERLEAVED ? 2 : 1, .M = P * f,
+                     .mb = 2, .sched = kinds[q], .steps = 1};
+            result res;
+            cr_assert_eq(train(&r, &res), PST_OK, "%s", pst_error_detail());
+            for (int s = 0; s < P; s++) {
+                peak[i][s] = res.peak[s];
+                fprintf(stderr, "%s M %d: stage %d peak %zu bytes\n", name(kinds[q]), r.M, s,
+                        res.peak[s]);
+            }
+            free(res.params);
+        }
+        for (int s = 0; s < P; s++) {
+            const char *k = name(kinds[q]);
+            if (kinds[q] == PST_SCHEDULE_GPIPE) {
+                cr_assert_gt(peak[2][s], peak[0][s] * 1.5, "gpipe stage %d: %zu at M %d vs %zu "
+                             "at M %d", s, peak[2][s], 16 * P, peak[0][s], P);
+                continue;
+            }
+            const int from = kinds[q] == PST_SCHEDULE_INTERLEAVED ? 1 : 0;
+            for (int i = from + 1; i < 3; i++)
+                cr_assert_leq(fabs((double)peak[i][s] - (double)peak[from][s]),
+                              0.02 * (double)peak[from][s], "%s stage %d: %zu vs %zu", k, s,
+                              peak[i][s], peak[from][s]);
+            cr_assert_leq(peak[0][s], peak[from][s], "%s stage %d: more at M = P", k, s);
+        }
+    }
+}
+
+/* One line naming the problem, and no executor. */
+Test(pipeline, invalid_combinations_are_refused, .timeout = 60)
+{
+    const struct {
+        run r;
+        const char *says;
+    } bad[] = {
+        {{.P = 3, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .V = 2, .steps = 1}, "multiple"},
+        {{.P = 8, .V = 2, .M = 8, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 1}, "layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        result res;
+        pst_status st = train(&bad[i].r, &res);
+        cr_assert_eq(st, PST_ERR_INVALID, "case %zu: %s", i, pst_strerror(st));
+        cr_assert(strstr(pst_error_detail(), bad[i].says), "case %zu: %s", i,
+                  pst_error_detail());
+        cr_assert(!strchr(pst_error_detail(), '\n'), "%s", pst_error_detail());
+    }
+}

@@ -1,0 +1,169 @@
+/* exec_impl.h — the executor's insides (private to trainer/exec*.c): the per-device and
+ * per-block state exec.c builds, shared with the pipeline schedule's runner (exec_pipe.c).
+ * Not for: anything outside the executor (use exec.h). */
+#ifndef TR_EXEC_IMPL_H
+#define TR_EXEC_IMPL_H
+
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "common/nn/ops.h"
+#include "common/rng.h"
+#include "common/runtime/collectives.h"
+#include "common/runtime/pool.h"
+#include "trainer/exec.h"
+#include "trainer/trace.h"
+
+typedef struct exec_pipe exec_pipe; /* exec_pipe.c: --pipeline > 1 */
+
+typedef struct exec_block exec_block;
+
+/* What a queued host function of a block needs to know about its step. The host queues
+ * step s+1 before step s's send/recv items have run, so each block has two, by step
+ * parity: step s+2 is queued only after step s+1's compute, which waited for every one
+ * of step s's items (through the ready events). */
+typedef struct exec_slot {
+    exec_block *eb;
+    long step;
+    float scale; /* the loss scale the gradient carries (1: none) */
+    void *dst;   /* where the pull lands (elements of the precision's dtype) */
+} exec_slot;
+
+typedef struct exec_dev {
+    tr_exec *ex;
+    pst_device *dev;
+    pst_stream *compute, *send, *recv;
+    pst_pool *pool;               /* CPU: this device's share of the cores (NULL on CUDA) */
+    void *params;                 /* (nparams) of the precision's dtype; shared on CPU */
+    float *grads;                 /* (nparams) fp32, micro-batches accumulate in it */
+    float *wbuf;                  /* bf16/fp16: (widest layer's tensors) fp32 values of the
+                                   * layer being computed, cast from params before each use */
+    pst_cast_args *casts;         /* (L * PST_LAYER_MAX_TENSORS) those casts, by layer */
+    int accumulate;               /* the layers are bound to add to the gradients */
+    float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */
+    float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
+    void **inst;                  /* (L) the layers' op arguments on this device */
+    void **chunk;                 /* (nchunks) each weight-gradient chunk's arguments */
+    float *x;                     /* (max_batch, in_width) floats, or int32 tokens (in_tokens) */
+    int32_t *y;                   /* (max_batch, target_width) */
+    float **save, **work;         /* (L) each layer's kept activations and scratch; NULL: none */
+    float **scratch;              /* (L) per-thread scratch; NULL: none */
+    float *losses;                /* (max_batch) */
+    int32_t *correct;             /* (1) */
+    pst_event **grad_done;        /* (nblocks) block b's gradient is final on this device */
+    pst_event **x_done;           /* (L) backward no longer reads layer l's weights */
+    pst_event **ready;            /* (nblocks) */
+    int lo, rows;                 /* this step's rows: [lo, lo + rows) of the trainer's */
+} exec_dev;
+
+struct exec_block {
+    tr_exec *ex;
+    int index;
+    const tr_block *b;
+    int lmin;                     /* lowest layer that names the block's parameters */
+    float **gbufs;                /* (D) grads + offset on every device */
+    void **pbufs;                 /* (D) params + offset on every device */
+    pst_event *sent;              /* owner's send stream: the exchange started (or failed) */
+    float *hgrad;                 /* push staging when device memory is not host memory */
+    void *hparam;                 /* pull staging (replicas, unless updated in place) */
+    exec_slot slot[2];            /* by step parity */
+    pst_rng jitter;               /* test hook: delay before each exchange */
+    long step;                    /* of the exchange in flight (set when it starts) */
+    pst_flag *landed;             /* on the owner: step s's values have landed at s + 1 */
+    /* trace */
+    tr_span *send_span, *recv_span;
+};
+
+/* Rows [row0, row1) of layer `layer`'s weight gradient (row1 0: the whole layer);
+ * afterwards the nblk blocks chunk_blocks[blk0 ..] are final, ascending. A list, not a
+ * range: a layer's tensors need not be contiguous (a transformer block's lie between the
+ * other blocks' in llm.c's layout), so the blocks it finishes need not be either. */
+typedef struct exec_chunk {
+    int layer, row0, row1;
+    int blk0, nblk;
+} exec_chunk;
+
+struct tr_exec {
+    tr_exec_config c;
+    const pst_model *model;
+    int direct;                    /* the in-process link's update lands in the shared weights
+                                    * (training alone on CPU), after backward read them */
+    int in_place;                  /* the link updates the shared weights itself (direct,
+                                    * fp32) */
+    pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
+    size_t psize;                  /* its bytes */
+    int lowp;                      /* pdt is bf16 or fp16: layers compute from wbuf */
+    int K;                         /* micro-batches per step (--acc-steps) */
+    /* fp16 dynamic loss scaling (PyTorch GradScaler's rule) */
+    int scaler;                    /* precision f16 */
+    float loss_scale;              /* of the next step (1 without the scaler) */
+    long good_steps;               /* steps since the last overflow or growth */
+    long skipped;                  /* steps skipped for overflow */
+    int last_skip;                 /* the last step was skipped */
+    atomic_int overflow;           /* a block of this step overflowed (check_overflow) */
+    atomic_long exchanges;         /* started and not yet done: tr_exec_free waits for them
+                                    * (their done callbacks touch the blocks' flags) */
+    long applied;                  /* updates made: the exchanges' step numbers */
+    float **homes;                 /* (nblocks) each block's values on its owner device */
+    int D, L, host_memory;
+    int shared;                    /* CPU: one parameter buffer for every device */
+    void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
+    int cur;                       /* pbuf[cur] holds the newest parameters */
+    exec_dev *devs;
+    const tr_plan *plan;
+    exec_block *blocks;
+    int *chunk_blocks;             /* (nblocks) the blocks each chunk finishes (exec_chunk) */
+    int *send_order;               /* (nblocks) the order backward finishes the blocks: the
+                                    * top layer first, each layer's chunks by ascending rows */
+    size_t wbuf_floats;            /* bf16/fp16: the widest layer's tensors (its scratch) */
+    int *layer_blocks;             /* the blocks layer l reads, ascending: */
+    int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
+    exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
+    int nchunks;
+    int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
+    /* Reduce (send streams) and broadcast (recv streams) run concurrently: each has a
+     * communicator of its own (NCCL orders the kernels of one communicator). */
+    pst_comm *reduce_comm, *bcast_comm;
+    pst_stream **send_streams, **recv_streams;
+    float *host_params;            /* (nparams) */
+    void *host_lowp;               /* (nparams) of pdt when lowp: start and tr_exec_params */
+    float *host_losses;            /* (max_batch) */
+    int max_batch;
+    cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
+    int pin_compute;
+    int tr_compute[PST_DEVICE_MAX_COUNT], tr_send[PST_DEVICE_MAX_COUNT], tr_recv[PST_DEVICE_MAX_COUNT];
+    int tr_push, tr_pull;
+    exec_pipe *pipe;               /* --pipeline > 1: the stages' state (exec_pipe.c) */
+};
+
+/* ---- shared by exec.c and exec_pipe.c ---- */
+
+/* Device memory of at least one byte (bytes 0 allowed). */
+pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
+/* A trace span around the work queued on s between the two calls (NULL when the step is
+ * not traced). */
+tr_span *exec_mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
+                         long arg);
+void exec_mark_end(pst_stream *s, tr_span *sp);
+
+/* exec_pipe.c. Init (after the blocks, their layers and the devices' gradient buffers
+ * exist): the schedule, the partition, the slots and the layer instances bound to them;
+ * errors: PST_ERR_INVALID (devices != stages, a bad --partition, invalid schedule
+ * parameters), PST_ERR_UNSUPPORTED (bf16/fp16), PST_ERR_NOMEM. Free accepts ex->pipe NULL
+ * (call after the streams are idle). */
+pst_status exec_pipe_init(tr_exec *ex);
+void exec_pipe_free(tr_exec *ex);
+/* Rebinds every slot's layers to the devices' current parameter buffers. */
+void exec_pipe_bind(tr_exec *ex);
+/* Queues a step's compute over `rows` host rows on every device (the lists of the
+ * schedule), gradients zeroed first; grad_done and x_done are recorded as in exec.c. */
+pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
+                          float scale);
+/* The step's loss sum (call after the compute streams are synchronized). */
+double exec_pipe_loss(const tr_exec *ex, int rows);
+/* Evaluation forward (blocking): per-row losses, optional probabilities, correct count. */
+pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int rows,
+                             float *losses, float *probs, long *correct);
+
+
+#endif /* TR_EXEC_IMPL_H */
