@@ -29,6 +29,9 @@ typedef struct run {
     pst_schedule sched;
     int mb;              /* rows per micro-batch (0: global batch 16 split in M) */
     int steps;
+    int devices;         /* CPU devices (0: P) */
+    const char *partition; /* --partition (NULL: balanced) */
+    pst_dtype precision;
 } run;
 
 typedef struct result {
@@ -71,15 +74,21 @@ static pst_status train(const run *r, result *res)
     cfg.acc_steps = r->P > 1 ? 1 : (r->M ? r->M : 1);
     cfg.schedule = r->sched;
     cfg.cpu_replicas = r->replicas;
-    const int B = r->mb ? r->mb * r->M : 16;
+    cfg.precision = r->precision;
+    for (const char *q = r->partition; q && *q; q += *q == ',') {
+        char *e;
+        cfg.partition[cfg.npartition++] = (int)strtol(q, &e, 10);
+        q = e;
+    }
+    const int B = r->mb ? r->mb * r->M : 16, D = r->devices ? r->devices : r->P;
     char devices[16];
-    snprintf(devices, sizeof devices, "cpu:%d", r->P);
+    snprintf(devices, sizeof devices, "cpu:%d", D);
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_model model;
     cr_assert_eq(pst_model_gpt(&model, text.vocab, T, LAYERS, 2, 32), PST_OK);
     tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, r->P), PST_OK);
+    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, D), PST_OK);
     tr_link *link;
     cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B,
@@ -107,7 +116,7 @@ static pst_status train(const run *r, result *res)
         res->n = tr_exec_nparams(ex);
         res->params = malloc(sizeof(float) * res->n);
         cr_assert_eq(tr_exec_params(ex, res->params), PST_OK);
-        for (int i = 0; i < r->P && i < 8; i++)
+        for (int i = 0; i < D && i < 8; i++)
             res->peak[i] = tr_exec_peak_bytes(ex, i);
         res->messages = tr_exec_stage_messages(ex);
     }
@@ -263,16 +272,39 @@ Test(pipeline, invalid_combinations_are_refused, .timeout = 60)
     const struct {
         run r;
         const char *says;
+        pst_status st;
     } bad[] = {
-        {{.P = 3, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .V = 2, .steps = 1}, "multiple"},
-        {{.P = 8, .V = 2, .M = 8, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 1}, "layers"},
+        {{.P = 3, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .V = 2, .steps = 1}, "multiple",
+         PST_ERR_INVALID},
+        {{.P = 8, .V = 2, .M = 8, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 1}, "layers",
+         PST_ERR_INVALID},
+        {{.P = 2, .M = 4, .devices = 4, .steps = 1}, "cpu:2", PST_ERR_INVALID},
+        {{.P = 2, .M = 4, .partition = "3,3", .steps = 1}, "--partition", PST_ERR_INVALID},
+        {{.P = 2, .M = 4, .partition = "8", .steps = 1}, "2 chunks", PST_ERR_INVALID},
+        {{.P = 2, .M = 4, .precision = PST_BF16, .steps = 1}, "not built yet",
+         PST_ERR_UNSUPPORTED},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         result res;
         pst_status st = train(&bad[i].r, &res);
-        cr_assert_eq(st, PST_ERR_INVALID, "case %zu: %s", i, pst_strerror(st));
+        cr_assert_eq(st, bad[i].st, "case %zu: %s", i, pst_strerror(st));
         cr_assert(strstr(pst_error_detail(), bad[i].says), "case %zu: %s", i,
                   pst_error_detail());
         cr_assert(!strchr(pst_error_detail(), '\n'), "%s", pst_error_detail());
     }
+}
+
+/* --partition by hand: other stage boundaries, the same bits (each tensor's gradient is
+ * still added in micro-batch order on the one device that computes it). */
+Test(pipeline, partition_by_hand_changes_no_bit, .timeout = 120)
+{
+    const run a = {.P = 4, .M = 4, .sched = PST_SCHEDULE_1F1B, .steps = 4};
+    run b = a;
+    b.partition = "1,3,3,1";
+    result ra, rb;
+    cr_assert_eq(train(&a, &ra), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(train(&b, &rb), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(memcmp(ra.params, rb.params, ra.n * sizeof(float)), 0);
+    free(ra.params);
+    free(rb.params);
 }

@@ -559,11 +559,14 @@ static pst_status enqueue_forward(tr_exec *ex, long step, int m, int k, const vo
         const float *src = slot_of(p, k - 1, p->fwd_slot[at(p, m, k - 1)]) +
                            prev->out_off[prev->last - prev->first];
         PST_TRY(pst_stream_wait_event(s, p->act_ev[at(p, m, k - 1)]));
+        tr_span *in = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "activation in", step,
+                                      1000L * k + m);
         if (rows)
             PST_TRY(pst_memcpy_async(s, slot + pc->in_off, src,
                                      sizeof(float) * (size_t)rows *
                                          (size_t)mo->layers[pc->first].in_width,
                                      PST_COPY_DEVICE_TO_DEVICE));
+        exec_mark_end(s, in);
         p->messages++;
     } else if (rows && mo->in_width > 0) {
         const size_t xrow = mo->in_tokens ? sizeof(int32_t) : sizeof(float);
@@ -624,11 +627,14 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
         const float *src = pc->first == ex->L - 1
                                ? slot_of(p, k, j) + pc->dlast_off /* a chunk of the loss alone */
                                : pd->gin;
+        tr_span *out = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "gradient out", step,
+                                       1000L * k + m);
         if (rows)
             PST_TRY(pst_memcpy_async(s, dst, src,
                                      sizeof(float) * (size_t)rows *
                                          (size_t)mo->layers[pc->first].in_width,
                                      PST_COPY_DEVICE_TO_DEVICE));
+        exec_mark_end(s, out);
         p->messages++;
         PST_TRY(pst_event_record(p->grad_ev[at(p, m, k - 1)], s));
     }
