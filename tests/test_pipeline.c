@@ -30,6 +30,7 @@ typedef struct run {
     int mb;              /* rows per micro-batch (0: global batch 16 split in M) */
     int steps;
     int devices;         /* CPU devices (0: P) */
+    int rows;            /* the global batch (0: mb M, or 16) */
     const char *partition; /* --partition (NULL: balanced) */
     pst_dtype precision;
 } run;
@@ -80,7 +81,8 @@ static pst_status train(const run *r, result *res)
         cfg.partition[cfg.npartition++] = (int)strtol(q, &e, 10);
         q = e;
     }
-    const int B = r->mb ? r->mb * r->M : 16, D = r->devices ? r->devices : r->P;
+    const int B = r->rows ? r->rows : r->mb ? r->mb * r->M : 16;
+    const int D = r->devices ? r->devices : r->P;
     char devices[16];
     snprintf(devices, sizeof devices, "cpu:%d", D);
     pst_runtime *rt = NULL;
@@ -307,4 +309,34 @@ Test(pipeline, partition_by_hand_changes_no_bit, .timeout = 120)
     cr_assert_eq(memcmp(ra.params, rb.params, ra.n * sizeof(float)), 0);
     free(ra.params);
     free(rb.params);
+}
+
+/* 15 rows in 4 micro-batches (4, 4, 4, 3): micro-batches of unequal rows, each with its own
+ * op arguments (the host sets a row count when it queues an op). */
+Test(pipeline, unequal_micro_batches, .timeout = 120)
+{
+    const run plain = {.P = 1, .M = 4, .rows = 15, .steps = 6};
+    const run pipes[] = {
+        {.P = 2, .M = 4, .rows = 15, .sched = PST_SCHEDULE_1F1B, .steps = 6},
+        {.P = 2, .M = 4, .rows = 15, .sched = PST_SCHEDULE_GPIPE, .steps = 6},
+        {.P = 2, .V = 2, .M = 4, .rows = 15, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 6},
+    };
+    result ref, first = {0};
+    cr_assert_eq(train(&plain, &ref), PST_OK, "%s", pst_error_detail());
+    const double r = l2(ref.params, ref.n);
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+        result res;
+        cr_assert_eq(train(&pipes[i], &res), PST_OK, "%s", pst_error_detail());
+        const double v = l2(res.params, res.n);
+        cr_assert_leq(fabs(v - r) / r, 1e-6, "%s: %.9g vs %.9g", name(pipes[i].sched), v, r);
+        if (!first.params)
+            first = res;
+        else {
+            cr_assert_eq(memcmp(first.params, res.params, res.n * sizeof(float)), 0, "%s",
+                         name(pipes[i].sched));
+            free(res.params);
+        }
+    }
+    free(first.params);
+    free(ref.params);
 }

@@ -154,6 +154,18 @@ Test(step_alloc, gpt_steps_allocate_nothing, .timeout = 60)
         long n = count_step_allocations(&cfg, &m, devs[i], 8, text_batch, &t);
         cr_assert_eq(n, 0, "gpt on %s: %ld allocations in five steps", devs[i], n);
     }
+    /* a pipeline: 2 stages, 4 micro-batches, each schedule */
+    cfg.pipeline = 2;
+    cfg.micro_batches = 4;
+    const pst_schedule kinds[] = {PST_SCHEDULE_1F1B, PST_SCHEDULE_GPIPE,
+                                  PST_SCHEDULE_INTERLEAVED};
+    for (int i = 0; i < 3; i++) {
+        cfg.schedule = kinds[i];
+        cfg.virtual_stages = kinds[i] == PST_SCHEDULE_INTERLEAVED ? 2 : 1;
+        long n = count_step_allocations(&cfg, &m, "cpu:2", 8, text_batch, &t);
+        cr_assert_eq(n, 0, "gpt pipeline %s: %ld allocations in five steps",
+                     pst_schedule_name(kinds[i]), n);
+    }
     pst_model_free(&m);
     pst_text_free(&t);
 }

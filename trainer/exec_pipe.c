@@ -12,8 +12,9 @@
  *   each big enough for any of its chunks: per layer the output and what forward keeps
  *   for backward, the chunk's input, the gradient of its output (written by the next
  *   stage), the loss layer's input gradient and the per-row losses. The schedule gives
- *   each forward its slot; the backward of that micro-batch frees it. Layer instances are
- *   bound once per (slot, layer), at init; nothing is allocated per step.
+ *   each forward its slot; the backward of that micro-batch frees it. Layer instances (op
+ *   arguments, host memory) are one per (micro-batch, layer), bound at init to that
+ *   micro-batch's slot; nothing is allocated per step.
  * - Fixed shapes: a micro-batch's activation between stages is (rows, in_width) of the
  *   receiving chunk's first layer, known from the model: only the values travel, as one
  *   device-to-device copy; no shape or metadata message exists (messages are counted).
@@ -38,7 +39,8 @@
  *   leave while the earlier stages are still in their backward.
  * - The loss is summed on the host from the per-row losses copied out of the last chunk's
  *   slot after each forward; logits and labels are kept only in the slot, until backward.
- * Evaluation runs the chunks one after another in slot 0, in pieces of a micro-batch. */
+ * Evaluation runs the chunks one after another with micro-batch 0's instances and slots,
+ * in pieces of a micro-batch. */
 #include "trainer/exec_impl.h"
 
 #include <stdlib.h>
@@ -71,8 +73,11 @@ typedef struct pipe_dev {
     float *work;         /* (mb, widest work_width): a layer's backward scratch */
     float *scratch;      /* (threads, largest scratch_per_thread) */
     int32_t *correct;    /* (1) */
-    void **inst;         /* (nslots * L) layer l's instance in slot j; NULL: not here */
-    void **wchunk;       /* (nslots * L) its weight-gradient argument record */
+    void **inst;         /* (M * L) layer l's instance for micro-batch m, bound to m's slot;
+                          * NULL: not here. One per micro-batch, not per slot: the host
+                          * sets an op's row count when it queues it, and a slot's next
+                          * micro-batch is queued before its last one has run */
+    void **wchunk;       /* (M * L) its weight-gradient argument record */
     int *blk_pos;        /* (nblocks) list position after which grad_done[b] is recorded
                           * (-1: at the start of the step: no chunk here names it) */
     int *layer_pos;      /* (L) the same for x_done[l] */
@@ -234,9 +239,10 @@ static pst_status layout_chunk(const tr_exec *ex, exec_pipe *p, int k, const int
  * layer reads the gradient the next stage wrote into the slot (the loss layer writes its
  * input gradient at forward time, so into the slot too); the chunk's first layer writes
  * its input gradient into gin, which its backward then copies to the stage below. */
-static void bind_slot_layer(tr_exec *ex, int k, int j, int l)
+static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
 {
     exec_pipe *p = ex->pipe;
+    const int j = p->fwd_slot[at(p, mi, k)];
     const pst_model *m = ex->model;
     const pipe_chunk *pc = &p->chunks[k];
     exec_dev *d = &ex->devs[pc->dev];
@@ -270,16 +276,16 @@ static void bind_slot_layer(tr_exec *ex, int k, int j, int l)
         .save = m->layers[l].save_width ? slot + pc->save_off[i] : NULL,
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
     pst_layer_io_point(&io, m, l, d->params);
-    m->layers[l].cls->bind(pd->inst[(size_t)j * ex->L + l], m, l, &io);
+    m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
 
 void exec_pipe_bind(tr_exec *ex)
 {
     exec_pipe *p = ex->pipe;
     for (int k = 0; k < p->C; k++)
-        for (int j = 0; j < p->pd[p->chunks[k].dev].nslots; j++)
+        for (int mi = 0; mi < p->M; mi++)
             for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++)
-                bind_slot_layer(ex, k, j, l);
+                bind_slot_layer(ex, k, mi, l);
 }
 
 /* Device s's buffers and instances (after the chunks are laid out). */
@@ -316,7 +322,7 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * mb * work, (void **)&pd->work));
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * threads * scratch, (void **)&pd->scratch));
     PST_TRY(exec_alloc_dev(d->dev, sizeof(int32_t), (void **)&pd->correct));
-    const size_t ninst = (size_t)pd->nslots * (size_t)ex->L;
+    const size_t ninst = (size_t)p->M * (size_t)ex->L;
     pd->inst = calloc(ninst, sizeof(void *));
     pd->wchunk = calloc(ninst, sizeof(void *));
     pd->blk_pos = malloc(sizeof(int) * (size_t)(ex->plan->nblocks ? ex->plan->nblocks : 1));
@@ -324,10 +330,10 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     if (!pd->inst || !pd->wchunk || !pd->blk_pos || !pd->layer_pos)
         return nomem();
     for (int k = s; k < p->C; k += p->P)
-        for (int j = 0; j < pd->nslots; j++)
+        for (int mi = 0; mi < p->M; mi++)
             for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++) {
                 const pst_layer_class *cls = m->layers[l].cls;
-                const size_t i = (size_t)j * ex->L + l;
+                const size_t i = (size_t)mi * ex->L + l;
                 if (!(pd->inst[i] = calloc(1, cls->inst_bytes ? cls->inst_bytes : 1)) ||
                     (cls->chunk_bytes && !(pd->wchunk[i] = calloc(1, cls->chunk_bytes))))
                     return nomem();
@@ -451,7 +457,7 @@ void exec_pipe_free(tr_exec *ex)
     for (int s = 0; p->pd && s < p->P; s++) {
         pipe_dev *pd = &p->pd[s];
         pst_device *dev = ex->devs[s].dev;
-        for (size_t i = 0; pd->inst && i < (size_t)pd->nslots * (size_t)ex->L; i++) {
+        for (size_t i = 0; pd->inst && i < (size_t)p->M * (size_t)ex->L; i++) {
             free(pd->inst[i]);
             free(pd->wchunk[i]);
         }
@@ -587,7 +593,7 @@ static pst_status enqueue_forward(tr_exec *ex, long step, int m, int k, const vo
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
-        PST_TRY(mo->layers[l].cls->forward(p->pd[pc->dev].inst[(size_t)j * ex->L + l], s, rows,
+        PST_TRY(mo->layers[l].cls->forward(p->pd[pc->dev].inst[(size_t)m * ex->L + l], s, rows,
                                            scale));
     }
     exec_mark_end(s, sp);
@@ -614,7 +620,7 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
                                   1000L * k + m);
     for (int l = pc->last; rows && l >= pc->first; l--) {
         const pst_layer_class *cls = mo->layers[l].cls;
-        const size_t ii = (size_t)j * ex->L + l;
+        const size_t ii = (size_t)m * ex->L + l;
         if (cls->wgrad)
             PST_TRY(cls->wgrad(pd->inst[ii], pd->wchunk[ii], s, rows, 0, 0));
         if (cls->igrad)
@@ -727,9 +733,9 @@ double exec_pipe_loss(const tr_exec *ex, int rows)
 
 /* ---- evaluation ----------------------------------------------------------------------- */
 
-/* The forward alone over `rows` host rows with scale 0, chunk after chunk in slot 0, a
- * micro-batch at a time: losses (rows) and, when probs is not NULL, the loss layer's
- * probabilities (rows, target_width, nclasses) to host memory; *correct adds up. */
+/* The forward alone over `rows` host rows with scale 0, chunk after chunk in micro-batch
+ * 0's slots, a micro-batch at a time: losses (rows) and, when probs is not NULL, the loss
+ * layer's probabilities (rows, target_width, nclasses) to host memory; *correct adds up. */
 pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int rows,
                              float *losses, float *probs, long *correct)
 {
@@ -747,7 +753,7 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
         for (int k = 0; k < p->C; k++) {
             const pipe_chunk *pc = &p->chunks[k];
             pst_stream *s = ex->devs[pc->dev].compute;
-            float *slot = slot_of(p, k, 0);
+            float *slot = slot_of(p, k, p->fwd_slot[at(p, 0, k)]);
             if (k == 0) {
                 PST_TRY(pst_memcpy_async(s, slot + pc->in_off,
                                          (const char *)x + (size_t)r0 * mo->in_width * xrow,
@@ -757,7 +763,8 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
                 const pipe_chunk *prev = &p->chunks[k - 1];
                 PST_TRY(pst_stream_wait_event(s, p->eval_ev[k - 1]));
                 PST_TRY(pst_memcpy_async(s, slot + pc->in_off,
-                                         slot_of(p, k - 1, 0) + prev->out_off[prev->last -
+                                         slot_of(p, k - 1, p->fwd_slot[at(p, 0, k - 1)]) +
+                                             prev->out_off[prev->last -
                                                                               prev->first],
                                          sizeof(float) * (size_t)n *
                                              (size_t)mo->layers[pc->first].in_width,
@@ -773,7 +780,7 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
                 PST_TRY(mo->layers[l].cls->forward(p->pd[pc->dev].inst[l], s, n, 0.0f));
             PST_TRY(pst_event_record(p->eval_ev[k], s));
         }
-        float *slot = slot_of(p, p->C - 1, 0);
+        float *slot = slot_of(p, p->C - 1, p->fwd_slot[at(p, 0, p->C - 1)]);
         PST_TRY(pst_memcpy_async(ls, losses + r0, slot + lastc->loss_off,
                                  sizeof(float) * (size_t)n, PST_COPY_DEVICE_TO_HOST));
         if (probs) {
