@@ -18,13 +18,15 @@
  * - Fixed shapes: a micro-batch's activation between stages is (rows, in_width) of the
  *   receiving chunk's first layer, known from the model: only the values travel, as one
  *   device-to-device copy; no shape or metadata message exists (messages are counted).
- * - Transfers: FORWARD (m, k > 0) waits for (m, k - 1)'s forward (an event per micro-batch
- *   and chunk) and copies its output from the sender's slot into its own; BACKWARD
- *   (m, k > 0) copies its input gradient into chunk k - 1's slot of m and records the
- *   event BACKWARD (m, k - 1) waits for. Both copies run on the receiving (resp. sending)
- *   stage's stream, into memory that cannot be reused before the copy: a slot lives from
- *   its forward to its backward, and the sender's backward of m comes after the receiver
- *   has both read its activation and written its gradient. The schedule's SEND and RECV
+ * - Transfers run on each device's transfer stream, beside its compute: the activation of
+ *   (m, k - 1) is copied from the sender's slot into chunk k's slot once the sender's
+ *   forward has run and the slot's last backward has freed it, and FORWARD (m, k) waits
+ *   for the copy; after BACKWARD (m, k) the input gradient (in the device's one gin
+ *   buffer) is copied into chunk k - 1's slot of m, and the next backward waits until gin
+ *   has left. So the copies of micro-batch m + 1 overlap the compute of m. Every copy
+ *   lands in memory nobody else uses then: a slot lives from its forward to its backward,
+ *   and the sender's backward of m comes after the receiver has both read its activation
+ *   and written its gradient (an event per micro-batch and chunk each way). The schedule's SEND and RECV
  *   instructions order the lists; the host enqueues each device's list in order and
  *   holds an instruction back until what it waits for has been enqueued (the schedule is
  *   deadlock free, tested on its own, so this ends).
@@ -43,6 +45,7 @@
  * in pieces of a micro-batch. */
 #include "trainer/exec_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +84,10 @@ typedef struct pipe_dev {
     int *blk_pos;        /* (nblocks) list position after which grad_done[b] is recorded
                           * (-1: at the start of the step: no chunk here names it) */
     int *layer_pos;      /* (L) the same for x_done[l] */
+    pst_stream *xfer;    /* the copies between stages that land here or leave from here */
+    pst_event **slot_free; /* (nslots) recorded on compute after the backward that frees it */
+    pst_event *gin_free; /* recorded on xfer after gin was copied down */
+    int tr_xfer;         /* its trace track */
 } pipe_dev;
 
 struct exec_pipe {
@@ -92,6 +99,8 @@ struct exec_pipe {
     int *fwd_slot;       /* (M * C) the slot FORWARD (m, k) uses */
     pst_event **act_ev;  /* (M * C) forward (m, k) has run: its output can be read */
     pst_event **grad_ev; /* (M * C) the gradient of (m, k)'s output is in its slot */
+    pst_event **in_ev;   /* (M * C) (m, k)'s input activation is in its slot (k > 0) */
+    pst_event **gin_ev;  /* (M * C) backward (m, k) wrote its input gradient to gin */
     pst_event **eval_ev; /* (C) evaluation: chunk k's forward has run */
     unsigned char *fwd_enq, *bwd_enq; /* (M * C) host: queued this step */
     int *rows, *lo;      /* (M) this step's micro-batches: rows [lo, lo + rows) */
@@ -327,8 +336,18 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     pd->wchunk = calloc(ninst, sizeof(void *));
     pd->blk_pos = malloc(sizeof(int) * (size_t)(ex->plan->nblocks ? ex->plan->nblocks : 1));
     pd->layer_pos = malloc(sizeof(int) * (size_t)ex->L);
-    if (!pd->inst || !pd->wchunk || !pd->blk_pos || !pd->layer_pos)
+    pd->slot_free = calloc((size_t)pd->nslots, sizeof(pst_event *));
+    if (!pd->inst || !pd->wchunk || !pd->blk_pos || !pd->layer_pos || !pd->slot_free)
         return nomem();
+    PST_TRY(pst_stream_create(d->dev, &pd->xfer));
+    PST_TRY(pst_event_create(d->dev, &pd->gin_free));
+    for (int j = 0; j < pd->nslots; j++)
+        PST_TRY(pst_event_create(d->dev, &pd->slot_free[j]));
+    if (ex->c.trace) {
+        char name[48];
+        snprintf(name, sizeof name, "%s stage transfers", pst_device_name(d->dev));
+        pd->tr_xfer = tr_trace_track(ex->c.trace, name);
+    }
     for (int k = s; k < p->C; k += p->P)
         for (int mi = 0; mi < p->M; mi++)
             for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++) {
@@ -393,6 +412,8 @@ pst_status exec_pipe_init(tr_exec *ex)
     p->fwd_slot = malloc(sizeof(int) * n);
     p->act_ev = calloc(n, sizeof(pst_event *));
     p->grad_ev = calloc(n, sizeof(pst_event *));
+    p->in_ev = calloc(n, sizeof(pst_event *));
+    p->gin_ev = calloc(n, sizeof(pst_event *));
     p->eval_ev = calloc((size_t)p->C, sizeof(pst_event *));
     p->fwd_enq = calloc(n, 1);
     p->bwd_enq = calloc(n, 1);
@@ -400,6 +421,7 @@ pst_status exec_pipe_init(tr_exec *ex)
     p->lo = calloc((size_t)M, sizeof(int));
     p->host_losses = malloc(sizeof(float) * (size_t)M * (size_t)p->mb);
     if (!first || !p->chunks || !p->pd || !p->fwd_slot || !p->act_ev || !p->grad_ev ||
+        !p->in_ev || !p->gin_ev ||
         !p->eval_ev || !p->fwd_enq || !p->bwd_enq || !p->rows || !p->lo || !p->host_losses) {
         free(first);
         return nomem();
@@ -421,10 +443,14 @@ pst_status exec_pipe_init(tr_exec *ex)
     }
     for (size_t i = 0; i < n; i++) {
         const int k = (int)(i % (size_t)p->C);
-        /* each recorded by the stream that makes it: act by chunk k, grad by k + 1 */
+        /* each recorded by a stream of the device that makes it: act, in and gin by chunk
+         * k's, grad by k + 1's */
         const int up = k + 1 < p->C ? k + 1 : k;
-        PST_TRY(pst_event_create(ex->devs[p->chunks[k].dev].dev, &p->act_ev[i]));
+        pst_device *own = ex->devs[p->chunks[k].dev].dev;
+        PST_TRY(pst_event_create(own, &p->act_ev[i]));
         PST_TRY(pst_event_create(ex->devs[p->chunks[up].dev].dev, &p->grad_ev[i]));
+        PST_TRY(pst_event_create(own, &p->in_ev[i]));
+        PST_TRY(pst_event_create(own, &p->gin_ev[i]));
     }
     for (int k = 0; k < p->C; k++)
         PST_TRY(pst_event_create(ex->devs[p->chunks[k].dev].dev, &p->eval_ev[k]));
@@ -448,9 +474,13 @@ void exec_pipe_free(tr_exec *ex)
     if (!p)
         return;
     const size_t n = (size_t)p->M * (size_t)p->C;
+    for (int s = 0; p->pd && s < p->P; s++) /* its queue is done: the compute waited */
+        pst_stream_destroy(p->pd[s].xfer);
     for (size_t i = 0; p->act_ev && i < n; i++) {
         pst_event_destroy(p->act_ev[i]);
         pst_event_destroy(p->grad_ev[i]);
+        pst_event_destroy(p->in_ev[i]);
+        pst_event_destroy(p->gin_ev[i]);
     }
     for (int k = 0; p->eval_ev && k < p->C; k++)
         pst_event_destroy(p->eval_ev[k]);
@@ -465,6 +495,10 @@ void exec_pipe_free(tr_exec *ex)
         free(pd->wchunk);
         free(pd->blk_pos);
         free(pd->layer_pos);
+        for (int j = 0; pd->slot_free && j < pd->nslots; j++)
+            pst_event_destroy(pd->slot_free[j]);
+        free(pd->slot_free);
+        pst_event_destroy(pd->gin_free);
         pst_device_free(dev, pd->slots);
         pst_device_free(dev, pd->dbuf[0]);
         pst_device_free(dev, pd->dbuf[1]);
@@ -483,6 +517,8 @@ void exec_pipe_free(tr_exec *ex)
     free(p->fwd_slot);
     free(p->act_ev);
     free(p->grad_ev);
+    free(p->in_ev);
+    free(p->gin_ev);
     free(p->eval_ev);
     free(p->fwd_enq);
     free(p->bwd_enq);
@@ -562,17 +598,21 @@ static pst_status enqueue_forward(tr_exec *ex, long step, int m, int k, const vo
     float *slot = slot_of(p, k, j);
     if (k > 0) { /* the previous chunk's output: a fixed shape, values only */
         const pipe_chunk *prev = &p->chunks[k - 1];
+        pipe_dev *pd = &p->pd[pc->dev];
         const float *src = slot_of(p, k - 1, p->fwd_slot[at(p, m, k - 1)]) +
                            prev->out_off[prev->last - prev->first];
-        PST_TRY(pst_stream_wait_event(s, p->act_ev[at(p, m, k - 1)]));
-        tr_span *in = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "activation in", step,
+        PST_TRY(pst_stream_wait_event(pd->xfer, p->act_ev[at(p, m, k - 1)]));
+        PST_TRY(pst_stream_wait_event(pd->xfer, pd->slot_free[j]));
+        tr_span *in = exec_mark_begin(ex, pd->xfer, pd->tr_xfer, "activation in", step,
                                       1000L * k + m);
         if (rows)
-            PST_TRY(pst_memcpy_async(s, slot + pc->in_off, src,
+            PST_TRY(pst_memcpy_async(pd->xfer, slot + pc->in_off, src,
                                      sizeof(float) * (size_t)rows *
                                          (size_t)mo->layers[pc->first].in_width,
                                      PST_COPY_DEVICE_TO_DEVICE));
-        exec_mark_end(s, in);
+        exec_mark_end(pd->xfer, in);
+        PST_TRY(pst_event_record(p->in_ev[at(p, m, k)], pd->xfer));
+        PST_TRY(pst_stream_wait_event(s, p->in_ev[at(p, m, k)]));
         p->messages++;
     } else if (rows && mo->in_width > 0) {
         const size_t xrow = mo->in_tokens ? sizeof(int32_t) : sizeof(float);
@@ -616,6 +656,8 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
     const int j = p->fwd_slot[at(p, m, k)], rows = p->rows[m];
     if (k < p->C - 1)
         PST_TRY(pst_stream_wait_event(s, p->grad_ev[at(p, m, k)]));
+    if (k > 0) /* the last input gradient has left gin */
+        PST_TRY(pst_stream_wait_event(s, pd->gin_free));
     tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "backward", step,
                                   1000L * k + m);
     for (int l = pc->last; rows && l >= pc->first; l--) {
@@ -627,22 +669,26 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
             PST_TRY(cls->igrad(pd->inst[ii], s, rows));
     }
     exec_mark_end(s, sp);
+    PST_TRY(pst_event_record(pd->slot_free[j], s));
     if (k > 0) {
         const pipe_chunk *prev = &p->chunks[k - 1];
         float *dst = slot_of(p, k - 1, p->fwd_slot[at(p, m, k - 1)]) + prev->dout_off;
         const float *src = pc->first == ex->L - 1
                                ? slot_of(p, k, j) + pc->dlast_off /* a chunk of the loss alone */
                                : pd->gin;
-        tr_span *out = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "gradient out", step,
+        PST_TRY(pst_event_record(p->gin_ev[at(p, m, k)], s));
+        PST_TRY(pst_stream_wait_event(pd->xfer, p->gin_ev[at(p, m, k)]));
+        tr_span *out = exec_mark_begin(ex, pd->xfer, pd->tr_xfer, "gradient out", step,
                                        1000L * k + m);
         if (rows)
-            PST_TRY(pst_memcpy_async(s, dst, src,
+            PST_TRY(pst_memcpy_async(pd->xfer, dst, src,
                                      sizeof(float) * (size_t)rows *
                                          (size_t)mo->layers[pc->first].in_width,
                                      PST_COPY_DEVICE_TO_DEVICE));
-        exec_mark_end(s, out);
+        exec_mark_end(pd->xfer, out);
         p->messages++;
-        PST_TRY(pst_event_record(p->grad_ev[at(p, m, k - 1)], s));
+        PST_TRY(pst_event_record(p->grad_ev[at(p, m, k - 1)], pd->xfer));
+        PST_TRY(pst_event_record(pd->gin_free, pd->xfer));
     }
     for (int b = 0; b < ex->plan->nblocks; b++)
         if (pd->blk_pos[b] == i)
