@@ -956,7 +956,12 @@ Test(rpc, deadline_on_deferred_call, .timeout = 30)
     int64_t seen = -1;
     for (int tries = 0; tries < 100 && seen != 1; tries++) {
         usleep(100 * 1000);
-        cr_assert_eq(call_init(cl, 999, 0, &seen), PST_OK, "%s", pst_error_detail());
+        /* this client's 200 ms deadline can pass on a loaded machine (ctest -j2 ran it
+         * beside the pipeline suite once): ask again */
+        pst_status st = call_init(cl, 999, 0, &seen);
+        if (st == PST_ERR_TIMEOUT)
+            continue;
+        cr_assert_eq(st, PST_OK, "%s", pst_error_detail());
     }
     cr_assert_eq(seen, 1, "the server saw the deferred call cancelled (rpc_call_cancelled)");
     finish_server(&sp, cl);
