@@ -120,6 +120,20 @@ static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where
     return PST_OK;
 }
 
+static pst_status parse_resume(pst_config *cfg, const char *v, const char *where,
+                               const char *ex)
+{
+    if (strcasecmp(v, "auto") == 0)
+        cfg->resume = PST_RESUME_AUTO;
+    else if (strcasecmp(v, "never") == 0)
+        cfg->resume = PST_RESUME_NEVER;
+    else if (strcasecmp(v, "require") == 0)
+        cfg->resume = PST_RESUME_REQUIRE;
+    else
+        return bad(where, v, "expected auto, never or require", ex);
+    return PST_OK;
+}
+
 static pst_status parse_pipe_schedule(pst_config *cfg, const char *v, const char *where,
                                       const char *ex)
 {
@@ -326,6 +340,11 @@ static const opt options[] = {
     {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
     {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
     {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
+    {"checkpoint-dir", "PSTRAIN_CHECKPOINT_DIR", NULL, NULL, "/ckpt", "write checkpoints here (pserver: its shard in DIR/pserver-ID; trainer 0: the job state in DIR/job) and resume from them; unset: none", R_ALL, OPT_STR, S(checkpoint_dir), 0, 0, NULL},
+    {"checkpoint-every", "PSTRAIN_CHECKPOINT_EVERY", NULL, NULL, "100", "steps between checkpoints (sync mode; 0: never)", R_TRAINER, OPT_LONG, F(checkpoint_every), 0, 1e12, NULL},
+    {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
+    {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
+    {"test-crash", "PSTRAIN_TEST_CRASH", NULL, NULL, "12", "test hook: the trainer dies (_exit(3), no Finish) as it starts this step (-1: never)", R_TRAINER, OPT_LONG, F(test_crash_step), -1, 1e12, NULL},
     {"pipeline", "PSTRAIN_PIPELINE", NULL, NULL, "4", "pipeline stages: the model's layers split over this many of the trainer's devices (PSTRAIN_DEVICES=cpu:P); 1: no pipeline", R_TRAINER, OPT_INT, F(pipeline), 1, 64, NULL},
     {"micro-batches", "PSTRAIN_MICRO_BATCHES", NULL, NULL, "8", "pipeline: micro-batches per step (the trainer's rows split in M)", R_TRAINER, OPT_INT, F(micro_batches), 1, 4096, NULL},
     {"schedule", "PSTRAIN_SCHEDULE", NULL, NULL, "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved (needs --virtual-stages >= 2 and --micro-batches a multiple of --pipeline)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_pipe_schedule},
@@ -490,6 +509,9 @@ void pst_config_defaults(pst_config *cfg)
     cfg->precision = PST_F32;
     cfg->grad_dtype = PST_F32;
     cfg->acc_steps = 1;
+    cfg->checkpoint_every = 100;
+    cfg->test_crash_step = -1;
+    cfg->checkpoint_keep = 2;
     cfg->pipeline = 1;
     cfg->micro_batches = 1;
     cfg->schedule = PST_SCHEDULE_1F1B;
@@ -629,6 +651,14 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "trainers' %d micro-batches at least one example (example: "
                                  "--batch %d)", cfg->batch, cfg->trainers, cfg->acc_steps,
                                  cfg->trainers * cfg->acc_steps * 32);
+        if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC)
+            return pst_error_set(PST_ERR_INVALID, "--checkpoint-dir with --mode async: "
+                                 "checkpoints need the common step of sync mode (example: "
+                                 "--mode sync)");
+        if (cfg->checkpoint_dir[0] && cfg->precision == PST_F16)
+            return pst_error_set(PST_ERR_INVALID, "--checkpoint-dir with --precision fp16 is "
+                                 "not built yet: the loss scaler's state is not saved "
+                                 "(example: --precision bf16)");
         if (cfg->pipeline == 1 && cfg->micro_batches > 1)
             return pst_error_set(PST_ERR_INVALID, "--micro-batches %d without --pipeline: "
                                  "micro-batches of one device are --acc-steps (example: "

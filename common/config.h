@@ -34,6 +34,10 @@ typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
 typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRESS_LINES,
                             PST_PROGRESS_NONE } pst_progress;
 
+/* --resume: start from the newest complete checkpoint when there is one (auto), never, or
+ * fail when there is none (require). */
+enum { PST_RESUME_AUTO = 0, PST_RESUME_NEVER, PST_RESUME_REQUIRE };
+
 /* Pipeline schedules (--schedule). */
 typedef enum pst_schedule {
     PST_SCHEDULE_GPIPE = 0,   /* every forward, then every backward */
@@ -81,7 +85,14 @@ typedef struct pst_config {
     pst_dtype grad_dtype;                          /* pushed gradients (default: precision) */
     int grad_dtype_set;                            /* --grad-dtype given */
     int acc_steps;                                 /* micro-batches per optimizer step */
-    /* pipeline parallelism inside the trainer (trainer/schedule.h, exec.h) */
+    /* checkpoints (common/checkpoint.h, pserver/shard.h) */
+    char checkpoint_dir[PST_PATH_MAX];             /* "": none */
+    long checkpoint_every;                         /* steps between checkpoints (0: never) */
+    int checkpoint_keep;                           /* the newest kept */
+    int resume;                                    /* PST_RESUME_* */
+    long test_crash_step;                          /* test hook: _exit(3) at this step, as
+                                                    * if killed (-1: never) */
+    /* pipeline parallelism inside the trainer (trainer/pipe_sched.h, exec.h) */
     int pipeline;                                  /* stages P (1: none) */
     int micro_batches;                             /* M: micro-batches per step, pipelined */
     pst_schedule schedule;                         /* gpipe | 1f1b | interleaved */

@@ -68,6 +68,14 @@ int main(int argc, char **argv)
         rc = 1;
         goto out;
     }
+    if (cfg.checkpoint_dir[0]) { /* its own directory: pservers may share DIR */
+        char dir[PST_PATH_MAX + 32];
+        if (cfg.pserver_id >= 0)
+            snprintf(dir, sizeof dir, "%s/pserver-%d", cfg.checkpoint_dir, cfg.pserver_id);
+        else
+            snprintf(dir, sizeof dir, "%s/pserver-port-%d", cfg.checkpoint_dir, cfg.port);
+        ps_service_checkpoints(svc, dir, cfg.checkpoint_keep);
+    }
     rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
                             .handler = ps_service_handle, .handler_arg = svc,
                             .on_cancel = ps_service_cancelled};
@@ -82,6 +90,8 @@ int main(int argc, char **argv)
              cfg.server_threads);
     if (ps_service_wait(svc, &stop_flag))
         PST_INFO("every trainer finished; shutting down");
+    else if (ps_service_failure(svc))
+        rc = 1; /* its line is in the log */
     else
         PST_INFO("stopping on signal");
     ps_service_cancel(svc);

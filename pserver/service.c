@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/nn/optim.h"
+#include "pserver/shard.h"
 #include "pserver/store.h"
 
 #define MAX_PARKED 4096
@@ -61,6 +62,12 @@ struct ps_service {
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
     long withdrawn;               /* waiting Inits and Votes whose client gave up */
     long inits_expired;           /* waiting Inits answered near their deadline */
+    /* checkpoints */
+    char ckpt_dir[4200];          /* this pserver's shard directory ("": none) */
+    int ckpt_keep;
+    int64_t resumed;              /* the checkpoint step the store was restored to (0: none) */
+    int ckpt_failed;              /* atomic: a shard could not be written (ckpt_error) */
+    char ckpt_error[600];
     uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
                                    * dtype the store keeps no copy in) */
     /* Pull contexts, recycled: the steady state allocates nothing per Pull. */
@@ -180,6 +187,68 @@ static pst_status optim_from_wire(const Pstrain__OptimConfig *w, pst_optim_confi
 }
 
 /* Creates the store from trainer 0's Init. Called with svc->mu held. */
+/* The store's snapshot (ps_store_config): this pserver's shard of `version`, written
+ * before the last block's pulls are answered. A failure stops the pserver (ps_service_wait
+ * returns, ps_service_failure says why): a job that asked for checkpoints must not run on
+ * without them. */
+static void snapshot(void *arg, int64_t version, const float *values, const float *state)
+{
+    ps_service *svc = arg;
+    const ps_shard_layout lay = {svc->fingerprint, svc->specs, (int)svc->nblock_ids,
+                                 ps_store_total_length(svc->store),
+                                 ps_store_state_floats(svc->store)};
+    if (ps_shard_save(svc->ckpt_dir, version, &lay, values, state, svc->ckpt_keep) == PST_OK) {
+        PST_INFO("checkpoint: step %lld written to %s", (long long)version, svc->ckpt_dir);
+        return;
+    }
+    if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
+        snprintf(svc->ckpt_error, sizeof svc->ckpt_error, "%s", pst_error_detail());
+        PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
+        __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* Trainer 0 resumes: the newest of its job checkpoints whose shard this pserver holds
+ * whole is loaded into the new store (none: the job starts from trainer 0's values). */
+static pst_status resume(ps_service *svc, const Pstrain__InitRequest *req, uint64_t total)
+{
+    const int nstate = ps_store_state_floats(svc->store);
+    float *values = malloc(sizeof(float) * (total ? total : 1));
+    float *state = nstate ? malloc(sizeof(float) * (size_t)nstate * (total ? total : 1)) : NULL;
+    if (!values || (nstate && !state)) {
+        free(values);
+        free(state);
+        return pst_error_set(PST_ERR_NOMEM, "Init: out of memory to resume");
+    }
+    const ps_shard_layout lay = {req->fingerprint, svc->specs, (int)req->n_blocks, total,
+                                 nstate};
+    const int64_t v = ps_shard_pick(svc->ckpt_dir, req->resume_steps, (int)req->n_resume_steps,
+                                    &lay, values, state);
+    pst_status st = PST_OK;
+    if (v >= 0 && (st = ps_store_restore(svc->store, v, values, state)) == PST_OK) {
+        svc->resumed = v;
+        PST_INFO("resumed from checkpoint step %lld in %s", (long long)v, svc->ckpt_dir);
+    } else if (v < 0) {
+        PST_WARN("no checkpoint of trainer 0's %zu (newest %lld) is whole here in %s: starting "
+                 "from trainer 0's values", req->n_resume_steps,
+                 (long long)req->resume_steps[0], svc->ckpt_dir);
+    }
+    free(values);
+    free(state);
+    return st;
+}
+
+void ps_service_checkpoints(ps_service *svc, const char *dir, int keep)
+{
+    snprintf(svc->ckpt_dir, sizeof svc->ckpt_dir, "%s", dir ? dir : "");
+    svc->ckpt_keep = keep;
+}
+
+const char *ps_service_failure(ps_service *svc)
+{
+    return __atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE) ? svc->ckpt_error : NULL;
+}
+
 static pst_status create_store(ps_service *svc, rpc_call *call)
 {
     const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
@@ -236,6 +305,16 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
             goto out;
         }
     sc.blocks = blocks;
+    if (req->checkpoint_every > 0 && sc.mode == PST_MODE_SYNC) {
+        if (svc->ckpt_dir[0]) {
+            sc.snapshot_every = req->checkpoint_every;
+            sc.snapshot = snapshot;
+            sc.snapshot_arg = svc;
+        } else {
+            PST_WARN("trainer 0 asks for a checkpoint every %lld steps, but this pserver has "
+                     "no --checkpoint-dir: it writes none", (long long)req->checkpoint_every);
+        }
+    }
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
@@ -268,6 +347,10 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     svc->fingerprint = req->fingerprint;
     svc->num_trainers = req->num_trainers;
+    for (size_t i = 0; i < req->n_blocks; i++)
+        svc->specs[i] = blocks[i];
+    if (req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK)
+        goto out;
     svc->sync = sc.mode == PST_MODE_SYNC;
     svc->lowp = sc.lowp;
     for (size_t i = 0; i < req->n_blocks; i++) {
@@ -345,7 +428,7 @@ static void answer_init(ps_service *svc, rpc_call *call)
     if (ps_store_nblocks(svc->store) > 0) {
         /* Version of the first block this pserver owns (all move together in sync mode). */
         const Pstrain__InitRequest *r = req;
-        version = r->n_blocks ? ps_store_version(svc->store, r->blocks[0]->id) : 0;
+        version = r->n_blocks ? ps_store_version(svc->store, r->blocks[0]->id) : svc->resumed;
     }
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
@@ -939,7 +1022,7 @@ static void expire_parked_locked(ps_service *svc)
 int ps_service_wait(ps_service *svc, volatile int *stop)
 {
     pthread_mutex_lock(&svc->mu);
-    while (!svc->all_finished && !*stop) {
+    while (!svc->all_finished && !*stop && !__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
         expire_parked_locked(svc);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

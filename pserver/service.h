@@ -36,6 +36,12 @@ void ps_service_cancelled(void *arg, rpc_call *call);
 /* Blocks until every trainer has finished or `stop` becomes non-zero (checked every
  * 100 ms). Returns 1 when the trainers finished, 0 when stopped. */
 int ps_service_wait(ps_service *svc, volatile int *stop);
+/* Checkpoints: this pserver's shards go to `dir` (created when missing), the `keep` newest
+ * kept; written every N steps when trainer 0's Init asks (sync mode), and loaded when it
+ * resumes. Call before serving. */
+void ps_service_checkpoints(ps_service *svc, const char *dir, int keep);
+/* Why the pserver must stop (a checkpoint could not be written), or NULL. */
+const char *ps_service_failure(ps_service *svc);
 /* Fails the pulls and inits still waiting (server shutting down). */
 void ps_service_cancel(ps_service *svc);
 /* Elements cast into the store's low-precision copies by updates (ps_store_cast_count);

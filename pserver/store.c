@@ -45,6 +45,7 @@ typedef struct ps_block {
     ps_pull_waiter *head;  /* queued pulls, FIFO */
     ps_pull_waiter *tail;
     pst_status closed;     /* != PST_OK once ps_store_cancel_waiters has run */
+    uint64_t shard_off;    /* first element in the shard (blocks in config order) */
 } ps_block;
 
 typedef struct ps_block_index {
@@ -64,6 +65,15 @@ struct ps_store {
     ps_block *blocks;      /* (nblocks) in the configured order */
     ps_block_index *by_id; /* (nblocks) sorted by id */
     uint64_t total_length;
+    /* checkpoints (ps_store_config's snapshot) */
+    int64_t snap_every;
+    void (*snap_fn)(void *, int64_t, const float *, const float *);
+    void *snap_arg;
+    float *snap_values, *snap_state; /* (total_length), (nstate x total_length) */
+    pthread_mutex_t snap_mu;
+    int snap_mu_ok;
+    int snap_count;        /* blocks copied for snap_version */
+    int64_t snap_version;
 };
 
 /* ---- helpers ---- */
@@ -266,6 +276,25 @@ static void run_update(const ps_store *st, ps_block *b, const float *g, float *s
 /* One optimizer update with gradient g and the cast of the new values into the block's
  * low-precision copy; bumps the version and answers waiters. */
 /* g: the gradient; or sum: `rows` rows `stride` floats apart, summed in row order first. */
+/* A checkpoint version reached by block b (its lock held): its copy, and the snapshot when
+ * it is the last block to get there. */
+static void snapshot_block(ps_store *st, ps_block *b)
+{
+    memcpy(st->snap_values + b->shard_off, b->values, b->length * sizeof(float));
+    if (b->state)
+        memcpy(st->snap_state + (uint64_t)st->nstate * b->shard_off, b->state,
+               (size_t)st->nstate * b->length * sizeof(float));
+    pthread_mutex_lock(&st->snap_mu);
+    if (st->snap_version != b->version) {
+        st->snap_version = b->version;
+        st->snap_count = 0;
+    }
+    const int last = ++st->snap_count == st->nblocks;
+    pthread_mutex_unlock(&st->snap_mu);
+    if (last)
+        st->snap_fn(st->snap_arg, b->version, st->snap_values, st->snap_state);
+}
+
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float *sum, int rows,
                                uint64_t stride)
 {
@@ -273,8 +302,36 @@ static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float 
     if (b->lowp)
         atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
     b->version++;
+    if (st->snap_every > 0 && b->version % st->snap_every == 0)
+        snapshot_block(st, b);
     answer_waiters(b);
     return PST_OK;
+}
+
+pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
+                            const float *state)
+{
+    if (version < 0)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: restore to version %lld",
+                             (long long)version);
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        memcpy(b->values, values + b->shard_off, b->length * sizeof(float));
+        if (b->state && state)
+            memcpy(b->state, state + (uint64_t)st->nstate * b->shard_off,
+                   (size_t)st->nstate * b->length * sizeof(float));
+        b->version = version;
+        if (b->lowp)
+            run_update(st, b, NULL, NULL, 0, 0); /* the cast alone */
+        pthread_mutex_unlock(&b->mu);
+    }
+    return PST_OK;
+}
+
+int ps_store_state_floats(const ps_store *st)
+{
+    return st->nstate;
 }
 
 /* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
@@ -455,6 +512,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         }
         if (initial)
             memcpy(b->values, initial + off, (size_t)s->length * sizeof(float));
+        b->shard_off = off;
         off += s->length;
         if (cfg->lowp != PST_F32) {
             const size_t lbytes = (size_t)s->length * pst_dtype_size(cfg->lowp);
@@ -474,6 +532,24 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         b->mu_ok = 1;
     }
     st->total_length = off;
+    if (cfg->snapshot_every > 0 && cfg->mode == PST_MODE_SYNC && cfg->snapshot) {
+        st->snap_every = cfg->snapshot_every;
+        st->snap_fn = cfg->snapshot;
+        st->snap_arg = cfg->snapshot_arg;
+        st->snap_version = -1;
+        st->snap_values = malloc(sizeof(float) * (off ? off : 1));
+        st->snap_state = st->nstate ? malloc(sizeof(float) * (size_t)st->nstate * (off ? off : 1))
+                                    : NULL;
+        if (!st->snap_values || (st->nstate && !st->snap_state)) {
+            rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory for checkpoints");
+            goto error;
+        }
+        if (pthread_mutex_init(&st->snap_mu, NULL) != 0) {
+            rc = pst_error_set(PST_ERR_INTERNAL, "pserver store: pthread_mutex_init failed");
+            goto error;
+        }
+        st->snap_mu_ok = 1;
+    }
     free(order);
     *out = st;
     return PST_OK;
@@ -499,6 +575,10 @@ void ps_store_free(ps_store *st)
     }
     free(st->blocks);
     free(st->by_id);
+    free(st->snap_values);
+    free(st->snap_state);
+    if (st->snap_mu_ok)
+        pthread_mutex_destroy(&st->snap_mu);
     free(st);
 }
 

@@ -84,6 +84,16 @@ typedef struct ps_store_config {
      * of the master values in that dtype (2 bytes an element, allocated at init), cast at
      * init and after every update, handed to every pull (ps_pull_fn's lowp). */
     pst_dtype lowp;
+    /* Checkpoints (sync mode; 0 in async): every `snapshot_every` versions each block's
+     * values and optimizer state are copied as the block reaches that version, and when the
+     * last block has, snapshot(snapshot_arg, version, values, state) runs on that thread
+     * with that block's lock held, before its pulls are answered (so no block can be past
+     * the version meanwhile): values (total_length) and state (nstate x length per block)
+     * are the shard's, blocks in config order. It handles its own failure (the store goes
+     * on). */
+    int64_t snapshot_every;
+    void (*snapshot)(void *arg, int64_t version, const float *values, const float *state);
+    void *snapshot_arg;
 } ps_store_config;
 
 /* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
@@ -123,6 +133,15 @@ typedef struct ps_pull_waiter {
     int block;  /* index into the store's blocks */
     int queued; /* 1 while on the block's list */
 } ps_pull_waiter;
+
+/* Sets every block to a checkpoint's `version`, values (total_length) and optimizer
+ * state (laid out as snapshot gives it; NULL for an optimizer without state), and casts
+ * the low-precision copies. Call before any push or pull. Errors: PST_ERR_INVALID (a
+ * negative version). */
+pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
+                            const float *state);
+/* Floats of optimizer state per parameter (0 for SGD). */
+int ps_store_state_floats(const ps_store *st);
 
 /* Creates a store for cfg's blocks. `initial` holds the blocks' f32 values concatenated in
  * the order cfg->blocks lists them (ps_store_total_length elements), or is NULL for zeros.

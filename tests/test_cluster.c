@@ -983,6 +983,158 @@ Test(cluster, pipelines_equal_training_without_one, .timeout = 300)
     }
 }
 
+/* ---- checkpoints (issue 14) ---- */
+
+/* A fresh temporary directory (removed by the caller with rm_tree). */
+static void temp_dir(char *out, size_t size)
+{
+    snprintf(out, size, "/tmp/pstrain-ckpt-XXXXXX");
+    cr_assert_not_null(mkdtemp(out), "mkdtemp: %s", strerror(errno));
+}
+
+static void rm_tree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* argv (NULL-terminated) and `more` appended, into out (room for 64). */
+static void with_args(const char **out, const char *const argv[], const char *const more[])
+{
+    int n = 0;
+    for (int i = 0; argv[i]; i++)
+        out[n++] = argv[i];
+    for (int i = 0; more[i]; i++)
+        out[n++] = more[i];
+    out[n] = NULL;
+}
+
+/* Runs argv + more with PSTRAIN_CHECKPOINT_DIR=dir on `devices`; returns its exit status
+ * and, when out is not NULL, its stdout (stderr into *err when err is not NULL). */
+static int run_ckpt(const char *const argv[], const char *const more[], const char *dir,
+                    char **out, char **err)
+{
+    const char *args[64];
+    with_args(args, argv, more);
+    char env_dir[600];
+    snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+    char *o = NULL, *e = NULL;
+    int rc = run(args, env, RUN_WAIT_MS + 30000, &o, &e);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    if (err)
+        *err = e;
+    else
+        free(e);
+    return rc;
+}
+
+/* A job killed at step 12 (the trainers _exit without a word; pslaunch then stops the
+ * pservers) and started again with the same flags resumes from its checkpoint of step 10
+ * and ends with the bits of the job that never stopped: trained alone, and by 2 trainers x
+ * 2 pservers whose shards are in DIR/pserver-0 and -1 (AdamW: values, moments and step
+ * count all restored). */
+Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
+{
+    const char *local[] = {TRAINER, GPT_FLAGS, NULL};
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, GPT_FLAGS, NULL};
+    const char *const *jobs[] = {local, dist};
+    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    for (int j = 0; j < 2; j++) {
+        const param_hash want = summary_hash_of(jobs[j], "cpu:1");
+        char dir[64];
+        temp_dir(dir, sizeof dir);
+        int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
+        cr_assert_neq(rc, 0, "the job did not stop at step 12");
+        char *out, *err;
+        rc = run_ckpt(jobs[j], every, dir, &out, &err);
+        cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+        cr_assert(strstr(err, "resumed from checkpoint step 10"), "%s", err);
+        const param_hash got = summary_hash(out);
+        cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "%s: other bits after resuming",
+                     j ? "2x2" : "alone");
+        free(out);
+        free(err);
+        rm_tree(dir);
+    }
+}
+
+/* The newest shard damaged (one byte of its values flipped): --resume auto says which file
+ * and why, falls back to the checkpoint before and still ends with the same bits;
+ * --resume require exits 2 instead. */
+Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
+{
+    const char *local[] = {TRAINER, GPT_FLAGS, NULL};
+    const param_hash want = summary_hash_of(local, "cpu:1");
+    char dir[64], shard[160];
+    temp_dir(dir, sizeof dir);
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    cr_assert_neq(run_ckpt(local, crash, dir, NULL, NULL), 0);
+    snprintf(shard, sizeof shard, "%s/pserver-0/step-000000000010.ckpt", dir);
+    FILE *f = fopen(shard, "r+b");
+    cr_assert_not_null(f, "%s: %s", shard, strerror(errno));
+    cr_assert_eq(fseek(f, 4000, SEEK_SET), 0);
+    int c = fgetc(f);
+    cr_assert_eq(fseek(f, 4000, SEEK_SET), 0);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    const char *require[] = {"--checkpoint-every", "5", "--resume", "require", NULL};
+    char *out, *err;
+    int rc = run_ckpt(local, require, dir, &out, &err);
+    cr_assert_eq(rc, 2, "require with a damaged newest checkpoint exited %d:\n%s", rc, err);
+    cr_assert(strstr(err, "step-000000000010.ckpt") && strstr(err, "checksum"), "%s", err);
+    cr_assert(strstr(err, "--resume require"), "%s", err);
+    free(out);
+    free(err);
+    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
+    rc = run_ckpt(local, every, dir, &out, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert(strstr(err, "resumed from checkpoint step 5"), "%s", err);
+    const param_hash got = summary_hash(out);
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after falling back");
+    free(out);
+    free(err);
+    rm_tree(dir);
+}
+
+/* A checkpoint that cannot be written (its temporary file's name taken by a directory):
+ * one line naming the file and why, exit 1, and the checkpoint before it intact (the job
+ * resumes from it). */
+Test(cluster, unwritable_checkpoint_stops_the_job, .timeout = 120)
+{
+    const char *local[] = {TRAINER, GPT_FLAGS, NULL};
+    char dir[64], blocker[200], shard[160];
+    temp_dir(dir, sizeof dir);
+    snprintf(blocker, sizeof blocker, "%s/pserver-0/.step-000000000015.ckpt.tmp", dir);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", blocker);
+    cr_assert_eq(system(cmd), 0);
+    const char *every[] = {"--checkpoint-every", "5", NULL};
+    char *err;
+    int rc = run_ckpt(local, every, dir, NULL, &err);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, err);
+    cr_assert(strstr(err, ".step-000000000015.ckpt.tmp: cannot create"), "%s", err);
+    free(err);
+    snprintf(shard, sizeof shard, "%s/pserver-0/step-000000000010.ckpt", dir);
+    cr_assert_eq(access(shard, R_OK), 0, "%s is gone", shard);
+    rm_tree(blocker); /* the disk is writable again */
+    const char *require[] = {"--checkpoint-every", "5", "--resume", "require", "--log-level",
+                             "info", NULL};
+    char *out;
+    rc = run_ckpt(local, require, dir, &out, &err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cr_assert(strstr(err, "resumed from checkpoint step 10"), "%s", err);
+    free(out);
+    free(err);
+    rm_tree(dir);
+}
+
 Test(cluster, injected_delays_lose_no_block)
 {
     const char *plain[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",

@@ -1181,3 +1181,32 @@ Test(config, pipeline_flags)
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--pipeline", "0"), PST_ERR_INVALID);
     expect_detail_has("pipeline", "example");
 }
+
+Test(config, checkpoint_flags)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_str_eq(c.checkpoint_dir, "");
+    cr_expect_eq(c.checkpoint_every, 100);
+    cr_expect_eq(c.checkpoint_keep, 2);
+    cr_expect_eq(c.resume, PST_RESUME_AUTO);
+    cr_expect_eq(c.test_crash_step, -1);
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_CHECKPOINT_DIR", "/tmp/x"),
+                   "--checkpoint-every", "5", "--checkpoint-keep", "3", "--resume", "Require"));
+    cr_expect_str_eq(c.checkpoint_dir, "/tmp/x");
+    cr_expect_eq(c.checkpoint_every, 5);
+    cr_expect_eq(c.checkpoint_keep, 3);
+    cr_expect_eq(c.resume, PST_RESUME_REQUIRE);
+    EXPECT_OK(LOAD(&c, PST_ROLE_PSERVER, ENV("PSTRAIN_CHECKPOINT_DIR", "/tmp/y"), "--port", "7"));
+    cr_expect_str_eq(c.checkpoint_dir, "/tmp/y");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--resume", "sometimes"), PST_ERR_INVALID);
+    expect_detail_has("--resume=sometimes", "require");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-keep", "0"), PST_ERR_INVALID);
+    expect_detail_has("checkpoint-keep", "example");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--mode",
+                      "async"), PST_ERR_INVALID);
+    expect_detail_has("--mode async", "--mode sync");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--precision",
+                      "fp16"), PST_ERR_INVALID);
+    expect_detail_has("fp16", "not built yet");
+}

@@ -1663,3 +1663,81 @@ Test(store, lowp_multithreaded_async_copy_matches_values, .timeout = 20)
     ps_store_free(st);
     pst_pool_free(pool);
 }
+
+/* ---- checkpoints ---- */
+
+typedef struct snap_log {
+    int calls;
+    int64_t versions[8];
+    float values[8][TOTAL_LEN];
+    float state[8][2 * TOTAL_LEN];
+} snap_log;
+
+static void record_snapshot(void *arg, int64_t version, const float *values, const float *state)
+{
+    snap_log *l = arg;
+    cr_assert_lt(l->calls, 8);
+    l->versions[l->calls] = version;
+    memcpy(l->values[l->calls], values, sizeof l->values[0]);
+    memcpy(l->state[l->calls], state, sizeof l->state[0]);
+    l->calls++;
+}
+
+/* Every 2 versions, once the last block has reached it, the store hands out every block's
+ * values and Adam moments of that version (blocks in config order); restoring another
+ * store from them continues with the same bits as the first. */
+Test(store, snapshot_every_n_versions_and_restore)
+{
+    snap_log *log = calloc(1, sizeof *log);
+    ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = 2, .blocks = test_blocks,
+                           .nblocks = NTB, .snapshot_every = 2, .snapshot = record_snapshot,
+                           .snapshot_arg = log};
+    optim_for(PST_OPTIM_ADAM, &cfg.optim);
+    float initial[TOTAL_LEN];
+    fill_normal(initial, TOTAL_LEN, 1, 0, 1.0f);
+    ps_store *a = NULL, *b = NULL;
+    cr_assert_eq(ps_store_init(&a, &cfg, initial), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(ps_store_state_floats(a), 2);
+    for (int s = 0; s < 5; s++)
+        for (int i = 0; i < NTB; i++) {
+            float g[64];
+            fill_normal(g, test_blocks[i].length, 11, (uint64_t)(s * 10 + i), 1.0f);
+            cr_assert_eq(push_grad(a, 0, s, test_blocks[i].id, g, test_blocks[i].length, NULL,
+                                   NULL), PST_OK);
+            cr_assert_eq(log->calls, s / 2); /* one trainer's push completes nothing */
+            cr_assert_eq(push_grad(a, 1, s, test_blocks[i].id, g, test_blocks[i].length, NULL,
+                                   NULL), PST_OK);
+            /* called after the LAST block of an even version, not before */
+            const int want = (s + 1) / 2 - ((s + 1) % 2 == 0 && i < NTB - 1 ? 1 : 0);
+            cr_assert_eq(log->calls, want, "step %d block %d: %d snapshots", s, i, log->calls);
+            if ((s + 1) % 2 == 0 && i == NTB - 1) { /* the snapshot is the store's state */
+                float got[TOTAL_LEN];
+                for (int k = 0; k < NTB; k++) {
+                    int64_t v;
+                    cr_assert_eq(ps_store_read(a, test_blocks[k].id, got + initial_offset(k), &v),
+                                 PST_OK);
+                    cr_assert_eq(v, s + 1);
+                }
+                cr_assert_eq(memcmp(got, log->values[log->calls - 1], sizeof got), 0);
+                cr_assert_eq(log->versions[log->calls - 1], s + 1);
+            }
+        }
+    /* restore version 4 into a fresh store, run step 4 on both: the same bits */
+    cfg.snapshot_every = 0;
+    cr_assert_eq(ps_store_init(&b, &cfg, NULL), PST_OK);
+    cr_assert_eq(ps_store_restore(b, 4, log->values[1], log->state[1]), PST_OK);
+    for (int i = 0; i < NTB; i++) {
+        float g[64];
+        fill_normal(g, test_blocks[i].length, 11, (uint64_t)(4 * 10 + i), 1.0f);
+        cr_assert_eq(ps_store_version(b, test_blocks[i].id), 4);
+        for (int t = 0; t < 2; t++)
+            cr_assert_eq(push_grad(b, (uint32_t)t, 4, test_blocks[i].id, g,
+                                   test_blocks[i].length, NULL, NULL), PST_OK, "%s",
+                         pst_error_detail());
+    }
+    cr_assert_eq(ps_store_state_hash(a), ps_store_state_hash(b));
+    cr_assert_eq(ps_store_restore(b, -1, log->values[1], log->state[1]), PST_ERR_INVALID);
+    ps_store_free(a);
+    ps_store_free(b);
+    free(log);
+}

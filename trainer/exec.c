@@ -680,6 +680,7 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     ex->model->init_params(ex->model, ex->host_params, seed);
     PST_TRY(ex->c.link->ops->start(ex->c.link, ex->host_params, ex->in_place ? ex->homes : NULL,
                                    ex->devs[0].pool));
+    ex->applied = ex->c.link->start_version; /* a resumed job's updates so far */
     const void *src = ex->host_params;
     if (ex->lowp) { /* the devices start from the master's low-precision copy */
         pst_cast(ex->host_lowp, ex->pdt, ex->host_params, PST_F32, n);

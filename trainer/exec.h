@@ -47,7 +47,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c);
 void tr_exec_free(tr_exec *ex); /* waits for the streams; accepts NULL */
 size_t tr_exec_nparams(const tr_exec *ex);
 /* Initial parameters from `seed` on every device, through the link's start (the pservers:
- * Init, then everyone pulls trainer 0's values). */
+ * Init, then everyone pulls trainer 0's values; or a checkpoint's, when the link resumes:
+ * link->start_version is then the first step to run). */
 pst_status tr_exec_start(tr_exec *ex, uint64_t seed);
 /* Queues step `step` (0, 1, 2, ... in order) over rows x (rows, in_width: floats, or int32 token ids when the model
  * has in_tokens) and y (rows, target_width) in host memory, this trainer's

@@ -14,6 +14,8 @@
 #ifndef TR_LINK_H
 #define TR_LINK_H
 
+#include <stdint.h>
+
 #include "common/error.h"
 #include "trainer/plan.h"
 
@@ -64,6 +66,14 @@ struct tr_link {
     const tr_link_ops *ops;
     const tr_plan *plan;  /* the caller's; outlives the link */
     int in_process;       /* 1: updates run in this process, on the exchanging thread */
+    /* Checkpoints, set by the caller before start: the steps of trainer 0's whole job
+     * checkpoints (any order; none: a fresh start) and how often to write them. */
+    const int64_t *resume_steps;
+    int nresume;
+    int64_t checkpoint_every;
+    /* Set by start: the step the job resumes at (the version every block holds; 0 for a
+     * fresh job). */
+    int64_t start_version;
 };
 
 static inline void tr_link_free(tr_link *l)

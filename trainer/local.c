@@ -1,10 +1,14 @@
 /* local.c — the in-process link (see local.h). */
 #include "trainer/local.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "pserver/shard.h"
 #include "pserver/store.h"
 
 typedef struct local_block {
@@ -20,7 +24,55 @@ typedef struct tr_local {
     const pst_config *cfg;
     ps_store *store;
     local_block *blocks;      /* (nblocks) */
+    /* checkpoints (--checkpoint-dir): the store is the job's only shard */
+    ps_block_spec *specs;     /* (nblocks) */
+    ps_shard_layout layout;
+    char ckpt_dir[4200];
+    int ckpt_failed;          /* atomic: a shard could not be written (ckpt_error) */
+    char ckpt_error[600];
 } tr_local;
+
+/* The store's snapshot: the shard of `version` in DIR/pserver-0. A failure is kept and
+ * reported by the next exchange (the step fails with it). */
+static void local_snapshot(void *arg, int64_t version, const float *values, const float *state)
+{
+    tr_local *lk = arg;
+    if (ps_shard_save(lk->ckpt_dir, version, &lk->layout, values, state,
+                      lk->cfg->checkpoint_keep) != PST_OK) {
+        if (!__atomic_load_n(&lk->ckpt_failed, __ATOMIC_ACQUIRE)) {
+            snprintf(lk->ckpt_error, sizeof lk->ckpt_error, "%s", pst_error_detail());
+            __atomic_store_n(&lk->ckpt_failed, 1, __ATOMIC_RELEASE);
+        }
+        return;
+    }
+    PST_INFO("checkpoint: step %lld written to %s", (long long)version, lk->ckpt_dir);
+}
+
+/* Resumes from the newest of the job's checkpoints whose shard is whole (the store's
+ * values, state and version, and params: what the executor copies to the devices). */
+static pst_status local_resume(tr_local *lk, float *params)
+{
+    const ps_shard_layout *lay = &lk->layout;
+    float *values = malloc(sizeof(float) * (lay->total ? lay->total : 1));
+    float *state = lay->nstate ? malloc(sizeof(float) * (size_t)lay->nstate * lay->total)
+                               : NULL;
+    if (!values || (lay->nstate && !state)) {
+        free(values);
+        free(state);
+        return pst_error_set(PST_ERR_NOMEM, "local store: out of memory to resume");
+    }
+    const int64_t v = ps_shard_pick(lk->ckpt_dir, lk->base.resume_steps, lk->base.nresume,
+                                    lay, values, state);
+    pst_status st = PST_OK;
+    if (v >= 0 && (st = ps_store_restore(lk->store, v, values, state)) == PST_OK) {
+        memcpy(params, values, sizeof(float) * lay->total); /* the blocks tile the buffer */
+        lk->base.start_version = v;
+        PST_INFO("resumed from checkpoint step %lld in %s", (long long)v, lk->ckpt_dir);
+    }
+    free(values);
+    free(state);
+    return st;
+}
 
 static pst_status local_start(tr_link *l, float *params, float *const *homes,
                               struct pst_pool *pool)
@@ -33,14 +85,26 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
     for (int b = 0; b < p->nblocks; b++)
         specs[b] = (ps_block_spec){.id = p->blocks[b].id, .offset = p->blocks[b].offset,
                                    .length = p->blocks[b].length};
-    const ps_store_config sc = {.mode = PST_MODE_SYNC, .num_trainers = 1,
-                                .optim = lk->cfg->optim, .blocks = specs,
-                                .nblocks = p->nblocks, .values = homes, .pool = pool,
-                                .lowp = lk->cfg->precision};
+    ps_store_config sc = {.mode = PST_MODE_SYNC, .num_trainers = 1,
+                          .optim = lk->cfg->optim, .blocks = specs,
+                          .nblocks = p->nblocks, .values = homes, .pool = pool,
+                          .lowp = lk->cfg->precision};
+    const pst_config *cfg = lk->cfg;
+    if (cfg->checkpoint_dir[0]) { /* the store is this job's one pserver: pserver-0 */
+        snprintf(lk->ckpt_dir, sizeof lk->ckpt_dir, "%s/pserver-0", cfg->checkpoint_dir);
+        lk->layout = (ps_shard_layout){tr_settings_fingerprint(p, cfg), specs, p->nblocks,
+                                       p->nparams, 0};
+        sc.snapshot_every = l->checkpoint_every;
+        sc.snapshot = local_snapshot;
+        sc.snapshot_arg = lk;
+    }
     /* The blocks tile the buffer in order, so params is the concatenation the store wants;
      * with homes the values are already there (the executor put them). */
     pst_status st = ps_store_init(&lk->store, &sc, homes ? NULL : params);
-    free(specs);
+    lk->specs = specs;
+    lk->layout.nstate = lk->store ? ps_store_state_floats(lk->store) : 0;
+    if (st == PST_OK && l->nresume > 0 && cfg->checkpoint_dir[0])
+        st = local_resume(lk, params);
     return st;
 }
 
@@ -100,6 +164,9 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
     if (st == PST_OK && duplicate) /* one pusher, one push per step: cannot happen */
         st = pst_error_set(PST_ERR_INTERNAL, "local store: step %ld of block %d pushed twice",
                            step, b);
+    if (st == PST_OK && __atomic_load_n(&lk->ckpt_failed, __ATOMIC_ACQUIRE))
+        st = pst_error_set(PST_ERR_IO, "%s; the checkpoints written before are intact",
+                           lk->ckpt_error);
     lb->dst = dst;
     /* The version exists now (one trainer): answered inside the call. */
     if (st == PST_OK)
@@ -136,6 +203,7 @@ static void local_free(tr_link *l)
     tr_local *lk = (tr_local *)l;
     ps_store_free(lk->store);
     free(lk->blocks);
+    free(lk->specs);
     free(lk);
 }
 

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
+
 static int least_loaded(const size_t *load, int n)
 {
     int best = 0;
@@ -87,4 +89,16 @@ uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h)
         h = tr_fnv1a(h, b, sizeof b);
     }
     return h;
+}
+
+uint64_t tr_settings_fingerprint(const tr_plan *p, const pst_config *c)
+{
+    const pst_optim_config *o = &c->optim;
+    uint64_t h = tr_plan_fingerprint(p, 0);
+    int64_t ints[8] = {c->mode,         c->trainers,        o->kind,
+                       o->schedule,     o->warmup_steps,    o->total_steps,
+                       c->precision,    c->acc_steps};
+    float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
+    h = tr_fnv1a(h, ints, sizeof ints);
+    return tr_fnv1a(h, floats, sizeof floats);
 }

@@ -44,5 +44,9 @@ void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
 uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h);
 /* FNV-1a of `len` bytes continuing from `h` (0 = fresh). */
 uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len);
+/* The plan's fingerprint and the settings every trainer (and a checkpoint) must share:
+ * mode, trainers, optimizer and its schedule, precision, micro-batches. */
+struct pst_config;
+uint64_t tr_settings_fingerprint(const tr_plan *p, const struct pst_config *c);
 
 #endif /* TR_PLAN_H */

@@ -368,21 +368,9 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
 
 /* ---- Init / start / Finish ------------------------------------------------------------ */
 
-static uint64_t settings_fingerprint(const tr_remote *r)
-{
-    const pst_config *c = r->cfg;
-    const pst_optim_config *o = &c->optim;
-    uint64_t h = tr_plan_fingerprint(r->plan, 0);
-    int64_t ints[8] = {c->mode,         c->trainers,        o->kind,
-                       o->schedule,     o->warmup_steps,    o->total_steps,
-                       c->precision,    c->acc_steps};
-    float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
-    h = tr_fnv1a(h, ints, sizeof ints);
-    return tr_fnv1a(h, floats, sizeof floats);
-}
-
 typedef struct init_call {
     tr_remote *r;
+    int64_t version;   /* the reply's */
     Pstrain__InitRequest req;
     Pstrain__BlockSpec *specs;
     Pstrain__BlockSpec **spec_ptrs;
@@ -401,18 +389,11 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
     init_call *ic = arg;
     (void)payload;
     const pst_config *cfg = ic->r->cfg;
-    if (st != PST_OK) {
+    if (st != PST_OK)
         batch_error(ic->r, st, detail);
-    } else if (((const Pstrain__InitReply *)reply)->version != 0 &&
-               (cfg->mode == PST_MODE_SYNC || cfg->trainer_id == 0)) {
-        /* A fresh job starts at version 0. In async mode trainer 0 may already have pushed
-         * when a later trainer joins, so only trainer 0 (and sync mode) can tell. */
-        char d[256];
-        snprintf(d, sizeof d, "pserver already holds version %lld of its blocks: a finished or "
-                 "running job's pservers; restart them (resuming is not supported yet)",
-                 (long long)((const Pstrain__InitReply *)reply)->version);
-        batch_error(ic->r, PST_ERR_STATE, d);
-    }
+    else
+        ic->version = ((const Pstrain__InitReply *)reply)->version;
+    (void)cfg;
     batch_done(ic->r);
 }
 
@@ -463,6 +444,40 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     ic->req.optim = &ic->optim;
     ic->req.fingerprint = fp;
     ic->req.precision = rpc_dtype_to_wire(cfg->precision);
+    ic->req.checkpoint_every = r->base.checkpoint_every;
+    if (cfg->trainer_id == 0) {
+        ic->req.n_resume_steps = (size_t)r->base.nresume;
+        ic->req.resume_steps = (int64_t *)r->base.resume_steps;
+    }
+}
+
+/* The step the job starts at: every pserver's Init reply gives the version its blocks hold,
+ * which is 0 for a fresh job and a checkpoint's step for a resumed one. */
+static pst_status start_version(tr_remote *r, const init_call *calls)
+{
+    const pst_config *cfg = r->cfg;
+    const int64_t v = calls[0].version;
+    for (int s = 1; s < cfg->num_pservers; s++)
+        if (calls[s].version != v)
+            return pst_error_set(PST_ERR_MISMATCH, "the pservers hold different steps: %s at "
+                                 "%lld, %s at %lld (a pserver lacks the newer checkpoint's "
+                                 "shard or could not read it, see its log); restart the job "
+                                 "with --resume never, or remove the newer checkpoint",
+                                 rpc_client_server(r->client, 0), (long long)v,
+                                 rpc_client_server(r->client, s), (long long)calls[s].version);
+    int known = v == 0;
+    for (int i = 0; i < r->base.nresume && !known; i++)
+        known = r->base.resume_steps[i] == v;
+    /* A fresh job starts at version 0. In async mode trainer 0 may already have pushed when
+     * a later trainer joins, so only trainer 0 (and sync mode) can tell. */
+    if (!known && cfg->trainer_id == 0)
+        return pst_error_set(PST_ERR_STATE, "pserver %s already holds version %lld of its "
+                             "blocks: a finished or running job's pservers; restart them",
+                             rpc_client_server(r->client, 0), (long long)v);
+    if (v != 0 && cfg->mode == PST_MODE_ASYNC && cfg->trainer_id != 0)
+        return PST_OK; /* joining a running async job */
+    r->base.start_version = v;
+    return PST_OK;
 }
 
 pst_status tr_remote_start(tr_remote *r, float *params)
@@ -473,7 +488,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     init_call *calls = calloc((size_t)S, sizeof *calls);
     if (!calls)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
-    uint64_t fp = settings_fingerprint(r);
+    uint64_t fp = tr_settings_fingerprint(r->plan, r->cfg);
     for (int s = 0; s < S; s++) {
         init_call *ic = &calls[s];
         size_t nb = 0;
@@ -499,9 +514,9 @@ pst_status tr_remote_start(tr_remote *r, float *params)
             st = PST_OK;
         }
     }
-    if ((st = batch_wait(r)) != PST_OK)
+    if ((st = batch_wait(r)) != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
-    /* Everyone starts from the pservers' values (trainer 0's). */
+    /* Everyone starts from the pservers' values (trainer 0's, or a checkpoint's). */
     for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
         c->dst = params + c->b->offset;

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/checkpoint.h"
 #include "common/clock.h"
 #include "common/data/data.h"
 #include "common/data/text.h"
@@ -163,6 +164,70 @@ static void summarize_params(tr_summary *sum, const float *params, size_t n)
     sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
 }
 
+/* ---- checkpoints: the job state (trainer 0, DIR/job) ---- */
+
+enum { JOB_META = 1 };
+
+typedef struct job_meta {
+    int64_t step;         /* the first step to run after resuming */
+    uint64_t fingerprint; /* tr_settings_fingerprint */
+    uint64_t seed;        /* data order and initialization */
+    int64_t trainers, batch;
+} job_meta;
+
+static job_meta job_of(const pst_config *cfg, const tr_plan *plan, long step)
+{
+    return (job_meta){step, tr_settings_fingerprint(plan, cfg), cfg->seed, cfg->trainers,
+                      cfg->batch};
+}
+
+/* The job state of step `step` (every block's version is `step`: the pservers wrote their
+ * shards before answering the pulls this step computes with). */
+static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const char *dir,
+                            long step)
+{
+    const job_meta meta = job_of(cfg, plan, step);
+    pst_ckpt_writer w;
+    PST_TRY(pst_ckpt_begin(&w, dir, step));
+    pst_status st = pst_ckpt_section(&w, JOB_META, &meta, sizeof meta);
+    if (st != PST_OK) {
+        pst_ckpt_abort(&w);
+        return st;
+    }
+    PST_TRY(pst_ckpt_commit(&w));
+    return pst_ckpt_prune(dir, cfg->checkpoint_keep);
+}
+
+/* The steps of the whole job checkpoints of this job in dir, newest first (a damaged one
+ * or one of another job is skipped with one warning line). */
+static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char *dir,
+                          int64_t *out, int max, long *newest)
+{
+    long steps[64];
+    const int n = pst_ckpt_list(dir, steps, 64);
+    *newest = n ? steps[0] : 0;
+    const job_meta want = job_of(cfg, plan, 0);
+    int k = 0;
+    for (int i = 0; i < n && k < max; i++) {
+        pst_ckpt c;
+        uint64_t bytes;
+        if (pst_ckpt_read(&c, dir, steps[i]) != PST_OK) {
+            PST_WARN("%s; trying an older one", pst_error_detail());
+            continue;
+        }
+        const job_meta *m = pst_ckpt_find(&c, JOB_META, &bytes);
+        if (!m || bytes != sizeof *m || m->step != steps[i] ||
+            m->fingerprint != want.fingerprint || m->seed != want.seed ||
+            m->trainers != want.trainers || m->batch != want.batch)
+            PST_WARN("checkpoint %s/step-%012ld.ckpt: of another job (other plan, seed, "
+                     "trainers or batch); trying an older one", dir, steps[i]);
+        else
+            out[k++] = steps[i];
+        pst_ckpt_free(&c);
+    }
+    return k;
+}
+
 pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 {
     pst_status st;
@@ -232,6 +297,20 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     } else if ((st = tr_local_init(&link, cfg, &plan)) != PST_OK) {
         goto error;
     }
+    /* Checkpoints: the pservers (or the in-process store) write their shards every
+     * --checkpoint-every steps; trainer 0 the job state; a resumed job starts from the
+     * newest checkpoint every one of them has whole. */
+    char job_dir[PST_PATH_MAX + 8] = "";
+    int64_t candidates[64];
+    long newest = 0; /* the newest job checkpoint's step, whole or not */
+    if (cfg->checkpoint_dir[0]) {
+        snprintf(job_dir, sizeof job_dir, "%s/job", cfg->checkpoint_dir);
+        link->checkpoint_every = cfg->checkpoint_every;
+        if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
+            link->nresume = job_candidates(cfg, &plan, job_dir, candidates, 64, &newest);
+            link->resume_steps = candidates;
+        }
+    }
     if (cfg->trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
         size_t per_step = (size_t)(D * 2 * model.nlayers + 4 * 1024 + 64);
@@ -265,19 +344,36 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if ((st = tr_exec_start(ex, cfg->seed)) != PST_OK)
         goto error;
     started = 1;
+    const long first = (long)link->start_version; /* a resumed job's first step */
+    if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
+        (first == 0 || first != newest)) {
+        st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: the newest checkpoint in %s "
+                           "(step %ld) %s (see the warnings above and the pservers' logs; "
+                           "--resume auto falls back to an older one)", cfg->checkpoint_dir,
+                           newest, newest ? "is not whole" : "does not exist");
+        goto error;
+    }
+    if (first > total) {
+        st = pst_error_set(PST_ERR_INVALID, "the job resumes at step %ld, past its %ld steps "
+                           "(example: --steps %ld)", first, total, first + 1);
+        goto error;
+    }
+    if (first > 0)
+        PST_INFO("resuming at step %ld of %ld", first, total);
+    step = first;
 
     const int tty = cfg->progress == PST_PROGRESS_BAR ||
                     (cfg->progress == PST_PROGRESS_AUTO && isatty(STDERR_FILENO));
     const int lines = cfg->progress != PST_PROGRESS_NONE;
     double train_time = 0.0, last_loss = 0.0, test_acc = 0.0;
     size_t samples = 0;
-    for (int epoch = 0; epoch < epochs && step < total; epoch++) {
+    for (int epoch = (int)(first / nb); epoch < epochs && step < total; epoch++) {
         double t_epoch = pst_clock_s(), t_bar = 0.0, loss_sum = 0.0;
         long loss_n = 0;
         size_t epoch_samples = 0;
         if (images)
             pst_epoch_order(perm, train.n, cfg->seed, epoch);
-        for (long b = 0; b < nb && step < total; b++, step++) {
+        for (long b = step - (long)epoch * nb; b < nb && step < total; b++, step++) {
             pst_log_set_step(step);
             long start = b * B;
             int len = images && train.n - start < B ? (int)(train.n - start) : B, lo, hi;
@@ -287,11 +383,20 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                 pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
             else if (is_text)
                 pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
+            if (step == cfg->test_crash_step)
+                _exit(3); /* the test hook: as if killed, nothing flushed, no Finish */
             double t0 = pst_clock_s(), loss = 0.0;
             const float step_scale = tr_exec_loss_scale(ex);
             if ((st = check_stop()) != PST_OK ||
                 (st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
                                    &loss)) != PST_OK)
+                goto error;
+            /* Step `step` computed with version `step` of every block, whose pulls the
+             * pservers answer only once their shard of it is written: the job's state of
+             * that step completes the checkpoint. */
+            if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && step > first &&
+                step % cfg->checkpoint_every == 0 &&
+                (st = write_job(cfg, &plan, job_dir, step)) != PST_OK)
                 goto error;
             double t1 = pst_clock_s();
             loss_sum += loss;
@@ -341,6 +446,9 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     pst_log_set_step(-1);
     if ((st = tr_exec_sync(ex)) != PST_OK || (st = tr_exec_params(ex, params)) != PST_OK)
         goto error;
+    if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && step > first &&
+        step % cfg->checkpoint_every == 0 && (st = write_job(cfg, &plan, job_dir, step)) != PST_OK)
+        goto error;
     if (is_text && cfg->sample > 0 && rank == 0 && (st = text_sample(ex, &text, cfg)) != PST_OK)
         goto error;
     sum->test_acc = test_acc;
@@ -348,7 +456,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
     sum->text = is_text;
     sum->tokens_per_s = is_text ? sum->samples_per_s * cfg->ctx : 0.0;
-    sum->step_ms_median = median(step_ms, step);
+    sum->step_ms_median = median(step_ms + first, step - first);
     sum->steps = step;
     summarize_params(sum, params, tr_exec_nparams(ex));
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
