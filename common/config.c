@@ -344,6 +344,7 @@ static const opt options[] = {
     {"checkpoint-every", "PSTRAIN_CHECKPOINT_EVERY", NULL, NULL, "100", "steps between checkpoints (sync mode; 0: never)", R_TRAINER, OPT_LONG, F(checkpoint_every), 0, 1e12, NULL},
     {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
+    {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "pserver: a trainer that stops answering keepalive pings for this long (or whose process dies: at once) has left the job; the other trainers are told", R_PSERVER, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
     {"test-crash", "PSTRAIN_TEST_CRASH", NULL, NULL, "12", "test hook: the trainer dies (_exit(3), no Finish) as it starts this step (-1: never)", R_TRAINER, OPT_LONG, F(test_crash_step), -1, 1e12, NULL},
     {"pipeline", "PSTRAIN_PIPELINE", NULL, NULL, "4", "pipeline stages: the model's layers split over this many of the trainer's devices (PSTRAIN_DEVICES=cpu:P); 1: no pipeline", R_TRAINER, OPT_INT, F(pipeline), 1, 64, NULL},
     {"micro-batches", "PSTRAIN_MICRO_BATCHES", NULL, NULL, "8", "pipeline: micro-batches per step (the trainer's rows split in M)", R_TRAINER, OPT_INT, F(micro_batches), 1, 4096, NULL},
@@ -511,6 +512,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->acc_steps = 1;
     cfg->checkpoint_every = 100;
     cfg->test_crash_step = -1;
+    cfg->peer_timeout_ms = 5000;
     cfg->checkpoint_keep = 2;
     cfg->pipeline = 1;
     cfg->micro_batches = 1;

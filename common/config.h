@@ -90,6 +90,9 @@ typedef struct pst_config {
     long checkpoint_every;                         /* steps between checkpoints (0: never) */
     int checkpoint_keep;                           /* the newest kept */
     int resume;                                    /* PST_RESUME_* */
+    long peer_timeout_ms;                          /* pserver: a trainer whose connection
+                                                    * answers no keepalive ping for this
+                                                    * long is gone */
     long test_crash_step;                          /* test hook: _exit(3) at this step, as
                                                     * if killed (-1: never) */
     /* pipeline parallelism inside the trainer (trainer/pipe_sched.h, exec.h) */

@@ -78,7 +78,8 @@ int main(int argc, char **argv)
     }
     rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
                             .handler = ps_service_handle, .handler_arg = svc,
-                            .on_cancel = ps_service_cancelled};
+                            .on_cancel = ps_service_cancelled,
+                            .keepalive_ms = (int)cfg.peer_timeout_ms};
     if (rpc_server_init(&srv, &sc) != PST_OK) {
         fprintf(stderr, "pserver: %s\n", pst_error_detail());
         rc = 1;

@@ -52,6 +52,7 @@ struct ps_service {
     size_t nblock_ids;
     int casts_logged;             /* the cast report was written (once) */
     unsigned char *finished;      /* (num_trainers) */
+    rpc_call **watch;             /* (num_trainers) each trainer's open Watch, or NULL */
     uint32_t nfinished;
     int all_finished;
     rpc_call *parked[MAX_PARKED]; /* Inits waiting for trainer 0's */
@@ -111,6 +112,7 @@ void ps_service_free(ps_service *svc)
         return;
     ps_store_free(svc->store);
     free(svc->finished);
+    free(svc->watch);
     free(svc->block_ids);
     free(svc->specs);
     for (int k = 0; k < 2; k++) {
@@ -318,6 +320,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
+    svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
     svc->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->block_ids);
     svc->specs = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->specs);
     int votes_ok = 1;
@@ -328,7 +331,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         v->calls = calloc(2 * (size_t)req->num_trainers, sizeof *v->calls);
         votes_ok &= v->voted && v->calls;
     }
-    if (!svc->finished || !svc->block_ids || !svc->specs || !votes_ok) {
+    if (!svc->finished || !svc->watch || !svc->block_ids || !svc->specs || !votes_ok) {
         free(svc->specs);
         svc->specs = NULL;
         for (int k = 0; k < 2; k++) {
@@ -337,7 +340,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
             svc->votes[k] = (vote_slot){0};
         }
         free(svc->finished);
+        free(svc->watch);
         free(svc->block_ids);
+        svc->watch = NULL;
         svc->finished = NULL;
         svc->block_ids = NULL;
         ps_store_free(svc->store);
@@ -647,11 +652,15 @@ static void parked_cancelled(ps_service *svc, rpc_call *call)
                       rpc_method_name(rpc_call_method(call)));
 }
 
+static void watch_cancelled(ps_service *svc, rpc_call *call);
+
 void ps_service_cancelled(void *arg, rpc_call *call)
 {
     ps_service *svc = arg;
     if (rpc_call_method(call) == RPC_METHOD_PULL)
         pull_cancelled(svc, call);
+    else if (rpc_call_method(call) == RPC_METHOD_WATCH)
+        watch_cancelled(svc, call);
     else if (rpc_call_method(call) == RPC_METHOD_INIT || rpc_call_method(call) == RPC_METHOD_VOTE)
         parked_cancelled(svc, call);
 }
@@ -915,37 +924,27 @@ uint64_t ps_service_cast_count(ps_service *svc)
     return store ? ps_store_cast_count(store) : 0;
 }
 
-static void handle_finish(ps_service *svc, rpc_call *call)
+/* Trainer `id` is done: Finish (early: it leaves before the job's end, `why` says at
+ * which step and why) or its Watch was cancelled. A departure fails at once every pull and
+ * vote waiting for a step that can no longer complete. `finish_call` (may be NULL) is
+ * answered before "every trainer finished" is announced: main() fails every call still
+ * unanswered when it shuts the server down. */
+static void trainer_done(ps_service *svc, uint32_t id, int early, const char *why,
+                         rpc_call *finish_call)
 {
-    const Pstrain__FinishRequest *req = (const Pstrain__FinishRequest *)rpc_call_request(call);
     pthread_mutex_lock(&svc->mu);
-    if (!svc->store || req->trainer_id >= svc->num_trainers) {
-        pthread_mutex_unlock(&svc->mu);
-        fail(call, pst_error_set(svc->store ? PST_ERR_INVALID : PST_ERR_STATE,
-                                 "Finish from trainer %u: %s", req->trainer_id,
-                                 svc->store ? "no such trainer" : "before Init"));
-        return;
-    }
-    int first = !svc->finished[req->trainer_id];
+    int first = !svc->finished[id];
     int departs = 0;
+    rpc_call *watch = svc->watch[id];
+    svc->watch[id] = NULL;
     if (first) {
-        __atomic_store_n(&svc->finished[req->trainer_id], 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&svc->finished[id], 1, __ATOMIC_RELEASE);
         svc->nfinished++;
-        PST_INFO("trainer %u finished (%u of %u)%s%s", req->trainer_id, svc->nfinished,
-                 svc->num_trainers, req->early ? ", early: " : "",
-                 req->early ? req->reason : "");
-        /* Leaving early: no step after its last can complete, so every pull waiting for
-         * one (and every later one) fails now with the reason, instead of at its deadline. */
-        if (req->early && svc->nfinished < svc->num_trainers &&
+        PST_INFO("trainer %u finished (%u of %u)%s%s", id, svc->nfinished, svc->num_trainers,
+                 early ? ", early: " : "", early ? why : "");
+        if (early && svc->nfinished < svc->num_trainers &&
             !__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE)) {
-            char at[32];
-            if (req->step < 0)
-                snprintf(at, sizeof at, "before step 0");
-            else
-                snprintf(at, sizeof at, "at step %lld", (long long)req->step);
-            snprintf(svc->departed, sizeof svc->departed, "trainer %u left the job %s (%s)",
-                     req->trainer_id, at, req->reason && req->reason[0] ? req->reason
-                                                                        : "no reason given");
+            snprintf(svc->departed, sizeof svc->departed, "trainer %u %s", id, why);
             __atomic_store_n(&svc->departed_set, 1, __ATOMIC_RELEASE);
             departs = 1;
         }
@@ -959,10 +958,14 @@ static void handle_finish(ps_service *svc, rpc_call *call)
         PST_WARN("%s: failing the pulls that wait for it", svc->departed);
         ps_store_cancel_waiters(store, PST_ERR_STATE);
     }
-    /* Reply before reporting "all finished": main() fails every call still unanswered when
-     * it shuts the server down. */
-    Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
-    rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+    if (watch) { /* the trainer is done: nothing left to watch */
+        Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
+        rpc_call_reply(watch, &wr.base, NULL, 0, NULL, NULL);
+    }
+    if (finish_call) {
+        Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
+        rpc_call_reply(finish_call, &reply.base, NULL, 0, NULL, NULL);
+    }
     if (all) {
         log_casts(svc);
         pthread_mutex_lock(&svc->mu);
@@ -970,6 +973,88 @@ static void handle_finish(ps_service *svc, rpc_call *call)
         pthread_cond_broadcast(&svc->cv);
         pthread_mutex_unlock(&svc->mu);
     }
+}
+
+static void handle_finish(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__FinishRequest *req = (const Pstrain__FinishRequest *)rpc_call_request(call);
+    pthread_mutex_lock(&svc->mu);
+    if (!svc->store || req->trainer_id >= svc->num_trainers) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, pst_error_set(svc->store ? PST_ERR_INVALID : PST_ERR_STATE,
+                                 "Finish from trainer %u: %s", req->trainer_id,
+                                 svc->store ? "no such trainer" : "before Init"));
+        return;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    char why[512] = "";
+    if (req->early) {
+        char at[32];
+        if (req->step < 0)
+            snprintf(at, sizeof at, "before step 0");
+        else
+            snprintf(at, sizeof at, "at step %lld", (long long)req->step);
+        snprintf(why, sizeof why, "left the job %s (%s)", at,
+                 req->reason && req->reason[0] ? req->reason : "no reason given");
+    }
+    trainer_done(svc, req->trainer_id, req->early, why, call);
+}
+
+/* ---- Watch (liveness) ----------------------------------------------------------------- */
+
+/* A trainer's Watch stays open until its Finish (answered then) or until its client goes
+ * away (ps_service_cancelled): then the trainer is gone. One per trainer: a newer one
+ * replaces the older (answered). */
+static void handle_watch(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__WatchRequest *req = (const Pstrain__WatchRequest *)rpc_call_request(call);
+    pthread_mutex_lock(&svc->mu);
+    pst_status st = PST_OK;
+    if (!svc->store)
+        st = pst_error_set(PST_ERR_STATE, "Watch before Init: this pserver has no trainers yet");
+    else if (req->trainer_id >= svc->num_trainers)
+        st = pst_error_set(PST_ERR_INVALID, "Watch from trainer %u: there are %u trainers",
+                           req->trainer_id, svc->num_trainers);
+    else if (svc->finished[req->trainer_id])
+        st = pst_error_set(PST_ERR_STATE, "Watch of trainer %u after its Finish",
+                           req->trainer_id);
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, st);
+        return;
+    }
+    rpc_call *old = svc->watch[req->trainer_id];
+    svc->watch[req->trainer_id] = call;
+    pthread_mutex_unlock(&svc->mu);
+    if (old) {
+        Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
+        rpc_call_reply(old, &wr.base, NULL, 0, NULL, NULL);
+    }
+}
+
+/* The client of a Watch went away before its Finish: the trainer died, or keepalive pings
+ * found its connection dead. */
+static void watch_cancelled(ps_service *svc, rpc_call *call)
+{
+    pthread_mutex_lock(&svc->mu);
+    int64_t id = -1;
+    for (uint32_t t = 0; svc->watch && t < svc->num_trainers && id < 0; t++)
+        if (svc->watch[t] == call)
+            id = t;
+    if (id >= 0)
+        svc->watch[id] = NULL;
+    const int64_t step = id >= 0 && svc->nblock_ids
+                             ? ps_store_version(svc->store, svc->block_ids[0])
+                             : -1;
+    pthread_mutex_unlock(&svc->mu);
+    rpc_call_fail(call, PST_ERR_TIMEOUT, "Watch: the client went away");
+    if (id < 0)
+        return; /* answered or replaced meanwhile */
+    char why[256];
+    snprintf(why, sizeof why, "stopped answering at step %lld (its connection to this "
+             "pserver closed: the process died, or keepalive pings went unanswered for "
+             "--peer-timeout-ms)", (long long)step);
+    trainer_done(svc, (uint32_t)id, 1, why, NULL);
 }
 
 void ps_service_handle(void *arg, rpc_call *call)
@@ -990,6 +1075,9 @@ void ps_service_handle(void *arg, rpc_call *call)
         break;
     case RPC_METHOD_VOTE:
         handle_vote(svc, call);
+        break;
+    case RPC_METHOD_WATCH:
+        handle_watch(svc, call);
         break;
     default:
         fail(call, pst_error_set(PST_ERR_NOT_FOUND, "unknown method"));
@@ -1045,6 +1133,11 @@ void ps_service_cancel(ps_service *svc)
         rpc_call_fail(svc->parked[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
     svc->nparked = 0;
     fail_votes_locked(svc, PST_ERR_UNAVAILABLE, "pserver shutting down");
+    for (uint32_t t = 0; svc->watch && t < svc->num_trainers; t++)
+        if (svc->watch[t]) {
+            rpc_call_fail(svc->watch[t], PST_ERR_UNAVAILABLE, "pserver shutting down");
+            svc->watch[t] = NULL;
+        }
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
     if (store)

@@ -381,7 +381,7 @@ static void on_new_call(rpc_call *c, int success)
 
     grpc_byte_buffer *bb = c->req_bb;
     c->req_bb = NULL;
-    /* Pull, Finish and Vote carry a header only: a large body is hostile and is refused
+    /* Pull, Finish, Vote and Watch carry a header only: a large body is hostile and is refused
      * before it is decoded (compressed bodies are refused by gRPC: see the channel args). */
     const size_t body = bb ? grpc_byte_buffer_length(bb) : 0; /* NULL: no message came */
     pst_status st = PST_OK;
@@ -517,7 +517,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
-    grpc_arg args[4];
+    grpc_arg args[8];
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -533,7 +533,22 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     args[3].type = GRPC_ARG_INTEGER;
     args[3].key = (char *)GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET;
     args[3].value.integer = 1 << GRPC_COMPRESS_NONE;
-    grpc_channel_args cargs = {4, args};
+    size_t nargs = 4;
+    if (cfg->keepalive_ms > 0) { /* a client that stops answering is found by its pings */
+        const struct {
+            const char *key;
+            int value;
+        } ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
+                  {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
+                  {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+                  {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0}};
+        for (size_t i = 0; i < 4; i++, nargs++) {
+            args[nargs].type = GRPC_ARG_INTEGER;
+            args[nargs].key = (char *)ka[i].key;
+            args[nargs].value.integer = ka[i].value;
+        }
+    }
+    grpc_channel_args cargs = {nargs, args};
     s->server = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(s->server, s->cq, NULL);

@@ -46,6 +46,8 @@ typedef struct rpc_server_config {
     rpc_handler_fn handler;
     void *handler_arg;
     rpc_cancel_fn on_cancel;  /* optional; gets handler_arg */
+    int keepalive_ms;      /* > 0: ping every client connection that long idle and close it
+                            * (cancelling its calls) when no answer comes within as long */
 } rpc_server_config;
 
 /* Creates the server, binds cfg->bind, starts serving. *out is NULL on failure.

@@ -43,6 +43,8 @@ static const struct {
                            &pstrain__finish_reply__descriptor},
     [RPC_METHOD_VOTE] = {"Vote", "/pstrain.PServer/Vote", &pstrain__vote_request__descriptor,
                          &pstrain__vote_reply__descriptor},
+    [RPC_METHOD_WATCH] = {"Watch", "/pstrain.PServer/Watch",
+                          &pstrain__watch_request__descriptor, &pstrain__watch_reply__descriptor},
 };
 
 const char *rpc_method_name(rpc_method m)

@@ -37,6 +37,7 @@ typedef enum rpc_method {
     RPC_METHOD_PULL,
     RPC_METHOD_FINISH,
     RPC_METHOD_VOTE,
+    RPC_METHOD_WATCH,
     RPC_METHOD_COUNT_
 } rpc_method;
 

@@ -2030,6 +2030,43 @@ Test(cluster, trainer_with_other_flags_exits_2)
     pserver_stop(ps);
 }
 
+/* Liveness (issue 14): a trainer that dies without a word (SIGKILL) or stops answering
+ * (SIGSTOP: its sockets stay open, its keepalive pings go unanswered) is noticed by the
+ * pserver through its Watch: at once, and within --peer-timeout-ms (1 s here) + 1 s; the
+ * other trainer's pull fails naming trainer 1, it exits 1 (given 30 s here, not its 60 s
+ * deadline), and the pserver, its trainers all gone, exits 0. */
+Test(cluster, dead_or_silent_trainer_is_named_at_once, .timeout = 120)
+{
+    const int sigs[] = {SIGKILL, SIGSTOP};
+    for (int i = 0; i < 2; i++) {
+        proc *ps, *t0, *t1;
+        int port = pserver_start_env(&ps, "warn", "PSTRAIN_PEER_TIMEOUT_MS=1000");
+        const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
+                              "--progress", "lines", CONNECT_5S, NULL};
+        start_pair(port, argv, argv, &t0, &t1);
+        for (int k = 0; k < 1500; k++) {
+            char *e = slurp(t1->err_path);
+            int joined = strstr(e, "joined") != NULL;
+            free(e);
+            if (joined)
+                break;
+            sleep_ms(10);
+        }
+        sleep_ms(200);
+        const double t = now_ms();
+        kill(t1->pid, sigs[i]);
+        expect_released(t0, "trainer 1 stopped answering at step", "connection to this pserver");
+        const double took = now_ms() - t;
+        cr_log_info("%s: trainer 0 released after %.0f ms\n", i ? "SIGSTOP" : "SIGKILL", took);
+        fprintf(stderr, "%s: trainer 0 released after %.0f ms\n", i ? "SIGSTOP" : "SIGKILL",
+                took);
+        cr_assert(proc_wait(ps, EXIT_WAIT_MS), "the pserver outlived its trainers");
+        cr_assert(WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 0);
+        kill(t1->pid, SIGKILL);
+        proc_wait(t1, EXIT_WAIT_MS);
+    }
+}
+
 /* A trainer whose trainer 0 never comes is answered by the pserver before its own deadline
  * (3 s here), with the reason, instead of a bare "no reply" that blames the pserver; the
  * pserver then serves the job as usual. */

@@ -91,6 +91,11 @@ static void heap_pop(link_sched *ls)
 }
 
 
+typedef struct watch_arg {
+    struct tr_remote *r;
+    int server;
+} watch_arg;
+
 struct tr_remote {
     tr_link base;      /* first: the link interface (link.h) */
     const pst_config *cfg;
@@ -105,6 +110,12 @@ struct tr_remote {
     long pending;
     pst_status err;
     char err_detail[512];
+    /* liveness: a Watch open on every pserver from the start to Finish, on a client of
+     * its own (its long deadline, no retries) */
+    rpc_client *watcher;
+    Pstrain__WatchRequest watch;
+    watch_arg wargs[PST_MAX_PSERVERS];
+    atomic_int finishing;
     /* leaving the job after a failed push (leave_on_push_failure) */
     atomic_int left;
     Pstrain__FinishRequest leave;
@@ -480,6 +491,36 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
     return PST_OK;
 }
 
+/* A Watch lasts the whole job: its deadline is a day, and it is opened again when that
+ * passes. */
+#define WATCH_DEADLINE_MS (24 * 3600 * 1000)
+
+static void watch_start(tr_remote *r, int s);
+
+static void watch_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
+                       const rpc_payload *payload)
+{
+    (void)reply;
+    (void)payload;
+    watch_arg *w = arg;
+    if (st == PST_ERR_TIMEOUT && !atomic_load(&w->r->finishing)) {
+        watch_start(w->r, w->server); /* a day has passed */
+        return;
+    }
+    if (st != PST_OK && !atomic_load(&w->r->finishing))
+        PST_WARN("pserver %s stopped watching this trainer: %s",
+                 rpc_client_server(w->r->client, w->server), detail);
+}
+
+static void watch_start(tr_remote *r, int s)
+{
+    r->wargs[s] = (watch_arg){r, s};
+    if (rpc_client_call_async(r->watcher, s, RPC_METHOD_WATCH, &r->watch.base, NULL, 0, NULL,
+                              watch_done, &r->wargs[s]) != PST_OK)
+        PST_WARN("pserver %s: cannot open its Watch: %s", rpc_client_server(r->client, s),
+                 pst_error_detail());
+}
+
 pst_status tr_remote_start(tr_remote *r, float *params)
 {
     const pst_config *cfg = r->cfg;
@@ -528,6 +569,12 @@ pst_status tr_remote_start(tr_remote *r, float *params)
         start_pull(c, 0);
     }
     st = batch_wait(r);
+    if (st == PST_OK) { /* the pservers now know when this trainer goes away */
+        pstrain__watch_request__init(&r->watch);
+        r->watch.trainer_id = (uint32_t)cfg->trainer_id;
+        for (int s = 0; s < S; s++)
+            watch_start(r, s);
+    }
     if (st == PST_OK)
         PST_INFO("joined %d pserver(s): %d blocks of up to %zu bytes, %s mode, %d trainers", S,
                  r->plan->nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
@@ -553,6 +600,7 @@ static void finish_done(void *arg, pst_status st, const char *detail, const Prot
 
 pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason)
 {
+    atomic_store(&r->finishing, 1); /* the pservers answer the watches now */
     Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
     req.trainer_id = (uint32_t)r->cfg->trainer_id;
     req.early = early != 0;
@@ -702,6 +750,11 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
                                                       ? (int)cfg->connect_timeout_ms : -1};
     if ((st = rpc_client_init(&r->client, &cc)) != PST_OK)
         goto error;
+    rpc_client_config wc = {.servers = addrs, .num_servers = cfg->num_pservers,
+                            .call_timeout_ms = WATCH_DEADLINE_MS, .connect_timeout_ms = -1,
+                            .threads = 1};
+    if ((st = rpc_client_init(&r->watcher, &wc)) != PST_OK)
+        goto error;
     *out = r;
     return PST_OK;
 error:
@@ -713,6 +766,8 @@ void tr_remote_free(tr_remote *r)
 {
     if (!r)
         return;
+    atomic_store(&r->finishing, 1);
+    rpc_client_free(r->watcher); /* fails the open watches: their callbacks see finishing */
     rpc_client_free(r->client);
     if (r->rpc_inited)
         rpc_global_shutdown();
