@@ -1065,6 +1065,97 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     }
 }
 
+/* The pid of the running process whose executable path is `exe` and whose environment
+ * holds `env_line` (e.g. "PSTRAIN_PSERVER_ID=1"), or -1. */
+static pid_t find_process(const char *exe, const char *env_line)
+{
+    DIR *d = opendir("/proc");
+    pid_t found = -1;
+    for (struct dirent *e; d && found < 0 && (e = readdir(d)) != NULL;) {
+        const pid_t pid = (pid_t)atol(e->d_name);
+        if (pid <= 0)
+            continue;
+        char path[64], buf[8192];
+        snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+        FILE *f = fopen(path, "rb");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        if (n == 0 || strcmp(buf, exe) != 0) /* argv[0], NUL-terminated */
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+        f = fopen(path, "rb");
+        n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t at = 0; at < n; at += strlen(buf + at) + 1)
+            if (strcmp(buf + at, env_line) == 0)
+                found = pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Waits (up to 60 s) until `text` is in the file at `path`. */
+static void wait_for_text(const char *path, const char *text)
+{
+    for (int i = 0; i < 6000; i++) {
+        char *all = slurp(path);
+        int seen = strstr(all, text) != NULL;
+        free(all);
+        if (seen)
+            return;
+        sleep_ms(10);
+    }
+    cr_assert_fail("no '%s' in %s after 60 s", text, path);
+}
+
+/* Recovery by restarting the job (pslaunch --restart): 2 trainers x 2 pservers with a
+ * checkpoint every 5 steps; pserver 1 is killed (SIGKILL) once step 20's checkpoint is
+ * written, trainer 1 once step 45's is; each time pslaunch starts the job again, everyone
+ * resumes from the newest complete checkpoint, and the job ends with the bits of the run
+ * without faults. */
+Test(cluster, killed_pserver_and_trainer_cost_no_bit, .timeout = 240)
+{
+#define RECOVERY_FLAGS TRAINER, "--model", "gpt", "--dataset", "kjv", "--layers", "2", "--heads", \
+        "2", "--embd", "32", "--ctx", "16", "--batch", "8", "--steps", "150", "--seed", "3",     \
+        "--optimizer", "adamw", "--lr", "0.003", "--block-bytes", "16384", "--progress",         \
+        "none", "--metrics", "", "--sample", "0", CONNECT_5S
+    const char *plain[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                           "--", RECOVERY_FLAGS, "--log-level", "warn", NULL};
+    const param_hash want = summary_hash_of(plain, "cpu:1");
+    char dir[64], env_dir[128];
+    temp_dir(dir, sizeof dir);
+    snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+    const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "150",
+                          "--restart", "2", "--", RECOVERY_FLAGS, "--checkpoint-every", "5",
+                          "--log-level", "info", NULL};
+    proc *p = proc_start(argv, env);
+    const struct {
+        const char *after, *exe, *who;
+    } kills[] = {{"checkpoint: step 20 written", PSERVER, "PSTRAIN_PSERVER_ID=1"},
+                 {"checkpoint: step 45 written", TRAINER, "PSTRAIN_TRAINER_ID=1"}};
+    for (int k = 0; k < 2; k++) {
+        wait_for_text(p->err_path, kills[k].after);
+        const pid_t victim = find_process(kills[k].exe, kills[k].who);
+        cr_assert_gt(victim, 0, "no %s with %s", kills[k].exe, kills[k].who);
+        cr_assert_eq(kill(victim, SIGKILL), 0);
+    }
+    cr_assert(proc_wait(p, 150000), "the job did not end");
+    char *out = slurp(p->out_path), *err = slurp(p->err_path);
+    cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0, "pslaunch 0x%x:\n%s",
+              p->status, err);
+    cr_assert(strstr(err, "restart 2 of 2"), "%s", err);
+    const param_hash got = summary_hash(out);
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after two kills");
+    free(out);
+    free(err);
+    rm_tree(dir);
+}
+
 /* The newest shard damaged (one byte of its values flipped): --resume auto says which file
  * and why, falls back to the checkpoint before and still ends with the same bits;
  * --resume require exits 2 instead. */

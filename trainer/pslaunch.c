@@ -2,7 +2,7 @@
  * 127.0.0.1, for the demo, tests and benchmarks.
  *
  *   pslaunch [--pservers S] [--trainers T] [--pserver-cmd PATH] [--timeout SEC]
- *            [--base-port P] -- TRAINER_CMD...
+ *            [--base-port P] [--restart N] -- TRAINER_CMD...
  *
  * DESIGN: pservers start first with PSTRAIN_PORT=0 (or P, P+1, ... with --base-port, for
  * a benchmark that shapes their traffic by port) and announce the port they bound on
@@ -12,7 +12,10 @@
  * unchanged (the summary line), every other line goes to stderr prefixed with
  * "[role rank]". When a child fails (non-zero exit or signal), or the timeout passes, or
  * pslaunch gets SIGINT/SIGTERM, every child is stopped (SIGTERM, then SIGKILL) and
- * pslaunch exits non-zero. Children also die with pslaunch (PR_SET_PDEATHSIG), so no
+ * pslaunch exits non-zero; with --restart N a failed job (a child that died or failed) is
+ * started again, up to N times: with PSTRAIN_CHECKPOINT_DIR set, the pservers and the
+ * trainers resume from their newest complete checkpoint (a whole-job restart: the
+ * recovery of a job that keeps its processes is not built yet). Children also die with pslaunch (PR_SET_PDEATHSIG), so no
  * process is left behind. */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,9 +58,11 @@ static void on_signal(int sig)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pslaunch [--pservers S] [--trainers T] [--pserver-cmd PATH] "
-               "[--timeout SEC] [--base-port P] -- TRAINER_COMMAND [ARGS...]\n"
+               "[--timeout SEC] [--base-port P] [--restart N] -- TRAINER_COMMAND [ARGS...]\n"
                "Starts S pservers (default 1; on ports P..P+S-1 with --base-port, else any free "
-               "ports) and T trainers (default 2) on 127.0.0.1 and stops them all if one fails.\n");
+               "ports) and T trainers (default 2) on 127.0.0.1 and stops them all if one fails;\n"
+               "--restart N starts the job again, up to N times, after a failure (with\n"
+               "PSTRAIN_CHECKPOINT_DIR set, from its newest complete checkpoint).\n");
 }
 
 static int spawn(child *c, char *const argv[], char *const extra_env[])
@@ -241,9 +246,120 @@ static long parse_count(const char *flag, const char *v, long lo, long hi)
     return n;
 }
 
+/* One run of the whole job: the pservers, then the trainers, until they are all done.
+ * JOB_FAILED when a child failed; JOB_STOPPED on a signal, the timeout, or a pserver that
+ * never listened (not worth a restart). The children are left for stop_all. */
+enum { JOB_OK = 0, JOB_FAILED, JOB_STOPPED };
+
+static int run_job(long S, long T, long base_port, const char *pserver_cmd,
+                   char **trainer_argv, double deadline, long timeout)
+{
+    int rc = JOB_OK;
+
+    /* Pservers first; wait for each to announce its port. */
+    static char env_store[MAX_PROCS][6][PATH_MAX];
+    for (int s = 0; s < S; s++) {
+        child *c = &procs[nprocs++];
+        *c = (child){.role = "pserver", .rank = s, .out_fd = -1, .err_fd = -1};
+        snprintf(env_store[s][0], PATH_MAX, "PSTRAIN_PORT=%ld", base_port ? base_port + s : 0);
+        snprintf(env_store[s][1], PATH_MAX, "PSTRAIN_BIND=127.0.0.1");
+        snprintf(env_store[s][2], PATH_MAX, "PSTRAIN_PSERVER_ID=%d", s);
+        snprintf(env_store[s][3], PATH_MAX, "PSTRAIN_ROLE=pserver");
+        char *env[] = {env_store[s][0], env_store[s][1], env_store[s][2], env_store[s][3], NULL};
+        char *pargv[] = {(char *)pserver_cmd, NULL};
+        if (spawn(c, pargv, env)) {
+            rc = JOB_STOPPED;
+            goto out;
+        }
+    }
+    for (;;) {
+        int ready = 0;
+        for (int s = 0; s < S; s++) {
+            ready += procs[s].port > 0;
+            if (procs[s].exited || procs[s].out_fd < 0) {
+                if (procs[s].port == 0) {
+                    fprintf(stderr, "pslaunch: pserver %d stopped before listening\n", s);
+                    rc = JOB_STOPPED;
+                    goto out;
+                }
+            }
+        }
+        if (ready == S)
+            break;
+        if (got_signal || (deadline && pst_clock_s() > deadline)) {
+            rc = JOB_STOPPED;
+            goto out;
+        }
+        service(100);
+    }
+
+    char list[MAX_PROCS * 32] = "";
+    for (int s = 0; s < S; s++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s127.0.0.1:%d",
+                 s ? "," : "", procs[s].port);
+    for (int t = 0; t < T; t++) {
+        child *c = &procs[nprocs++];
+        *c = (child){.role = "trainer", .rank = t, .out_fd = -1, .err_fd = -1};
+        int k = (int)S + t;
+        snprintf(env_store[k][0], PATH_MAX, "PSTRAIN_PSERVERS=%s", list);
+        snprintf(env_store[k][1], PATH_MAX, "PSTRAIN_TRAINERS=%ld", T);
+        snprintf(env_store[k][2], PATH_MAX, "PSTRAIN_TRAINER_ID=%d", t);
+        snprintf(env_store[k][3], PATH_MAX, "PSTRAIN_ROLE=trainer");
+        char *env[] = {env_store[k][0], env_store[k][1], env_store[k][2], env_store[k][3], NULL};
+        if (spawn(c, trainer_argv, env)) {
+            rc = JOB_STOPPED;
+            goto out;
+        }
+    }
+
+    /* Run until every trainer has exited, then give the pservers time to finish. */
+    double pserver_grace_until = 0;
+    for (;;) {
+        service(200);
+        for (int k = 0; k < nprocs; k++) {
+            if (failed(&procs[k])) {
+                describe_exit(&procs[k]);
+                rc = JOB_FAILED;
+                goto out;
+            }
+        }
+        int trainers_left = 0, pservers_left = 0;
+        for (int k = 0; k < nprocs; k++) {
+            if (procs[k].exited)
+                continue;
+            if (strcmp(procs[k].role, "trainer") == 0)
+                trainers_left++;
+            else
+                pservers_left++;
+        }
+        if (!trainers_left && !pservers_left)
+            break;
+        if (!trainers_left) {
+            if (pserver_grace_until == 0)
+                pserver_grace_until = pst_clock_s() + 10;
+            else if (pst_clock_s() > pserver_grace_until) {
+                fprintf(stderr, "pslaunch: trainers done; stopping the pservers that are still up\n");
+                break;
+            }
+        }
+        if (got_signal) {
+            fprintf(stderr, "pslaunch: stopping on signal %d\n", (int)got_signal);
+            rc = JOB_STOPPED;
+            goto out;
+        }
+        if (deadline && pst_clock_s() > deadline) {
+            fprintf(stderr, "pslaunch: --timeout %ld s passed; stopping everything\n", timeout);
+            rc = JOB_STOPPED;
+            goto out;
+        }
+    }
+out:
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    long S = 1, T = 2, timeout = 0, base_port = 0;
+    long S = 1, T = 2, timeout = 0, base_port = 0, restarts = 0;
     const char *pserver_cmd = NULL;
     int i = 1;
     for (; i < argc; i++) {
@@ -258,6 +374,8 @@ int main(int argc, char **argv)
             timeout = parse_count("--timeout", i + 1 < argc ? argv[++i] : NULL, 0, 864000);
         } else if (strcmp(argv[i], "--base-port") == 0) {
             base_port = parse_count("--base-port", i + 1 < argc ? argv[++i] : NULL, 1, 65535 - 32);
+        } else if (strcmp(argv[i], "--restart") == 0) {
+            restarts = parse_count("--restart", i + 1 < argc ? argv[++i] : NULL, 0, 1000);
         } else if (strcmp(argv[i], "--pserver-cmd") == 0 && i + 1 < argc) {
             pserver_cmd = argv[++i];
         } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -293,106 +411,16 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     double deadline = timeout > 0 ? pst_clock_s() + (double)timeout : 0;
-    int rc = 0;
-
-    /* Pservers first; wait for each to announce its port. */
-    static char env_store[MAX_PROCS][6][PATH_MAX];
-    for (int s = 0; s < S; s++) {
-        child *c = &procs[nprocs++];
-        *c = (child){.role = "pserver", .rank = s, .out_fd = -1, .err_fd = -1};
-        snprintf(env_store[s][0], PATH_MAX, "PSTRAIN_PORT=%ld", base_port ? base_port + s : 0);
-        snprintf(env_store[s][1], PATH_MAX, "PSTRAIN_BIND=127.0.0.1");
-        snprintf(env_store[s][2], PATH_MAX, "PSTRAIN_PSERVER_ID=%d", s);
-        snprintf(env_store[s][3], PATH_MAX, "PSTRAIN_ROLE=pserver");
-        char *env[] = {env_store[s][0], env_store[s][1], env_store[s][2], env_store[s][3], NULL};
-        char *pargv[] = {(char *)pserver_cmd, NULL};
-        if (spawn(c, pargv, env)) {
-            rc = 1;
-            goto out;
-        }
+    for (long attempt = 0;; attempt++) {
+        const int rc = run_job(S, T, base_port, pserver_cmd, trainer_argv, deadline, timeout);
+        stop_all(3.0);
+        if (rc != JOB_FAILED || attempt == restarts)
+            return rc == JOB_OK ? 0 : 1;
+        fprintf(stderr, "pslaunch: restarting the job (restart %ld of %ld): the pservers and "
+                        "trainers resume from their newest complete checkpoint "
+                        "(PSTRAIN_CHECKPOINT_DIR)\n", attempt + 1, restarts);
+        memset(procs, 0, sizeof procs);
+        nprocs = 0;
     }
-    for (;;) {
-        int ready = 0;
-        for (int s = 0; s < S; s++) {
-            ready += procs[s].port > 0;
-            if (procs[s].exited || procs[s].out_fd < 0) {
-                if (procs[s].port == 0) {
-                    fprintf(stderr, "pslaunch: pserver %d stopped before listening\n", s);
-                    rc = 1;
-                    goto out;
-                }
-            }
-        }
-        if (ready == S)
-            break;
-        if (got_signal || (deadline && pst_clock_s() > deadline)) {
-            rc = 1;
-            goto out;
-        }
-        service(100);
-    }
-
-    char list[MAX_PROCS * 32] = "";
-    for (int s = 0; s < S; s++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s127.0.0.1:%d",
-                 s ? "," : "", procs[s].port);
-    for (int t = 0; t < T; t++) {
-        child *c = &procs[nprocs++];
-        *c = (child){.role = "trainer", .rank = t, .out_fd = -1, .err_fd = -1};
-        int k = (int)S + t;
-        snprintf(env_store[k][0], PATH_MAX, "PSTRAIN_PSERVERS=%s", list);
-        snprintf(env_store[k][1], PATH_MAX, "PSTRAIN_TRAINERS=%ld", T);
-        snprintf(env_store[k][2], PATH_MAX, "PSTRAIN_TRAINER_ID=%d", t);
-        snprintf(env_store[k][3], PATH_MAX, "PSTRAIN_ROLE=trainer");
-        char *env[] = {env_store[k][0], env_store[k][1], env_store[k][2], env_store[k][3], NULL};
-        if (spawn(c, trainer_argv, env)) {
-            rc = 1;
-            goto out;
-        }
-    }
-
-    /* Run until every trainer has exited, then give the pservers time to finish. */
-    double pserver_grace_until = 0;
-    for (;;) {
-        service(200);
-        for (int k = 0; k < nprocs; k++) {
-            if (failed(&procs[k])) {
-                describe_exit(&procs[k]);
-                rc = 1;
-                goto out;
-            }
-        }
-        int trainers_left = 0, pservers_left = 0;
-        for (int k = 0; k < nprocs; k++) {
-            if (procs[k].exited)
-                continue;
-            if (strcmp(procs[k].role, "trainer") == 0)
-                trainers_left++;
-            else
-                pservers_left++;
-        }
-        if (!trainers_left && !pservers_left)
-            break;
-        if (!trainers_left) {
-            if (pserver_grace_until == 0)
-                pserver_grace_until = pst_clock_s() + 10;
-            else if (pst_clock_s() > pserver_grace_until) {
-                fprintf(stderr, "pslaunch: trainers done; stopping the pservers that are still up\n");
-                break;
-            }
-        }
-        if (got_signal) {
-            fprintf(stderr, "pslaunch: stopping on signal %d\n", (int)got_signal);
-            rc = 1;
-            goto out;
-        }
-        if (deadline && pst_clock_s() > deadline) {
-            fprintf(stderr, "pslaunch: --timeout %ld s passed; stopping everything\n", timeout);
-            rc = 1;
-            goto out;
-        }
-    }
-out:
-    stop_all(3.0);
-    return rc;
 }
+
