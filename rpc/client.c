@@ -87,6 +87,7 @@ struct rpc_client {
     int nactive;
     struct cl_call *active;
     struct cl_call *waiting;
+    char **gone;       /* (nservers) why a server was given up (rpc_client_give_up), or NULL */
 };
 
 static int64_t now_ms(void)
@@ -240,7 +241,10 @@ static int retry_schedule(struct cl_call *c)
         c->backoff_ms = CL_BACKOFF_FIRST_MS;
     }
     int64_t give_up = c->first_unavailable_ms + cl->connect_timeout_ms;
-    if (cl->connect_timeout_ms < 0 || now >= give_up)
+    pthread_mutex_lock(&cl->mu);
+    const int gone = cl->gone[c->server] != NULL;
+    pthread_mutex_unlock(&cl->mu);
+    if (cl->connect_timeout_ms < 0 || now >= give_up || gone)
         return 0;
     /* The last wait is cut short so that one attempt happens at the retry deadline. */
     c->retry_at_ms = now + c->backoff_ms < give_up ? now + c->backoff_ms : give_up;
@@ -285,6 +289,15 @@ static void on_complete(struct cl_call *c)
         attempt_clear(c);
         if (retry_schedule(c))
             return;
+        pthread_mutex_lock(&cl->mu);
+        if (cl->gone[c->server]) {
+            snprintf(detail, sizeof(detail), "pserver %s %s: %s", addr, mname,
+                     cl->gone[c->server]);
+            pthread_mutex_unlock(&cl->mu);
+            call_finish(c, st, detail, NULL);
+            return;
+        }
+        pthread_mutex_unlock(&cl->mu);
         double secs = (double)(now_ms() - c->first_unavailable_ms) / 1000.0;
         snprintf(detail, sizeof(detail),
                  "pserver %s unavailable: %s failed for %.1f s (%d attempts, connect timeout "
@@ -424,7 +437,8 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
     cl->addrs = calloc((size_t)cfg->num_servers, sizeof(*cl->addrs));
     cl->chans = calloc((size_t)cfg->num_servers, sizeof(*cl->chans));
     cl->reg = calloc((size_t)cfg->num_servers, sizeof(*cl->reg));
-    if (cl->addrs == NULL || cl->chans == NULL || cl->reg == NULL)
+    cl->gone = calloc((size_t)cfg->num_servers, sizeof(*cl->gone));
+    if (cl->addrs == NULL || cl->chans == NULL || cl->reg == NULL || cl->gone == NULL)
         goto nomem;
     cl->nservers = cfg->num_servers;
     for (int i = 0; i < cl->nservers; i++) {
@@ -476,6 +490,20 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
 nomem:
     rpc_client_free(cl);
     return pst_error_set(PST_ERR_NOMEM, "rpc client for %d servers", cfg->num_servers);
+}
+
+void rpc_client_give_up(rpc_client *cl, int server, const char *why)
+{
+    if (server < 0 || server >= cl->nservers)
+        return;
+    char *w = strdup(why && why[0] ? why : "given up");
+    pthread_mutex_lock(&cl->mu);
+    if (!cl->gone[server] && w) {
+        cl->gone[server] = w;
+        w = NULL;
+    }
+    pthread_mutex_unlock(&cl->mu);
+    free(w);
 }
 
 int rpc_client_num_servers(const rpc_client *cl)
@@ -659,10 +687,13 @@ void rpc_client_free(rpc_client *cl)
             grpc_channel_destroy(cl->chans[i]);
         if (cl->addrs != NULL)
             free(cl->addrs[i]);
+        if (cl->gone != NULL)
+            free(cl->gone[i]);
     }
     free(cl->chans);
     free(cl->addrs);
     free(cl->reg);
+    free(cl->gone);
     pthread_cond_destroy(&cl->cv);
     pthread_mutex_destroy(&cl->mu);
     free(cl);

@@ -48,6 +48,12 @@ typedef struct rpc_client_config {
  * PST_ERR_NOMEM. *out is NULL on failure. Blocking: no. */
 pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg);
 
+/* Server `server` is known to be gone (its Watch ended, say): calls to it that fail
+ * UNAVAILABLE are not retried any more and fail with `why` (copied; the first one given
+ * stands), within one retry backoff (at most 1 s) for those already waiting. Thread safe,
+ * also from a done callback. */
+void rpc_client_give_up(rpc_client *cl, int server, const char *why);
+
 int rpc_client_num_servers(const rpc_client *cl);
 /* The address of server i as configured; owned by the client. */
 const char *rpc_client_server(const rpc_client *cl, int i);

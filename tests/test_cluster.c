@@ -2158,6 +2158,36 @@ Test(cluster, dead_or_silent_trainer_is_named_at_once, .timeout = 120)
     }
 }
 
+/* A pserver killed mid-run: each trainer's Watch of it ends at once (its connection
+ * closed), so their calls to it fail now, naming it, instead of being retried for
+ * --connect-timeout-ms (5 s here; 30 s by default): both exit 1 (given 30 s here). */
+Test(cluster, killed_pserver_is_named_at_once, .timeout = 60)
+{
+    proc *ps, *t0, *t1;
+    int port = pserver_start(&ps);
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
+                          "--progress", "lines", CONNECT_5S, NULL};
+    start_pair(port, argv, argv, &t0, &t1);
+    for (int k = 0; k < 1500; k++) {
+        char *e = slurp(t1->err_path);
+        int joined = strstr(e, "joined") != NULL;
+        free(e);
+        if (joined)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(200);
+    const double t = now_ms();
+    kill(ps->pid, SIGKILL);
+    char addr[48];
+    snprintf(addr, sizeof addr, "pserver 127.0.0.1:%d stopped answering", port);
+    expect_released(t0, addr, NULL);
+    expect_released(t1, addr, NULL);
+    /* (retrying would have said "unavailable: ... failed for 5.0 s" instead) */
+    fprintf(stderr, "killed pserver: both trainers out after %.0f ms\n", now_ms() - t);
+    proc_wait(ps, EXIT_WAIT_MS);
+}
+
 /* A trainer whose trainer 0 never comes is answered by the pserver before its own deadline
  * (3 s here), with the reason, instead of a bare "no reply" that blames the pserver; the
  * pserver then serves the job as usual. */

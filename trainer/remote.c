@@ -507,9 +507,16 @@ static void watch_done(void *arg, pst_status st, const char *detail, const Proto
         watch_start(w->r, w->server); /* a day has passed */
         return;
     }
-    if (st != PST_OK && !atomic_load(&w->r->finishing))
-        PST_WARN("pserver %s stopped watching this trainer: %s",
-                 rpc_client_server(w->r->client, w->server), detail);
+    if (st != PST_OK && !atomic_load(&w->r->finishing)) {
+        /* Its connection closed (the process died) or it answers no more: what waits for
+         * it fails now, with this, instead of retrying for --connect-timeout-ms. */
+        char why[600];
+        snprintf(why, sizeof why, "pserver %s stopped answering (its watch of this trainer "
+                 "ended: %s)", rpc_client_server(w->r->client, w->server), detail);
+        PST_WARN("%s", why);
+        if (st == PST_ERR_UNAVAILABLE)
+            rpc_client_give_up(w->r->client, w->server, why);
+    }
 }
 
 static void watch_start(tr_remote *r, int s)
