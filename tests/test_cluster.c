@@ -1065,9 +1065,10 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     }
 }
 
-/* The pid of the running process whose executable path is `exe` and whose environment
- * holds `env_line` (e.g. "PSTRAIN_PSERVER_ID=1"), or -1. */
-static pid_t find_process(const char *exe, const char *env_line)
+/* The pid of the running child of `parent` whose executable path is `exe` and whose
+ * environment holds `env_line` (e.g. "PSTRAIN_PSERVER_ID=1"), or -1. (Other tests run
+ * the same programs at the same time: only the children of our own pslaunch count.) */
+static pid_t find_process(pid_t parent, const char *exe, const char *env_line)
 {
     DIR *d = opendir("/proc");
     pid_t found = -1;
@@ -1083,6 +1084,19 @@ static pid_t find_process(const char *exe, const char *env_line)
             fclose(f);
         buf[n] = '\0';
         if (n == 0 || strcmp(buf, exe) != 0) /* argv[0], NUL-terminated */
+            continue;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+        f = fopen(path, "r");
+        int ppid = -1;
+        if (f) { /* "pid (comm) state ppid ...": comm may hold spaces, so after the ')' */
+            n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *close = strrchr(buf, ')');
+            if (!close || sscanf(close + 1, " %*c %d", &ppid) != 1)
+                ppid = -1;
+        }
+        if (ppid != (int)parent)
             continue;
         snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
         f = fopen(path, "rb");
@@ -1140,7 +1154,7 @@ Test(cluster, killed_pserver_and_trainer_cost_no_bit, .timeout = 240)
                  {"checkpoint: step 45 written", TRAINER, "PSTRAIN_TRAINER_ID=1"}};
     for (int k = 0; k < 2; k++) {
         wait_for_text(p->err_path, kills[k].after);
-        const pid_t victim = find_process(kills[k].exe, kills[k].who);
+        const pid_t victim = find_process(p->pid, kills[k].exe, kills[k].who);
         cr_assert_gt(victim, 0, "no %s with %s", kills[k].exe, kills[k].who);
         cr_assert_eq(kill(victim, SIGKILL), 0);
     }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Measurement (issue 14): the Fashion-MNIST MLP (784-1024-1024-10, batch 128, momentum),
+# EPOCHS epochs on 2 trainers x 2 pservers through pslaunch:
+#   faults  the final param_hash of the run without faults, and of a run with a checkpoint
+#           every 100 steps where pserver 1 is killed (SIGKILL) once step KILL1's
+#           checkpoint is written and pserver 0 once step KILL2's is (pslaunch --restart 2
+#           starts the job again; everyone resumes from the newest complete checkpoint);
+#   cost    the step time with and without --checkpoint-every 100, alternating, RUNS times
+#           each: medians of step_ms_median and their ratio.
+# Prints JSON lines. No peer: none of ours resumes bit for bit. Not a test: it reports.
+#
+# usage: bench/recovery.sh [BUILD_DIR=build] [EPOCHS=5] [RUNS=3] [KILL1=500] [KILL2=1500]
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+build=${1:-build}; epochs=${2:-5}; runs=${3:-3}; kill1=${4:-500}; kill2=${5:-1500}
+bench_need_built "$build" trainer pserver pslaunch
+bench_need_python
+bench_blas_core "$build"
+bench_header recovery "\"epochs\":$epochs,\"runs\":$runs,\"trainers\":2,\"pservers\":2,\"kills_after\":[$kill1,$kill2]"
+tmp=$(mktemp -d); trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+bin=$(cd "$build/bin" && pwd)
+job() { # job [PSLAUNCH_ARGS...] -- [TRAINER_ARGS...]: the summary line on stdout
+  local pre=() post=() seen=0
+  for a in "$@"; do
+    if [ "$a" = -- ]; then seen=1; elif [ $seen = 0 ]; then pre+=("$a"); else post+=("$a"); fi
+  done
+  "$bin/pslaunch" --pservers 2 --trainers 2 --timeout 1800 "${pre[@]}" -- "$bin/trainer" \
+    --epochs "$epochs" --steps 0 --threads 1 --progress none --metrics "" "${post[@]}"
+}
+field() { "$BENCH_PY" -c "import json,sys; print(json.loads(sys.stdin.read())['$1'])"; }
+
+want=$(job -- --log-level warn 2>/dev/null | tail -n 1 | field param_hash)
+mkdir "$tmp/ckpt"
+PSTRAIN_CHECKPOINT_DIR="$tmp/ckpt" job --restart 2 -- --checkpoint-every 100 --log-level info \
+  > "$tmp/out" 2> "$tmp/err" &
+launcher=$!
+for k in 1 0; do
+  at=$kill1; [ "$k" = 0 ] && at=$kill2
+  until grep -q "checkpoint: step $at written" "$tmp/err"; do sleep 0.01; done
+  for p in $(pgrep -f "^$bin/pserver"); do
+    if tr '\0' '\n' < "/proc/$p/environ" | grep -qx "PSTRAIN_PSERVER_ID=$k"; then
+      kill -9 "$p"
+    fi
+  done
+done
+wait "$launcher"
+got=$(tail -n 1 "$tmp/out" | field param_hash)
+restarts=$(grep -c 'restarting the job' "$tmp/err" || true)
+echo "{\"part\":\"faults\",\"param_hash_without_faults\":\"$want\",\"param_hash_with_two_pserver_kills\":\"$got\",\"restarts\":$restarts,\"equal\":$([ "$want" = "$got" ] && echo true || echo false)}"
+
+for i in $(seq 1 "$runs"); do
+  plain=$(job -- --log-level warn 2>/dev/null | tail -n 1 | field step_ms_median)
+  rm -rf "$tmp/ckpt2"
+  ckpt=$(PSTRAIN_CHECKPOINT_DIR="$tmp/ckpt2" job -- --checkpoint-every 100 --log-level warn \
+    2>/dev/null | tail -n 1 | field step_ms_median)
+  echo "{\"part\":\"cost\",\"run\":$i,\"step_ms_plain\":$plain,\"step_ms_checkpoint_every_100\":$ckpt}"
+  echo "$plain $ckpt" >> "$tmp/cost"
+done
+"$BENCH_PY" - "$tmp/cost" <<'PY'
+import json, statistics, sys
+rows = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
+p = statistics.median(r[0] for r in rows); c = statistics.median(r[1] for r in rows)
+print(json.dumps({"part": "cost", "median_step_ms_plain": p,
+                  "median_step_ms_checkpoint_every_100": c, "ratio": round(c / p, 4)}))
+PY
