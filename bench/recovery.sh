@@ -5,8 +5,9 @@
 #           every 100 steps where pserver 1 is killed (SIGKILL) once step KILL1's
 #           checkpoint is written and pserver 0 once step KILL2's is (pslaunch --restart 2
 #           starts the job again; everyone resumes from the newest complete checkpoint);
-#   cost    the step time with and without --checkpoint-every 100, alternating, RUNS times
-#           each: medians of step_ms_median and their ratio.
+#   cost    with and without --checkpoint-every 100, alternating, RUNS times each: the
+#           medians of samples/s (which a checkpoint's step counts in; the median step
+#           time does not) and of step_ms_median, and their ratios.
 # Prints JSON lines. No peer: none of ours resumes bit for bit. Not a test: it reports.
 #
 # usage: bench/recovery.sh [BUILD_DIR=build] [EPOCHS=5] [RUNS=3] [KILL1=500] [KILL2=1500]
@@ -50,17 +51,20 @@ restarts=$(grep -c 'restarting the job' "$tmp/err" || true)
 echo "{\"part\":\"faults\",\"param_hash_without_faults\":\"$want\",\"param_hash_with_two_pserver_kills\":\"$got\",\"restarts\":$restarts,\"equal\":$([ "$want" = "$got" ] && echo true || echo false)}"
 
 for i in $(seq 1 "$runs"); do
-  plain=$(job -- --log-level warn 2>/dev/null | tail -n 1 | field step_ms_median)
+  job -- --log-level warn 2>/dev/null | tail -n 1 > "$tmp/plain.json"
   rm -rf "$tmp/ckpt2"
-  ckpt=$(PSTRAIN_CHECKPOINT_DIR="$tmp/ckpt2" job -- --checkpoint-every 100 --log-level warn \
-    2>/dev/null | tail -n 1 | field step_ms_median)
-  echo "{\"part\":\"cost\",\"run\":$i,\"step_ms_plain\":$plain,\"step_ms_checkpoint_every_100\":$ckpt}"
-  echo "$plain $ckpt" >> "$tmp/cost"
+  PSTRAIN_CHECKPOINT_DIR="$tmp/ckpt2" job -- --checkpoint-every 100 --log-level warn \
+    2>/dev/null | tail -n 1 > "$tmp/ckpt.json"
+  echo "{\"part\":\"cost\",\"run\":$i,\"plain\":$(cat "$tmp/plain.json"),\"checkpoint_every_100\":$(cat "$tmp/ckpt.json")}" | tee -a "$tmp/cost"
 done
 "$BENCH_PY" - "$tmp/cost" <<'PY'
 import json, statistics, sys
-rows = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
-p = statistics.median(r[0] for r in rows); c = statistics.median(r[1] for r in rows)
-print(json.dumps({"part": "cost", "median_step_ms_plain": p,
-                  "median_step_ms_checkpoint_every_100": c, "ratio": round(c / p, 4)}))
+rows = [json.loads(l) for l in open(sys.argv[1])]
+med = lambda who, k: statistics.median(r[who][k] for r in rows)
+sp, sc = med("plain", "samples_per_s"), med("checkpoint_every_100", "samples_per_s")
+mp, mc = med("plain", "step_ms_median"), med("checkpoint_every_100", "step_ms_median")
+print(json.dumps({"part": "cost", "median_samples_per_s_plain": sp,
+                  "median_samples_per_s_checkpoint_every_100": sc,
+                  "throughput_ratio": round(sc / sp, 4), "median_step_ms_plain": mp,
+                  "median_step_ms_checkpoint_every_100": mc, "step_ms_ratio": round(mc / mp, 4)}))
 PY
