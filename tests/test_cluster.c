@@ -1033,6 +1033,24 @@ static int run_ckpt(const char *const argv[], const char *const more[], const ch
     return rc;
 }
 
+/* Runs argv again on dir with a checkpoint every 5 steps: it must exit 0 having resumed
+ * from checkpoint `step`, and end with the bits `want`. */
+static void expect_resumed(const char *const argv[], const char *dir, int step,
+                           const param_hash *want)
+{
+    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
+    char *out, *err, text[64];
+    int rc = run_ckpt(argv, every, dir, &out, &err);
+    cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+    snprintf(text, sizeof text, "resumed from checkpoint step %d", step);
+    cr_assert(strstr(err, text), "no '%s' in:\n%s", text, err);
+    const param_hash got = summary_hash(out);
+    cr_assert_eq(memcmp(&got, want, sizeof got), 0, "other bits after resuming from step %d",
+                 step);
+    free(out);
+    free(err);
+}
+
 /* A job killed at step 12 (the trainers _exit without a word; pslaunch then stops the
  * pservers) and started again with the same flags resumes from its checkpoint of step 10
  * and ends with the bits of the job that never stopped: trained alone, and by 2 trainers x
@@ -1044,7 +1062,6 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, NULL};
     const char *const *jobs[] = {local, dist};
-    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
     const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
     for (int j = 0; j < 2; j++) {
         const param_hash want = summary_hash_of(jobs[j], "cpu:1");
@@ -1052,15 +1069,7 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
         temp_dir(dir, sizeof dir);
         int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
         cr_assert_neq(rc, 0, "the job did not stop at step 12");
-        char *out, *err;
-        rc = run_ckpt(jobs[j], every, dir, &out, &err);
-        cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
-        cr_assert(strstr(err, "resumed from checkpoint step 10"), "%s", err);
-        const param_hash got = summary_hash(out);
-        cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "%s: other bits after resuming",
-                     j ? "2x2" : "alone");
-        free(out);
-        free(err);
+        expect_resumed(jobs[j], dir, 10, &want);
         rm_tree(dir);
     }
 }
@@ -1197,14 +1206,7 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     cr_assert(strstr(err, "--resume require"), "%s", err);
     free(out);
     free(err);
-    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
-    rc = run_ckpt(local, every, dir, &out, &err);
-    cr_assert_eq(rc, 0, "%s", err);
-    cr_assert(strstr(err, "resumed from checkpoint step 5"), "%s", err);
-    const param_hash got = summary_hash(out);
-    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after falling back");
-    free(out);
-    free(err);
+    expect_resumed(local, dir, 5, &want); /* auto falls back */
     rm_tree(dir);
 }
 
@@ -1527,6 +1529,8 @@ static pst_status do_init(rpc_client *cl, const init_args *a, int64_t *version)
     return st;
 }
 
+
+
 /* Pushes `n` floats claiming `length` elements of `dtype`; *dup gets the reply's flag. */
 static pst_status do_push_raw(rpc_client *cl, uint32_t trainer, int64_t step, uint32_t block,
                               Pstrain__DType dtype, uint64_t length, const float *g, size_t n,
@@ -1600,6 +1604,17 @@ static void fill_block(float *x, float scale, float shift)
 {
     for (int i = 0; i < NB; i++)
         x[i] = scale * (float)(i - 3) + shift;
+}
+
+/* Trainer 0's Init of a sync SGD job (lr 1) of `ntrainers` trainers over block 0 (NB
+ * values from fill_block(0.5, 1)), with `fingerprint`; must succeed. */
+static void init_job(rpc_client *cl, int ntrainers, uint64_t fingerprint)
+{
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    init_args ia = {.trainer = 0, .ntrainers = ntrainers, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = fingerprint, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
 }
 
 /* ---- 3. a retried push is counted once ------------------------------------------------ */
@@ -1961,11 +1976,7 @@ Test(cluster, abandoned_pulls_are_released, .timeout = 120)
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
     rpc_client *cl = client_connect(port, 5000);
-    float initial[NB];
-    fill_block(initial, 0.5f, 1.0f);
-    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
-                    .fingerprint = 4, .initial = initial, .ninitial = NB};
-    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    init_job(cl, 1, 4);
     Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
     req.block = 0;
     req.version = 1000; /* never */
@@ -2011,11 +2022,7 @@ Test(cluster, large_and_compressed_requests_are_refused)
     free(body);
     /* and it still serves */
     rpc_client *cl = client_connect(port, 5000);
-    float initial[NB];
-    fill_block(initial, 0.5f, 1.0f);
-    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
-                    .fingerprint = 2, .initial = initial, .ninitial = NB};
-    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    init_job(cl, 1, 2);
     fixture_stop(ps, cl);
 }
 
@@ -2064,11 +2071,7 @@ Test(cluster, abandoned_votes_are_released, .timeout = 120)
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
     rpc_client *cl = client_connect(port, 5000);
-    float initial[NB];
-    fill_block(initial, 0.5f, 1.0f);
-    init_args ia = {.trainer = 0, .ntrainers = 4096, .optimizer = "sgd", .lr = 1.0f,
-                    .fingerprint = 5, .initial = initial, .ninitial = NB};
-    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    init_job(cl, 4096, 5);
     Pstrain__VoteRequest votes[200];
     const ProtobufCMessage *reqs[200];
     for (int k = 0; k < 200; k++) {
@@ -2084,6 +2087,21 @@ Test(cluster, abandoned_votes_are_released, .timeout = 120)
     char *err = slurp(ps->err_path);
     cr_assert(strstr(err, "4000 waiting Inits and Votes given up"), "%s", err);
     free(err);
+}
+
+/* Waits (up to 15 s) until trainer t has joined the job (its "joined" log line), then
+ * 200 ms more: it is in its steps. */
+static void wait_joined(proc *t)
+{
+    for (int i = 0; i < 1500; i++) {
+        char *e = slurp(t->err_path);
+        int joined = strstr(e, "joined") != NULL;
+        free(e);
+        if (joined)
+            break;
+        sleep_ms(10);
+    }
+    sleep_ms(200);
 }
 
 /* Trainers 0 and 1 of 2 against the pserver on `port`, each with its own argv. */
@@ -2149,15 +2167,7 @@ Test(cluster, dead_or_silent_trainer_is_named_at_once, .timeout = 120)
         const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
                               "--progress", "lines", CONNECT_5S, NULL};
         start_pair(port, argv, argv, &t0, &t1);
-        for (int k = 0; k < 1500; k++) {
-            char *e = slurp(t1->err_path);
-            int joined = strstr(e, "joined") != NULL;
-            free(e);
-            if (joined)
-                break;
-            sleep_ms(10);
-        }
-        sleep_ms(200);
+        wait_joined(t1);
         const double t = now_ms();
         kill(t1->pid, sigs[i]);
         expect_released(t0, "trainer 1 stopped answering at step", "connection to this pserver");
@@ -2182,15 +2192,7 @@ Test(cluster, killed_pserver_is_named_at_once, .timeout = 60)
     const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
                           "--progress", "lines", CONNECT_5S, NULL};
     start_pair(port, argv, argv, &t0, &t1);
-    for (int k = 0; k < 1500; k++) {
-        char *e = slurp(t1->err_path);
-        int joined = strstr(e, "joined") != NULL;
-        free(e);
-        if (joined)
-            break;
-        sleep_ms(10);
-    }
-    sleep_ms(200);
+    wait_joined(t1);
     const double t = now_ms();
     kill(ps->pid, SIGKILL);
     char addr[48];
@@ -2244,16 +2246,7 @@ Test(cluster, trainer_stopped_by_signal_releases_the_others)
     const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
                           "--progress", "lines", CONNECT_5S, NULL};
     start_pair(port, argv, argv, &t0, &t1);
-    /* until trainer 1 has joined the job */
-    for (int i = 0; i < 1500; i++) {
-        char *e = slurp(t1->err_path);
-        int joined = strstr(e, "joined") != NULL;
-        free(e);
-        if (joined)
-            break;
-        sleep_ms(10);
-    }
-    sleep_ms(200);
+    wait_joined(t1);
     kill(t1->pid, SIGTERM);
     cr_assert(proc_wait(t1, RUN_WAIT_MS), "trainer 1 did not stop");
     expect_released(t0, "trainer 1 left the job at step", "stopped by signal");
