@@ -468,6 +468,17 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
 {
     const pst_config *cfg = r->cfg;
     const int64_t v = calls[0].version;
+    if (cfg->mode == PST_MODE_ASYNC) {
+        /* No common step (and no checkpoints): a fresh job is at version 0 everywhere, which
+         * only trainer 0 can tell, as a later trainer may join after it has pushed. */
+        for (int s = 0; s < cfg->num_pservers && cfg->trainer_id == 0; s++)
+            if (calls[s].version != 0)
+                return pst_error_set(PST_ERR_STATE, "pserver %s already holds version %lld of "
+                                     "its blocks: a finished or running job's pservers; "
+                                     "restart them", rpc_client_server(r->client, s),
+                                     (long long)calls[s].version);
+        return PST_OK;
+    }
     for (int s = 1; s < cfg->num_pservers; s++)
         if (calls[s].version != v)
             return pst_error_set(PST_ERR_MISMATCH, "the pservers hold different steps: %s at "
@@ -476,17 +487,13 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
                                  "with --resume never, or remove the newer checkpoint",
                                  rpc_client_server(r->client, 0), (long long)v,
                                  rpc_client_server(r->client, s), (long long)calls[s].version);
-    int known = v == 0;
+    int known = v == 0; /* a fresh job, or a checkpoint trainer 0 offered */
     for (int i = 0; i < r->base.nresume && !known; i++)
         known = r->base.resume_steps[i] == v;
-    /* A fresh job starts at version 0. In async mode trainer 0 may already have pushed when
-     * a later trainer joins, so only trainer 0 (and sync mode) can tell. */
     if (!known && cfg->trainer_id == 0)
         return pst_error_set(PST_ERR_STATE, "pserver %s already holds version %lld of its "
                              "blocks: a finished or running job's pservers; restart them",
                              rpc_client_server(r->client, 0), (long long)v);
-    if (v != 0 && cfg->mode == PST_MODE_ASYNC && cfg->trainer_id != 0)
-        return PST_OK; /* joining a running async job */
     r->base.start_version = v;
     return PST_OK;
 }
