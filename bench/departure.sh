@@ -17,6 +17,7 @@ bench_need_built "$build" pserver trainer
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", b - a }'; } # JSON-valid: 0.0123
 
 one() { # one CASE RUN
   local mode=$1 run=$2 port ps t0 t1 h1=32 t r0 r1 rp e0 ep
@@ -38,6 +39,6 @@ one() { # one CASE RUN
   r0=0; wait "$t0" || r0=$?; e0=$(now)
   rp=0; wait "$ps" || rp=$?; ep=$(now)
   line=$(grep -h -o 'trainer 1 left the job[^(]*([^)]*' "$tmp/t0.err" | head -n 1 | tr -d '"\\')
-  echo "{\"case\":\"$mode\",\"run\":$run,\"trainer1_exit\":$r1,\"trainer0_exit\":$r0,\"pserver_exit\":$rp,\"trainer0_s\":$(echo "$e0 - $t" | bc),\"pserver_s\":$(echo "$ep - $t" | bc),\"trainer0_says\":\"$line)\"}"
+  echo "{\"case\":\"$mode\",\"run\":$run,\"trainer1_exit\":$r1,\"trainer0_exit\":$r0,\"pserver_exit\":$rp,\"trainer0_s\":$(secs "$t" "$e0"),\"pserver_s\":$(secs "$t" "$ep"),\"trainer0_says\":\"$line)\"}"
 }
 for i in $(seq 1 "$runs"); do one signal "$i"; one flags "$i"; done
