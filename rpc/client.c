@@ -114,7 +114,8 @@ static void attempt_clear(struct cl_call *c)
     }
 }
 
-/* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_INTERNAL
+/* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_UNAVAILABLE
+ * for a server given up (rpc_client_give_up), PST_ERR_INTERNAL
  * when gRPC refuses the batch. */
 static pst_status attempt_start(struct cl_call *c)
 {
@@ -127,6 +128,13 @@ static pst_status attempt_start(struct cl_call *c)
         pthread_mutex_unlock(&cl->mu);
         return pst_error_set(PST_ERR_STATE, "pserver %s %s: client shutting down",
                              cl->addrs[c->server], rpc_method_name(c->method));
+    }
+    if (cl->gone[c->server]) { /* rpc_client_give_up: not even tried */
+        pst_status st = pst_error_set(PST_ERR_UNAVAILABLE, "pserver %s %s: %s",
+                                      cl->addrs[c->server], rpc_method_name(c->method),
+                                      cl->gone[c->server]);
+        pthread_mutex_unlock(&cl->mu);
+        return st;
     }
     grpc_call *g = grpc_channel_create_registered_call(cl->chans[c->server], NULL,
                                                        GRPC_PROPAGATE_DEFAULTS, cl->cq,
@@ -447,7 +455,7 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
             goto nomem;
     }
 
-    grpc_arg args[7];
+    grpc_arg args[10];
     memset(args, 0, sizeof(args));
     static const struct {
         const char *key;
@@ -466,7 +474,21 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
         args[i].key = (char *)iargs[i].key;
         args[i].value.integer = iargs[i].value;
     }
-    grpc_channel_args cargs = {7, args};
+    size_t nargs = 7;
+    if (cfg->keepalive_ms > 0) { /* a server that stops answering is found by its pings */
+        const struct {
+            const char *key;
+            int value;
+        } ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
+                  {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
+                  {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1}};
+        for (size_t i = 0; i < 3; i++, nargs++) {
+            args[nargs].type = GRPC_ARG_INTEGER;
+            args[nargs].key = (char *)ka[i].key;
+            args[nargs].value.integer = ka[i].value;
+        }
+    }
+    grpc_channel_args cargs = {nargs, args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     for (int i = 0; i < cl->nservers; i++) {
         cl->chans[i] = grpc_channel_create(cl->addrs[i], creds, &cargs);
@@ -502,6 +524,11 @@ void rpc_client_give_up(rpc_client *cl, int server, const char *why)
         cl->gone[server] = w;
         w = NULL;
     }
+    /* Calls in flight to it would wait for their deadline (a silent server keeps the
+     * connection open): cancelled as unavailable, they end now with `why`. */
+    for (struct cl_call *c = cl->active; c != NULL; c = c->next)
+        if (c->server == server && c->gcall != NULL)
+            grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, "given up", NULL);
     pthread_mutex_unlock(&cl->mu);
     free(w);
 }

@@ -40,6 +40,8 @@ typedef struct rpc_client_config {
     int num_servers;
     int call_timeout_ms;    /* deadline of each attempt; 0 -> 60000 */
     int connect_timeout_ms; /* how long UNAVAILABLE is retried; 0 -> 30000, < 0: never */
+    int keepalive_ms;       /* > 0: ping each server that long idle; no answer within as
+                             * long closes the connection (its calls fail UNAVAILABLE) */
     int threads;            /* threads running done callbacks; 0 -> 2 */
 } rpc_client_config;
 
@@ -48,10 +50,10 @@ typedef struct rpc_client_config {
  * PST_ERR_NOMEM. *out is NULL on failure. Blocking: no. */
 pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg);
 
-/* Server `server` is known to be gone (its Watch ended, say): calls to it that fail
- * UNAVAILABLE are not retried any more and fail with `why` (copied; the first one given
- * stands), within one retry backoff (at most 1 s) for those already waiting. Thread safe,
- * also from a done callback. */
+/* Server `server` is known to be gone (its Watch ended, say): the calls to it in flight
+ * are cancelled, and they and every later one fail UNAVAILABLE with `why` (copied; the
+ * first one given stands) instead of being retried; those waiting for a retry end within
+ * one backoff (at most 1 s). Thread safe, also from a done callback. */
 void rpc_client_give_up(rpc_client *cl, int server, const char *why);
 
 int rpc_client_num_servers(const rpc_client *cl);

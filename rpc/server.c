@@ -517,7 +517,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
-    grpc_arg args[8];
+    grpc_arg args[10];
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -541,8 +541,12 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
         } ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
                   {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
                   {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
-                  {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0}};
-        for (size_t i = 0; i < 4; i++, nargs++) {
+                  {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+                  /* and the clients' pings as often (a trainer watches its pservers
+                   * the same way): no strike for pinging "too often" */
+                  {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, cfg->keepalive_ms / 2},
+                  {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0}};
+        for (size_t i = 0; i < 6; i++, nargs++) {
             args[nargs].type = GRPC_ARG_INTEGER;
             args[nargs].key = (char *)ka[i].key;
             args[nargs].value.integer = ka[i].value;

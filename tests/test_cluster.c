@@ -2182,26 +2182,35 @@ Test(cluster, dead_or_silent_trainer_is_named_at_once, .timeout = 120)
     }
 }
 
-/* A pserver killed mid-run: each trainer's Watch of it ends at once (its connection
- * closed), so their calls to it fail now, naming it, instead of being retried for
- * --connect-timeout-ms (5 s here; 30 s by default): both exit 1 (given 30 s here). */
-Test(cluster, killed_pserver_is_named_at_once, .timeout = 60)
+/* A pserver killed mid-run (its connections close) or stopped (SIGSTOP: they stay open,
+ * its keepalive pings go unanswered for --peer-timeout-ms, 1 s here): each trainer's
+ * Watch of it ends, and its calls to the pserver fail now, naming it, instead of being
+ * retried for --connect-timeout-ms (5 s here; 30 s by default) or waiting for their 60 s
+ * deadline: both trainers exit 1 (given 30 s here). */
+Test(cluster, dead_or_silent_pserver_is_named_at_once, .timeout = 120)
 {
-    proc *ps, *t0, *t1;
-    int port = pserver_start(&ps);
-    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
-                          "--progress", "lines", CONNECT_5S, NULL};
-    start_pair(port, argv, argv, &t0, &t1);
-    wait_joined(t1);
-    const double t = now_ms();
-    kill(ps->pid, SIGKILL);
-    char addr[48];
-    snprintf(addr, sizeof addr, "pserver 127.0.0.1:%d stopped answering", port);
-    expect_released(t0, addr, NULL);
-    expect_released(t1, addr, NULL);
-    /* (retrying would have said "unavailable: ... failed for 5.0 s" instead) */
-    fprintf(stderr, "killed pserver: both trainers out after %.0f ms\n", now_ms() - t);
-    proc_wait(ps, EXIT_WAIT_MS);
+    const int sigs[] = {SIGKILL, SIGSTOP};
+    for (int i = 0; i < 2; i++) {
+        proc *ps, *t0, *t1;
+        int port = pserver_start(&ps);
+        const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
+                              "--progress", "lines", "--peer-timeout-ms", "1000", CONNECT_5S,
+                              NULL};
+        start_pair(port, argv, argv, &t0, &t1);
+        wait_joined(t1);
+        const double t = now_ms();
+        kill(ps->pid, sigs[i]);
+        char says[64];
+        snprintf(says, sizeof says, "pserver 127.0.0.1:%d stopped answering", port);
+        /* (retrying would have said "unavailable: ... failed for 5.0 s", waiting "no reply
+         * within 60000 ms") */
+        expect_released(t0, says, NULL);
+        expect_released(t1, says, NULL);
+        fprintf(stderr, "%s pserver: both trainers out after %.0f ms\n",
+                i ? "stopped" : "killed", now_ms() - t);
+        kill(ps->pid, SIGKILL);
+        proc_wait(ps, EXIT_WAIT_MS);
+    }
 }
 
 /* A trainer whose trainer 0 never comes is answered by the pserver before its own deadline

@@ -766,7 +766,7 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         goto error;
     rpc_client_config wc = {.servers = addrs, .num_servers = cfg->num_pservers,
                             .call_timeout_ms = WATCH_DEADLINE_MS, .connect_timeout_ms = -1,
-                            .threads = 1};
+                            .threads = 1, .keepalive_ms = (int)cfg->peer_timeout_ms};
     if ((st = rpc_client_init(&r->watcher, &wc)) != PST_OK)
         goto error;
     *out = r;
