@@ -11,3 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 "$here/overlap.sh" "$build" 3
 PRECISION=bf16 "$here/ps_sync.sh" "$build" 3
 "$here/precision.sh" "$build" 1
+# measurements without a peer (none of ours has these): the pipeline's memory and bubble,
+# how fast a departure ends a job, and recovery after two pserver kills (about 7 min)
+"$here/pipeline.sh" "$build" 4 8
+"$here/departure.sh" "$build" 3
+"$here/recovery.sh" "$build" 5 3
