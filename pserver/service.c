@@ -1047,9 +1047,9 @@ static void watch_cancelled(ps_service *svc, rpc_call *call)
                              ? ps_store_version(svc->store, svc->block_ids[0])
                              : -1;
     pthread_mutex_unlock(&svc->mu);
-    rpc_call_fail(call, PST_ERR_TIMEOUT, "Watch: the client went away");
     if (id < 0)
-        return; /* answered or replaced meanwhile */
+        return; /* answered (Finish, a newer Watch) or failed (shutdown) meanwhile: done */
+    rpc_call_fail(call, PST_ERR_TIMEOUT, "Watch: the client went away");
     char why[256];
     snprintf(why, sizeof why, "stopped answering at step %lld (its connection to this "
              "pserver closed: the process died, or keepalive pings went unanswered for "
