@@ -134,6 +134,18 @@ static pst_status parse_resume(pst_config *cfg, const char *v, const char *where
     return PST_OK;
 }
 
+static pst_status parse_on_failure(pst_config *cfg, const char *v, const char *where,
+                                   const char *ex)
+{
+    if (strcasecmp(v, "fail") == 0)
+        cfg->on_failure = PST_ON_FAILURE_FAIL;
+    else if (strcasecmp(v, "wait") == 0)
+        cfg->on_failure = PST_ON_FAILURE_WAIT;
+    else
+        return bad(where, v, "expected wait or fail", ex);
+    return PST_OK;
+}
+
 static pst_status parse_pipe_schedule(pst_config *cfg, const char *v, const char *where,
                                       const char *ex)
 {
@@ -344,6 +356,8 @@ static const opt options[] = {
     {"checkpoint-every", "PSTRAIN_CHECKPOINT_EVERY", NULL, NULL, "100", "steps between checkpoints (sync mode; 0: never)", R_TRAINER, OPT_LONG, F(checkpoint_every), 0, 1e12, NULL},
     {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
+    {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
+    {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
     {"test-crash", "PSTRAIN_TEST_CRASH", NULL, NULL, "12", "test hook: the trainer dies (_exit(3), no Finish) as it starts this step (-1: never)", R_TRAINER, OPT_LONG, F(test_crash_step), -1, 1e12, NULL},
     {"pipeline", "PSTRAIN_PIPELINE", NULL, NULL, "4", "pipeline stages: the model's layers split over this many of the trainer's devices (PSTRAIN_DEVICES=cpu:P); 1: no pipeline", R_TRAINER, OPT_INT, F(pipeline), 1, 64, NULL},
@@ -513,6 +527,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->checkpoint_every = 100;
     cfg->test_crash_step = -1;
     cfg->peer_timeout_ms = 5000;
+    cfg->recovery_timeout_ms = 300000;
     cfg->checkpoint_keep = 2;
     cfg->pipeline = 1;
     cfg->micro_batches = 1;
@@ -808,6 +823,15 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "trace", cfg->trace_path, &first);
         fprintf(out, ",\"trace_steps\":\"%ld:%ld\"", cfg->trace_first, cfg->trace_last);
         json_str(out, "metrics", cfg->metrics_path, &first);
+        json_str(out, "resume", cfg->resume == PST_RESUME_NEVER     ? "never"
+                                : cfg->resume == PST_RESUME_REQUIRE ? "require"
+                                                                    : "auto", &first);
+        fprintf(out, ",\"checkpoint_every\":%ld", cfg->checkpoint_every);
     }
+    json_str(out, "checkpoint_dir", cfg->checkpoint_dir, &first);
+    fprintf(out, ",\"checkpoint_keep\":%d,\"peer_timeout_ms\":%ld", cfg->checkpoint_keep,
+            cfg->peer_timeout_ms);
+    json_str(out, "on_failure", cfg->on_failure == PST_ON_FAILURE_WAIT ? "wait" : "fail", &first);
+    fprintf(out, ",\"recovery_timeout_ms\":%ld", cfg->recovery_timeout_ms);
     fputs("}\n", out);
 }

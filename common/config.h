@@ -37,6 +37,9 @@ typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRES
 /* --resume: start from the newest complete checkpoint when there is one (auto), never, or
  * fail when there is none (require). */
 enum { PST_RESUME_AUTO = 0, PST_RESUME_NEVER, PST_RESUME_REQUIRE };
+/* --on-failure: when a peer is lost, exit (fail) or roll back to the newest complete
+ * checkpoint and go on once it is back (wait). */
+enum { PST_ON_FAILURE_FAIL = 0, PST_ON_FAILURE_WAIT };
 
 /* Pipeline schedules (--schedule). */
 typedef enum pst_schedule {
@@ -93,6 +96,9 @@ typedef struct pst_config {
     long peer_timeout_ms;                          /* pserver: a trainer whose connection
                                                     * answers no keepalive ping for this
                                                     * long is gone */
+    int on_failure;                                /* PST_ON_FAILURE_* */
+    long recovery_timeout_ms;                      /* --on-failure wait: give up after this
+                                                    * long without the job going on */
     long test_crash_step;                          /* test hook: _exit(3) at this step, as
                                                     * if killed (-1: never) */
     /* pipeline parallelism inside the trainer (trainer/pipe_sched.h, exec.h) */
