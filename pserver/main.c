@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "common/memory.h"
@@ -60,43 +61,71 @@ int main(int argc, char **argv)
     rpc_global_init();
     ps_service *svc = NULL;
     rpc_server *srv = NULL;
-    int rc = 0;
-    char bind[PST_ADDR_MAX + 16];
-    snprintf(bind, sizeof bind, "%s:%d", cfg.bind_host, cfg.port);
-    if (ps_service_init(&svc) != PST_OK) {
-        fprintf(stderr, "pserver: %s\n", pst_error_detail());
-        rc = 1;
-        goto out;
+    int rc = 0, port = cfg.port;
+    char lost[600] = ""; /* the departure that made this pserver roll back */
+    const int wait = cfg.on_failure == PST_ON_FAILURE_WAIT;
+    double init_by = 0;  /* the recovery deadline after a rollback */
+    for (;;) {
+        char bind[PST_ADDR_MAX + 16];
+        snprintf(bind, sizeof bind, "%s:%d", cfg.bind_host, port);
+        if (ps_service_init(&svc) != PST_OK) {
+            fprintf(stderr, "pserver: %s\n", pst_error_detail());
+            rc = 1;
+            goto out;
+        }
+        if (cfg.checkpoint_dir[0]) { /* its own directory: pservers may share DIR */
+            char dir[PST_PATH_MAX + 32];
+            if (cfg.pserver_id >= 0)
+                snprintf(dir, sizeof dir, "%s/pserver-%d", cfg.checkpoint_dir, cfg.pserver_id);
+            else
+                snprintf(dir, sizeof dir, "%s/pserver-port-%d", cfg.checkpoint_dir, cfg.port);
+            ps_service_checkpoints(svc, dir, cfg.checkpoint_keep);
+        }
+        char why[900];
+        snprintf(why, sizeof why, "within --recovery-timeout-ms %ld after %s; giving up "
+                 "(start the job again: it resumes from the newest complete checkpoint)",
+                 cfg.recovery_timeout_ms, lost);
+        ps_service_on_failure(svc, wait, cfg.peer_timeout_ms, init_by, why);
+        rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
+                                .handler = ps_service_handle, .handler_arg = svc,
+                                .on_cancel = ps_service_cancelled,
+                                .keepalive_ms = (int)cfg.peer_timeout_ms};
+        if (rpc_server_init(&srv, &sc) != PST_OK) {
+            fprintf(stderr, "pserver: %s\n", pst_error_detail());
+            rc = 1;
+            goto out;
+        }
+        port = rpc_server_port(srv); /* a rollback serves on the same port */
+        printf("{\"event\":\"listening\",\"port\":%d}\n", port);
+        fflush(stdout);
+        PST_INFO("listening on %s:%d with %d threads", cfg.bind_host, port, cfg.server_threads);
+        const int finished = ps_service_wait(svc, &stop_flag);
+        const char *departed = ps_service_departed(svc);
+        const int again = wait && departed && !stop_flag && !ps_service_failure(svc);
+        if (again) {
+            snprintf(lost, sizeof lost, "%s", departed);
+            PST_WARN("%s: rolling back (--on-failure wait): serving afresh on port %d; trainer "
+                     "0's next Init loads the newest complete checkpoint (giving up after "
+                     "--recovery-timeout-ms %ld)", lost, port, cfg.recovery_timeout_ms);
+            init_by = pst_clock_s() + (double)cfg.recovery_timeout_ms / 1e3;
+        } else if (finished) {
+            PST_INFO("every trainer finished; shutting down");
+        } else if (ps_service_failure(svc)) {
+            rc = 1; /* its line is in the log */
+        } else {
+            PST_INFO("stopping on signal");
+        }
+        ps_service_cancel(svc);
+        rpc_server_shutdown(srv, 1);
+        if (again) {
+            rpc_server_free(srv);
+            ps_service_free(svc);
+            srv = NULL;
+            svc = NULL;
+            continue;
+        }
+        break;
     }
-    if (cfg.checkpoint_dir[0]) { /* its own directory: pservers may share DIR */
-        char dir[PST_PATH_MAX + 32];
-        if (cfg.pserver_id >= 0)
-            snprintf(dir, sizeof dir, "%s/pserver-%d", cfg.checkpoint_dir, cfg.pserver_id);
-        else
-            snprintf(dir, sizeof dir, "%s/pserver-port-%d", cfg.checkpoint_dir, cfg.port);
-        ps_service_checkpoints(svc, dir, cfg.checkpoint_keep);
-    }
-    rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
-                            .handler = ps_service_handle, .handler_arg = svc,
-                            .on_cancel = ps_service_cancelled,
-                            .keepalive_ms = (int)cfg.peer_timeout_ms};
-    if (rpc_server_init(&srv, &sc) != PST_OK) {
-        fprintf(stderr, "pserver: %s\n", pst_error_detail());
-        rc = 1;
-        goto out;
-    }
-    printf("{\"event\":\"listening\",\"port\":%d}\n", rpc_server_port(srv));
-    fflush(stdout);
-    PST_INFO("listening on %s:%d with %d threads", cfg.bind_host, rpc_server_port(srv),
-             cfg.server_threads);
-    if (ps_service_wait(svc, &stop_flag))
-        PST_INFO("every trainer finished; shutting down");
-    else if (ps_service_failure(svc))
-        rc = 1; /* its line is in the log */
-    else
-        PST_INFO("stopping on signal");
-    ps_service_cancel(svc);
-    rpc_server_shutdown(srv, 1);
     {
         ps_service_report r;
         ps_service_get_report(svc, &r);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/nn/optim.h"
@@ -62,6 +63,14 @@ struct ps_service {
     int departed_set;             /* atomic: departed is written and final */
     long skipped;                 /* steps every trainer skipped (a vote said overflow) */
     long withdrawn;               /* waiting Inits and Votes whose client gave up */
+    /* --on-failure wait (ps_service_on_failure) */
+    int wait_mode;                /* a departed job makes ps_service_wait return */
+    long peer_timeout_ms;
+    unsigned char *joined;        /* (num_trainers) its Init was answered by this store */
+    double departed_at;           /* pst_clock_s() of the departure */
+    double init_by;               /* > 0: no store by then is fatal (the recovery timeout) */
+    char fatal[1200];             /* why the pserver gives up (ps_service_failure) */
+    int fatal_set;
     long inits_expired;           /* waiting Inits answered near their deadline */
     /* checkpoints */
     char ckpt_dir[4200];          /* this pserver's shard directory ("": none) */
@@ -113,6 +122,7 @@ void ps_service_free(ps_service *svc)
     ps_store_free(svc->store);
     free(svc->finished);
     free(svc->watch);
+    free(svc->joined);
     free(svc->block_ids);
     free(svc->specs);
     for (int k = 0; k < 2; k++) {
@@ -248,7 +258,23 @@ void ps_service_checkpoints(ps_service *svc, const char *dir, int keep)
 
 const char *ps_service_failure(ps_service *svc)
 {
-    return __atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE) ? svc->ckpt_error : NULL;
+    if (__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE))
+        return svc->ckpt_error;
+    return __atomic_load_n(&svc->fatal_set, __ATOMIC_ACQUIRE) ? svc->fatal : NULL;
+}
+
+void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, double init_by,
+                           const char *why)
+{
+    svc->wait_mode = wait;
+    svc->peer_timeout_ms = peer_timeout_ms;
+    svc->init_by = init_by;
+    snprintf(svc->fatal, sizeof svc->fatal, "%s", why ? why : "");
+}
+
+const char *ps_service_departed(ps_service *svc)
+{
+    return __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE) ? svc->departed : NULL;
 }
 
 static pst_status create_store(ps_service *svc, rpc_call *call)
@@ -321,6 +347,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         goto out;
     svc->finished = calloc(req->num_trainers, 1);
     svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
+    svc->joined = calloc(req->num_trainers, 1);
     svc->block_ids = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->block_ids);
     svc->specs = malloc((req->n_blocks ? req->n_blocks : 1) * sizeof *svc->specs);
     int votes_ok = 1;
@@ -331,7 +358,8 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         v->calls = calloc(2 * (size_t)req->num_trainers, sizeof *v->calls);
         votes_ok &= v->voted && v->calls;
     }
-    if (!svc->finished || !svc->watch || !svc->block_ids || !svc->specs || !votes_ok) {
+    if (!svc->finished || !svc->watch || !svc->joined || !svc->block_ids || !svc->specs ||
+        !votes_ok) {
         free(svc->specs);
         svc->specs = NULL;
         for (int k = 0; k < 2; k++) {
@@ -341,7 +369,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         }
         free(svc->finished);
         free(svc->watch);
+        free(svc->joined);
         free(svc->block_ids);
+        svc->joined = NULL;
         svc->watch = NULL;
         svc->finished = NULL;
         svc->block_ids = NULL;
@@ -435,10 +465,14 @@ static void answer_init(ps_service *svc, rpc_call *call)
         const Pstrain__InitRequest *r = req;
         version = r->n_blocks ? ps_store_version(svc->store, r->blocks[0]->id) : svc->resumed;
     }
+    svc->joined[req->trainer_id] = 1;
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
+
+static void trainer_done(ps_service *svc, uint32_t id, int early, const char *why,
+                         rpc_call *finish_call);
 
 static void handle_init(ps_service *svc, rpc_call *call)
 {
@@ -450,6 +484,22 @@ static void handle_init(ps_service *svc, rpc_call *call)
         return;
     }
     pthread_mutex_lock(&svc->mu);
+    if (svc->wait_mode && svc->store && !svc->departed_set &&
+        req->trainer_id < svc->num_trainers && svc->joined[req->trainer_id]) {
+        /* --on-failure wait: a second Init of a trainer that joined this job is its
+         * process started again; the job rolls back (see ps_service_wait). */
+        pthread_mutex_unlock(&svc->mu);
+        trainer_done(svc, req->trainer_id, 1, "started again (a new Init: its process "
+                     "restarted)", NULL);
+        pthread_mutex_lock(&svc->mu);
+    }
+    if (svc->wait_mode && __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, pst_error_set(PST_ERR_UNAVAILABLE, "Init of trainer %u: this pserver is "
+                                 "rolling the job back (%s) and starts afresh in a moment",
+                                 req->trainer_id, svc->departed));
+        return;
+    }
     if (!svc->store) {
         if (req->trainer_id != 0) {
             /* One waiting Init per trainer id: a retry replaces the one before (whose
@@ -942,16 +992,19 @@ static void trainer_done(ps_service *svc, uint32_t id, int early, const char *wh
         svc->nfinished++;
         PST_INFO("trainer %u finished (%u of %u)%s%s", id, svc->nfinished, svc->num_trainers,
                  early ? ", early: " : "", early ? why : "");
-        if (early && svc->nfinished < svc->num_trainers &&
+        if (early && (svc->wait_mode || svc->nfinished < svc->num_trainers) &&
             !__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE)) {
             snprintf(svc->departed, sizeof svc->departed, "trainer %u %s", id, why);
+            svc->departed_at = pst_clock_s();
             __atomic_store_n(&svc->departed_set, 1, __ATOMIC_RELEASE);
             departs = 1;
         }
     }
     int all = svc->nfinished == svc->num_trainers;
-    if (departs)
+    if (departs) {
         fail_votes_locked(svc, PST_ERR_STATE, svc->departed);
+        pthread_cond_broadcast(&svc->cv);
+    }
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
     if (departs) {
@@ -986,7 +1039,26 @@ static void handle_finish(ps_service *svc, rpc_call *call)
                                  svc->store ? "no such trainer" : "before Init"));
         return;
     }
+    ps_store *store = svc->store;
+    const int snapshots = svc->ckpt_dir[0] && svc->sync;
     pthread_mutex_unlock(&svc->mu);
+    if (req->checkpoint_step > 0 && req->trainer_id == 0) {
+        /* Trainer 0 stops at a step boundary (SIGTERM) with every block at that version:
+         * the shard of it, before the answer (its job state completes the checkpoint). */
+        pst_status st = snapshots ? ps_store_snapshot_now(store, req->checkpoint_step)
+                                  : pst_error_set(PST_ERR_STATE, "this pserver writes no "
+                                                  "checkpoints (no --checkpoint-dir, or async)");
+        if (st == PST_OK && ps_service_failure(svc))
+            st = pst_error_set(PST_ERR_IO, "%s", ps_service_failure(svc));
+        if (st != PST_OK) {
+            PST_WARN("Finish of trainer 0 at step %lld: no checkpoint of it: %s",
+                     (long long)req->checkpoint_step, pst_error_detail());
+            fail(call, st);
+            trainer_done(svc, req->trainer_id, req->early, "left the job (stopped by signal; "
+                         "its checkpoint failed)", NULL);
+            return;
+        }
+    }
     char why[512] = "";
     if (req->early) {
         char at[32];
@@ -1107,10 +1179,43 @@ static void expire_parked_locked(ps_service *svc)
     }
 }
 
+/* --on-failure wait: a departed job is over for this store once every trainer that joined
+ * it has finished (each learns of the departure from its failed pulls) or a peer timeout
+ * has passed (one that joined but is silent). Called with svc->mu held. */
+static int rollback_due_locked(ps_service *svc)
+{
+    if (!svc->wait_mode || !__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE))
+        return 0;
+    if (pst_clock_s() - svc->departed_at > (double)svc->peer_timeout_ms / 1e3)
+        return 1;
+    for (uint32_t t = 0; t < svc->num_trainers; t++)
+        if (svc->joined[t] && !svc->finished[t])
+            return 0;
+    return 1;
+}
+
 int ps_service_wait(ps_service *svc, volatile int *stop)
 {
     pthread_mutex_lock(&svc->mu);
     while (!svc->all_finished && !*stop && !__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
+        if (rollback_due_locked(svc))
+            break;
+        if (svc->init_by > 0 && pst_clock_s() > svc->init_by) {
+            /* After a rollback every trainer must be back in time (the recovery timeout). */
+            uint32_t missing = 0;
+            while (svc->store && missing < svc->num_trainers && svc->joined[missing])
+                missing++;
+            if (!svc->store || missing < svc->num_trainers) {
+                char why[sizeof svc->fatal];
+                snprintf(why, sizeof why, "%s", svc->fatal);
+                snprintf(svc->fatal, sizeof svc->fatal, "--on-failure wait: trainer %u has not "
+                         "sent its Init %s", svc->store ? missing : 0, why);
+                PST_ERROR("%s", svc->fatal);
+                __atomic_store_n(&svc->fatal_set, 1, __ATOMIC_RELEASE);
+                break;
+            }
+            svc->init_by = 0; /* everyone is back */
+        }
         expire_parked_locked(svc);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -34,14 +34,27 @@ void ps_service_handle(void *arg, rpc_call *call);
  * failed at once (nothing is kept for it). */
 void ps_service_cancelled(void *arg, rpc_call *call);
 /* Blocks until every trainer has finished or `stop` becomes non-zero (checked every
- * 100 ms). Returns 1 when the trainers finished, 0 when stopped. */
+ * 100 ms), a checkpoint failed, or (--on-failure wait) the job departed or no Init came in
+ * time (ps_service_on_failure). Returns 1 when the trainers finished, 0 otherwise. */
 int ps_service_wait(ps_service *svc, volatile int *stop);
 /* Checkpoints: this pserver's shards go to `dir` (created when missing), the `keep` newest
  * kept; written every N steps when trainer 0's Init asks (sync mode), and loaded when it
  * resumes. Call before serving. */
 void ps_service_checkpoints(ps_service *svc, const char *dir, int keep);
-/* Why the pserver must stop (a checkpoint could not be written), or NULL. */
+/* Why the pserver must stop (a checkpoint could not be written, or no trainer 0 came back
+ * in time after a rollback), or NULL. */
 const char *ps_service_failure(ps_service *svc);
+/* --on-failure wait: when a trainer leaves the job early (its Finish says so, its Watch
+ * ended, or a second Init shows its process restarted), Inits are answered UNAVAILABLE
+ * (the trainers retry) and ps_service_wait returns once every trainer that joined has
+ * finished or peer_timeout_ms has passed: main() then starts a new service on the same
+ * port, which loads the newest checkpoint at trainer 0's next Init. init_by > 0 (a
+ * pst_clock_s() time): without trainer 0's Init by then, ps_service_wait returns and
+ * ps_service_failure is `why`. Call before serving. */
+void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, double init_by,
+                           const char *why);
+/* Why the job cannot complete (a trainer left early), or NULL. */
+const char *ps_service_departed(ps_service *svc);
 /* Fails the pulls and inits still waiting (server shutting down). */
 void ps_service_cancel(ps_service *svc);
 /* Elements cast into the store's low-precision copies by updates (ps_store_cast_count);

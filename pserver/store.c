@@ -295,6 +295,41 @@ static void snapshot_block(ps_store *st, ps_block *b)
         st->snap_fn(st->snap_arg, b->version, st->snap_values, st->snap_state);
 }
 
+pst_status ps_store_snapshot_now(ps_store *st, int64_t version)
+{
+    if (!st->snap_fn)
+        return pst_error_set(PST_ERR_STATE, "checkpoint of step %lld: this store writes no "
+                             "checkpoints", (long long)version);
+    for (int i = 0; i < st->nblocks; i++)
+        pthread_mutex_lock(&st->blocks[i].mu);
+    int at = -1; /* a block at another version */
+    for (int i = 0; i < st->nblocks && at < 0; i++)
+        if (st->blocks[i].version != version)
+            at = i;
+    if (at < 0) {
+        for (int i = 0; i < st->nblocks; i++) {
+            const ps_block *b = &st->blocks[i];
+            memcpy(st->snap_values + b->shard_off, b->values, b->length * sizeof(float));
+            if (b->state)
+                memcpy(st->snap_state + (uint64_t)st->nstate * b->shard_off, b->state,
+                       (size_t)st->nstate * b->length * sizeof(float));
+        }
+        pthread_mutex_lock(&st->snap_mu);
+        st->snap_version = -1; /* the periodic copies start again */
+        st->snap_count = 0;
+        pthread_mutex_unlock(&st->snap_mu);
+    }
+    const int64_t other = at < 0 ? version : st->blocks[at].version;
+    for (int i = st->nblocks - 1; i >= 0; i--)
+        pthread_mutex_unlock(&st->blocks[i].mu);
+    if (at >= 0)
+        return pst_error_set(PST_ERR_STATE, "checkpoint of step %lld: block %u holds version "
+                             "%lld (mid-step: no consistent state)", (long long)version,
+                             st->blocks[at].id, (long long)other);
+    st->snap_fn(st->snap_arg, version, st->snap_values, st->snap_state);
+    return PST_OK;
+}
+
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float *sum, int rows,
                                uint64_t stride)
 {

@@ -223,6 +223,12 @@ int ps_store_pull_cancel(ps_store *st, ps_pull_waiter *w);
  * The status reaches fn without a detail; the caller knows why it cancelled. Thread safe. */
 void ps_store_cancel_waiters(ps_store *st, pst_status status);
 
+/* A checkpoint now (ps_store_config's snapshot), of `version`: when every block holds it,
+ * their values and state are copied under their locks and snapshot() runs on this thread.
+ * Errors: PST_ERR_STATE when the store writes no snapshots or a block is at another
+ * version (mid-step: no consistent state to write). Thread safe. */
+pst_status ps_store_snapshot_now(ps_store *st, int64_t version);
+
 /* The block's current version, or -1 when the block is not on this pserver. Thread safe. */
 int64_t ps_store_version(ps_store *st, uint32_t block);
 

@@ -260,9 +260,10 @@ static void suite_fini(void)
 
 /* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
 /* extra: one more NAME=value for the pserver's environment, or NULL */
-static int pserver_start_env(proc **ps, const char *log_level, const char *extra)
+static int pserver_start_env2(proc **ps, const char *log_level, const char *extra,
+                              const char *extra2)
 {
-    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", extra, NULL};
+    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", extra, extra2, NULL};
     const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
     proc *p = *ps = proc_start(argv, env);
     double deadline = now_ms() + LISTEN_WAIT_MS;
@@ -287,6 +288,11 @@ static int pserver_start_env(proc **ps, const char *log_level, const char *extra
         }
         sleep_ms(10);
     }
+}
+
+static int pserver_start_env(proc **ps, const char *log_level, const char *extra)
+{
+    return pserver_start_env2(ps, log_level, extra, NULL);
 }
 
 static int pserver_start_logging(proc **ps, const char *log_level)
@@ -1074,6 +1080,60 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     }
 }
 
+/* SIGTERM to trainer 0 (the job stopped, its pod evicted): it stops before its next step,
+ * every pserver (alone: the in-process store) writes its shard of that step, trainer 0 the
+ * job state, and the job started again resumes exactly there: trained alone, and by 2
+ * trainers x 2 pservers (only trainer 0 gets the signal). No periodic checkpoint comes
+ * before the signal (every 1000 steps). */
+static pid_t find_process(pid_t parent, const char *exe, const char *env_line);
+static void wait_for_text(const char *path, const char *text);
+
+Test(cluster, sigterm_checkpoints_the_step_it_stops_at, .timeout = 240)
+{
+    const char *local[] = {TRAINER, GPT_FLAGS, "--steps", "4000", NULL};
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, GPT_FLAGS, "--steps", "1000", NULL};
+    const char *const *jobs[] = {local, dist};
+    for (int j = 0; j < 2; j++) {
+        const param_hash want = summary_hash_of(jobs[j], "cpu:1"); /* the run not stopped */
+        char dir[64], env_dir[128];
+        temp_dir(dir, sizeof dir);
+        snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+        const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+        const char *args[64];
+        const char *more[] = {"--checkpoint-every", "1000", "--log-level", "info", NULL};
+        with_args(args, jobs[j], more);
+        proc *p = proc_start(args, env);
+        if (j)
+            wait_for_text(p->err_path, "joined");
+        usleep((j ? 500 : 1000) * 1000); /* some steps on */
+        const pid_t t0 = j ? find_process(p->pid, TRAINER, "PSTRAIN_TRAINER_ID=0") : p->pid;
+        cr_assert_gt(t0, 0, "no trainer 0");
+        cr_assert_eq(kill(t0, SIGTERM), 0);
+        cr_assert(proc_wait(p, RUN_WAIT_MS), "the job did not stop");
+        char *err = slurp(p->err_path);
+        const char *at = strstr(err, "stopped by signal: checkpoint of step ");
+        cr_assert_not_null(at, "%s", err);
+        const long step = strtol(at + strlen("stopped by signal: checkpoint of step "), NULL, 10);
+        cr_assert(step > 0 && step < (j ? 1000 : 4000), "step %ld:\n%s", step, err);
+        fprintf(stderr, "%s: SIGTERM checkpoint of step %ld\n", j ? "2 x 2" : "alone", step);
+        free(err);
+        char text[64];
+        const char *resume[] = {"--checkpoint-every", "1000", "--log-level", "info", "--resume",
+                                "require", NULL};
+        char *out;
+        const int rc = run_ckpt(jobs[j], resume, dir, &out, &err);
+        cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+        snprintf(text, sizeof text, "resuming at step %ld of %d", step, j ? 1000 : 4000);
+        cr_assert(strstr(err, text), "no '%s' in:\n%s", text, err);
+        const param_hash got = summary_hash(out);
+        cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after resuming at %ld", step);
+        free(out);
+        free(err);
+        rm_tree(dir);
+    }
+}
+
 /* The pid of the running child of `parent` whose executable path is `exe` and whose
  * environment holds `env_line` (e.g. "PSTRAIN_PSERVER_ID=1"), or -1. (Other tests run
  * the same programs at the same time: only the children of our own pslaunch count.) */
@@ -1135,17 +1195,23 @@ static void wait_for_text(const char *path, const char *text)
     cr_assert_fail("no '%s' in %s after 60 s", text, path);
 }
 
-/* Recovery by restarting the job (pslaunch --restart): 2 trainers x 2 pservers with a
- * checkpoint every 5 steps; pserver 1 is killed (SIGKILL) once step 20's checkpoint is
- * written, trainer 1 once step 45's is; each time pslaunch starts the job again, everyone
- * resumes from the newest complete checkpoint, and the job ends with the bits of the run
- * without faults. */
-Test(cluster, killed_pserver_and_trainer_cost_no_bit, .timeout = 240)
-{
+/* Recovery of a running job (--on-failure wait, pslaunch --restart): 2 trainers x 2
+ * pservers, a checkpoint every `every` steps; pserver 1 is killed (SIGKILL) at step k1 and
+ * trainer 1 at step k2 (a checkpoint of a step at most that one is written, then a delay of
+ * up to `jitter_us`). Each time pslaunch starts the killed process again, alone; the
+ * survivors roll back to the newest complete checkpoint with it, and the job ends with the
+ * bits of the run without faults. */
 #define RECOVERY_FLAGS TRAINER, "--model", "gpt", "--dataset", "kjv", "--layers", "2", "--heads", \
         "2", "--embd", "32", "--ctx", "16", "--batch", "8", "--steps", "150", "--seed", "3",     \
         "--optimizer", "adamw", "--lr", "0.003", "--block-bytes", "16384", "--progress",         \
         "none", "--metrics", "", "--sample", "0", CONNECT_5S
+
+static void wait_joined(proc *t);
+
+static void kill_twice_and_compare(const char *every, int k1, int k2, int jitter_us)
+{
+    fprintf(stderr, "recovery: checkpoint every %s; pserver 1 killed after step %d's, trainer 1 "
+            "after step %d's, each up to %d us later\n", every, k1, k2, jitter_us);
     const char *plain[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
                            "--", RECOVERY_FLAGS, "--log-level", "warn", NULL};
     const param_hash want = summary_hash_of(plain, "cpu:1");
@@ -1154,29 +1220,97 @@ Test(cluster, killed_pserver_and_trainer_cost_no_bit, .timeout = 240)
     snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
     const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
     const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "150",
-                          "--restart", "2", "--", RECOVERY_FLAGS, "--checkpoint-every", "5",
+                          "--restart", "2", "--", RECOVERY_FLAGS, "--checkpoint-every", every,
                           "--log-level", "info", NULL};
     proc *p = proc_start(argv, env);
-    const struct {
-        const char *after, *exe, *who;
-    } kills[] = {{"checkpoint: step 20 written", PSERVER, "PSTRAIN_PSERVER_ID=1"},
-                 {"checkpoint: step 45 written", TRAINER, "PSTRAIN_TRAINER_ID=1"}};
+    const int at[] = {k1, k2};
+    const char *exe[] = {PSERVER, TRAINER};
+    const char *who[] = {"PSTRAIN_PSERVER_ID=1", "PSTRAIN_TRAINER_ID=1"};
     for (int k = 0; k < 2; k++) {
-        wait_for_text(p->err_path, kills[k].after);
-        const pid_t victim = find_process(p->pid, kills[k].exe, kills[k].who);
-        cr_assert_gt(victim, 0, "no %s with %s", kills[k].exe, kills[k].who);
+        char after[64];
+        snprintf(after, sizeof after, "checkpoint: step %d written", at[k]);
+        wait_for_text(p->err_path, after);
+        if (jitter_us)
+            usleep((useconds_t)(rand() % jitter_us));
+        const pid_t victim = find_process(p->pid, exe[k], who[k]);
+        cr_assert_gt(victim, 0, "no %s with %s", exe[k], who[k]);
         cr_assert_eq(kill(victim, SIGKILL), 0);
     }
     cr_assert(proc_wait(p, 150000), "the job did not end");
     char *out = slurp(p->out_path), *err = slurp(p->err_path);
     cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0, "pslaunch 0x%x:\n%s",
               p->status, err);
-    cr_assert(strstr(err, "restart 2 of 2"), "%s", err);
+    /* Only the killed processes were started again; the others rolled back. */
+    cr_assert(strstr(err, "starting pserver 1 again (restart 1 of 2)") &&
+              strstr(err, "starting trainer 1 again (restart 2 of 2)"), "%s", err);
+    cr_assert(!strstr(err, "starting pserver 0 again") && !strstr(err, "starting trainer 0"),
+              "%s", err);
+    cr_assert(strstr(err, "[pserver 0]") && strstr(err, "rolling back (--on-failure wait)"),
+              "%s", err);
+    cr_assert(strstr(err, "[trainer 0]") && strstr(err, "rolling back to the newest complete "
+                                                        "checkpoint"), "%s", err);
+    cr_assert(strstr(err, "resumed from checkpoint step"), "%s", err);
     const param_hash got = summary_hash(out);
-    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after two kills");
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after two kills (checkpoint "
+                 "every %s, kills after steps %d and %d)", every, k1, k2);
     free(out);
     free(err);
     rm_tree(dir);
+}
+
+Test(cluster, killed_pserver_and_trainer_cost_no_bit, .timeout = 240)
+{
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    kill_twice_and_compare("5", 20, 45, 20000); /* up to 20 ms: a few steps on */
+}
+
+Test(cluster, killed_at_random_steps_with_a_checkpoint_every_step, .timeout = 240)
+{
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    const int k1 = 10 + rand() % 40, k2 = k1 + 10 + rand() % 60;
+    kill_twice_and_compare("1", k1, k2, 0);
+}
+
+/* --on-failure wait gives up after --recovery-timeout-ms: trainer 1 killed and never
+ * started again, trainer 0 and the pserver roll back, wait 1.5 s for it, and exit 1 with
+ * one line that says so. */
+Test(cluster, recovery_gives_up_after_its_timeout, .timeout = 120)
+{
+    proc *ps, *t0, *t1;
+    int port = pserver_start_env2(&ps, "info", "PSTRAIN_ON_FAILURE=wait",
+                                  "PSTRAIN_RECOVERY_TIMEOUT_MS=1500");
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0",
+                          "PSTRAIN_ON_FAILURE=wait", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1",
+                          "PSTRAIN_ON_FAILURE=wait", NULL};
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "0", "--epochs", "1000",
+                          "--progress", "lines", "--recovery-timeout-ms", "1500", CONNECT_5S,
+                          NULL};
+    t0 = proc_start(argv, env0);
+    t1 = proc_start(argv, env1);
+    wait_joined(t1);
+    const double t = now_ms();
+    kill(t1->pid, SIGKILL);
+    cr_assert(proc_wait(t0, 30000), "trainer 0 still waits");
+    const double t0_out = now_ms() - t;
+    char *err = slurp(t0->err_path);
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 1, "0x%x:\n%s", t0->status,
+              err);
+    cr_assert(strstr(err, "rolling back to the newest complete checkpoint"), "%s", err);
+    cr_assert(strstr(err, "trainer: --on-failure wait: the job has not gone on for "
+                          "--recovery-timeout-ms 1500"), "%s", err);
+    free(err);
+    cr_assert(proc_wait(ps, 30000), "the pserver still waits");
+    err = slurp(ps->err_path);
+    cr_assert(WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 1, "0x%x:\n%s", ps->status,
+              err);
+    cr_assert(strstr(err, "--on-failure wait: trainer 1 has not sent its Init within "
+                          "--recovery-timeout-ms"), "%s", err);
+    fprintf(stderr, "recovery timeout 1.5 s: trainer 0 out after %.0f ms, the pserver after "
+            "%.0f ms\n", t0_out, now_ms() - t);
+    free(err);
 }
 
 /* The newest shard damaged (one byte of its values flipped): --resume auto says which file

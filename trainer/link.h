@@ -71,6 +71,10 @@ struct tr_link {
     const int64_t *resume_steps;
     int nresume;
     int64_t checkpoint_every;
+    /* Set by the caller before an early finish at a step boundary (SIGTERM, trainer 0):
+     * every pserver (the in-process store) writes its shard of this version before
+     * answering, and finish fails when one could not (0: none). */
+    int64_t checkpoint_step;
     /* Set by start: the step the job resumes at (the version every block holds; 0 for a
      * fresh job). */
     int64_t start_version;

@@ -191,10 +191,15 @@ static void local_times(const tr_link *l, int b, tr_exchange_times *out)
 
 static pst_status local_finish(tr_link *l, int early, long step, const char *reason)
 {
-    (void)l;
+    tr_local *lk = (tr_local *)l;
     (void)early;
     (void)step;
     (void)reason;
+    if (l->checkpoint_step <= 0)
+        return PST_OK;
+    PST_TRY(ps_store_snapshot_now(lk->store, l->checkpoint_step));
+    if (__atomic_load_n(&lk->ckpt_failed, __ATOMIC_ACQUIRE))
+        return pst_error_set(PST_ERR_IO, "%s", lk->ckpt_error);
     return PST_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -39,6 +40,48 @@ static int exit_code(pst_status st)
         return 2;
     default:
         return 1;
+    }
+}
+
+/* A failure a rollback can cure: a peer lost or restarting (its calls unavailable or past
+ * their deadline, the job departed, a push the pserver no longer expects). Not: bad
+ * configuration or data, a checkpoint that cannot be written, a signal. */
+static int recoverable(pst_status st)
+{
+    return !tr_stop_requested() && (st == PST_ERR_UNAVAILABLE || st == PST_ERR_TIMEOUT ||
+                                     st == PST_ERR_STATE || st == PST_ERR_RANGE);
+}
+
+/* Trains; with --on-failure wait a run that fails because a peer was lost is started
+ * again in this process: every pserver rolls back to (and trainer 0 offers) the newest
+ * complete checkpoint, so the survivors and the restarted peer go on from the same step
+ * and, training being deterministic, end with the bits of a run without the fault. Gives
+ * up when no run has gone past its first step for --recovery-timeout-ms. */
+static pst_status recover_or_fail(const pst_config *cfg, tr_summary *sum)
+{
+    pst_config run = *cfg;
+    double give_up = 0; /* set at the first failure, moved on when a run makes progress */
+    for (int attempt = 0;; attempt++) {
+        pst_status st = tr_train(&run, sum);
+        if (st == PST_OK || cfg->on_failure != PST_ON_FAILURE_WAIT || !recoverable(st))
+            return st;
+        const double now = pst_clock_s();
+        if (give_up == 0 || sum->steps > sum->first_step + 1)
+            give_up = now + (double)cfg->recovery_timeout_ms / 1e3;
+        char why[1024];
+        snprintf(why, sizeof why, "%s", pst_error_detail());
+        if (now >= give_up)
+            return pst_error_set(st, "--on-failure wait: the job has not gone on for "
+                                 "--recovery-timeout-ms %ld; the last failure: %s",
+                                 cfg->recovery_timeout_ms, why);
+        PST_WARN("%s; rolling back to the newest complete checkpoint (--on-failure wait, "
+                 "run %d; giving up in %.0f s)", why, attempt + 2, give_up - now);
+        /* The next run's connections retry no longer than the recovery has left. */
+        const long left_ms = (long)((give_up - now) * 1e3) + 1;
+        run.connect_timeout_ms = cfg->connect_timeout_ms > 0 && cfg->connect_timeout_ms < left_ms
+                                     ? cfg->connect_timeout_ms : left_ms;
+        run.rpc_timeout_ms = cfg->rpc_timeout_ms < left_ms ? cfg->rpc_timeout_ms : left_ms;
+        usleep(200 * 1000); /* the pservers notice the departure and start afresh */
     }
 }
 
@@ -81,7 +124,7 @@ int main(int argc, char **argv)
     openblas_set_num_threads(1);
 
     tr_summary sum;
-    st = tr_train(&cfg, &sum);
+    st = recover_or_fail(&cfg, &sum);
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

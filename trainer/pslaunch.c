@@ -12,11 +12,13 @@
  * unchanged (the summary line), every other line goes to stderr prefixed with
  * "[role rank]". When a child fails (non-zero exit or signal), or the timeout passes, or
  * pslaunch gets SIGINT/SIGTERM, every child is stopped (SIGTERM, then SIGKILL) and
- * pslaunch exits non-zero; with --restart N a failed job (a child that died or failed) is
- * started again, up to N times: with PSTRAIN_CHECKPOINT_DIR set, the pservers and the
- * trainers resume from their newest complete checkpoint (a whole-job restart: the
- * recovery of a job that keeps its processes is not built yet). Children also die with pslaunch (PR_SET_PDEATHSIG), so no
- * process is left behind. */
+ * pslaunch exits non-zero. With --restart N the children run with --on-failure wait
+ * (PSTRAIN_ON_FAILURE=wait, unless the environment sets it) and a child that dies or fails
+ * (other than exit 2, a configuration error) is started again alone, with the same id (a
+ * pserver on the same port), up to N times in all: as a StatefulSet and an Indexed Job
+ * would. The others stay up and the job rolls back to its newest complete checkpoint
+ * (PSTRAIN_CHECKPOINT_DIR; none: step 0) and goes on. Children also die with pslaunch
+ * (PR_SET_PDEATHSIG), so no process is left behind. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -43,6 +45,8 @@ typedef struct child {
     size_t out_len, err_len;
     int exited, status;
     int port;            /* pservers: announced port, 0 until then */
+    char *env[6];        /* what spawn() added to the environment (kept for a restart) */
+    char **argv;
 } child;
 
 static child procs[MAX_PROCS];
@@ -61,8 +65,9 @@ static void usage(FILE *f)
                "[--timeout SEC] [--base-port P] [--restart N] -- TRAINER_COMMAND [ARGS...]\n"
                "Starts S pservers (default 1; on ports P..P+S-1 with --base-port, else any free "
                "ports) and T trainers (default 2) on 127.0.0.1 and stops them all if one fails;\n"
-               "--restart N starts the job again, up to N times, after a failure (with\n"
-               "PSTRAIN_CHECKPOINT_DIR set, from its newest complete checkpoint).\n");
+               "--restart N starts a process that died or failed again (same id and port), up\n"
+               "to N times in all, and runs every process with --on-failure wait: the job rolls\n"
+               "back to its newest complete checkpoint (PSTRAIN_CHECKPOINT_DIR) and goes on.\n");
 }
 
 static int spawn(child *c, char *const argv[], char *const extra_env[])
@@ -93,6 +98,9 @@ static int spawn(child *c, char *const argv[], char *const extra_env[])
     }
     close(out[1]);
     close(err[1]);
+    for (int i = 0; i < 5 && extra_env[i]; i++)
+        c->env[i] = extra_env[i];
+    c->argv = (char **)argv;
     c->pid = pid;
     c->out_fd = out[0];
     c->err_fd = err[0];
@@ -251,10 +259,31 @@ static long parse_count(const char *flag, const char *v, long lo, long hi)
  * never listened (not worth a restart). The children are left for stop_all. */
 enum { JOB_OK = 0, JOB_FAILED, JOB_STOPPED };
 
+/* --restart: starts a failed child again with its id, environment and (a pserver) port.
+ * Returns 0 when started. */
+static int restart_child(child *c)
+{
+    static char port_env[MAX_PROCS][32];
+    const int k = (int)(c - procs);
+    char *env[6] = {0};
+    for (int i = 0; i < 5 && c->env[i]; i++)
+        env[i] = c->env[i];
+    if (strcmp(c->role, "pserver") == 0) { /* the trainers know it by its port */
+        snprintf(port_env[k], sizeof port_env[k], "PSTRAIN_PORT=%d", c->port);
+        env[0] = port_env[k];
+    }
+    char **argv = c->argv;
+    const char *role = c->role;
+    const int rank = c->rank, port = c->port;
+    *c = (child){.role = role, .rank = rank, .out_fd = -1, .err_fd = -1, .port = port};
+    return spawn(c, argv, env);
+}
+
 static int run_job(long S, long T, long base_port, const char *pserver_cmd,
-                   char **trainer_argv, double deadline, long timeout)
+                   char **trainer_argv, double deadline, long timeout, long restarts)
 {
     int rc = JOB_OK;
+    long restarted = 0;
 
     /* Pservers first; wait for each to announce its port. */
     static char env_store[MAX_PROCS][6][PATH_MAX];
@@ -266,7 +295,8 @@ static int run_job(long S, long T, long base_port, const char *pserver_cmd,
         snprintf(env_store[s][2], PATH_MAX, "PSTRAIN_PSERVER_ID=%d", s);
         snprintf(env_store[s][3], PATH_MAX, "PSTRAIN_ROLE=pserver");
         char *env[] = {env_store[s][0], env_store[s][1], env_store[s][2], env_store[s][3], NULL};
-        char *pargv[] = {(char *)pserver_cmd, NULL};
+        static char *pargv[] = {NULL, NULL};
+        pargv[0] = (char *)pserver_cmd;
         if (spawn(c, pargv, env)) {
             rc = JOB_STOPPED;
             goto out;
@@ -319,6 +349,18 @@ static int run_job(long S, long T, long base_port, const char *pserver_cmd,
         for (int k = 0; k < nprocs; k++) {
             if (failed(&procs[k])) {
                 describe_exit(&procs[k]);
+                child *c = &procs[k];
+                const int config_error = WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2;
+                if (restarted < restarts && !config_error && !got_signal) {
+                    while (c->out_fd >= 0 || c->err_fd >= 0) /* its last lines first */
+                        service(10);
+                    restarted++;
+                    fprintf(stderr, "pslaunch: starting %s %d again (restart %ld of %ld); the "
+                                    "job rolls back to its newest complete checkpoint\n",
+                            c->role, c->rank, restarted, restarts);
+                    if (restart_child(c) == 0)
+                        continue;
+                }
                 rc = JOB_FAILED;
                 goto out;
             }
@@ -411,16 +453,11 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     double deadline = timeout > 0 ? pst_clock_s() + (double)timeout : 0;
-    for (long attempt = 0;; attempt++) {
-        const int rc = run_job(S, T, base_port, pserver_cmd, trainer_argv, deadline, timeout);
-        stop_all(3.0);
-        if (rc != JOB_FAILED || attempt == restarts)
-            return rc == JOB_OK ? 0 : 1;
-        fprintf(stderr, "pslaunch: restarting the job (restart %ld of %ld): the pservers and "
-                        "trainers resume from their newest complete checkpoint "
-                        "(PSTRAIN_CHECKPOINT_DIR)\n", attempt + 1, restarts);
-        memset(procs, 0, sizeof procs);
-        nprocs = 0;
-    }
+    if (restarts > 0 && !getenv("PSTRAIN_ON_FAILURE"))
+        setenv("PSTRAIN_ON_FAILURE", "wait", 1); /* inherited by every child */
+    const int rc = run_job(S, T, base_port, pserver_cmd, trainer_argv, deadline, timeout,
+                           restarts);
+    stop_all(3.0);
+    return rc == JOB_OK ? 0 : 1;
 }
 

@@ -620,6 +620,7 @@ pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reas
     req.early = early != 0;
     req.step = step;
     req.reason = (char *)(reason ? reason : "");
+    req.checkpoint_step = r->base.checkpoint_step;
     for (int s = 0; s < r->cfg->num_pservers; s++) {
         batch_add(r, 1);
         pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
@@ -630,8 +631,12 @@ pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reas
         }
     }
     /* Training is complete and its result stands; a pserver that is already gone (its
-     * other trainers finished first) is worth a warning, not a failure. */
-    if (batch_wait(r) != PST_OK)
+     * other trainers finished first) is worth a warning, not a failure. A checkpoint asked
+     * for that a pserver could not write is a failure. */
+    pst_status st = batch_wait(r);
+    if (st != PST_OK && r->base.checkpoint_step > 0)
+        return st;
+    if (st != PST_OK)
         PST_WARN("Finish: %s", pst_error_detail());
     return PST_OK;
 }

@@ -40,6 +40,11 @@ void tr_request_stop(void)
     stop_requested = 1;
 }
 
+int tr_stop_requested(void)
+{
+    return stop_requested != 0;
+}
+
 static pst_status check_stop(void)
 {
     return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
@@ -228,6 +233,36 @@ static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char
     return k;
 }
 
+/* Asked to stop (SIGTERM) before step `step`: this trainer's exchanges of the step before
+ * are completed, which gives it version `step` of every block, so every pserver holds
+ * that version whole; trainer 0 then asks for a checkpoint of it in its Finish and, once
+ * every shard is written, writes the job state: the job resumes at `step`. Sends the
+ * early Finish in any case. */
+static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec *ex,
+                             tr_link *link, const char *job_dir, long step, long first)
+{
+    const int ckpt = job_dir[0] && cfg->trainer_id == 0 && cfg->checkpoint_every > 0 &&
+                     step > first;
+    char why[600];
+    snprintf(why, sizeof why, "stopped by signal");
+    if (tr_exec_sync(ex) != PST_OK) {
+        snprintf(why, sizeof why, "stopped by signal; no checkpoint: %s", pst_error_detail());
+        link->ops->finish(link, 1, step, why);
+        return;
+    }
+    if (ckpt)
+        link->checkpoint_step = step;
+    pst_status st = link->ops->finish(link, 1, step, why);
+    if (!ckpt)
+        return;
+    if (st == PST_OK)
+        st = write_job(cfg, plan, job_dir, step);
+    if (st == PST_OK)
+        PST_INFO("stopped by signal: checkpoint of step %ld written", step);
+    else
+        PST_WARN("stopped by signal: no checkpoint of step %ld: %s", step, pst_error_detail());
+}
+
 pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 {
     pst_status st;
@@ -249,8 +284,9 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     uint32_t *perm = NULL;
     double *step_ms = NULL;
     int started = 0, joining = 0;
-    long step = 0;
+    long step = -1;
     memset(sum, 0, sizeof *sum);
+    sum->first_step = -1;
 
     if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
         goto error;
@@ -361,6 +397,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if (first > 0)
         PST_INFO("resuming at step %ld of %ld", first, total);
     step = first;
+    sum->first_step = first;
 
     const int tty = cfg->progress == PST_PROGRESS_BAR ||
                     (cfg->progress == PST_PROGRESS_AUTO && isatty(STDERR_FILENO));
@@ -383,12 +420,18 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                 pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
             else if (is_text)
                 pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
-            if (step == cfg->test_crash_step)
-                _exit(3); /* the test hook: as if killed, nothing flushed, no Finish */
+            if (step == cfg->test_crash_step && first == 0)
+                _exit(3); /* the test hook: as if killed, nothing flushed, no Finish (a run
+                           * resumed from a checkpoint goes past it) */
             double t0 = pst_clock_s(), loss = 0.0;
             const float step_scale = tr_exec_loss_scale(ex);
-            if ((st = check_stop()) != PST_OK ||
-                (st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
+            if (tr_stop_requested()) {
+                stop_at_boundary(cfg, &plan, ex, link, job_dir, step, first);
+                started = joining = 0; /* its Finish is sent */
+                st = check_stop();
+                goto error;
+            }
+            if ((st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
                                    &loss)) != PST_OK)
                 goto error;
             /* Step `step` computed with version `step` of every block, whose pulls the
@@ -478,6 +521,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     st = link->ops->finish(link, 0, step, NULL);
     started = joining = 0;
 error:
+    if (st != PST_OK)
+        sum->steps = step;
     /* (A start that failed for want of a pserver has no one to tell.) */
     if (started || (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT)) {
         /* Leaving early: the pservers tell the other trainers at once, with the reason. */

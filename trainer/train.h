@@ -33,6 +33,9 @@ typedef struct tr_summary {
                                         * store's (host memory, counted once) */
     float loss_scale;      /* fp16: the dynamic loss scale at the end */
     long skipped_steps;    /* fp16: steps skipped everywhere for an overflow */
+    long first_step;       /* the step this run started at (a resumed job's: > 0); set on
+                            * failure too, with `steps` the step it failed in (-1: before
+                            * the start) */
 } tr_summary;
 
 /* Trains the model the config names (models.h) on the trainer's devices through the
@@ -48,6 +51,8 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum);
  * returns PST_ERR_STATE "stopped by signal"). Async-signal-safe: main() calls it from its
  * SIGTERM/SIGINT handler, so a trainer that is PID 1 in a container stops when asked. */
 void tr_request_stop(void);
+/* Whether tr_request_stop was called. */
+int tr_stop_requested(void);
 
 /* One JSON line: {"event":"summary",...}. */
 void tr_summary_print(FILE *out, const tr_summary *s);
