@@ -4,7 +4,10 @@
 #   faults  the final param_hash of the run without faults, and of a run with a checkpoint
 #           every 100 steps where pserver 1 is killed (SIGKILL) once step KILL1's
 #           checkpoint is written and pserver 0 once step KILL2's is (pslaunch --restart 2
-#           starts the job again; everyone resumes from the newest complete checkpoint);
+#           starts the killed pserver again; the other processes stay up and the job rolls
+#           back to the newest complete checkpoint: --on-failure wait); for each kill, the
+#           step trainer 0 was at, the step it resumed at, and the seconds from its
+#           "rolling back" line to its "resuming at step" line;
 #   cost    with and without --checkpoint-every 100, alternating, RUNS times each: the
 #           medians of samples/s (which a checkpoint's step counts in; the median step
 #           time does not) and of step_ms_median, and their ratios.
@@ -47,8 +50,28 @@ for k in 1 0; do
 done
 wait "$launcher"
 got=$(tail -n 1 "$tmp/out" | field param_hash)
-restarts=$(grep -c 'restarting the job' "$tmp/err" || true)
-echo "{\"part\":\"faults\",\"param_hash_without_faults\":\"$want\",\"param_hash_with_two_pserver_kills\":\"$got\",\"restarts\":$restarts,\"equal\":$([ "$want" = "$got" ] && echo true || echo false)}"
+restarts=$(grep -c 'starting pserver [0-9]* again' "$tmp/err" || true)
+rollbacks=$("$BENCH_PY" - "$tmp/err" <<'PY'
+import json, re, sys
+def secs(t):
+    h, m, s = t.split(":")
+    return int(h) * 3600 + int(m) * 60 + float(s)
+out, start = [], None
+for line in open(sys.argv[1]):
+    m = re.match(r"\[trainer 0\] (\d\d:\d\d:\d\d\.\d+) \w+ trainer\[0\](?: step (\d+))?: (.*)", line)
+    if not m:
+        continue
+    if "rolling back to the newest complete checkpoint" in m.group(3) and start is None:
+        start = (secs(m.group(1)), int(m.group(2) or 0))
+    r = re.match(r"resuming at step (\d+)", m.group(3))
+    if r and start:
+        out.append({"failed_at_step": start[1], "resumed_at_step": int(r.group(1)),
+                    "rollback_s": round(secs(m.group(1)) - start[0], 3)})
+        start = None
+print(json.dumps(out))
+PY
+)
+echo "{\"part\":\"faults\",\"param_hash_without_faults\":\"$want\",\"param_hash_with_two_pserver_kills\":\"$got\",\"restarts\":$restarts,\"rollbacks\":$rollbacks,\"equal\":$([ "$want" = "$got" ] && echo true || echo false)}"
 
 for i in $(seq 1 "$runs"); do
   job -- --log-level warn 2>/dev/null | tail -n 1 > "$tmp/plain.json"

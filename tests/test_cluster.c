@@ -1344,6 +1344,46 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     rm_tree(dir);
 }
 
+/* The newest shard damaged on one pserver of two: that pserver resumes from the checkpoint
+ * before, the other from the newest; with --on-failure wait (pslaunch --restart) the
+ * trainers see the two steps differ, trainer 0 offers only checkpoints up to the older,
+ * every pserver rolls back to it, and the job ends with the bits of the run without
+ * faults. */
+Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240)
+{
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, GPT_FLAGS, NULL};
+    const param_hash want = summary_hash_of(dist, "cpu:1");
+    char dir[64], shard[160];
+    temp_dir(dir, sizeof dir);
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    cr_assert_neq(run_ckpt(dist, crash, dir, NULL, NULL), 0);
+    snprintf(shard, sizeof shard, "%s/pserver-1/step-000000000010.ckpt", dir);
+    FILE *f = fopen(shard, "r+b");
+    cr_assert_not_null(f, "%s: %s", shard, strerror(errno));
+    cr_assert_eq(fseek(f, 3000, SEEK_SET), 0);
+    int c = fgetc(f);
+    cr_assert_eq(fseek(f, 3000, SEEK_SET), 0);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+    const char *wait[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                          "--restart", "1", "--", TRAINER, GPT_FLAGS, NULL};
+    const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
+    char *out, *err;
+    int rc = run_ckpt(wait, every, dir, &out, &err);
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, err);
+    cr_assert(strstr(err, "step-000000000010.ckpt") && strstr(err, "checksum"), "%s", err);
+    cr_assert(strstr(err, "the pservers hold different steps"), "%s", err);
+    cr_assert(strstr(err, "offers the pservers checkpoints up to step 5"), "%s", err);
+    cr_assert(strstr(err, "[trainer 0]") && strstr(err, "resuming at step 5 of 30"), "%s", err);
+    cr_assert(!strstr(err, "starting trainer") && !strstr(err, "starting pserver"), "%s", err);
+    const param_hash got = summary_hash(out);
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after the fallback");
+    free(out);
+    free(err);
+    rm_tree(dir);
+}
+
 /* A checkpoint that cannot be written (its temporary file's name taken by a directory):
  * one line naming the file and why, exit 1, and the checkpoint before it intact (the job
  * resumes from it). */

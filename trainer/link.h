@@ -76,8 +76,11 @@ struct tr_link {
      * answering, and finish fails when one could not (0: none). */
     int64_t checkpoint_step;
     /* Set by start: the step the job resumes at (the version every block holds; 0 for a
-     * fresh job). */
+     * fresh job). When start fails because the pservers hold different versions (one
+     * could not use the newest checkpoint), versions_differ is 1 and start_version the
+     * oldest of them. */
     int64_t start_version;
+    int versions_differ;
 };
 
 static inline void tr_link_free(tr_link *l)

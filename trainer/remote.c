@@ -480,13 +480,23 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
         return PST_OK;
     }
     for (int s = 1; s < cfg->num_pservers; s++)
-        if (calls[s].version != v)
-            return pst_error_set(PST_ERR_MISMATCH, "the pservers hold different steps: %s at "
+        if (calls[s].version != v) {
+            /* The older of the two is what they can all go back to (--on-failure wait
+             * does: tr_link.versions_differ). */
+            int64_t lo = v;
+            for (int k = 1; k < cfg->num_pservers; k++)
+                lo = calls[k].version < lo ? calls[k].version : lo;
+            r->base.versions_differ = 1;
+            r->base.start_version = lo;
+            return pst_error_set(PST_ERR_STATE, "the pservers hold different steps: %s at "
                                  "%lld, %s at %lld (a pserver lacks the newer checkpoint's "
-                                 "shard or could not read it, see its log); restart the job "
-                                 "with --resume never, or remove the newer checkpoint",
+                                 "shard or could not read it, see its log); with --on-failure "
+                                 "wait the job falls back to step %lld or older; else restart "
+                                 "it with --resume never, or remove the newer checkpoint",
                                  rpc_client_server(r->client, 0), (long long)v,
-                                 rpc_client_server(r->client, s), (long long)calls[s].version);
+                                 rpc_client_server(r->client, s), (long long)calls[s].version,
+                                 (long long)lo);
+        }
     int known = v == 0; /* a fresh job, or a checkpoint trainer 0 offered */
     for (int i = 0; i < r->base.nresume && !known; i++)
         known = r->base.resume_steps[i] == v;

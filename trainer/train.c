@@ -34,6 +34,10 @@
 #include "trainer/trace.h"
 
 static volatile sig_atomic_t stop_requested;
+/* Trainer 0 offers no job checkpoint newer than this (-1: any): the pservers of a run of
+ * this process disagreed on the newest one they hold whole (tr_link.versions_differ), and
+ * the next run (--on-failure wait) falls back to what they all have. */
+static long resume_limit = -1;
 
 void tr_request_stop(void)
 {
@@ -214,6 +218,8 @@ static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char
     const job_meta want = job_of(cfg, plan, 0);
     int k = 0;
     for (int i = 0; i < n && k < max; i++) {
+        if (resume_limit >= 0 && steps[i] > resume_limit)
+            continue;
         pst_ckpt c;
         uint64_t bytes;
         if (pst_ckpt_read(&c, dir, steps[i]) != PST_OK) {
@@ -523,6 +529,10 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 error:
     if (st != PST_OK)
         sum->steps = step;
+    if (link && link->versions_differ && cfg->trainer_id == 0) {
+        resume_limit = (long)link->start_version;
+        PST_WARN("the next run offers the pservers checkpoints up to step %ld", resume_limit);
+    }
     /* (A start that failed for want of a pserver has no one to tell.) */
     if (started || (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT)) {
         /* Leaving early: the pservers tell the other trainers at once, with the reason. */
