@@ -356,6 +356,8 @@ static const opt options[] = {
     {"checkpoint-every", "PSTRAIN_CHECKPOINT_EVERY", NULL, NULL, "100", "steps between checkpoints (sync mode; 0: never)", R_TRAINER, OPT_LONG, F(checkpoint_every), 0, 1e12, NULL},
     {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
+    {"token", "PSTRAIN_TOKEN", NULL, NULL, "3f9c0e...", "the job's secret: every call carries it and a pserver with one refuses calls without it (printable ASCII, no spaces; prefer --token-file)", R_ALL, OPT_STR, S(token), 0, 0, NULL},
+    {"token-file", "PSTRAIN_TOKEN_FILE", NULL, NULL, "/etc/pstrain/token", "read the token from this file (surrounding whitespace ignored), e.g. a mounted Kubernetes Secret", R_ALL, OPT_STR, S(token_file), 0, 0, NULL},
     {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
     {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
@@ -440,6 +442,9 @@ static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char
         *(float *)(base + o->off) = (float)d;
         return PST_OK;
     case OPT_STR:
+        if (strlen(v) >= o->size && !strcmp(o->env, "PSTRAIN_TOKEN")) /* never in a log */
+            return pst_error_set(PST_ERR_INVALID, "%s: longer than %zu bytes", where,
+                                 o->size - 1);
         if (strlen(v) >= o->size)
             return bad(where, v, "too long", example);
         memcpy(base + o->off, v, strlen(v) + 1);
@@ -558,6 +563,54 @@ static const opt *find_flag(const char *name, size_t len, unsigned role)
     return NULL;
 }
 
+/* --token-file read into cfg->token (trimmed), and the token checked: printable ASCII
+ * without spaces, as a gRPC metadata value must be. */
+static pst_status load_token(pst_config *cfg)
+{
+    if (cfg->token_file[0]) {
+        if (cfg->token[0])
+            return pst_error_set(PST_ERR_INVALID, "both PSTRAIN_TOKEN and PSTRAIN_TOKEN_FILE "
+                                 "are set: give one (example: PSTRAIN_TOKEN_FILE=/etc/pstrain/"
+                                 "token)");
+        FILE *f = fopen(cfg->token_file, "rb");
+        if (!f)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_TOKEN_FILE=%s: cannot read it: %s "
+                                 "(example: openssl rand -hex 32 > %s)", cfg->token_file,
+                                 strerror(errno), cfg->token_file);
+        char buf[PST_TOKEN_MAX + 2];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        const int err = ferror(f), more = n == sizeof buf - 1 && fgetc(f) != EOF;
+        fclose(f);
+        if (err)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_TOKEN_FILE=%s: cannot read it",
+                                 cfg->token_file);
+        buf[n] = '\0';
+        size_t a = 0;
+        while (a < n && isspace((unsigned char)buf[a]))
+            a++;
+        while (n > a && isspace((unsigned char)buf[n - 1]))
+            buf[--n] = '\0';
+        if (more || n - a > PST_TOKEN_MAX)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_TOKEN_FILE=%s: longer than %d bytes "
+                                 "(example: openssl rand -hex 32 > %s)", cfg->token_file,
+                                 PST_TOKEN_MAX, cfg->token_file);
+        if (n == a)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_TOKEN_FILE=%s: empty; it must hold "
+                                 "the token (example: openssl rand -hex 32 > %s)",
+                                 cfg->token_file, cfg->token_file);
+        memcpy(cfg->token, buf + a, n - a);
+        cfg->token[n - a] = '\0';
+    }
+    for (const char *p = cfg->token; *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            return pst_error_set(PST_ERR_INVALID, "%s: the token has a %s at byte %d; it must "
+                                 "be printable ASCII without spaces (example: openssl rand "
+                                 "-hex 32)", cfg->token_file[0] ? cfg->token_file : "PSTRAIN_TOKEN",
+                                 *p == ' ' ? "space" : "control or non-ASCII byte",
+                                 (int)(p - cfg->token));
+    return PST_OK;
+}
+
 pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv,
                            pst_getenv_fn getenv_fn)
 {
@@ -615,6 +668,7 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         return PST_OK;
 
     /* The whole. */
+    PST_TRY(load_token(cfg));
     if (role == PST_ROLE_TRAINER && !strcmp(cfg->model, "gpt")) {
         /* The GPT's own defaults (the PyTorch peer's) for what was not set: */
         static const struct {
@@ -829,6 +883,8 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         fprintf(out, ",\"checkpoint_every\":%ld", cfg->checkpoint_every);
     }
     json_str(out, "checkpoint_dir", cfg->checkpoint_dir, &first);
+    json_str(out, "token", cfg->token[0] ? "set" : "none", &first); /* never the secret */
+    json_str(out, "token_file", cfg->token_file, &first);
     fprintf(out, ",\"checkpoint_keep\":%d,\"peer_timeout_ms\":%ld", cfg->checkpoint_keep,
             cfg->peer_timeout_ms);
     json_str(out, "on_failure", cfg->on_failure == PST_ON_FAILURE_WAIT ? "wait" : "fail", &first);

@@ -23,6 +23,7 @@
 #define PST_MAX_PSERVERS 64
 #define PST_ADDR_MAX 128
 #define PST_PATH_MAX 512
+#define PST_TOKEN_MAX 1024
 
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
 #define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
@@ -90,6 +91,10 @@ typedef struct pst_config {
     int acc_steps;                                 /* micro-batches per optimizer step */
     /* checkpoints (common/checkpoint.h, pserver/shard.h) */
     char checkpoint_dir[PST_PATH_MAX];             /* "": none */
+    /* token authentication (rpc/auth.h): every call carries it, the pserver refuses others */
+    char token[PST_TOKEN_MAX + 1];                 /* "": none (PSTRAIN_TOKEN, or read from
+                                                    * token_file at load, trimmed) */
+    char token_file[PST_PATH_MAX];
     long checkpoint_every;                         /* steps between checkpoints (0: never) */
     int checkpoint_keep;                           /* the newest kept */
     int resume;                                    /* PST_RESUME_* */

@@ -23,6 +23,7 @@ static const char *const names[PST_ERR_COUNT_] = {
     [PST_ERR_MISMATCH] = "mismatch",
     [PST_ERR_INTERNAL] = "internal error",
     [PST_ERR_RANGE] = "out of range",
+    [PST_ERR_AUTH] = "unauthenticated",
 };
 
 const char *pst_strerror(pst_status st)

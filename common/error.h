@@ -24,6 +24,7 @@ typedef enum pst_status {
     PST_ERR_MISMATCH,    /* peers disagree (layout, settings) */
     PST_ERR_INTERNAL,    /* a bug in pstrain */
     PST_ERR_RANGE,       /* a value outside what the state allows (a step too far ahead) */
+    PST_ERR_AUTH,        /* a call without the right token (PSTRAIN_TOKEN) */
     PST_ERR_COUNT_
 } pst_status;
 

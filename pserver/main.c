@@ -89,7 +89,8 @@ int main(int argc, char **argv)
         rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
                                 .handler = ps_service_handle, .handler_arg = svc,
                                 .on_cancel = ps_service_cancelled,
-                                .keepalive_ms = (int)cfg.peer_timeout_ms};
+                                .keepalive_ms = (int)cfg.peer_timeout_ms,
+                                .token = cfg.token};
         if (rpc_server_init(&srv, &sc) != PST_OK) {
             fprintf(stderr, "pserver: %s\n", pst_error_detail());
             rc = 1;
@@ -99,6 +100,9 @@ int main(int argc, char **argv)
         printf("{\"event\":\"listening\",\"port\":%d}\n", port);
         fflush(stdout);
         PST_INFO("listening on %s:%d with %d threads", cfg.bind_host, port, cfg.server_threads);
+        if (!cfg.token[0])
+            PST_INFO("no token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE): anyone who can reach "
+                     "port %d can train, read or end this job", port);
         const int finished = ps_service_wait(svc, &stop_flag);
         const char *departed = ps_service_departed(svc);
         const int again = wait && departed && !stop_flag && !ps_service_failure(svc);

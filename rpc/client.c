@@ -88,6 +88,8 @@ struct rpc_client {
     struct cl_call *active;
     struct cl_call *waiting;
     char **gone;       /* (nservers) why a server was given up (rpc_client_give_up), or NULL */
+    grpc_metadata auth; /* "authorization: Bearer TOKEN", sent with every call */
+    int has_auth;
 };
 
 static int64_t now_ms(void)
@@ -154,6 +156,10 @@ static pst_status attempt_start(struct cl_call *c)
     grpc_op ops[6];
     memset(ops, 0, sizeof(ops));
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (cl->has_auth) { /* read-only and alive as long as the client */
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &cl->auth;
+    }
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = c->send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -442,6 +448,18 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
     pthread_cond_init(&cl->cv, NULL);
     cl->call_timeout_ms = cfg->call_timeout_ms == 0 ? 60000 : cfg->call_timeout_ms;
     cl->connect_timeout_ms = cfg->connect_timeout_ms == 0 ? 30000 : cfg->connect_timeout_ms;
+    if (cfg->token && cfg->token[0]) {
+        char *v = malloc(strlen(cfg->token) + 8);
+        if (v == NULL) {
+            free(cl);
+            return pst_error_set(PST_ERR_NOMEM, "rpc client");
+        }
+        sprintf(v, "Bearer %s", cfg->token);
+        cl->auth.key = grpc_slice_from_static_string("authorization");
+        cl->auth.value = grpc_slice_from_copied_string(v);
+        cl->has_auth = 1;
+        free(v);
+    }
     cl->addrs = calloc((size_t)cfg->num_servers, sizeof(*cl->addrs));
     cl->chans = calloc((size_t)cfg->num_servers, sizeof(*cl->chans));
     cl->reg = calloc((size_t)cfg->num_servers, sizeof(*cl->reg));
@@ -717,6 +735,8 @@ void rpc_client_free(rpc_client *cl)
         if (cl->gone != NULL)
             free(cl->gone[i]);
     }
+    if (cl->has_auth)
+        grpc_slice_unref(cl->auth.value);
     free(cl->chans);
     free(cl->addrs);
     free(cl->reg);

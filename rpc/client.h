@@ -43,6 +43,8 @@ typedef struct rpc_client_config {
     int keepalive_ms;       /* > 0: ping each server that long idle; no answer within as
                              * long closes the connection (its calls fail UNAVAILABLE) */
     int threads;            /* threads running done callbacks; 0 -> 2 */
+    const char *token;      /* non-empty: sent with every call ("authorization: Bearer
+                             * TOKEN" metadata; copied) */
 } rpc_client_config;
 
 /* Creates the client and its channels; connecting happens lazily, on the first call.

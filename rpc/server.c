@@ -46,6 +46,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 enum {
@@ -111,6 +112,11 @@ struct rpc_server {
     rpc_handler_fn handler;
     void *handler_arg;
     rpc_cancel_fn on_cancel;
+    char *auth;        /* "Bearer TOKEN" every call must carry, or NULL */
+    size_t auth_len;
+    atomic_long refused;       /* calls refused for their token */
+    atomic_long refused_logged;
+    _Atomic double refused_log_at; /* pst_clock_s() of the last such log line */
     pthread_t threads[SRV_MAX_THREADS];
     int nthreads;
     struct srv_tag t_shutdown;
@@ -311,6 +317,36 @@ static int arrival(rpc_server *s)
     return repost;
 }
 
+/* Whether the call's metadata has "authorization: <s->auth>": compared in time that
+ * depends on the lengths only, never on where the first wrong byte is. */
+static int authorized(const rpc_server *s, const grpc_metadata_array *md)
+{
+    int ok = 0;
+    for (size_t i = 0; i < md->count; i++) {
+        if (grpc_slice_str_cmp(md->metadata[i].key, "authorization"))
+            continue;
+        const size_t n = GRPC_SLICE_LENGTH(md->metadata[i].value);
+        const unsigned char *v = GRPC_SLICE_START_PTR(md->metadata[i].value);
+        unsigned diff = n != s->auth_len;
+        for (size_t k = 0; k < s->auth_len; k++)
+            diff |= (unsigned)(v[k < n ? k : 0] ^ (unsigned char)s->auth[k]);
+        ok |= n > 0 && diff == 0;
+    }
+    return ok;
+}
+
+/* One line per second at most, with the count since the last one. */
+static void log_refused(rpc_server *s, const char *what, const char *peer)
+{
+    const long n = atomic_fetch_add(&s->refused, 1) + 1;
+    const double now = pst_clock_s(), last = atomic_load(&s->refused_log_at);
+    if (now - last < 1.0 || !atomic_compare_exchange_strong(&s->refused_log_at, &last, now))
+        return;
+    const long before = atomic_exchange(&s->refused_logged, n);
+    PST_WARN("refused %s from %s: no token or the wrong one (%ld such calls since the last "
+             "line)", what, peer ? peer : "?", n - before);
+}
+
 static void on_new_generic(struct gen_call *g, int success)
 {
     rpc_server *s = g->srv;
@@ -327,8 +363,15 @@ static void on_new_generic(struct gen_call *g, int success)
     memcpy(method, GRPC_SLICE_START_PTR(g->details.method), ml);
     method[ml] = '\0';
     char detail[320];
+    grpc_status_code code = GRPC_STATUS_UNIMPLEMENTED;
     snprintf(detail, sizeof(detail), "unknown method %s (this server serves /pstrain.PServer/"
              "Init, Push, Pull, Finish)", method);
+    if (s->auth && !authorized(s, &g->md)) {
+        log_refused(s, "a call", NULL);
+        code = GRPC_STATUS_UNAUTHENTICATED;
+        snprintf(detail, sizeof(detail), "this pserver needs the job's token (PSTRAIN_TOKEN or "
+                 "PSTRAIN_TOKEN_FILE): none or another was sent");
+    }
     PST_DEBUG("rpc server: %s", detail);
     g->status_details = grpc_slice_from_copied_string(detail);
     grpc_op ops[3];
@@ -337,7 +380,7 @@ static void on_new_generic(struct gen_call *g, int success)
     ops[1].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     ops[1].data.recv_close_on_server.cancelled = &g->cancelled;
     ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[2].data.send_status_from_server.status = GRPC_STATUS_UNIMPLEMENTED;
+    ops[2].data.send_status_from_server.status = code;
     ops[2].data.send_status_from_server.status_details = &g->status_details;
     grpc_call_error err = grpc_call_start_batch(g->gcall, ops, 3, &g->t_done, NULL);
     if (err != GRPC_CALL_OK) {
@@ -385,7 +428,13 @@ static void on_new_call(rpc_call *c, int success)
      * before it is decoded (compressed bodies are refused by gRPC: see the channel args). */
     const size_t body = bb ? grpc_byte_buffer_length(bb) : 0; /* NULL: no message came */
     pst_status st = PST_OK;
-    if (c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
+    if (s->auth && !authorized(s, &c->req_md)) { /* before anything is decoded */
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+        log_refused(s, rpc_method_name(c->method), c->peer);
+        st = pst_error_set(PST_ERR_AUTH, "this pserver needs the job's token (PSTRAIN_TOKEN "
+                           "or PSTRAIN_TOKEN_FILE): none or another was sent");
+    } else if (c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
         body > RPC_SMALL_REQUEST_MAX) {
         grpc_byte_buffer_destroy(bb);
         bb = NULL;
@@ -514,6 +563,17 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     s->handler_arg = cfg->handler_arg;
     s->on_cancel = cfg->on_cancel;
     s->t_shutdown = (struct srv_tag){TAG_SHUTDOWN, s};
+    atomic_init(&s->refused_log_at, 0.0);
+    if (cfg->token && cfg->token[0]) {
+        s->auth_len = strlen("Bearer ") + strlen(cfg->token);
+        s->auth = malloc(s->auth_len + 1);
+        if (s->auth == NULL) {
+            free(s->auth);
+    free(s);
+            return pst_error_set(PST_ERR_NOMEM, "rpc server");
+        }
+        snprintf(s->auth, s->auth_len + 1, "Bearer %s", cfg->token);
+    }
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
@@ -605,6 +665,7 @@ error:
     grpc_completion_queue_destroy(s->cq);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    free(s->auth);
     free(s);
     return st;
 }
@@ -699,6 +760,7 @@ void rpc_server_free(rpc_server *s)
     }
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    free(s->auth);
     free(s);
 }
 

@@ -2138,6 +2138,120 @@ static void abandon_rounds(int port, pid_t pid, rpc_method m, const ProtobufCMes
     rpc_client_free(impatient);
 }
 
+/* Counts the replies of a flood; every one must be `want`. */
+typedef struct flood_count {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, other;
+    pst_status want;
+} flood_count;
+
+static void flood_done(void *arg, pst_status st, const char *detail,
+                       const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    (void)detail;
+    (void)reply;
+    (void)payload;
+    flood_count *fc = arg;
+    pthread_mutex_lock(&fc->mu);
+    fc->other += st != fc->want;
+    fc->n++;
+    pthread_cond_broadcast(&fc->cv);
+    pthread_mutex_unlock(&fc->mu);
+}
+
+/* PSTRAIN_TOKEN_FILE (the token surrounded by whitespace): a call without the token, or
+ * with another, is answered UNAUTHENTICATED before its body is decoded; a trainer with
+ * another token exits 2 naming the variables; 6,000 calls with a wrong token leave the
+ * pserver serving, its memory flat (under 16 MB more after the first 1,000) and its log at
+ * one line per second; the trainers with the token then train to the end. */
+Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
+{
+    char dir[64], file[128], env_file[160];
+    temp_dir(dir, sizeof dir);
+    snprintf(file, sizeof file, "%s/token", dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fputs("  \n3f9c0e51b2d84a7f  \n", f);
+    fclose(f);
+    snprintf(env_file, sizeof env_file, "PSTRAIN_TOKEN_FILE=%s", file);
+    proc *ps;
+    const int port = pserver_start_env(&ps, "info", env_file);
+    rpc_global_init(); /* after the fork/exec of the pserver */
+    const char body[] = {0x08, 0x00};
+    raw_result r = raw_call(port, "/pstrain.PServer/Pull", body, sizeof body, 10000);
+    cr_assert_eq(r.code, GRPC_STATUS_UNAUTHENTICATED, "Pull without a token: %d %s", r.code,
+                 r.detail);
+    cr_assert(strstr(r.detail, "needs the job's token"), "%s", r.detail);
+    r = raw_call(port, "/pstrain.PServer/NoSuchMethod", body, sizeof body, 10000);
+    cr_assert_eq(r.code, GRPC_STATUS_UNAUTHENTICATED, "unknown method without a token: %d",
+                 r.code);
+
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *wrong_env[] = {pservers, "PSTRAIN_TRAINERS=1", "PSTRAIN_TRAINER_ID=0",
+                               "PSTRAIN_TOKEN=3f9c0e51b2d84a7e", NULL};
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                          "--log-level", "warn", CONNECT_5S, NULL};
+    proc *t = proc_start(argv, wrong_env);
+    cr_assert(proc_wait(t, RUN_WAIT_MS), "the trainer with another token did not exit");
+    char *err = slurp(t->err_path);
+    cr_assert(WIFEXITED(t->status) && WEXITSTATUS(t->status) == 2, "0x%x:\n%s", t->status, err);
+    cr_assert(strstr(err, "needs the job's token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE)"), "%s",
+              err);
+    cr_assert(!strstr(err, "3f9c0e51b2d84a7"), "the token is in the log:\n%s", err);
+    free(err);
+
+    static char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *servers[] = {addr};
+    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 5000,
+                            .connect_timeout_ms = 5000, .token = "not-the-token"};
+    rpc_client *intruder = NULL;
+    cr_assert_eq(rpc_client_init(&intruder, &cc), PST_OK, "%s", pst_error_detail());
+    Pstrain__PullRequest pull = PSTRAIN__PULL_REQUEST__INIT;
+    long rss_settled = 0;
+    for (int round = 0; round < 30; round++) {
+        flood_count fc = {.want = PST_ERR_AUTH};
+        pthread_mutex_init(&fc.mu, NULL);
+        pthread_cond_init(&fc.cv, NULL);
+        for (int k = 0; k < 200; k++)
+            cr_assert_eq(rpc_client_call_async(intruder, 0, RPC_METHOD_PULL, &pull.base, NULL, 0,
+                                               NULL, flood_done, &fc), PST_OK);
+        pthread_mutex_lock(&fc.mu);
+        while (fc.n < 200)
+            pthread_cond_wait(&fc.cv, &fc.mu);
+        pthread_mutex_unlock(&fc.mu);
+        cr_assert_eq(fc.other, 0, "%d calls with a wrong token were not refused UNAUTHENTICATED",
+                     fc.other);
+        if (round == 4)
+            rss_settled = rss_kb(ps->pid);
+    }
+    const long rss_last = rss_kb(ps->pid);
+    rpc_client_free(intruder);
+    cr_log_info("wrong-token flood: pserver RSS %ld kB after 1,000 calls, %ld kB after 6,000\n",
+                rss_settled, rss_last);
+    cr_assert(rss_settled > 0 && rss_last - rss_settled < 16384, "RSS %ld -> %ld kB",
+              rss_settled, rss_last);
+
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", env_file, NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", env_file, NULL};
+    proc *t0 = proc_start(argv, env0), *t1 = proc_start(argv, env1);
+    cr_assert(proc_wait(t0, RUN_WAIT_MS) && proc_wait(t1, RUN_WAIT_MS), "the job did not end");
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 0);
+    cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 0);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "the pserver did not exit after the job");
+    err = slurp(ps->err_path);
+    int lines = 0;
+    for (const char *q = err; (q = strstr(q, "refused ")); q++)
+        lines++;
+    cr_assert(lines >= 1 && lines <= 12, "%d 'refused' lines for 6,000 calls in a few "
+              "seconds:\n%s", lines, err);
+    cr_assert(!strstr(err, "3f9c0e51b2d84a7"), "the token is in the pserver's log");
+    free(err);
+    rm_tree(dir);
+}
+
 /* Pulls for a version that never comes, whose clients give up after 50 ms: the pserver
  * withdraws each one when its client goes (it used to keep the queue entry and the
  * request until the version came, about 14 KB each): after 10 rounds of 200 (gRPC's and

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 
@@ -1209,4 +1210,63 @@ Test(config, checkpoint_flags)
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--precision",
                       "fp16"), PST_ERR_INVALID);
     expect_detail_has("fp16", "not built yet");
+}
+
+Test(config, recovery_flags)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_eq(c.on_failure, PST_ON_FAILURE_FAIL);
+    cr_expect_eq(c.recovery_timeout_ms, 300000);
+    EXPECT_OK(LOAD(&c, PST_ROLE_PSERVER, ENV("PSTRAIN_ON_FAILURE", "Wait",
+                                             "PSTRAIN_RECOVERY_TIMEOUT_MS", "1500"), "--port", "7"));
+    cr_expect_eq(c.on_failure, PST_ON_FAILURE_WAIT);
+    cr_expect_eq(c.recovery_timeout_ms, 1500);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--on-failure", "retry"), PST_ERR_INVALID);
+    expect_detail_has("--on-failure=retry", "wait or fail");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--recovery-timeout-ms", "10"), PST_ERR_INVALID);
+    expect_detail_has("recovery-timeout-ms", "example");
+}
+
+/* A token file: the token inside, whitespace around it ignored; empty, missing, with both
+ * variables set, or with a space inside: one line naming the file or variable, and the
+ * token itself never in a message. */
+Test(config, token_from_the_environment_or_a_file)
+{
+    pst_config c;
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_str_eq(c.token, "");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_TOKEN", "abc123")));
+    cr_expect_str_eq(c.token, "abc123");
+    char path[] = "/tmp/pst_token_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "\n  s3cr3t-t0ken \t\n", 18), 18);
+    close(fd);
+    EXPECT_OK(LOAD(&c, PST_ROLE_PSERVER, ENV("PSTRAIN_TOKEN_FILE", path), "--port", "7"));
+    cr_expect_str_eq(c.token, "s3cr3t-t0ken");
+    cr_expect_eq(LOAD(&c, PST_ROLE_PSERVER, ENV("PSTRAIN_TOKEN_FILE", path, "PSTRAIN_TOKEN", "x"),
+                      "--port", "7"), PST_ERR_INVALID);
+    expect_detail_has("both PSTRAIN_TOKEN and PSTRAIN_TOKEN_FILE", "example");
+    FILE *f = fopen(path, "w");
+    fputs(" \n\t", f);
+    fclose(f);
+    cr_expect_eq(LOAD(&c, PST_ROLE_PSERVER, ENV("PSTRAIN_TOKEN_FILE", path), "--port", "7"),
+                 PST_ERR_INVALID);
+    expect_detail_has(path, "empty");
+    f = fopen(path, "w");
+    fputs("two words", f);
+    fclose(f);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_TOKEN_FILE", path)), PST_ERR_INVALID);
+    expect_detail_has(path, "space");
+    cr_expect(!strstr(pst_error_detail(), "two words"), "%s", pst_error_detail());
+    unlink(path);
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_TOKEN_FILE", path)), PST_ERR_INVALID);
+    expect_detail_has(path, "cannot read");
+    char big[PST_TOKEN_MAX + 10];
+    memset(big, 'k', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_TOKEN", big)), PST_ERR_INVALID);
+    expect_detail_has("PSTRAIN_TOKEN", "longer than");
+    cr_expect(!strstr(pst_error_detail(), "kkkkkkkk"), "%s", pst_error_detail());
 }

@@ -37,6 +37,7 @@ static int exit_code(pst_status st)
     case PST_ERR_FORMAT:
     case PST_ERR_UNSUPPORTED:
     case PST_ERR_MISMATCH: /* the trainers were started with other flags */
+    case PST_ERR_AUTH:     /* another token than the pservers' */
         return 2;
     default:
         return 1;

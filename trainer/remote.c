@@ -776,12 +776,14 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
     rpc_client_config cc = {.servers = addrs, .num_servers = cfg->num_pservers,
                             .call_timeout_ms = (int)cfg->rpc_timeout_ms,
                             .connect_timeout_ms = cfg->connect_timeout_ms > 0
-                                                      ? (int)cfg->connect_timeout_ms : -1};
+                                                      ? (int)cfg->connect_timeout_ms : -1,
+                            .token = cfg->token};
     if ((st = rpc_client_init(&r->client, &cc)) != PST_OK)
         goto error;
     rpc_client_config wc = {.servers = addrs, .num_servers = cfg->num_pservers,
                             .call_timeout_ms = WATCH_DEADLINE_MS, .connect_timeout_ms = -1,
-                            .threads = 1, .keepalive_ms = (int)cfg->peer_timeout_ms};
+                            .threads = 1, .keepalive_ms = (int)cfg->peer_timeout_ms,
+                            .token = cfg->token};
     if ((st = rpc_client_init(&r->watcher, &wc)) != PST_OK)
         goto error;
     *out = r;

@@ -534,7 +534,8 @@ error:
         PST_WARN("the next run offers the pservers checkpoints up to step %ld", resume_limit);
     }
     /* (A start that failed for want of a pserver has no one to tell.) */
-    if (started || (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT)) {
+    if (started ||
+        (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT && st != PST_ERR_AUTH)) {
         /* Leaving early: the pservers tell the other trainers at once, with the reason. */
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
