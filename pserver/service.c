@@ -1200,21 +1200,25 @@ int ps_service_wait(ps_service *svc, volatile int *stop)
     while (!svc->all_finished && !*stop && !__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
         if (rollback_due_locked(svc))
             break;
+        if (svc->init_by > 0 && svc->store && svc->nblock_ids &&
+            ps_store_version(svc->store, svc->block_ids[0]) > svc->resumed)
+            svc->init_by = 0; /* the job went on after the rollback */
         if (svc->init_by > 0 && pst_clock_s() > svc->init_by) {
-            /* After a rollback every trainer must be back in time (the recovery timeout). */
+            /* After a rollback the job must go on in time (the recovery timeout). */
             uint32_t missing = 0;
             while (svc->store && missing < svc->num_trainers && svc->joined[missing])
                 missing++;
-            if (!svc->store || missing < svc->num_trainers) {
-                char why[sizeof svc->fatal];
-                snprintf(why, sizeof why, "%s", svc->fatal);
+            char why[sizeof svc->fatal];
+            snprintf(why, sizeof why, "%s", svc->fatal);
+            if (!svc->store || missing < svc->num_trainers)
                 snprintf(svc->fatal, sizeof svc->fatal, "--on-failure wait: trainer %u has not "
                          "sent its Init %s", svc->store ? missing : 0, why);
-                PST_ERROR("%s", svc->fatal);
-                __atomic_store_n(&svc->fatal_set, 1, __ATOMIC_RELEASE);
-                break;
-            }
-            svc->init_by = 0; /* everyone is back */
+            else
+                snprintf(svc->fatal, sizeof svc->fatal, "--on-failure wait: the job has not "
+                         "made a step %s", why);
+            PST_ERROR("%s", svc->fatal);
+            __atomic_store_n(&svc->fatal_set, 1, __ATOMIC_RELEASE);
+            break;
         }
         expire_parked_locked(svc);
         struct timespec ts;

@@ -7,7 +7,10 @@
 #      `BUILD_DIR/bin/<program> [its args] --check-config` under exactly its environment
 #      (env -i + the variables Kubernetes would give it): exit 0 and the expected role,
 #      trainer id, trainer count, pserver list, port, bind address and threads; broken
-#      variables exit 2 with one line naming the variable;
+#      variables exit 2 with one line naming the variable; every container resolves the
+#      checkpoint directory and failure mode the validator checked against its volumes
+#      and its Job's retries, and the shipped manifests recover from failures: every
+#      trainer and pserver of deploy/k8s*/ resolves checkpoint_dir=/ckpt, on_failure=wait;
 #   4. the two manifest variants (PSTRAIN_* names, Paddle names) configure the same job;
 #   5. the runtime packages of deploy/Dockerfile provide every shared library the built
 #      programs load, and the data directory (needs dpkg; skipped elsewhere).
@@ -124,6 +127,25 @@ else
   fail "no --check-config cases (the validator failed)"
 fi
 
+# The shipped manifests recover from a lost pod (deploy/README.md, "Failures and
+# recovery"): each process checkpoints to its volume at /ckpt and waits for restarts.
+for c in k8s.pstrain-trainer.trainer.0 k8s.pstrain-trainer.trainer.1 \
+         k8s.pstrain-pserver.pserver.0 k8s.pstrain-pserver.pserver.1 \
+         k8s-paddle-env.pstrain-paddle-trainer.trainer.0 k8s-paddle-env.pstrain-paddle-trainer.trainer.1 \
+         k8s-paddle-env.pstrain-paddle-pserver.pserver.0 k8s-paddle-env.pstrain-paddle-pserver.pserver.1; do
+  if [ ! -s "$out/$c.out" ]; then
+    fail "recovery settings of $c: no --check-config output"
+    continue
+  fi
+  dir="$(validate --get checkpoint_dir "$out/$c.out" 2>&1 || true)"
+  mode="$(validate --get on_failure "$out/$c.out" 2>&1 || true)"
+  if [ "$dir" = /ckpt ] && [ "$mode" = wait ]; then
+    pass "recovery settings of $c: checkpoint_dir=$dir on_failure=$mode"
+  else
+    fail "recovery settings of $c: checkpoint_dir=$dir on_failure=$mode, expected /ckpt and wait"
+  fi
+done
+
 # ---- 4. the Paddle-names variant configures the same job as the PSTRAIN_* one
 same_job() { # same_job CASE_A CASE_B KEYS_THAT_MAY_DIFFER
   if [ ! -s "$out/$1.out" ] || [ ! -s "$out/$2.out" ]; then
@@ -138,6 +160,7 @@ same_job() { # same_job CASE_A CASE_B KEYS_THAT_MAY_DIFFER
 same_job k8s.pstrain-trainer.trainer.0 k8s-paddle-env.pstrain-paddle-trainer.trainer.0 pservers
 same_job k8s.pstrain-trainer.trainer.1 k8s-paddle-env.pstrain-paddle-trainer.trainer.1 pservers
 same_job k8s.pstrain-pserver.pserver.0 k8s-paddle-env.pstrain-paddle-pserver.pserver.0 pservers,bind
+same_job k8s.pstrain-pserver.pserver.1 k8s-paddle-env.pstrain-paddle-pserver.pserver.1 pservers,bind
 
 # ---- 5. the image's runtime packages cover what the programs load
 pkgs="$(sed -n 's/^ARG RUNTIME_PACKAGES="\(.*\)"$/\1/p' deploy/Dockerfile)"

@@ -82,6 +82,9 @@ static pst_status recover_or_fail(const pst_config *cfg, tr_summary *sum)
         run.connect_timeout_ms = cfg->connect_timeout_ms > 0 && cfg->connect_timeout_ms < left_ms
                                      ? cfg->connect_timeout_ms : left_ms;
         run.rpc_timeout_ms = cfg->rpc_timeout_ms < left_ms ? cfg->rpc_timeout_ms : left_ms;
+        /* The newest whole checkpoint of this job, whatever --resume said for the start (a
+         * checkpoint of the same job and settings holds the same bits). */
+        run.resume = PST_RESUME_AUTO;
         usleep(200 * 1000); /* the pservers notice the departure and start afresh */
     }
 }

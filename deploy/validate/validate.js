@@ -7,7 +7,11 @@
  *        apiVersion/kind (the kubernetes-models classes' .validate()), and also rejects
  *        fields the schema does not know (the schemas alone accept `replica: 2`);
  *     2. checks what the documents of one directory must agree on (Service <-> StatefulSet,
- *        Indexed Job completions = parallelism, referenced ConfigMaps exist, selectors);
+ *        Indexed Job completions = parallelism, referenced ConfigMaps and
+ *        PersistentVolumeClaims exist, selectors), and what checkpoints and recovery need:
+ *        a checkpoint directory (PSTRAIN_CHECKPOINT_DIR or --checkpoint-dir) on a writable
+ *        volume backed by a PersistentVolumeClaim, a pserver id with it, and a trainer Job
+ *        that retries failed pods when its trainers wait for restarts (PSTRAIN_ON_FAILURE);
  *     3. with --cases DIR: for every container of every pod the workloads would create
  *        (each Job completion index, each StatefulSet ordinal), resolves the environment
  *        as the kubelet would (envFrom + env, $(VAR) expansion, fieldRef/resourceFieldRef
@@ -244,6 +248,84 @@ function resolveEnv(container, pod, configMaps) {
 
 /* ---- what the documents of one directory must agree on ---- */
 
+/* A setting as the program resolves it: the last --flag (--flag=V or --flag V) wins over
+ * the environment. Returns { value, source } (source: how to name it in a message), or
+ * null when neither sets it. */
+function settingOf(env, args, flag, envName) {
+  let found = null;
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === `--${flag}` && i + 1 < args.length) found = { value: args[++i], source: `--${flag}` };
+    else if (args[i].startsWith(`--${flag}=`)) found = { value: args[i].slice(flag.length + 3), source: `--${flag}` };
+  }
+  if (found) return found;
+  return Object.prototype.hasOwnProperty.call(env, envName) ? { value: env[envName], source: envName } : null;
+}
+
+function checkpointDirOf(env, args) {
+  const s = settingOf(env, args, 'checkpoint-dir', 'PSTRAIN_CHECKPOINT_DIR');
+  return s && s.value !== '' ? s : null;
+}
+
+function onFailureOf(env, args) {
+  const s = settingOf(env, args, 'on-failure', 'PSTRAIN_ON_FAILURE');
+  return s ? s.value : 'fail';
+}
+
+/* The volume mounted at `dir` or the nearest folder above it in container `c` of workload
+ * `w`: { mount, kind } where kind is 'claim' (a volumeClaimTemplates entry of a StatefulSet
+ * or a persistentVolumeClaim volume) or the volume's source (emptyDir, hostPath, ...);
+ * null when dir is on the container's own filesystem. */
+function volumeAt(w, c, dir) {
+  const under = (m) => dir === m || dir.startsWith(m.endsWith('/') ? m : `${m}/`);
+  let best = null;
+  for (const m of c.volumeMounts || [])
+    if (under(m.mountPath) && (!best || m.mountPath.length > best.mountPath.length)) best = m;
+  if (!best) return null;
+  /* A StatefulSet's claim template replaces a pod volume of the same name. */
+  if (w.kind === 'StatefulSet' && (w.spec.volumeClaimTemplates || []).some((t) => t.metadata && t.metadata.name === best.name))
+    return { mount: best, kind: 'claim' };
+  const v = (w.tmpl.spec.volumes || []).find((x) => x.name === best.name);
+  if (!v) return { mount: best, kind: 'undefined' };
+  if (v.persistentVolumeClaim) return { mount: best, kind: 'claim' };
+  return { mount: best, kind: Object.keys(v).find((k) => k !== 'name') || 'undefined' };
+}
+
+/* Checkpoints and recovery, for container `c` of workload `w` under the environment of
+ * its first pod. */
+function checkRecovery(w, c, env, args) {
+  const where = `${w.d.where} container ${c.name}`;
+  const program = programOf(c);
+  const dir = checkpointDirOf(env, args);
+  if (dir) {
+    const at = `${dir.source}=${dir.value}`;
+    const vol = dir.value.startsWith('/') ? volumeAt(w, c, dir.value) : null;
+    if (!dir.value.startsWith('/'))
+      problem(where, `${at}: not an absolute path (it would be relative to the image's working directory); mount a PersistentVolumeClaim and name its mountPath`);
+    else if (!vol)
+      problem(where, `${at}: no volume is mounted there, so checkpoints would go to the container's root filesystem (read-only here, and lost with the pod); mount a PersistentVolumeClaim (volumeClaimTemplates or persistentVolumeClaim) at ${dir.value}`);
+    else if (vol.kind === 'undefined')
+      problem(where, `${at}: volumeMount ${vol.mount.name} names no volume of the pod`);
+    else if (vol.kind !== 'claim')
+      problem(where, `${at}: volume ${vol.mount.name} mounted at ${vol.mount.mountPath} is ${vol.kind}, not a PersistentVolumeClaim: checkpoints must outlive the pod (volumeClaimTemplates or persistentVolumeClaim)`);
+    else if (vol.mount.readOnly)
+      problem(where, `${at}: volume ${vol.mount.name} is mounted read-only at ${vol.mount.mountPath}`);
+    if (program === 'pserver' && !settingOf(env, args, 'pserver-id', 'PSTRAIN_PSERVER_ID'))
+      problem(where, `${at} without PSTRAIN_PSERVER_ID (or --pserver-id): each pserver's shard goes to ` +
+        `${dir.value}/pserver-<id>; set it to the StatefulSet ordinal (fieldRef metadata.labels['apps.kubernetes.io/pod-index'])`);
+  }
+  const onFailure = settingOf(env, args, 'on-failure', 'PSTRAIN_ON_FAILURE');
+  if (w.kind === 'Job' && onFailure && onFailure.value === 'wait') {
+    /* backoffLimit defaults to 6; with backoffLimitPerIndex, that is the budget per index. */
+    const perIndex = w.spec.backoffLimitPerIndex;
+    const budget = perIndex !== undefined && perIndex !== null ? perIndex
+      : w.spec.backoffLimit === undefined || w.spec.backoffLimit === null ? 6 : w.spec.backoffLimit;
+    if (!(budget > 0))
+      problem(where, `${onFailure.source}=wait: the other processes wait for a failed trainer to be started again, ` +
+        `but the Job retries no failed pod (${perIndex !== undefined && perIndex !== null ? `backoffLimitPerIndex ${perIndex}` : `backoffLimit ${budget}`}); ` +
+        'give it a restart budget (example: backoffLimitPerIndex: 3)');
+  }
+}
+
 /* The container's arguments after `command[0]`, with $(VAR) expanded from its env. */
 function argvOf(container, env) {
   return [...(container.command || []).slice(1), ...(container.args || [])]
@@ -269,9 +351,11 @@ function containerPort(container, port) {
 function checkGroup(docs) {
   const configMaps = {};
   const services = {};
+  const claims = {};
   for (const d of docs) {
     if (d.doc.kind === 'ConfigMap') configMaps[d.doc.metadata.name] = d.doc.data || {};
     if (d.doc.kind === 'Service') services[d.doc.metadata.name] = d;
+    if (d.doc.kind === 'PersistentVolumeClaim') claims[d.doc.metadata.name] = d;
   }
   const workloads = [];
   for (const d of docs) {
@@ -309,12 +393,28 @@ function checkGroup(docs) {
         problem(d.where, `completions ${completions} != parallelism ${parallelism}: in sync mode all trainers must run at once`);
       w.instances = completions;
     }
+    for (const v of tmpl.spec.volumes || [])
+      if (v.persistentVolumeClaim && !claims[v.persistentVolumeClaim.claimName])
+        problem(d.where, `volume ${v.name}: PersistentVolumeClaim ${v.persistentVolumeClaim.claimName} is not defined next to it`);
+    const pod = podsOf(w)[0];
     for (const c of tmpl.spec.containers) {
       if (!programOf(c))
         problem(d.where, `container ${c.name}: command[0] must be a pstrain program (${PROGRAMS.join(', ')})`);
+      let missing = false;
       for (const src of c.envFrom || [])
-        if (src.configMapRef && !configMaps[src.configMapRef.name] && !src.configMapRef.optional)
+        if (src.configMapRef && !configMaps[src.configMapRef.name] && !src.configMapRef.optional) {
           problem(d.where, `container ${c.name}: ConfigMap ${src.configMapRef.name} is not defined next to it`);
+          missing = true;
+        }
+      if (!pod || missing || !programOf(c)) continue;
+      let env;
+      try {
+        env = resolveEnv(c, pod, configMaps);
+      } catch (e) {
+        problem(`${d.where} container ${c.name}`, e.message);
+        continue;
+      }
+      checkRecovery(w, c, env, argvOf(c, env));
     }
     workloads.push(w);
   }
@@ -386,6 +486,12 @@ function writeCases(groups, dir) {
             continue;
           }
           const expect = { role: program, pservers: topology };
+          /* Checkpoints and recovery as checked above (checkRecovery): the program must
+           * resolve the same directory and failure mode, and a pserver its ordinal. */
+          const dir = checkpointDirOf(env, args);
+          expect.checkpoint_dir = dir ? dir.value : '';
+          expect.on_failure = onFailureOf(env, args);
+          if (dir && program === 'pserver') expect.pserver_id = pod.index;
           /* Threads (trainer: BLAS, pserver: RPC and update) must fit the container's CPU
            * limit, not the node's core count. */
           const cpu = c.resources && c.resources.limits && c.resources.limits.cpu;
