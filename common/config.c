@@ -358,6 +358,11 @@ static const opt options[] = {
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
     {"token", "PSTRAIN_TOKEN", NULL, NULL, "3f9c0e...", "the job's secret: every call carries it and a pserver with one refuses calls without it (printable ASCII, no spaces; prefer --token-file)", R_ALL, OPT_STR, S(token), 0, 0, NULL},
     {"token-file", "PSTRAIN_TOKEN_FILE", NULL, NULL, "/etc/pstrain/token", "read the token from this file (surrounding whitespace ignored), e.g. a mounted Kubernetes Secret", R_ALL, OPT_STR, S(token_file), 0, 0, NULL},
+    {"tls-cert", "PSTRAIN_TLS_CERT", NULL, NULL, "/tls/tls.crt", "TLS: this pserver's certificate (PEM, chain allowed); with --tls-key", R_PSERVER, OPT_STR, S(tls_cert), 0, 0, NULL},
+    {"tls-key", "PSTRAIN_TLS_KEY", NULL, NULL, "/tls/tls.key", "TLS: this pserver's private key (PEM)", R_PSERVER, OPT_STR, S(tls_key), 0, 0, NULL},
+    {"tls-ca", "PSTRAIN_TLS_CA", NULL, NULL, "/tls/ca.crt", "TLS: trainer: the CA that signed the pservers' certificates (verified, host names too); pserver: require client certificates signed by it (mutual TLS)", R_ALL, OPT_STR, S(tls_ca), 0, 0, NULL},
+    {"tls-client-cert", "PSTRAIN_TLS_CLIENT_CERT", NULL, NULL, "/tls/client.crt", "mutual TLS: this trainer's certificate (PEM); with --tls-client-key", R_TRAINER, OPT_STR, S(tls_client_cert), 0, 0, NULL},
+    {"tls-client-key", "PSTRAIN_TLS_CLIENT_KEY", NULL, NULL, "/tls/client.key", "mutual TLS: this trainer's private key (PEM)", R_TRAINER, OPT_STR, S(tls_client_key), 0, 0, NULL},
     {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
     {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
@@ -885,6 +890,14 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     json_str(out, "checkpoint_dir", cfg->checkpoint_dir, &first);
     json_str(out, "token", cfg->token[0] ? "set" : "none", &first); /* never the secret */
     json_str(out, "token_file", cfg->token_file, &first);
+    json_str(out, "tls_ca", cfg->tls_ca, &first);
+    if (cfg->role == PST_ROLE_PSERVER) {
+        json_str(out, "tls_cert", cfg->tls_cert, &first);
+        json_str(out, "tls_key", cfg->tls_key, &first);
+    } else {
+        json_str(out, "tls_client_cert", cfg->tls_client_cert, &first);
+        json_str(out, "tls_client_key", cfg->tls_client_key, &first);
+    }
     fprintf(out, ",\"checkpoint_keep\":%d,\"peer_timeout_ms\":%ld", cfg->checkpoint_keep,
             cfg->peer_timeout_ms);
     json_str(out, "on_failure", cfg->on_failure == PST_ON_FAILURE_WAIT ? "wait" : "fail", &first);

@@ -95,6 +95,10 @@ typedef struct pst_config {
     char token[PST_TOKEN_MAX + 1];                 /* "": none (PSTRAIN_TOKEN, or read from
                                                     * token_file at load, trimmed) */
     char token_file[PST_PATH_MAX];
+    /* TLS (rpc/transport.h): files, "" when not set */
+    char tls_cert[PST_PATH_MAX], tls_key[PST_PATH_MAX];           /* pserver */
+    char tls_ca[PST_PATH_MAX];                                    /* both */
+    char tls_client_cert[PST_PATH_MAX], tls_client_key[PST_PATH_MAX]; /* trainer */
     long checkpoint_every;                         /* steps between checkpoints (0: never) */
     int checkpoint_keep;                           /* the newest kept */
     int resume;                                    /* PST_RESUME_* */

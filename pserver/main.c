@@ -15,6 +15,7 @@
 #include "pserver/service.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
+#include "rpc/transport.h"
 
 static volatile int stop_flag;
 
@@ -61,6 +62,14 @@ int main(int argc, char **argv)
     rpc_global_init();
     ps_service *svc = NULL;
     rpc_server *srv = NULL;
+    rpc_transport *transport = NULL;
+    const rpc_tls_files tls = {.cert = cfg.tls_cert, .key = cfg.tls_key, .ca = cfg.tls_ca};
+    if (rpc_transport_load(&transport, &tls, 1) != PST_OK) {
+        fprintf(stderr, "pserver: %s\n", pst_error_detail());
+        pst_metrics_close(&metrics);
+        rpc_global_shutdown();
+        return 2;
+    }
     int rc = 0, port = cfg.port;
     char lost[600] = ""; /* the departure that made this pserver roll back */
     const int wait = cfg.on_failure == PST_ON_FAILURE_WAIT;
@@ -90,7 +99,7 @@ int main(int argc, char **argv)
                                 .handler = ps_service_handle, .handler_arg = svc,
                                 .on_cancel = ps_service_cancelled,
                                 .keepalive_ms = (int)cfg.peer_timeout_ms,
-                                .token = cfg.token};
+                                .token = cfg.token, .transport = transport};
         if (rpc_server_init(&srv, &sc) != PST_OK) {
             fprintf(stderr, "pserver: %s\n", pst_error_detail());
             rc = 1;
@@ -99,7 +108,8 @@ int main(int argc, char **argv)
         port = rpc_server_port(srv); /* a rollback serves on the same port */
         printf("{\"event\":\"listening\",\"port\":%d}\n", port);
         fflush(stdout);
-        PST_INFO("listening on %s:%d with %d threads", cfg.bind_host, port, cfg.server_threads);
+        PST_INFO("listening on %s:%d with %d threads (%s)", cfg.bind_host, port,
+                 cfg.server_threads, rpc_transport_name(transport));
         if (!cfg.token[0])
             PST_INFO("no token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE): anyone who can reach "
                      "port %d can train, read or end this job", port);
@@ -151,6 +161,7 @@ out:
     pst_metrics_close(&metrics);
     rpc_server_free(srv);
     ps_service_free(svc);
+    rpc_transport_free(transport);
     rpc_global_shutdown();
     return rc;
 }

@@ -23,6 +23,7 @@
  * while queue threads finish calls; a call being started after `closing` is set is
  * refused, one created just before is cancelled by free and completes CANCELLED. */
 #include "rpc/client.h"
+#include "rpc/transport.h"
 
 #include <ctype.h>
 #include <pthread.h>
@@ -88,6 +89,7 @@ struct rpc_client {
     struct cl_call *active;
     struct cl_call *waiting;
     char **gone;       /* (nservers) why a server was given up (rpc_client_give_up), or NULL */
+    int tls;            /* the channels are TLS (rpc/transport.h) */
     grpc_metadata auth; /* "authorization: Bearer TOKEN", sent with every call */
     int has_auth;
 };
@@ -297,6 +299,16 @@ static void on_complete(struct cl_call *c)
     char detail[CL_DETAIL];
     int from_server;
     pst_status st = attempt_status(c, &from_server);
+    if (st == PST_ERR_UNAVAILABLE && !closing &&
+        (strstr(text, "andshake failed") || strstr(text, "is not in peer certificate"))) {
+        /* A TLS handshake that fails fails again: no retry (a wrong CA, a certificate that
+         * does not name this address, a server that is not TLS). */
+        snprintf(detail, sizeof(detail), "pserver %s %s: the TLS handshake failed: %s (check "
+                 "PSTRAIN_TLS_CA, and that the pserver's certificate names %s)", addr, mname,
+                 text, addr);
+        call_finish(c, PST_ERR_INVALID, detail, NULL);
+        return;
+    }
     if (st == PST_ERR_UNAVAILABLE && !closing) {
         PST_DEBUG("rpc client: %s %s unavailable (attempt %d): %s", addr, mname, c->attempts,
                   text);
@@ -315,8 +327,13 @@ static void on_complete(struct cl_call *c)
         double secs = (double)(now_ms() - c->first_unavailable_ms) / 1000.0;
         snprintf(detail, sizeof(detail),
                  "pserver %s unavailable: %s failed for %.1f s (%d attempts, connect timeout "
-                 "%d ms): %s",
-                 addr, mname, secs, c->attempts, cl->connect_timeout_ms, text);
+                 "%d ms): %s%s",
+                 addr, mname, secs, c->attempts, cl->connect_timeout_ms, text,
+                 !strstr(text, "Socket closed") ? ""
+                 : cl->tls ? " (the connection closed at once: does the pserver require a client "
+                             "certificate? then set PSTRAIN_TLS_CLIENT_CERT and _KEY)"
+                           : " (the connection closed at once: a TLS pserver? then set "
+                             "PSTRAIN_TLS_CA)");
         call_finish(c, st, detail, NULL);
         return;
     }
@@ -507,7 +524,8 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
         }
     }
     grpc_channel_args cargs = {nargs, args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = rpc_transport_channel_creds(cfg->transport);
+    cl->tls = strcmp(rpc_transport_name(cfg->transport), "insecure") != 0;
     for (int i = 0; i < cl->nservers; i++) {
         cl->chans[i] = grpc_channel_create(cl->addrs[i], creds, &cargs);
         for (int m = 0; m < RPC_METHOD_COUNT_; m++)

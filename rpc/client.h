@@ -43,6 +43,7 @@ typedef struct rpc_client_config {
     int keepalive_ms;       /* > 0: ping each server that long idle; no answer within as
                              * long closes the connection (its calls fail UNAVAILABLE) */
     int threads;            /* threads running done callbacks; 0 -> 2 */
+    const struct rpc_transport *transport; /* TLS (rpc/transport.h); NULL: insecure */
     const char *token;      /* non-empty: sent with every call ("authorization: Bearer
                              * TOKEN" metadata; copied) */
 } rpc_client_config;

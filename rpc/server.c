@@ -26,6 +26,7 @@
  * calls, wait for the shutdown tag and for every call's gRPC side to finish, destroy the
  * server, shut the queue down and join the threads once it is drained. */
 #include "rpc/server.h"
+#include "rpc/transport.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -626,7 +627,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
             goto error;
         }
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = rpc_transport_server_creds(cfg->transport);
     s->port = grpc_server_add_http2_port(s->server, cfg->bind, creds);
     grpc_server_credentials_release(creds);
     if (s->port <= 0) {

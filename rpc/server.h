@@ -48,6 +48,7 @@ typedef struct rpc_server_config {
     rpc_cancel_fn on_cancel;  /* optional; gets handler_arg */
     int keepalive_ms;      /* > 0: ping every client connection that long idle and close it
                             * (cancelling its calls) when no answer comes within as long */
+    const struct rpc_transport *transport; /* TLS (rpc/transport.h); NULL: insecure */
     const char *token;     /* non-empty: every call must carry it (rpc_client_config.token);
                             * others are answered UNAUTHENTICATED before their body is
                             * decoded (copied) */

@@ -5,7 +5,7 @@
 set -eu
 
 pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
-      dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev
+      dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libssl-dev openssl
       bible-kjv $*"
 
 missing=""

@@ -260,10 +260,12 @@ static void suite_fini(void)
 
 /* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
 /* extra: one more NAME=value for the pserver's environment, or NULL */
-static int pserver_start_env2(proc **ps, const char *log_level, const char *extra,
-                              const char *extra2)
+/* extra: up to 4 more variables, NULL-terminated (NULL: none). */
+static int pserver_start_envs(proc **ps, const char *log_level, const char *const *extra)
 {
-    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", extra, extra2, NULL};
+    const char *env[7] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1"};
+    for (int i = 0; extra && extra[i] && i < 4; i++)
+        env[2 + i] = extra[i];
     const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
     proc *p = *ps = proc_start(argv, env);
     double deadline = now_ms() + LISTEN_WAIT_MS;
@@ -288,6 +290,13 @@ static int pserver_start_env2(proc **ps, const char *log_level, const char *extr
         }
         sleep_ms(10);
     }
+}
+
+static int pserver_start_env2(proc **ps, const char *log_level, const char *extra,
+                              const char *extra2)
+{
+    const char *env[] = {extra, extra2, NULL};
+    return pserver_start_envs(ps, log_level, env);
 }
 
 static int pserver_start_env(proc **ps, const char *log_level, const char *extra)
@@ -2249,6 +2258,129 @@ Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
               "seconds:\n%s", lines, err);
     cr_assert(!strstr(err, "3f9c0e51b2d84a7"), "the token is in the pserver's log");
     free(err);
+    rm_tree(dir);
+}
+
+/* A trainer of a 1-trainer job against the pserver on `port` with `extra` variables (up
+ * to 3): its exit status, and its stderr in *err. */
+static int tls_trainer(int port, const char *const *extra, char **err)
+{
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *env[6] = {pservers, "PSTRAIN_TRAINERS=1"};
+    for (int i = 0; extra[i] && i < 3; i++)
+        env[2 + i] = extra[i];
+    const char *argv[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                          "--log-level", "warn", "--connect-timeout-ms", "2000", NULL};
+    char *out = NULL;
+    const int rc = run(argv, env, RUN_WAIT_MS, &out, err);
+    free(out);
+    return rc;
+}
+
+#define VARS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* TLS (certificates made by tests/tls/make_certs.sh with the openssl command): a pserver
+ * with an expired certificate, a key of another certificate or a missing file exits 2 with
+ * one line naming the variable, the file and the problem; a TLS pserver refuses a
+ * plaintext trainer, a trainer that trusts another CA, and (its certificate naming another
+ * host) a trainer that checks host names, each with a line naming the address, in seconds,
+ * and keeps serving the trainer that trusts its CA; a mutual-TLS pserver (PSTRAIN_TLS_CA
+ * set) refuses a trainer without a client certificate and one whose certificate another CA
+ * signed, and serves one with its CA's. */
+Test(cluster, tls_and_mutual_tls_refuse_what_they_should, .timeout = 180)
+{
+    char dir[64], cmd[256];
+    temp_dir(dir, sizeof dir);
+    snprintf(cmd, sizeof cmd, "bash %s/tests/tls/make_certs.sh '%s'", PST_SOURCE_DIR, dir);
+    cr_assert_eq(system(cmd), 0, "%s failed (is the openssl command installed?)", cmd);
+    static char v[16][300];
+    int nv = 0;
+#define FILEVAR(name, file) (snprintf(v[nv], sizeof v[nv], "%s=%s/%s", name, dir, file), v[nv++])
+    const char *cert = FILEVAR("PSTRAIN_TLS_CERT", "server.pem");
+    const char *key = FILEVAR("PSTRAIN_TLS_KEY", "server.key");
+    const char *ca = FILEVAR("PSTRAIN_TLS_CA", "ca.pem");
+    const char *otherca = FILEVAR("PSTRAIN_TLS_CA", "otherca.pem");
+    const char *ccert = FILEVAR("PSTRAIN_TLS_CLIENT_CERT", "client.pem");
+    const char *ckey = FILEVAR("PSTRAIN_TLS_CLIENT_KEY", "client.key");
+    const char *occert = FILEVAR("PSTRAIN_TLS_CLIENT_CERT", "other.pem");
+    const char *ockey = FILEVAR("PSTRAIN_TLS_CLIENT_KEY", "other.key");
+    const struct {
+        const char *a, *b, *says;
+    } bad[] = {{FILEVAR("PSTRAIN_TLS_CERT", "expired.pem"), FILEVAR("PSTRAIN_TLS_KEY", "expired.key"),
+                "expired.pem: the certificate expired on"},
+               {cert, FILEVAR("PSTRAIN_TLS_KEY", "client.key"),
+                "client.key: the key does not match the certificate PSTRAIN_TLS_CERT="},
+               {cert, FILEVAR("PSTRAIN_TLS_KEY", "missing.key"), "missing.key: cannot read it"},
+               {FILEVAR("PSTRAIN_TLS_CERT", "server.key"), key, "server.key: not a PEM certificate"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *env[] = {"PSTRAIN_PORT=0", bad[i].a, bad[i].b, NULL};
+        const char *argv[] = {PSERVER, NULL};
+        char *out, *err;
+        const int rc = run(argv, env, RUN_WAIT_MS, &out, &err);
+        cr_assert_eq(rc, 2, "%s %s: exit %d:\n%s", bad[i].a, bad[i].b, rc, err);
+        cr_assert(strstr(err, bad[i].says) && !strchr(strchr(err, '\n') + 1, '\n'),
+                  "expected one line with '%s':\n%s", bad[i].says, err);
+        free(out);
+        free(err);
+    }
+
+    /* TLS: the pserver's certificate, verified by the trainers. */
+    proc *ps;
+    int port = pserver_start_envs(&ps, "info", VARS(cert, key));
+    char *err, addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    double t = now_ms();
+    int rc = tls_trainer(port, VARS("PSTRAIN_LOG_LEVEL=warn"), &err);
+    cr_assert(rc == 1 && strstr(err, addr) && strstr(err, "a TLS pserver? then set PSTRAIN_TLS_CA"),
+              "plaintext trainer: exit %d:\n%s", rc, err);
+    fprintf(stderr, "TLS: plaintext trainer out after %.0f ms (connect timeout 2 s)\n",
+            now_ms() - t);
+    free(err);
+    t = now_ms();
+    rc = tls_trainer(port, VARS(otherca), &err);
+    cr_assert(rc == 2 && strstr(err, addr) && strstr(err, "the TLS handshake failed") &&
+                  strstr(err, "certificate verify failed"),
+              "trainer trusting another CA: exit %d:\n%s", rc, err);
+    fprintf(stderr, "TLS: trainer with another CA out after %.0f ms\n", now_ms() - t);
+    free(err);
+    rc = tls_trainer(port, VARS(ca), &err);
+    cr_assert_eq(rc, 0, "trainer trusting the CA: exit %d:\n%s", rc, err);
+    free(err);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS));
+    err = slurp(ps->err_path);
+    cr_assert(strstr(err, "threads (tls)"), "%s", err);
+    free(err);
+
+    /* A certificate for another host name. */
+    port = pserver_start_envs(&ps, "info", VARS(FILEVAR("PSTRAIN_TLS_CERT", "wronghost.pem"),
+                                                 FILEVAR("PSTRAIN_TLS_KEY", "wronghost.key")));
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    rc = tls_trainer(port, VARS(ca), &err);
+    cr_assert(rc == 2 && strstr(err, "the TLS handshake failed") &&
+                  strstr(err, "certificate names 127.0.0.1:"),
+              "trainer against a certificate of another host: exit %d:\n%s", rc, err);
+    free(err);
+    kill(ps->pid, SIGKILL);
+    proc_wait(ps, EXIT_WAIT_MS);
+
+    /* Mutual TLS: the pserver requires a client certificate its CA signed. */
+    port = pserver_start_envs(&ps, "info", VARS(cert, key, ca));
+    rc = tls_trainer(port, VARS(ca), &err);
+    cr_assert(rc == 1 && strstr(err, "PSTRAIN_TLS_CLIENT_CERT"),
+              "trainer without a client certificate: exit %d:\n%s", rc, err);
+    free(err);
+    rc = tls_trainer(port, VARS(ca, occert, ockey), &err);
+    cr_assert(rc != 0, "a client certificate of another CA was accepted:\n%s", err);
+    free(err);
+    rc = tls_trainer(port, VARS(ca, ccert, ckey), &err);
+    cr_assert_eq(rc, 0, "trainer with its CA's client certificate: exit %d:\n%s", rc, err);
+    free(err);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS));
+    err = slurp(ps->err_path);
+    cr_assert(strstr(err, "threads (mutual tls)"), "%s", err);
+    free(err);
+#undef FILEVAR
     rm_tree(dir);
 }
 

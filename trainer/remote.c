@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/client.h"
+#include "rpc/transport.h"
 #include "rpc/global.h"
 
 typedef struct block_ctx {
@@ -101,6 +102,7 @@ struct tr_remote {
     const pst_config *cfg;
     const tr_plan *plan; /* the caller's */
     rpc_client *client;
+    rpc_transport *transport; /* insecure or TLS, for both clients */
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
     link_sched *links; /* (num_pservers) */
@@ -770,6 +772,10 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
     }
     rpc_global_init();
     r->rpc_inited = 1;
+    const rpc_tls_files tls = {.ca = cfg->tls_ca, .client_cert = cfg->tls_client_cert,
+                               .client_key = cfg->tls_client_key};
+    if ((st = rpc_transport_load(&r->transport, &tls, 0)) != PST_OK)
+        goto error;
     const char *addrs[PST_MAX_PSERVERS];
     for (int s = 0; s < cfg->num_pservers; s++)
         addrs[s] = cfg->pservers[s];
@@ -777,13 +783,13 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
                             .call_timeout_ms = (int)cfg->rpc_timeout_ms,
                             .connect_timeout_ms = cfg->connect_timeout_ms > 0
                                                       ? (int)cfg->connect_timeout_ms : -1,
-                            .token = cfg->token};
+                            .token = cfg->token, .transport = r->transport};
     if ((st = rpc_client_init(&r->client, &cc)) != PST_OK)
         goto error;
     rpc_client_config wc = {.servers = addrs, .num_servers = cfg->num_pservers,
                             .call_timeout_ms = WATCH_DEADLINE_MS, .connect_timeout_ms = -1,
                             .threads = 1, .keepalive_ms = (int)cfg->peer_timeout_ms,
-                            .token = cfg->token};
+                            .token = cfg->token, .transport = r->transport};
     if ((st = rpc_client_init(&r->watcher, &wc)) != PST_OK)
         goto error;
     *out = r;
@@ -800,6 +806,7 @@ void tr_remote_free(tr_remote *r)
     atomic_store(&r->finishing, 1);
     rpc_client_free(r->watcher); /* fails the open watches: their callbacks see finishing */
     rpc_client_free(r->client);
+    rpc_transport_free(r->transport);
     if (r->rpc_inited)
         rpc_global_shutdown();
     for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
