@@ -363,6 +363,9 @@ static const opt options[] = {
     {"tls-ca", "PSTRAIN_TLS_CA", NULL, NULL, "/tls/ca.crt", "TLS: trainer: the CA that signed the pservers' certificates (verified, host names too); pserver: require client certificates signed by it (mutual TLS)", R_ALL, OPT_STR, S(tls_ca), 0, 0, NULL},
     {"tls-client-cert", "PSTRAIN_TLS_CLIENT_CERT", NULL, NULL, "/tls/client.crt", "mutual TLS: this trainer's certificate (PEM); with --tls-client-key", R_TRAINER, OPT_STR, S(tls_client_cert), 0, 0, NULL},
     {"tls-client-key", "PSTRAIN_TLS_CLIENT_KEY", NULL, NULL, "/tls/client.key", "mutual TLS: this trainer's private key (PEM)", R_TRAINER, OPT_STR, S(tls_client_key), 0, 0, NULL},
+    {"max-params", "PSTRAIN_MAX_PARAMS", NULL, NULL, "100000000", "pserver: refuse an Init that would make it hold more parameters than this (before allocating anything)", R_PSERVER, OPT_LONG, F(max_params), 1, 1L << 40, NULL},
+    {"max-calls", "PSTRAIN_MAX_CALLS", NULL, NULL, "65536", "pserver: calls alive at once; more are refused RESOURCE_EXHAUSTED", R_PSERVER, OPT_INT, F(max_calls), 16, 1 << 24, NULL},
+    {"max-wait-ms", "PSTRAIN_MAX_WAIT_MS", NULL, NULL, "3600000", "pserver: a call (a pull waiting for a step, an Init waiting for trainer 0) unanswered this long is ended DEADLINE_EXCEEDED (Watch excepted)", R_PSERVER, OPT_LONG, F(max_wait_ms), 1000, 86400000, NULL},
     {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
     {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
@@ -538,6 +541,9 @@ void pst_config_defaults(pst_config *cfg)
     cfg->test_crash_step = -1;
     cfg->peer_timeout_ms = 5000;
     cfg->recovery_timeout_ms = 300000;
+    cfg->max_params = 1L << 30;
+    cfg->max_calls = 65536;
+    cfg->max_wait_ms = 3600000;
     cfg->checkpoint_keep = 2;
     cfg->pipeline = 1;
     cfg->micro_batches = 1;
@@ -841,6 +847,8 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     if (cfg->role == PST_ROLE_PSERVER) {
         fprintf(out, ",\"port\":%d,\"pserver_id\":%d,\"server_threads\":%d", cfg->port,
                 cfg->pserver_id, cfg->server_threads);
+        fprintf(out, ",\"max_params\":%ld,\"max_calls\":%d,\"max_wait_ms\":%ld",
+                cfg->max_params, cfg->max_calls, cfg->max_wait_ms);
         json_str(out, "bind", cfg->bind_host, &first);
     } else {
         fprintf(out, ",\"trainers\":%d,\"trainer_id\":%d", cfg->trainers, cfg->trainer_id);

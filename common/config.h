@@ -106,6 +106,10 @@ typedef struct pst_config {
                                                     * answers no keepalive ping for this
                                                     * long is gone */
     int on_failure;                                /* PST_ON_FAILURE_* */
+    /* pserver limits (each refusal names its limit; the pserver keeps serving) */
+    long max_params;                               /* parameters held (Init refused above) */
+    int max_calls;                                 /* calls alive at once */
+    long max_wait_ms;                              /* longest a call waits unanswered */
     long recovery_timeout_ms;                      /* --on-failure wait: give up after this
                                                     * long without the job going on */
     long test_crash_step;                          /* test hook: _exit(3) at this step, as

@@ -24,6 +24,7 @@ static const char *const names[PST_ERR_COUNT_] = {
     [PST_ERR_INTERNAL] = "internal error",
     [PST_ERR_RANGE] = "out of range",
     [PST_ERR_AUTH] = "unauthenticated",
+    [PST_ERR_LIMIT] = "limit exceeded",
 };
 
 const char *pst_strerror(pst_status st)

@@ -95,11 +95,15 @@ int main(int argc, char **argv)
                  "(start the job again: it resumes from the newest complete checkpoint)",
                  cfg.recovery_timeout_ms, lost);
         ps_service_on_failure(svc, wait, cfg.peer_timeout_ms, init_by, why);
+        ps_service_limits(svc, (uint64_t)cfg.max_params);
         rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
                                 .handler = ps_service_handle, .handler_arg = svc,
                                 .on_cancel = ps_service_cancelled,
                                 .keepalive_ms = (int)cfg.peer_timeout_ms,
-                                .token = cfg.token, .transport = transport};
+                                .token = cfg.token, .transport = transport,
+                                .max_calls = cfg.max_calls, .max_wait_ms = (int)cfg.max_wait_ms,
+                                .max_request = ps_service_max_request,
+                                .max_message = (long long)cfg.max_params * 4 + (64LL << 20)};
         if (rpc_server_init(&srv, &sc) != PST_OK) {
             fprintf(stderr, "pserver: %s\n", pst_error_detail());
             rc = 1;

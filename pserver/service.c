@@ -22,6 +22,8 @@
 #include "pserver/store.h"
 
 #define MAX_PARKED 4096
+#define PS_MAX_BLOCKS (1 << 20) /* blocks per pserver (an Init with more is refused) */
+#define PULL_SLACK 1024         /* pulls in flight beyond 2 per trainer and block */
 /* A parked Init is answered this long before its client's deadline (ps_service_wait looks
  * every 100 ms), so the trainer learns that trainer 0 never came instead of a bare
  * "no reply" that blames the pserver. */
@@ -86,6 +88,10 @@ struct ps_service {
     size_t pull_allocs;           /* contexts ever allocated (the most pulls in flight) */
     size_t pulls;                 /* Pull calls handled */
     size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
+    size_t pulls_live;            /* contexts in flight (under pull_mu) */
+    /* limits */
+    uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
+    size_t max_block;             /* atomic: the largest block's length (after Init) */
 };
 
 /* A pull in flight; back on svc->pull_free once its reply was sent (release_pull). */
@@ -272,6 +278,28 @@ void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, doub
     snprintf(svc->fatal, sizeof svc->fatal, "%s", why ? why : "");
 }
 
+void ps_service_limits(ps_service *svc, uint64_t max_params)
+{
+    svc->max_params = max_params;
+}
+
+size_t ps_service_max_request(void *arg, rpc_method m, const char **why)
+{
+    ps_service *svc = arg;
+    if (m == RPC_METHOD_INIT && svc->max_params) {
+        *why = "initial values of at most --max-params parameters, and the block list";
+        const size_t blocks = svc->max_params < PS_MAX_BLOCKS ? svc->max_params : PS_MAX_BLOCKS;
+        return (size_t)svc->max_params * sizeof(float) + 64 * blocks + 65536;
+    }
+    if (m == RPC_METHOD_PUSH) {
+        const size_t longest = __atomic_load_n(&svc->max_block, __ATOMIC_ACQUIRE);
+        *why = longest ? "the largest block in f32, and the header"
+                       : "no blocks before trainer 0's Init: the header alone";
+        return longest * sizeof(float) + RPC_SMALL_REQUEST_MAX;
+    }
+    return 0;
+}
+
 const char *ps_service_departed(ps_service *svc)
 {
     return __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE) ? svc->departed : NULL;
@@ -299,6 +327,17 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: precision %d is not F32, "
                              "F16 or BF16", (int)req->precision);
     uint64_t total = 0;
+    if (req->n_blocks > PS_MAX_BLOCKS)
+        return pst_error_set(PST_ERR_LIMIT, "Init from trainer 0: %zu blocks on this pserver, "
+                             "at most %d", req->n_blocks, PS_MAX_BLOCKS);
+    for (size_t i = 0; i < req->n_blocks; i++)
+        total += req->blocks[i]->length <= (1ull << 32) ? req->blocks[i]->length : 0;
+    if (svc->max_params && total > svc->max_params)
+        return pst_error_set(PST_ERR_LIMIT, "Init from trainer 0: %llu parameters on this "
+                             "pserver, at most %llu (--max-params; more pservers share a "
+                             "model's parameters)", (unsigned long long)total,
+                             (unsigned long long)svc->max_params);
+    total = 0;
     blocks = calloc(req->n_blocks ? req->n_blocks : 1, sizeof *blocks);
     if (!blocks)
         return pst_error_set(PST_ERR_NOMEM, "Init: out of memory for %zu blocks", req->n_blocks);
@@ -382,6 +421,10 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     svc->fingerprint = req->fingerprint;
     svc->num_trainers = req->num_trainers;
+    size_t longest = 0;
+    for (size_t i = 0; i < req->n_blocks; i++)
+        longest = blocks[i].length > longest ? blocks[i].length : longest;
+    __atomic_store_n(&svc->max_block, longest, __ATOMIC_RELEASE);
     for (size_t i = 0; i < req->n_blocks; i++)
         svc->specs[i] = blocks[i];
     if (req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK)
@@ -619,6 +662,7 @@ static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
         p->svc = svc;
         p->call = call;
         p->inflight = 1;
+        svc->pulls_live++;
     }
     pthread_mutex_unlock(&svc->pull_mu);
     return p;
@@ -636,6 +680,7 @@ static void release_pull(void *arg)
         p->inflight = 0;
         p->next = svc->pull_free;
         svc->pull_free = p;
+        svc->pulls_live--;
     }
     pthread_mutex_unlock(&svc->pull_mu);
 }
@@ -671,6 +716,7 @@ static void pull_cancelled(ps_service *svc, rpc_call *call)
         p->inflight = 0;
         p->next = svc->pull_free;
         svc->pull_free = p;
+        svc->pulls_live--;
     }
     pthread_mutex_unlock(&svc->pull_mu);
 }
@@ -780,6 +826,21 @@ static void handle_pull(ps_service *svc, rpc_call *call)
     pull_ctx *p = pull_get(svc, call);
     if (!p) {
         fail(call, pst_error_set(PST_ERR_NOMEM, "Pull: out of memory"));
+        return;
+    }
+    /* Each trainer has at most one exchange per block in flight: what is beyond that (with
+     * room for retries and for a pull whose client has gone but whose cancellation has not
+     * come yet) is not a trainer of this job. */
+    const size_t most = 2 * (size_t)svc->num_trainers * svc->nblock_ids + PULL_SLACK;
+    pthread_mutex_lock(&svc->pull_mu);
+    const size_t live = svc->pulls_live;
+    pthread_mutex_unlock(&svc->pull_mu);
+    if (live > most) {
+        release_pull(p);
+        fail(call, pst_error_set(PST_ERR_LIMIT, "Pull of block %u: %zu pulls in flight on "
+                                 "this pserver, at most %zu (2 per trainer and block, + "
+                                 "%d)",
+                                 req->block, live - 1, most, PULL_SLACK));
         return;
     }
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);

@@ -53,6 +53,13 @@ const char *ps_service_failure(ps_service *svc);
  * ps_service_failure is `why`. Call before serving. */
 void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, double init_by,
                            const char *why);
+/* Limits: an Init that would make this pserver hold more than max_params parameters is
+ * refused before anything is allocated (0: none). Call before serving. */
+void ps_service_limits(ps_service *svc, uint64_t max_params);
+/* rpc_server_config.max_request: the largest Init (max_params values and the block list)
+ * and Push (the largest block in f32, once trainer 0's Init is in; the header alone
+ * before) body accepted; 0 for the others. */
+size_t ps_service_max_request(void *arg, rpc_method m, const char **why);
 /* Why the job cannot complete (a trainer left early), or NULL. */
 const char *ps_service_departed(ps_service *svc);
 /* Fails the pulls and inits still waiting (server shutting down). */

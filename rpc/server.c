@@ -28,6 +28,7 @@
 #include "rpc/server.h"
 #include "rpc/transport.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -85,6 +86,8 @@ struct rpc_call {
     atomic_int cancelled;
     atomic_int completed;
     atomic_int grpc_refs; /* close op + send op */
+    int64_t arrived_ms;   /* monotonic, for max_wait_ms */
+    int expired;          /* max_wait_ms ended it (under the server's mu) */
     atomic_int refs;      /* gRPC side + owner */
     /* reply, alive until the send batch completes */
     grpc_byte_buffer *reply_bb;
@@ -114,6 +117,10 @@ struct rpc_server {
     void *handler_arg;
     rpc_cancel_fn on_cancel;
     char *auth;        /* "Bearer TOKEN" every call must carry, or NULL */
+    int max_calls, max_wait_ms;
+    size_t (*max_request)(void *arg, rpc_method m, const char **why);
+    pthread_t expirer; /* max_wait_ms > 0: ends calls that waited too long */
+    int expirer_started;
     size_t auth_len;
     atomic_long refused;       /* calls refused for their token */
     atomic_long refused_logged;
@@ -401,8 +408,10 @@ static void on_new_call(rpc_call *c, int success)
     atomic_init(&c->grpc_refs, 2);
     atomic_init(&c->refs, 2);
     c->peer = grpc_call_get_peer(c->gcall);
+    c->arrived_ms = (int64_t)(pst_clock_s() * 1e3);
     pthread_mutex_lock(&s->mu);
     s->grpc_live++;
+    const int live = s->grpc_live;
     int repost = !s->shutting;
     c->next = s->calls;
     if (s->calls != NULL)
@@ -435,7 +444,22 @@ static void on_new_call(rpc_call *c, int success)
         log_refused(s, rpc_method_name(c->method), c->peer);
         st = pst_error_set(PST_ERR_AUTH, "this pserver needs the job's token (PSTRAIN_TOKEN "
                            "or PSTRAIN_TOKEN_FILE): none or another was sent");
-    } else if (c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
+    } else if (s->max_calls > 0 && live > s->max_calls) {
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+        st = pst_error_set(PST_ERR_LIMIT, "%d calls in flight on this pserver, at most %d "
+                           "(--max-calls)", live - 1, s->max_calls);
+    } else if (s->max_request && body > 0) {
+        const char *why = "";
+        const size_t most = s->max_request(s->handler_arg, c->method, &why);
+        if (most > 0 && body > most) {
+            grpc_byte_buffer_destroy(bb);
+            bb = NULL;
+            st = pst_error_set(PST_ERR_LIMIT, "a request of %zu bytes: at most %zu (%s)", body,
+                               most, why);
+        }
+    }
+    if (st == PST_OK && c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
         body > RPC_SMALL_REQUEST_MAX) {
         grpc_byte_buffer_destroy(bb);
         bb = NULL;
@@ -493,6 +517,49 @@ static void *server_thread(void *arg)
         }
     }
     return NULL;
+}
+
+/* max_wait_ms: every 100 ms, the calls alive longer than that and not answered (Watch
+ * excepted) are cancelled with DEADLINE_EXCEEDED, which runs on_cancel as a client that
+ * gave up would: the handler withdraws what it keeps for them. */
+static void *expirer_thread(void *arg)
+{
+    rpc_server *s = arg;
+    char detail[160];
+    snprintf(detail, sizeof detail, "unanswered for %d ms: the pserver ends such calls "
+             "(--max-wait-ms)", s->max_wait_ms);
+    for (;;) {
+        rpc_call *due[64];
+        int n = 0;
+        const int64_t now = (int64_t)(pst_clock_s() * 1e3);
+        pthread_mutex_lock(&s->mu);
+        if (s->shutting) {
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        for (rpc_call *c = s->calls; c != NULL && n < 64; c = c->next) {
+            if (c->expired || c->method == RPC_METHOD_WATCH || atomic_load(&c->completed) ||
+                now - c->arrived_ms <= s->max_wait_ms)
+                continue;
+            int g = atomic_load(&c->grpc_refs); /* a reference on its gRPC side, if alive */
+            while (g > 0 && !atomic_compare_exchange_weak(&c->grpc_refs, &g, g + 1))
+                ;
+            if (g <= 0)
+                continue;
+            c->expired = 1;
+            due[n++] = c;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n; i++) {
+            grpc_call_cancel_with_status(due[i]->gcall, GRPC_STATUS_DEADLINE_EXCEEDED, detail,
+                                         NULL);
+            call_grpc_unref(due[i]);
+        }
+        if (n == 64)
+            continue;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* ---- server -------------------------------------------------------------------------- */
@@ -565,6 +632,9 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     s->on_cancel = cfg->on_cancel;
     s->t_shutdown = (struct srv_tag){TAG_SHUTDOWN, s};
     atomic_init(&s->refused_log_at, 0.0);
+    s->max_calls = cfg->max_calls;
+    s->max_wait_ms = cfg->max_wait_ms;
+    s->max_request = cfg->max_request;
     if (cfg->token && cfg->token[0]) {
         s->auth_len = strlen("Bearer ") + strlen(cfg->token);
         s->auth = malloc(s->auth_len + 1);
@@ -582,7 +652,8 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = -1;
+    args[0].value.integer = cfg->max_message > 0 && cfg->max_message < INT_MAX
+                                ? (int)cfg->max_message : INT_MAX;
     args[1].type = GRPC_ARG_INTEGER;
     args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
     args[1].value.integer = -1;
@@ -647,6 +718,8 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
         s->nthreads++;
     }
     grpc_server_start(s->server);
+    if (s->max_wait_ms > 0 && pthread_create(&s->expirer, NULL, expirer_thread, s) == 0)
+        s->expirer_started = 1;
     for (int m = 0; m < RPC_METHOD_COUNT_; m++)
         for (int k = 0; k < SRV_REQUESTS_PER_METHOD; k++)
             request_registered(s, m);
@@ -709,6 +782,9 @@ void rpc_server_shutdown(rpc_server *s, int fail)
     s->shutting = 1;
     pthread_mutex_unlock(&s->mu);
 
+    if (s->expirer_started) /* it sees `shutting` within 100 ms */
+        pthread_join(s->expirer, NULL);
+    s->expirer_started = 0;
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
     if (fail)
         fail_pending(s);

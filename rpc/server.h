@@ -49,6 +49,17 @@ typedef struct rpc_server_config {
     int keepalive_ms;      /* > 0: ping every client connection that long idle and close it
                             * (cancelling its calls) when no answer comes within as long */
     const struct rpc_transport *transport; /* TLS (rpc/transport.h); NULL: insecure */
+    /* Limits, each refused with RESOURCE_EXHAUSTED (or DEADLINE_EXCEEDED) and a message
+     * naming it; 0: none. */
+    int max_calls;         /* calls alive at once (arrived, not yet answered and sent) */
+    long long max_message; /* the largest request body gRPC receives at all (bytes; above
+                            * INT_MAX: gRPC's own limit) */
+    int max_wait_ms;       /* a call unanswered this long is ended DEADLINE_EXCEEDED, as if
+                            * its client had gone (on_cancel runs); Watch calls excepted */
+    /* The largest request body of method m the handler accepts (bytes; 0: no limit but the
+     * header-only methods' RPC_SMALL_REQUEST_MAX); asked for every call before its body is
+     * decoded. May be NULL. */
+    size_t (*max_request)(void *arg, rpc_method m, const char **why);
     const char *token;     /* non-empty: every call must carry it (rpc_client_config.token);
                             * others are answered UNAUTHENTICATED before their body is
                             * decoded (copied) */

@@ -381,6 +381,7 @@ grpc_status_code rpc_status_to_grpc(pst_status st)
     case PST_ERR_MISMATCH: return GRPC_STATUS_FAILED_PRECONDITION;
     case PST_ERR_RANGE: return GRPC_STATUS_OUT_OF_RANGE;
     case PST_ERR_AUTH: return GRPC_STATUS_UNAUTHENTICATED;
+    case PST_ERR_LIMIT: return GRPC_STATUS_RESOURCE_EXHAUSTED;
     case PST_ERR_INTERNAL:
     default: return GRPC_STATUS_INTERNAL;
     }

@@ -2384,6 +2384,112 @@ Test(cluster, tls_and_mutual_tls_refuse_what_they_should, .timeout = 180)
     rm_tree(dir);
 }
 
+/* Counts the statuses of a flood of calls. */
+typedef struct status_count {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, by[PST_ERR_COUNT_];
+    char limit_detail[256];
+} status_count;
+
+static void status_done(void *arg, pst_status st, const char *detail,
+                        const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    (void)reply;
+    (void)payload;
+    status_count *sc = arg;
+    pthread_mutex_lock(&sc->mu);
+    sc->by[st]++;
+    if (st == PST_ERR_LIMIT && !sc->limit_detail[0])
+        snprintf(sc->limit_detail, sizeof sc->limit_detail, "%s", detail);
+    sc->n++;
+    pthread_cond_broadcast(&sc->cv);
+    pthread_mutex_unlock(&sc->mu);
+}
+
+/* The pserver's limits, each refusal with its exact status and a message naming the limit,
+ * and the pserver serving on:
+ *   --max-params: an Init that would hold more is refused RESOURCE_EXHAUSTED (the trainer
+ *   exits 1 saying so), then a job that fits is served; an Init or Push body larger than
+ *   what the limit (or the blocks) allow is refused before it is decoded;
+ *   --max-calls 16: of 100 Inits waiting at once, those beyond the 16th are refused;
+ *   --max-wait-ms 1000: an Init waiting for trainer 0 with a 20 s deadline is ended
+ *   DEADLINE_EXCEEDED after about 1 s. */
+Test(cluster, limits_refuse_with_their_name_and_the_pserver_serves_on, .timeout = 120)
+{
+    proc *ps;
+    int port = pserver_start_envs(&ps, "info", VARS("PSTRAIN_MAX_PARAMS=30000"));
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *env[] = {pservers, "PSTRAIN_TRAINERS=1", NULL};
+    const char *big[] = {TRAINER, "--hidden", "64", "--steps", "3", "--progress", "none",
+                         "--log-level", "warn", CONNECT_5S, NULL};
+    const char *fits[] = {TRAINER, "--hidden", "32", "--steps", "3", "--progress", "none",
+                          "--log-level", "warn", CONNECT_5S, NULL};
+    char *out, *err;
+    int rc = run(big, env, RUN_WAIT_MS, &out, &err);
+    cr_assert(rc == 1 && strstr(err, "50890 parameters on this pserver, at most 30000 "
+                                     "(--max-params"), "exit %d:\n%s", rc, err);
+    free(out);
+    free(err);
+    rc = run(fits, env, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 0, "the job that fits: exit %d:\n%s", rc, err);
+    free(out);
+    free(err);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "the pserver did not end with its job");
+
+    port = pserver_start_envs(&ps, "info", VARS("PSTRAIN_MAX_PARAMS=16", "PSTRAIN_MAX_CALLS=16",
+                                                 "PSTRAIN_MAX_WAIT_MS=1000"));
+    rpc_global_init(); /* after the fork/exec of the pservers */
+    char *body = calloc(1, 200000);
+    raw_result r = raw_call(port, "/pstrain.PServer/Init", body, 200000, 10000);
+    cr_assert(r.code == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(r.detail, "--max-params"),
+              "a 200 KB Init: %d %s", r.code, r.detail);
+    r = raw_call(port, "/pstrain.PServer/Push", body, 100000, 10000);
+    cr_assert(r.code == GRPC_STATUS_RESOURCE_EXHAUSTED && strstr(r.detail, "the header alone"),
+              "a 100 KB Push before Init: %d %s", r.code, r.detail);
+    free(body);
+
+    rpc_client *cl = client_connect(port, 5000);
+    Pstrain__InitRequest reqs[100];
+    status_count sc = {0};
+    pthread_mutex_init(&sc.mu, NULL);
+    pthread_cond_init(&sc.cv, NULL);
+    for (int k = 0; k < 100; k++) {
+        pstrain__init_request__init(&reqs[k]);
+        reqs[k].trainer_id = (uint32_t)k + 1;
+        reqs[k].num_trainers = 200;
+        cr_assert_eq(rpc_client_call_async(cl, 0, RPC_METHOD_INIT, &reqs[k].base, NULL, 0, NULL,
+                                           status_done, &sc), PST_OK);
+    }
+    pthread_mutex_lock(&sc.mu);
+    while (sc.n < 100)
+        pthread_cond_wait(&sc.cv, &sc.mu);
+    pthread_mutex_unlock(&sc.mu);
+    cr_log_info("100 waiting Inits, --max-calls 16: %d refused (%s), %d ended at --max-wait-ms\n",
+                sc.by[PST_ERR_LIMIT], sc.limit_detail, sc.by[PST_ERR_TIMEOUT]);
+    cr_assert(sc.by[PST_ERR_LIMIT] >= 80 && sc.by[PST_ERR_LIMIT] + sc.by[PST_ERR_TIMEOUT] == 100,
+              "%d refused, %d timed out of 100", sc.by[PST_ERR_LIMIT], sc.by[PST_ERR_TIMEOUT]);
+    cr_assert(strstr(sc.limit_detail, "at most 16 (--max-calls)"), "%s", sc.limit_detail);
+
+    const double t = now_ms();
+    Pstrain__InitRequest one = PSTRAIN__INIT_REQUEST__INIT;
+    one.trainer_id = 1;
+    one.num_trainers = 2;
+    rpc_message *reply = NULL;
+    const pst_status st = rpc_client_call(cl, 0, RPC_METHOD_INIT, &one.base, NULL, 0, &reply);
+    const double waited = now_ms() - t;
+    cr_assert(st == PST_ERR_TIMEOUT && strstr(pst_error_detail(), "--max-wait-ms"), "%s: %s",
+              pst_strerror(st), pst_error_detail());
+    cr_assert(waited > 900 && waited < 5000, "ended after %.0f ms", waited);
+    rpc_message_free(reply);
+    rpc_client_free(cl);
+    kill(ps->pid, SIGTERM);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS));
+    cr_assert(WIFEXITED(ps->status) && WEXITSTATUS(ps->status) == 0, "the pserver: 0x%x",
+              ps->status);
+}
+
 /* Pulls for a version that never comes, whose clients give up after 50 ms: the pserver
  * withdraws each one when its client goes (it used to keep the queue entry and the
  * request until the version came, about 14 KB each): after 10 rounds of 200 (gRPC's and
