@@ -99,6 +99,7 @@ typedef struct pull_ctx {
     ps_pull_waiter waiter;
     ps_service *svc;
     rpc_call *call;
+    double arrived;               /* pst_clock_s() when it came (PullReply.held_us) */
     pst_dtype dtype;
     void *buf;                    /* cast or copy of the values (async or not f32) */
     size_t cap;                   /* bytes allocated at buf, kept across reuses */
@@ -662,6 +663,7 @@ static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
         p->svc = svc;
         p->call = call;
         p->inflight = 1;
+        p->arrived = pst_clock_s();
         svc->pulls_live++;
     }
     pthread_mutex_unlock(&svc->pull_mu);
@@ -787,6 +789,8 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     reply.version = version;
     reply.dtype = dtype_to_wire(p->dtype);
     reply.length = length;
+    const double held = pst_clock_s() - p->arrived;
+    reply.held_us = held > 0 ? (uint64_t)(held * 1e6) : 0;
     /* The store's low-precision copy of this version, when it is in the dtype wanted. */
     const void *src = p->dtype == PST_F32 ? (const void *)values
                       : lowp && p->dtype == p->svc->lowp ? lowp : NULL;

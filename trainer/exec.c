@@ -616,6 +616,19 @@ size_t tr_exec_peak_bytes(const tr_exec *ex, int device)
     return device >= 0 && device < ex->D ? pst_device_peak_bytes(ex->devs[device].dev) : 0;
 }
 
+void tr_exec_time_counters(tr_exec *ex, double *compute_busy, double *held_max)
+{
+    double busy = -1.0, held = 0.0;
+    for (int i = 0; i < ex->D; i++) {
+        const double b = pst_stream_busy_seconds(ex->devs[i].compute);
+        busy = b > busy ? b : busy;
+    }
+    if (ex->c.link->ops->take_held)
+        held = ex->c.link->ops->take_held(ex->c.link);
+    *compute_busy = busy;
+    *held_max = held;
+}
+
 pst_status tr_exec_sync(tr_exec *ex)
 {
     pst_status first = PST_OK;

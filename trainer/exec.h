@@ -58,6 +58,10 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
                         int global_rows, double *loss_sum);
 /* Waits for all queued work. */
 pst_status tr_exec_sync(tr_exec *ex);
+/* For the time split: the seconds the busiest device's compute stream has run work since
+ * the start (-1 when its backend does not measure it), and the longest a pserver held one
+ * of the pulls since the last call for the other trainers' pushes (link.h's take_held). */
+void tr_exec_time_counters(tr_exec *ex, double *compute_busy, double *held_max);
 /* The forward alone on device 0 over `rows` (at most the evaluation rows) host rows, as
  * tr_exec_step takes them: the sum of their losses and the number of correct predictions
  * (call after tr_exec_sync; returns when done). */

@@ -30,6 +30,8 @@ typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);
  * for traces. */
 typedef struct tr_exchange_times {
     double push_start, push_end, pull_start, pull_end;
+    double held;    /* seconds the pserver held the pull for the other trainers' pushes and
+                     * the update (PullReply.held_us; the local link: 0) */
 } tr_exchange_times;
 
 typedef struct tr_link_ops {
@@ -59,6 +61,10 @@ typedef struct tr_link_ops {
      * was refused), for `reason`; the pservers then fail the other trainers' waiting pulls
      * at once with that reason instead of letting them wait for their deadline. */
     pst_status (*finish)(tr_link *l, int early, long step, const char *reason);
+    /* The longest the pservers held one of this trainer's pulls for the other trainers'
+     * pushes and the update (tr_exchange_times.held) since the last call, which resets it;
+     * NULL: never (training alone). Thread safe. */
+    double (*take_held)(tr_link *l);
     void (*free)(tr_link *l);
 } tr_link_ops;
 

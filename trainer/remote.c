@@ -103,6 +103,7 @@ struct tr_remote {
     const tr_plan *plan; /* the caller's */
     rpc_client *client;
     rpc_transport *transport; /* insecure or TLS, for both clients */
+    _Atomic uint64_t held_max_us; /* link.h's take_held */
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
     link_sched *links; /* (num_pservers) */
@@ -214,6 +215,11 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
     if (st == PST_OK) {
         c->times.pull_end = pst_clock_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
+        c->times.held = (double)rep->held_us * 1e-6;
+        uint64_t was = atomic_load(&c->r->held_max_us);
+        while (rep->held_us > was &&
+               !atomic_compare_exchange_weak(&c->r->held_max_us, &was, rep->held_us))
+            ;
         pst_dtype dt;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
         if (st == PST_OK && rep->length != c->b->length)
@@ -669,6 +675,11 @@ static pst_status link_exchange(tr_link *l, int b, long step, const float *grad,
     return tr_remote_exchange((tr_remote *)l, b, step, grad, scale, dst, done, arg);
 }
 
+static double link_take_held(tr_link *l)
+{
+    return (double)atomic_exchange(&((tr_remote *)l)->held_max_us, 0) * 1e-6;
+}
+
 /* fp16: the step's vote on pserver 0, which answers once every trainer has voted. */
 static pst_status link_vote(tr_link *l, long step, int overflow, int *skip)
 {
@@ -712,6 +723,7 @@ static const tr_link_ops remote_ops = {
     .times = link_times,
     .finish = link_finish,
     .free = link_free,
+    .take_held = link_take_held,
 };
 
 tr_link *tr_remote_link(tr_remote *r)

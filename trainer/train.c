@@ -173,6 +173,68 @@ static void summarize_params(tr_summary *sum, const float *params, size_t n)
     sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
 }
 
+/* ---- where the time went ---- */
+
+/* Running totals (seconds) of the steps, from which tr_time_split's parts follow: the
+ * executor's time less the compute stream's is communication, of which what the pservers
+ * spent holding the pulls for the other trainers is waiting; the step's wall time less the
+ * data and the executor is the loop's own. Totals, not per step: a step's compute may
+ * finish after the executor returns and count in the next. */
+typedef struct time_totals {
+    long steps;
+    double wall, data, exec, held;
+    double busy0, busy; /* the compute stream's busy seconds at the start and now */
+} time_totals;
+
+static tr_time_split split_of(const time_totals *t)
+{
+    tr_time_split s = {0};
+    if (t->steps <= 0)
+        return s;
+    const double n = (double)t->steps / 1e3; /* seconds in total -> ms per step */
+    s.step = t->wall / n;
+    s.data = t->data / n;
+    s.other = (t->wall - t->data - t->exec) / n;
+    if (t->busy0 < 0 || t->busy < 0) {
+        s.compute = s.comm = -1;
+        s.wait = t->held / n;
+        return s;
+    }
+    double compute = t->busy - t->busy0;
+    compute = compute < t->exec ? compute : t->exec;
+    const double comm = t->exec - compute;
+    const double wait = t->held < comm ? t->held : comm;
+    s.compute = compute / n;
+    s.wait = wait / n;
+    s.comm = (comm - wait) / n;
+    return s;
+}
+
+static void split_log(const char *what, const tr_time_split *s, int alone)
+{
+    if (s->step <= 0)
+        return;
+    if (alone && s->compute >= 0) { /* no communication: the in-process store's update */
+        const double pc = 100.0 / s->step;
+        PST_INFO("%s: %.2f ms per step: compute %.2f ms (%.0f%%), the optimizer update and "
+                 "copies %.2f ms (%.0f%%), data %.2f ms (%.0f%%), other %.2f ms (%.0f%%)", what,
+                 s->step, s->compute, s->compute * pc, s->comm, s->comm * pc, s->data,
+                 s->data * pc, s->other, s->other * pc);
+        return;
+    }
+    const double pc = 100.0 / s->step;
+    if (s->compute < 0)
+        PST_INFO("%s: %.2f ms per step: compute and communication not measured on this "
+                 "device, waiting for other trainers %.2f ms, data %.2f ms, other %.2f ms",
+                 what, s->step, s->wait, s->data, s->other);
+    else
+        PST_INFO("%s: %.2f ms per step: compute %.2f ms (%.0f%%), communication not hidden "
+                 "%.2f ms (%.0f%%), waiting for other trainers %.2f ms (%.0f%%), data %.2f ms "
+                 "(%.0f%%), other %.2f ms (%.0f%%)", what, s->step, s->compute, s->compute * pc,
+                 s->comm, s->comm * pc, s->wait, s->wait * pc, s->data, s->data * pc, s->other,
+                 s->other * pc);
+}
+
 /* ---- checkpoints: the job state (trainer 0, DIR/job) ---- */
 
 enum { JOB_META = 1 };
@@ -405,6 +467,12 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     step = first;
     sum->first_step = first;
 
+    time_totals run_time = {0};
+    {
+        double held;
+        tr_exec_time_counters(ex, &run_time.busy0, &held); /* the start's pulls: not a step */
+        run_time.busy = run_time.busy0;
+    }
     const int tty = cfg->progress == PST_PROGRESS_BAR ||
                     (cfg->progress == PST_PROGRESS_AUTO && isatty(STDERR_FILENO));
     const int lines = cfg->progress != PST_PROGRESS_NONE;
@@ -413,6 +481,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     for (int epoch = (int)(first / nb); epoch < epochs && step < total; epoch++) {
         double t_epoch = pst_clock_s(), t_bar = 0.0, loss_sum = 0.0;
         long loss_n = 0;
+        time_totals epoch_time = {.busy0 = run_time.busy, .busy = run_time.busy};
+        double t_step = pst_clock_s(); /* this step's start: the last one's end */
         size_t epoch_samples = 0;
         if (images)
             pst_epoch_order(perm, train.n, cfg->seed, epoch);
@@ -426,6 +496,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                 pst_dataset_gather(&train, perm + start + lo, cnt, x, y);
             else if (is_text)
                 pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
+            const double t_data = pst_clock_s(); /* the batch is gathered */
             if (step == cfg->test_crash_step && first == 0)
                 _exit(3); /* the test hook: as if killed, nothing flushed, no Finish (a run
                            * resumed from a checkpoint goes past it) */
@@ -440,6 +511,9 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             if ((st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
                                    &loss)) != PST_OK)
                 goto error;
+            double busy, held;
+            const double t_exec = pst_clock_s();
+            tr_exec_time_counters(ex, &busy, &held);
             /* Step `step` computed with version `step` of every block, whose pulls the
              * pservers answer only once their shard of it is written: the job's state of
              * that step completes the checkpoint. */
@@ -460,14 +534,26 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                          (double)step_scale, skipped);
             }
             pst_metrics_write(&metrics, "step",
-                              "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f%s", step,
-                              epoch + 1, cnt ? loss / cnt : 0.0, step_ms[step], fp16);
+                              "\"step\":%ld,\"epoch\":%d,\"loss\":%.6f,\"ms\":%.3f,"
+                              "\"data_ms\":%.3f,\"held_ms\":%.3f%s", step, epoch + 1,
+                              cnt ? loss / cnt : 0.0, step_ms[step], 1e3 * (t_data - t_step),
+                              1e3 * held, fp16);
             if (tty && (t1 - t_bar > 0.1 || b == nb - 1)) {
                 t_bar = t1;
                 progress_bar(epoch + 1, epochs, (int)(b + 1), (int)nb,
                              loss_n ? loss_sum / (double)loss_n : 0.0,
                              (double)epoch_samples / (t1 - t_epoch));
             }
+            const double t_end = pst_clock_s();
+            for (time_totals *tt = &run_time; tt; tt = tt == &run_time ? &epoch_time : NULL) {
+                tt->steps++;
+                tt->wall += t_end - t_step;
+                tt->data += t_data - t_step;
+                tt->exec += t_exec - t0;
+                tt->held += held;
+                tt->busy = busy;
+            }
+            t_step = t_end;
         }
         if ((st = tr_exec_sync(ex)) != PST_OK)
             goto error;
@@ -482,6 +568,12 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             goto error;
         if (tty)
             fputc('\n', stderr);
+        if (lines) {
+            const tr_time_split es = split_of(&epoch_time);
+            char what[48];
+            snprintf(what, sizeof what, "epoch %d/%d time", epoch + 1, epochs);
+            split_log(what, &es, cfg->num_pservers == 0);
+        }
         if (lines && is_text)
             PST_INFO("%ld steps: train_loss %.4f val_loss %.4f %.0f tokens/s", step, last_loss,
                      sum->val_loss, (double)epoch_samples * cfg->ctx / dt);
@@ -506,6 +598,9 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->text = is_text;
     sum->tokens_per_s = is_text ? sum->samples_per_s * cfg->ctx : 0.0;
     sum->step_ms_median = median(step_ms + first, step - first);
+    sum->time_split = split_of(&run_time);
+    if (lines && epochs > 1)
+        split_log("the run's time", &sum->time_split, cfg->num_pservers == 0);
     sum->steps = step;
     summarize_params(sum, params, tr_exec_nparams(ex));
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
@@ -580,6 +675,15 @@ void tr_summary_print(FILE *out, const tr_summary *s)
                 s->skipped_steps);
     if (s->text)
         fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
+    const tr_time_split *t = &s->time_split;
+    char compute[32] = "null", comm[32] = "null";
+    if (t->compute >= 0) {
+        snprintf(compute, sizeof compute, "%.3f", t->compute);
+        snprintf(comm, sizeof comm, "%.3f", t->comm);
+    }
+    fprintf(out, ",\"time_split\":{\"step_ms\":%.3f,\"compute_ms\":%s,\"comm_ms\":%s,"
+                 "\"wait_ms\":%.3f,\"data_ms\":%.3f,\"other_ms\":%.3f}",
+            t->step, compute, comm, t->wait, t->data, t->other);
     fputs("}\n", out);
     fflush(out);
 }

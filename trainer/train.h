@@ -11,6 +11,18 @@
 #include "common/error.h"
 #include "common/runtime/device.h"
 
+/* Where the time of the training steps went (means per step, ms; see tr_time_split). */
+typedef struct tr_time_split {
+    double step;          /* wall time of a step: the parts add up to it */
+    double compute;       /* the busiest device's compute stream running (-1: a device
+                           * whose backend does not measure it; comm below is then -1 too) */
+    double comm;          /* communication not hidden by compute: the rest of the
+                           * executor's time, less `wait` (alone: the in-process update) */
+    double wait;          /* the pservers held the pulls for the other trainers (sync) */
+    double data;          /* the batch gathered from the data set */
+    double other;         /* the rest: the loop's own work (metrics, progress, checks) */
+} tr_time_split;
+
 typedef struct tr_summary {
     double test_acc;       /* text: the share of validation tokens predicted (argmax) */
     double train_loss;     /* mean loss of this trainer's examples in the last epoch run */
@@ -33,6 +45,7 @@ typedef struct tr_summary {
                                         * store's (host memory, counted once) */
     float loss_scale;      /* fp16: the dynamic loss scale at the end */
     long skipped_steps;    /* fp16: steps skipped everywhere for an overflow */
+    tr_time_split time_split; /* over the run's steps */
     long first_step;       /* the step this run started at (a resumed job's: > 0); set on
                             * failure too, with `steps` the step it failed in (-1: before
                             * the start) */

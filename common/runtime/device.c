@@ -453,6 +453,13 @@ pst_status pst_stream_synchronize(pst_stream *s)
     return s->dev->rt->iface->stream_synchronize(s);
 }
 
+double pst_stream_busy_seconds(pst_stream *s)
+{
+    if (!s || !s->dev->rt->iface->stream_busy_seconds)
+        return -1.0;
+    return s->dev->rt->iface->stream_busy_seconds(s);
+}
+
 /* ---- events ------------------------------------------------------------------------ */
 
 pst_status pst_event_create(pst_device *dev, pst_event **out)

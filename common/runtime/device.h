@@ -110,6 +110,10 @@ pst_status pst_memcpy_async(pst_stream *s, void *dst, const void *src, size_t by
 pst_status pst_memset_async(pst_stream *s, void *dst, int value, size_t bytes);
 /* Blocks until all work queued so far has run; returns the stream's sticky status. */
 pst_status pst_stream_synchronize(pst_stream *s);
+/* Seconds the stream has spent running work (not waiting on events or flags) since it was
+ * created, as of the last item it finished; -1 when the backend does not measure it (CUDA:
+ * not yet). Thread safe. */
+double pst_stream_busy_seconds(pst_stream *s);
 
 pst_status pst_event_create(pst_device *dev, pst_event **out);
 void pst_event_destroy(pst_event *ev); /* accepts NULL */

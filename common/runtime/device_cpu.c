@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "common/runtime/device.h"
@@ -104,6 +105,7 @@ typedef struct pst_cpu_stream {
     int stopping;                /* stream_free: exit once the queue is empty */
     pst_status status;           /* sticky; written only by the worker */
     char detail[PST_DEVICE_DETAIL_MAX];
+    _Atomic uint64_t busy_ns;    /* time in HOST/COPY/SET items (pst_stream_busy_seconds) */
     /* Worker-only state. */
     pst_rng rng;
     uint64_t jitter_epoch;
@@ -332,6 +334,11 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
         return PST_OK; /* skipped */
     }
     pst_cpu_jitter(cs);
+    struct timespec t0, t1;
+    const int timed = it->kind == PST_CPU_ITEM_HOST || it->kind == PST_CPU_ITEM_COPY ||
+                      it->kind == PST_CPU_ITEM_SET;
+    if (timed)
+        clock_gettime(CLOCK_MONOTONIC, &t0);
     switch (it->kind) {
     case PST_CPU_ITEM_HOST:
         pst_error_clear();
@@ -370,6 +377,13 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
     }
     case PST_CPU_ITEM_RECORD:
         break; /* handled above */
+    }
+    if (timed) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        atomic_fetch_add_explicit(&cs->busy_ns,
+                                  (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL +
+                                             (t1.tv_nsec - t0.tv_nsec)),
+                                  memory_order_relaxed);
     }
     return st;
 }
@@ -668,6 +682,12 @@ static int pst_cpu_event_query(pst_event *ev)
     return reached;
 }
 
+static double pst_cpu_stream_busy_seconds(pst_stream *s)
+{
+    const pst_cpu_stream *cs = s->ctx;
+    return (double)atomic_load_explicit(&cs->busy_ns, memory_order_relaxed) * 1e-9;
+}
+
 const pst_backend_iface pst_cpu_backend_iface = {
     .name = "cpu",
     .kind = PST_BACKEND_CPU,
@@ -683,6 +703,7 @@ const pst_backend_iface pst_cpu_backend_iface = {
     .memcpy_async = pst_cpu_memcpy_async,
     .memset_async = pst_cpu_memset_async,
     .stream_synchronize = pst_cpu_stream_synchronize,
+    .stream_busy_seconds = pst_cpu_stream_busy_seconds,
     .event_init = pst_cpu_event_init,
     .event_free = pst_cpu_event_free,
     .event_record = pst_cpu_event_record,

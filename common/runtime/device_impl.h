@@ -152,6 +152,9 @@ struct pst_backend_iface {
      * seeded with (seed, stream id). max_us 0 turns it off. NULL: the hook is ignored. */
     void (*set_jitter)(pst_runtime *rt, uint64_t seed, unsigned max_us);
 
+    /* Optional: seconds the stream has spent running its work items (kernels, copies,
+     * host functions; not its waits), since it was created. NULL: not measured. */
+    double (*stream_busy_seconds)(pst_stream *s);
 };
 
 /* The CPU backend (device_cpu.c), always built. */
