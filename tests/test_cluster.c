@@ -3242,3 +3242,53 @@ Test(cluster, check_config_malformed_variable_exits_2_naming_it)
     const char *e6[] = {"PSTRAIN_PORT=7164", "PSTRAIN_SERVER_THREADS=0", NULL};
     check_config_rejects(PSERVER, e6, "PSTRAIN_SERVER_THREADS");
 }
+
+/* The summary's time_split: every part measured and non-negative, and they add up to the
+ * step time (each part is an exact share of measured totals, so within rounding): alone
+ * nobody is waited for; 2 trainers on a pserver, in sync mode, wait for each other; both
+ * schedules (--overlap 1 and 0). */
+static double split_part(const char *out, const char *key)
+{
+    const char *ts = strstr(out, "\"time_split\":{");
+    cr_assert_not_null(ts, "no time_split in:\n%s", out);
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *q = strstr(ts, pat);
+    cr_assert_not_null(q, "time_split has no %s: %s", key, ts);
+    return strtod(q + strlen(pat), NULL);
+}
+
+Test(cluster, time_split_adds_up_to_the_step, .timeout = 120)
+{
+    const char *overlap[] = {"1", "0"};
+    for (int o = 0; o < 2; o++) {
+        const char *alone[] = {TRAINER, "--hidden", "256", "--steps", "40", "--progress", "none",
+                               "--log-level", "warn", "--overlap", overlap[o], NULL};
+        const char *dist[] = {PSLAUNCH, "--pservers", "1", "--trainers", "2", "--timeout", "90",
+                              "--", TRAINER, "--hidden", "256", "--steps", "40", "--progress",
+                              "none", "--log-level", "warn", "--overlap", overlap[o], NULL};
+        const char *const *jobs[] = {alone, dist};
+        for (int j = 0; j < 2; j++) {
+            char *out = stdout_of(jobs[j], "cpu:2");
+            const char *keys[] = {"compute_ms", "comm_ms", "wait_ms", "data_ms", "other_ms"};
+            double parts = 0, v[5];
+            for (int k = 0; k < 5; k++) {
+                v[k] = split_part(out, keys[k]);
+                cr_assert_geq(v[k], 0.0, "%s %g < 0 in:\n%s", keys[k], v[k], out);
+                parts += v[k];
+            }
+            const double step = split_part(out, "step_ms");
+            fprintf(stderr, "time split, %s, overlap %s: step %.2f ms = compute %.2f + comm %.2f "
+                    "+ wait %.2f + data %.2f + other %.2f\n", j ? "2 trainers x 1 pserver" : "alone",
+                    overlap[o], step, v[0], v[1], v[2], v[3], v[4]);
+            cr_assert(step > 0 && fabs(parts - step) <= 0.01 * step, "parts %.3f vs step %.3f",
+                      parts, step);
+            cr_assert_gt(v[0], 0.0, "no compute measured");
+            if (j == 0)
+                cr_assert_eq(v[2], 0.0, "alone, yet waited %g ms for other trainers", v[2]);
+            else
+                cr_assert_gt(v[2], 0.0, "2 trainers in sync mode never waited for each other");
+            free(out);
+        }
+    }
+}

@@ -1342,3 +1342,35 @@ Test(device_flag, bad_arguments)
     pst_flag_destroy(f);
     pst_runtime_free(rt);
 }
+
+static pst_status sleep_40ms(void *arg)
+{
+    (void)arg;
+    sleep_us(40000);
+    return PST_OK;
+}
+
+/* A stream's busy time counts the work it runs, not its waits: the time split's compute
+ * (trainer/train.c) rests on it. Never compared with an upper wall-clock bound on the
+ * work; the waiting stream's busy time must stay far below the 80 ms it waited. */
+Test(device_stream, busy_time_counts_work_not_waits, .timeout = 30)
+{
+    pst_runtime *rt = make_rt("cpu:1");
+    pst_stream *a = make_stream(rt, 0), *b = make_stream(rt, 0);
+    pst_event *ev = make_event(rt, 0);
+    cr_assert_eq(pst_stream_busy_seconds(a), 0.0);
+    CHECK_OK(pst_stream_launch(a, sleep_40ms, NULL));
+    CHECK_OK(pst_stream_launch(a, sleep_40ms, NULL));
+    CHECK_OK(pst_event_record(ev, a));
+    CHECK_OK(pst_stream_wait_event(b, ev)); /* b waits about 80 ms */
+    CHECK_OK(pst_stream_synchronize(b));
+    CHECK_OK(pst_stream_synchronize(a));
+    const double busy_a = pst_stream_busy_seconds(a), busy_b = pst_stream_busy_seconds(b);
+    cr_assert_geq(busy_a, 0.080, "a ran 2 x 40 ms of work but counts %.3f s", busy_a);
+    cr_assert_lt(busy_b, 0.040, "b only waited, yet counts %.3f s busy", busy_b);
+    cr_assert_eq(pst_stream_busy_seconds(NULL), -1.0);
+    pst_event_destroy(ev);
+    pst_stream_destroy(a);
+    pst_stream_destroy(b);
+    pst_runtime_free(rt);
+}
