@@ -101,6 +101,21 @@ print(json.dumps({"overlap_step_ms_median": o, "serialized_step_ms_median": s,
                   "exposed_fraction": round((o - l) / (s - l), 3) if s > l else None,
                   "overlap_over_local_compute": round(o / l, 3),
                   "serialized_over_local_compute": round(s / l, 3)}))
+# The trainers' own time split (summary time_split, means per step) beside it: the parts
+# add up to the step; the communication not hidden of the overlapped schedule over the
+# serialized one is what exposed_fraction estimates from the three step times.
+parts = ("compute_ms", "comm_ms", "wait_ms", "data_ms", "other_ms")
+def split(p):
+    rows = [json.load(open("%s/%s%d.json" % (d, p, i)))["time_split"] for i in range(1, n + 1)]
+    m = {k: statistics.median(r[k] for r in rows) for k in ("step_ms",) + parts}
+    m["parts_over_step"] = round(sum(m[k] for k in parts) / m["step_ms"], 4)
+    return m
+so, ss, sl = split("o"), split("s"), split("l")
+exposed = (so["comm_ms"] + so["wait_ms"]) / (ss["comm_ms"] + ss["wait_ms"]) \
+    if ss["comm_ms"] + ss["wait_ms"] > 0 else None
+print(json.dumps({"time_split_overlap": so, "time_split_serialized": ss,
+                  "time_split_local": sl,
+                  "split_exposed_fraction": round(exposed, 3) if exposed is not None else None}))
 PY
 # What the trace of the last overlapped run shows (pushes during backward; the next forward
 # before the last pull returns).

@@ -389,6 +389,7 @@ static const opt options[] = {
     {"lr-schedule", "PSTRAIN_LR_SCHEDULE", NULL, NULL, "constant", "constant or warmup_cosine", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_schedule},
     {"warmup-steps", "PSTRAIN_WARMUP_STEPS", NULL, NULL, "100", "warmup_cosine: steps of linear warmup", R_TRAINER, OPT_LONG, F(optim.warmup_steps), 0, 1e12, NULL},
     {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 1e6, NULL},
+    {"metrics-port", "PSTRAIN_METRICS_PORT", NULL, NULL, "9464", "serve Prometheus metrics on GET /metrics at this port (0: any free port, logged; unset: off)", R_ALL, OPT_INT, F(metrics_port), 0, 65535, NULL},
     {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append metrics as JSON lines to this file (trainer: per step and epoch; pserver: one record at exit: casts, optimizer steps, state hash)", R_ALL, OPT_STR, S(metrics_path), 0, 0, NULL},
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
@@ -541,6 +542,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->test_crash_step = -1;
     cfg->peer_timeout_ms = 5000;
     cfg->recovery_timeout_ms = 300000;
+    cfg->metrics_port = -1;
     cfg->max_params = 1L << 30;
     cfg->max_calls = 65536;
     cfg->max_wait_ms = 3600000;
@@ -895,6 +897,7 @@ void pst_config_print(FILE *out, const pst_config *cfg)
                                                                     : "auto", &first);
         fprintf(out, ",\"checkpoint_every\":%ld", cfg->checkpoint_every);
     }
+    fprintf(out, ",\"metrics_port\":%d", cfg->metrics_port);
     json_str(out, "checkpoint_dir", cfg->checkpoint_dir, &first);
     json_str(out, "token", cfg->token[0] ? "set" : "none", &first); /* never the secret */
     json_str(out, "token_file", cfg->token_file, &first);

@@ -129,6 +129,7 @@ typedef struct pst_config {
                                                     * step (-1: none) */
     /* output */
     char metrics_path[PST_PATH_MAX];
+    int metrics_port;                              /* /metrics (common/prom.h); -1: off */
     pst_log_level log_level;
     pst_progress progress;
     int overlap;                                   /* 1: communication overlaps compute */

@@ -3,6 +3,7 @@
  * First stdout line: {"event":"listening","port":N} (pslaunch reads it; port 0 in the
  * configuration picks a free port). Exit 2 for bad configuration, 1 when it cannot
  * listen. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "common/log.h"
 #include "common/memory.h"
 #include "common/metrics.h"
+#include "common/prom.h"
 #include "pserver/service.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
@@ -23,6 +25,55 @@ static void on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
+}
+
+/* /metrics: the service of the moment (a rollback makes a new one), for the gauges a
+ * scrape reads. */
+typedef struct scrape_view {
+    pthread_mutex_t mu;
+    ps_service *svc;
+    pst_prom_metric *initialized, *trainers, *connected, *waited_for, *version, *blocks,
+        *params, *checkpoint_age;
+} scrape_view;
+
+static void on_scrape(void *arg)
+{
+    scrape_view *v = arg;
+    ps_service_gauges g = {.checkpoint_age = -1};
+    pthread_mutex_lock(&v->mu);
+    if (v->svc)
+        ps_service_gauges_read(v->svc, &g);
+    pthread_mutex_unlock(&v->mu);
+    pst_prom_set(v->initialized, g.initialized);
+    pst_prom_set(v->trainers, g.trainers);
+    pst_prom_set(v->connected, g.connected);
+    pst_prom_set(v->waited_for, g.waited_for);
+    pst_prom_set(v->version, (double)g.version);
+    pst_prom_set(v->blocks, (double)g.blocks);
+    pst_prom_set(v->params, (double)g.params);
+    pst_prom_set(v->checkpoint_age, g.checkpoint_age);
+}
+
+static void register_gauges(scrape_view *v, pst_prom *r, int checkpoints)
+{
+    v->initialized = pst_prom_gauge(r, "pstrain_pserver_initialized",
+                                    "1 once trainer 0's Init has made the store", NULL);
+    v->trainers = pst_prom_gauge(r, "pstrain_pserver_trainers", "Trainers of the job", NULL);
+    v->connected = pst_prom_gauge(r, "pstrain_pserver_trainers_connected",
+                                  "Trainers whose Watch of this pserver is open", NULL);
+    v->waited_for = pst_prom_gauge(r, "pstrain_pserver_trainers_waited_for",
+                                   "Sync: trainers whose push of the next step has not come "
+                                   "(first block)", NULL);
+    v->version = pst_prom_gauge(r, "pstrain_pserver_version",
+                                "Version (optimizer steps) of the first block", NULL);
+    v->blocks = pst_prom_gauge(r, "pstrain_pserver_blocks", "Parameter blocks owned", NULL);
+    v->params = pst_prom_gauge(r, "pstrain_pserver_parameters", "Parameters owned", NULL);
+    v->checkpoint_age = checkpoints
+                            ? pst_prom_gauge(r, "pstrain_pserver_checkpoint_age_seconds",
+                                             "Seconds since the newest checkpoint was written",
+                                             NULL)
+                            : NULL;
+    pst_prom_on_scrape(r, on_scrape, v);
 }
 
 static const char *env_lookup(const char *name)
@@ -59,6 +110,25 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* /metrics: one registry for the process (counters go on across rollbacks). */
+    pst_prom *prom = NULL;
+    pst_prom_server *prom_srv = NULL;
+    ps_prom prom_counters = {0};
+    scrape_view view = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    if (cfg.metrics_port >= 0) {
+        if (pst_prom_init(&prom) != PST_OK) {
+            fprintf(stderr, "pserver: %s\n", pst_error_detail());
+            return 1;
+        }
+        ps_prom_register(&prom_counters, prom);
+        register_gauges(&view, prom, cfg.checkpoint_dir[0] != '\0');
+        if (pst_prom_serve(prom, cfg.bind_host, cfg.metrics_port, &prom_srv) != PST_OK) {
+            fprintf(stderr, "pserver: --metrics-port %d: %s\n", cfg.metrics_port,
+                    pst_error_detail());
+            pst_prom_free(prom);
+            return 1;
+        }
+    }
     rpc_global_init();
     ps_service *svc = NULL;
     rpc_server *srv = NULL;
@@ -96,6 +166,11 @@ int main(int argc, char **argv)
                  cfg.recovery_timeout_ms, lost);
         ps_service_on_failure(svc, wait, cfg.peer_timeout_ms, init_by, why);
         ps_service_limits(svc, (uint64_t)cfg.max_params);
+        if (prom)
+            ps_service_prom(svc, &prom_counters);
+        pthread_mutex_lock(&view.mu);
+        view.svc = svc;
+        pthread_mutex_unlock(&view.mu);
         rpc_server_config sc = {.bind = bind, .threads = cfg.server_threads,
                                 .handler = ps_service_handle, .handler_arg = svc,
                                 .on_cancel = ps_service_cancelled,
@@ -110,7 +185,11 @@ int main(int argc, char **argv)
             goto out;
         }
         port = rpc_server_port(srv); /* a rollback serves on the same port */
-        printf("{\"event\":\"listening\",\"port\":%d}\n", port);
+        if (prom_srv)
+            printf("{\"event\":\"listening\",\"port\":%d,\"metrics_port\":%d}\n", port,
+                   pst_prom_server_port(prom_srv));
+        else
+            printf("{\"event\":\"listening\",\"port\":%d}\n", port);
         fflush(stdout);
         PST_INFO("listening on %s:%d with %d threads (%s)", cfg.bind_host, port,
                  cfg.server_threads, rpc_transport_name(transport));
@@ -137,6 +216,9 @@ int main(int argc, char **argv)
         rpc_server_shutdown(srv, 1);
         if (again) {
             rpc_server_free(srv);
+            pthread_mutex_lock(&view.mu);
+            view.svc = NULL;
+            pthread_mutex_unlock(&view.mu);
             ps_service_free(svc);
             srv = NULL;
             svc = NULL;
@@ -164,7 +246,9 @@ int main(int argc, char **argv)
 out:
     pst_metrics_close(&metrics);
     rpc_server_free(srv);
+    pst_prom_server_stop(prom_srv); /* before the service its scrapes read goes */
     ps_service_free(svc);
+    pst_prom_free(prom);
     rpc_transport_free(transport);
     rpc_global_shutdown();
     return rc;

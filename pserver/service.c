@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/prom.h"
 #include "common/log.h"
 #include "common/nn/optim.h"
 #include "pserver/shard.h"
@@ -89,6 +90,9 @@ struct ps_service {
     size_t pulls;                 /* Pull calls handled */
     size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
     size_t pulls_live;            /* contexts in flight (under pull_mu) */
+    const ps_prom *prom;          /* NULL: no /metrics */
+    double ckpt_at;               /* atomic-ish (under mu): pst_clock_s() of the newest
+                                   * checkpoint written, or of the store's making */
     /* limits */
     uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
     size_t max_block;             /* atomic: the largest block's length (after Init) */
@@ -218,6 +222,9 @@ static void snapshot(void *arg, int64_t version, const float *values, const floa
                                  ps_store_state_floats(svc->store)};
     if (ps_shard_save(svc->ckpt_dir, version, &lay, values, state, svc->ckpt_keep) == PST_OK) {
         PST_INFO("checkpoint: step %lld written to %s", (long long)version, svc->ckpt_dir);
+        pthread_mutex_lock(&svc->mu);
+        svc->ckpt_at = pst_clock_s();
+        pthread_mutex_unlock(&svc->mu);
         return;
     }
     if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
@@ -277,6 +284,61 @@ void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, doub
     svc->peer_timeout_ms = peer_timeout_ms;
     svc->init_by = init_by;
     snprintf(svc->fatal, sizeof svc->fatal, "%s", why ? why : "");
+}
+
+static void on_update(void *arg, double seconds)
+{
+    const ps_service *svc = arg;
+    pst_prom_observe(svc->prom->update, seconds);
+}
+
+void ps_prom_register(ps_prom *m, pst_prom *r)
+{
+    static const double buckets[] = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1};
+    const char *push = "Push calls handled, by outcome";
+    const char *pull = "Pull calls answered, by outcome";
+    m->pushes_ok = pst_prom_counter(r, "pstrain_pserver_pushes_total", push, "status=\"ok\"");
+    m->pushes_failed = pst_prom_counter(r, "pstrain_pserver_pushes_total", push,
+                                        "status=\"error\"");
+    m->pulls_ok = pst_prom_counter(r, "pstrain_pserver_pulls_total", pull, "status=\"ok\"");
+    m->pulls_failed = pst_prom_counter(r, "pstrain_pserver_pulls_total", pull,
+                                       "status=\"error\"");
+    m->received = pst_prom_counter(r, "pstrain_pserver_received_bytes_total",
+                                   "Payload bytes of the pushes received", NULL);
+    m->sent = pst_prom_counter(r, "pstrain_pserver_sent_bytes_total",
+                               "Payload bytes of the pulls answered", NULL);
+    m->update = pst_prom_histogram(r, "pstrain_pserver_update_seconds",
+                                   "Time of one block's update: the optimizer step and the cast",
+                                   NULL, buckets, (int)(sizeof buckets / sizeof buckets[0]));
+}
+
+void ps_service_prom(ps_service *svc, const ps_prom *m)
+{
+    svc->prom = m;
+}
+
+void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
+{
+    memset(g, 0, sizeof *g);
+    g->checkpoint_age = -1;
+    pthread_mutex_lock(&svc->mu);
+    if (svc->store) {
+        g->initialized = 1;
+        g->trainers = svc->num_trainers;
+        for (uint32_t t = 0; t < svc->num_trainers; t++)
+            g->connected += svc->watch[t] != NULL;
+        g->blocks = svc->nblock_ids;
+        g->params = ps_store_total_length(svc->store);
+        if (svc->nblock_ids) {
+            g->version = ps_store_version(svc->store, svc->block_ids[0]);
+            const int pushed = ps_store_pushed(svc->store, svc->block_ids[0]);
+            if (svc->sync && pushed >= 0)
+                g->waited_for = svc->num_trainers - (uint32_t)pushed - svc->nfinished;
+        }
+        if (svc->ckpt_dir[0] && svc->sync)
+            g->checkpoint_age = pst_clock_s() - svc->ckpt_at;
+    }
+    pthread_mutex_unlock(&svc->mu);
 }
 
 void ps_service_limits(ps_service *svc, uint64_t max_params)
@@ -383,8 +445,13 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                      "no --checkpoint-dir: it writes none", (long long)req->checkpoint_every);
         }
     }
+    if (svc->prom) {
+        sc.on_update = on_update;
+        sc.on_update_arg = svc;
+    }
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
+    svc->ckpt_at = pst_clock_s();
     svc->finished = calloc(req->num_trainers, 1);
     svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
     svc->joined = calloc(req->num_trainers, 1);
@@ -632,8 +699,14 @@ static void handle_push(ps_service *svc, rpc_call *call)
                                   req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
                                   &dup);
     if (st != PST_OK) {
+        if (svc->prom)
+            pst_prom_add(svc->prom->pushes_failed, 1);
         fail(call, st);
         return;
+    }
+    if (svc->prom) {
+        pst_prom_add(svc->prom->pushes_ok, 1);
+        pst_prom_add(svc->prom->received, f.payload ? (double)f.payload->bytes : 0.0);
     }
     Pstrain__PushReply reply = PSTRAIN__PUSH_REPLY__INIT;
     reply.duplicate = dup != 0;
@@ -775,6 +848,13 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
 {
     pull_ctx *p = arg;
     const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
+    const ps_prom *prom = p->svc->prom;
+    if (prom && st != PST_OK)
+        pst_prom_add(prom->pulls_failed, 1);
+    if (prom && st == PST_OK) {
+        pst_prom_add(prom->pulls_ok, 1);
+        pst_prom_add(prom->sent, (double)((size_t)length * pst_dtype_size(p->dtype)));
+    }
     if (st != PST_OK) {
         if (__atomic_load_n(&p->svc->departed_set, __ATOMIC_ACQUIRE))
             rpc_call_fail(p->call, st, "Pull of block %u: %s", req->block, p->svc->departed);

@@ -82,4 +82,31 @@ typedef struct ps_service_report {
 void ps_service_get_report(ps_service *svc, ps_service_report *out);
 void ps_service_free(ps_service *svc); /* after the server is shut down; accepts NULL */
 
+/* Prometheus (common/prom.h): the counters the service adds to. Registered once by
+ * ps_prom_register; they outlive the services (a rollback makes a new one). */
+struct pst_prom;
+struct pst_prom_metric;
+typedef struct ps_prom {
+    struct pst_prom_metric *pushes_ok, *pushes_failed, *pulls_ok, *pulls_failed;
+    struct pst_prom_metric *received, *sent; /* payload bytes of pushes and pulls */
+    struct pst_prom_metric *update;          /* seconds of one block update (histogram) */
+} ps_prom;
+void ps_prom_register(ps_prom *m, struct pst_prom *r);
+void ps_service_prom(ps_service *svc, const ps_prom *m); /* before serving */
+
+/* What a scrape shows of the service now. Thread safe. */
+typedef struct ps_service_gauges {
+    int initialized;          /* trainer 0's Init made the store */
+    uint32_t trainers;        /* the job's */
+    uint32_t connected;       /* trainers whose Watch is open */
+    uint32_t waited_for;      /* sync: trainers whose push of the first block's next step
+                               * has not come */
+    int64_t version;          /* the first block's */
+    size_t blocks;
+    uint64_t params;          /* parameters of this pserver's blocks */
+    double checkpoint_age;    /* seconds since the newest checkpoint was written (since the
+                               * store was made if none yet); -1: no checkpoints */
+} ps_service_gauges;
+void ps_service_gauges_read(ps_service *svc, ps_service_gauges *out);
+
 #endif /* PS_SERVICE_H */

@@ -17,6 +17,8 @@
  * store's only state shared between blocks: an atomic, added to once per update. */
 #include "pserver/store.h"
 
+#include "common/clock.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -66,6 +68,8 @@ struct ps_store {
     ps_block_index *by_id; /* (nblocks) sorted by id */
     uint64_t total_length;
     /* checkpoints (ps_store_config's snapshot) */
+    void (*on_update)(void *, double);
+    void *on_update_arg;
     int64_t snap_every;
     void (*snap_fn)(void *, int64_t, const float *, const float *);
     void *snap_arg;
@@ -333,9 +337,12 @@ pst_status ps_store_snapshot_now(ps_store *st, int64_t version)
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float *sum, int rows,
                                uint64_t stride)
 {
+    const double t0 = st->on_update ? pst_clock_s() : 0.0;
     run_update(st, b, g, sum, rows, stride);
     if (b->lowp)
         atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
+    if (st->on_update)
+        st->on_update(st->on_update_arg, pst_clock_s() - t0);
     b->version++;
     if (st->snap_every > 0 && b->version % st->snap_every == 0)
         snapshot_block(st, b);
@@ -460,6 +467,8 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
     st->optim = cfg->optim;
     st->pool = cfg->pool;
     st->lowp = cfg->lowp;
+    st->on_update = cfg->on_update;
+    st->on_update_arg = cfg->on_update_arg;
     atomic_init(&st->casts, 0);
     st->nstate = pst_optim_state_floats(cfg->optim.kind);
     int n = cfg->nblocks;
@@ -814,6 +823,17 @@ void ps_store_cancel_waiters(ps_store *st, pst_status status)
         }
         pthread_mutex_unlock(&b->mu);
     }
+}
+
+int ps_store_pushed(ps_store *st, uint32_t block)
+{
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return -1;
+    pthread_mutex_lock(&b->mu);
+    const int n = b->npushed;
+    pthread_mutex_unlock(&b->mu);
+    return n;
 }
 
 int64_t ps_store_version(ps_store *st, uint32_t block)

@@ -94,6 +94,10 @@ typedef struct ps_store_config {
     int64_t snapshot_every;
     void (*snapshot)(void *arg, int64_t version, const float *values, const float *state);
     void *snapshot_arg;
+    /* Optional: seconds each block update took (the optimizer step and the cast), called
+     * on the updating thread after it. */
+    void (*on_update)(void *arg, double seconds);
+    void *on_update_arg;
 } ps_store_config;
 
 /* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
@@ -228,6 +232,10 @@ void ps_store_cancel_waiters(ps_store *st, pst_status status);
  * Errors: PST_ERR_STATE when the store writes no snapshots or a block is at another
  * version (mid-step: no consistent state to write). Thread safe. */
 pst_status ps_store_snapshot_now(ps_store *st, int64_t version);
+
+/* Sync: how many trainers have pushed the block's next step so far (-1: no such block).
+ * Thread safe. */
+int ps_store_pushed(ps_store *st, uint32_t block);
 
 /* The block's current version, or -1 when the block is not on this pserver. Thread safe. */
 int64_t ps_store_version(ps_store *st, uint32_t block);

@@ -3292,3 +3292,150 @@ Test(cluster, time_split_adds_up_to_the_step, .timeout = 120)
         }
     }
 }
+
+/* ---- /metrics ----------------------------------------------------------------------- */
+
+/* GET path from 127.0.0.1:port: the status code, and the body in *body (malloc'd). */
+static int http_get(int port, const char *path, char **body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect to %d: %s", port,
+                 strerror(errno));
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                     path);
+    cr_assert_eq(write(fd, req, (size_t)n), n);
+    size_t len = 0, cap = 1 << 16;
+    char *all = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap)
+            all = realloc(all, cap *= 2);
+        ssize_t k = read(fd, all + len, 4096);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    close(fd);
+    all[len] = '\0';
+    int code = 0;
+    cr_assert_eq(sscanf(all, "HTTP/1.%*d %d", &code), 1, "no status line: %.200s", all);
+    const char *sep = strstr(all, "\r\n\r\n");
+    *body = strdup(sep ? sep + 4 : "");
+    free(all);
+    return code;
+}
+
+/* The value of the series `series` (name with its labels, as written) in a scrape; -1 when
+ * absent. */
+static double scraped(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)); p += n)
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* The text format checked by Prometheus's own parser (python3-prometheus-client). */
+static void prometheus_parses(const char *text, const char *who)
+{
+    char path[] = "/tmp/pst_scrape_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 -c \"import sys; from prometheus_client.parser "
+             "import text_string_to_metric_families as p; fams = list(p(open('%s').read())); "
+             "sys.exit(0 if fams else 3)\" 2>&1", path);
+    const int rc = system(cmd);
+    unlink(path);
+    cr_assert_eq(rc, 0, "%s: the scrape does not parse as Prometheus text (exit %d):\n%s", who,
+                 rc, text);
+}
+
+/* A real pserver and 2 trainers with --metrics-port 0, scraped during training: the text
+ * parses with Prometheus's parser; the pserver's push and pull counters agree with the
+ * version the job is at (2 trainers x its blocks per step, pushes in flight aside), its
+ * gauges with the job; each trainer's steps count up between scrapes and its step-time
+ * parts add up to no more than the steps' time; bytes flow both ways. */
+Test(cluster, metrics_are_scraped_during_training, .timeout = 120)
+{
+    proc *ps;
+    const int port = pserver_start_envs(&ps, "info", VARS("PSTRAIN_METRICS_PORT=0"));
+    char *first = slurp(ps->out_path);
+    const char *mp = strstr(first, "\"metrics_port\":");
+    cr_assert_not_null(mp, "no metrics_port in the listening line: %s", first);
+    const int ps_metrics = atoi(mp + strlen("\"metrics_port\":"));
+    free(first);
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", NULL};
+    const char *argv[] = {TRAINER, "--hidden", "256,256", "--block-bytes", "65536", "--steps",
+                          "3000", "--progress", "none", "--log-level", "info",
+                          "--metrics-port", "0", CONNECT_5S, NULL};
+    proc *t0 = proc_start(argv, env0), *t1 = proc_start(argv, env1);
+    wait_for_text(t0->err_path, "joined");
+    char *log = slurp(t0->err_path);
+    const char *tp = strstr(log, "serving metrics on port ");
+    cr_assert_not_null(tp, "%s", log);
+    const int t0_metrics = atoi(tp + strlen("serving metrics on port "));
+    free(log);
+
+    char *text;
+    cr_assert_eq(http_get(ps_metrics, "/nothing", &text), 404);
+    free(text);
+    double last_steps = -1;
+    for (int round = 0; round < 3; round++) {
+        sleep_ms(300);
+        cr_assert_eq(http_get(ps_metrics, "/metrics", &text), 200);
+        prometheus_parses(text, "pserver");
+        const double pushes = scraped(text, "pstrain_pserver_pushes_total{status=\"ok\"}");
+        const double pulls = scraped(text, "pstrain_pserver_pulls_total{status=\"ok\"}");
+        const double version = scraped(text, "pstrain_pserver_version");
+        const double blocks = scraped(text, "pstrain_pserver_blocks");
+        fprintf(stderr, "scrape %d: pserver version %.0f, %.0f blocks, %.0f pushes, %.0f pulls, "
+                "%.0f bytes in, %.0f out, %.0f trainers connected\n", round, version, blocks,
+                pushes, pulls, scraped(text, "pstrain_pserver_received_bytes_total"),
+                scraped(text, "pstrain_pserver_sent_bytes_total"),
+                scraped(text, "pstrain_pserver_trainers_connected"));
+        cr_assert_eq(scraped(text, "pstrain_pserver_trainers"), 2);
+        cr_assert(blocks >= 2 && version > 0, "%s", text);
+        /* each step: every trainer pushes every block once; a step may be in flight */
+        cr_assert(pushes >= 2 * blocks * (version - 1) && pushes <= 2 * blocks * (version + 2),
+                  "%.0f pushes at version %.0f with %.0f blocks", pushes, version, blocks);
+        cr_assert_geq(pulls, 2 * blocks * (version - 1), "%.0f pulls", pulls);
+        cr_assert_gt(scraped(text, "pstrain_pserver_update_seconds_count"), 0);
+        cr_assert_gt(scraped(text, "pstrain_pserver_received_bytes_total"), 0);
+        free(text);
+
+        cr_assert_eq(http_get(t0_metrics, "/metrics", &text), 200);
+        prometheus_parses(text, "trainer 0");
+        const double steps = scraped(text, "pstrain_trainer_steps_total");
+        double parts = 0;
+        const char *part[] = {"compute", "communication", "waiting", "data", "other"};
+        for (int k = 0; k < 5; k++) {
+            char series[96];
+            snprintf(series, sizeof series, "pstrain_trainer_step_seconds_total{part=\"%s\"}",
+                     part[k]);
+            const double v = scraped(text, series);
+            cr_assert_geq(v, 0, "%s missing or negative:\n%s", series, text);
+            parts += v;
+        }
+        cr_assert_gt(steps, last_steps, "steps did not advance: %.0f then %.0f", last_steps, steps);
+        cr_assert_gt(parts, 0);
+        cr_assert_gt(scraped(text, "pstrain_trainer_pushed_bytes_total"), 0);
+        cr_assert_gt(scraped(text, "pstrain_trainer_pulled_bytes_total"), 0);
+        last_steps = steps;
+        free(text);
+    }
+    kill(t0->pid, SIGTERM);
+    kill(t1->pid, SIGTERM);
+    proc_wait(t0, RUN_WAIT_MS);
+    proc_wait(t1, RUN_WAIT_MS);
+    proc_wait(ps, EXIT_WAIT_MS);
+}

@@ -65,6 +65,8 @@ typedef struct tr_link_ops {
      * pushes and the update (tr_exchange_times.held) since the last call, which resets it;
      * NULL: never (training alone). Thread safe. */
     double (*take_held)(tr_link *l);
+    /* Payload bytes pushed and pulled so far; NULL: none (training alone). Thread safe. */
+    void (*traffic)(tr_link *l, uint64_t *pushed, uint64_t *pulled);
     void (*free)(tr_link *l);
 } tr_link_ops;
 

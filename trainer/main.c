@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/memory.h"
+#include "common/prom.h"
 #include "trainer/blas_core.h"
 #include "trainer/remote.h"
 #include "trainer/train.h"
@@ -127,8 +128,24 @@ int main(int argc, char **argv)
      * OpenBLAS's own threads would only compete with the team for the same cores. */
     openblas_set_num_threads(1);
 
+    /* /metrics: served from its own thread for the whole process (recoveries included). */
+    pst_prom *prom = NULL;
+    pst_prom_server *prom_srv = NULL;
+    if (cfg.metrics_port >= 0) {
+        if ((st = pst_prom_init(&prom)) != PST_OK ||
+            (tr_train_prom(prom), st = pst_prom_serve(prom, "0.0.0.0", cfg.metrics_port,
+                                                      &prom_srv)) != PST_OK) {
+            fprintf(stderr, "trainer: --metrics-port %d: %s\n", cfg.metrics_port,
+                    pst_error_detail());
+            pst_prom_free(prom);
+            return 1;
+        }
+        PST_INFO("serving metrics on port %d (GET /metrics)", pst_prom_server_port(prom_srv));
+    }
     tr_summary sum;
     st = recover_or_fail(&cfg, &sum);
+    pst_prom_server_stop(prom_srv);
+    pst_prom_free(prom);
     if (st != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
         return exit_code(st);

@@ -104,6 +104,7 @@ struct tr_remote {
     rpc_client *client;
     rpc_transport *transport; /* insecure or TLS, for both clients */
     _Atomic uint64_t held_max_us; /* link.h's take_held */
+    _Atomic uint64_t pushed_bytes, pulled_bytes; /* payloads (link.h's traffic) */
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
     link_sched *links; /* (num_pservers) */
@@ -216,6 +217,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
         c->times.pull_end = pst_clock_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
         c->times.held = (double)rep->held_us * 1e-6;
+        atomic_fetch_add(&c->r->pulled_bytes, payload ? payload->bytes : 0);
         uint64_t was = atomic_load(&c->r->held_max_us);
         while (rep->held_us > was &&
                !atomic_compare_exchange_weak(&c->r->held_max_us, &was, rep->held_us))
@@ -319,6 +321,7 @@ static void exchange_start(block_ctx *c)
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     c->times.push_start = pst_clock_s();
+    atomic_fetch_add(&r->pushed_bytes, c->b->length * pst_dtype_size(r->cfg->grad_dtype));
     const void *payload = c->grad;
     if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
         pst_cast(c->wire_grad, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
@@ -675,6 +678,12 @@ static pst_status link_exchange(tr_link *l, int b, long step, const float *grad,
     return tr_remote_exchange((tr_remote *)l, b, step, grad, scale, dst, done, arg);
 }
 
+static void link_traffic(tr_link *l, uint64_t *pushed, uint64_t *pulled)
+{
+    *pushed = atomic_load(&((tr_remote *)l)->pushed_bytes);
+    *pulled = atomic_load(&((tr_remote *)l)->pulled_bytes);
+}
+
 static double link_take_held(tr_link *l)
 {
     return (double)atomic_exchange(&((tr_remote *)l)->held_max_us, 0) * 1e-6;
@@ -724,6 +733,7 @@ static const tr_link_ops remote_ops = {
     .finish = link_finish,
     .free = link_free,
     .take_held = link_take_held,
+    .traffic = link_traffic,
 };
 
 tr_link *tr_remote_link(tr_remote *r)

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
+#include "common/prom.h"
 #include "common/clock.h"
 #include "common/data/data.h"
 #include "common/data/text.h"
@@ -186,27 +187,92 @@ typedef struct time_totals {
     double busy0, busy; /* the compute stream's busy seconds at the start and now */
 } time_totals;
 
+/* The parts in seconds in all (compute, comm, wait, data, other); compute and comm are 0
+ * when not measured. */
+static void split_seconds(const time_totals *t, double out[5])
+{
+    double compute = t->busy0 >= 0 && t->busy >= 0 ? t->busy - t->busy0 : 0.0;
+    compute = compute < t->exec ? compute : t->exec;
+    const double comm = t->busy0 >= 0 && t->busy >= 0 ? t->exec - compute : 0.0;
+    const double wait = t->held < comm ? t->held : comm;
+    out[0] = compute;
+    out[1] = comm - wait;
+    out[2] = t->busy0 >= 0 && t->busy >= 0 ? wait : t->held;
+    out[3] = t->data;
+    out[4] = t->wall - t->data - t->exec;
+}
+
+/* ---- /metrics ---- */
+
+static struct {
+    pst_prom_metric *steps, *samples_per_s, *loss, *parts[5], *pushed, *pulled;
+    double published[5];       /* the parts' seconds already added (counters only rise) */
+    uint64_t pushed_at, pulled_at; /* the current run's traffic already added */
+} prom_m;
+
+void tr_train_prom(pst_prom *r)
+{
+    static const char *const part[5] = {"compute", "communication", "waiting", "data",
+                                        "other"};
+    const char *help = "Training step time by where it went: compute, communication not "
+                       "hidden by compute, waiting for the other trainers, data loading, other";
+    prom_m.steps = pst_prom_counter(r, "pstrain_trainer_steps_total", "Training steps run",
+                                    NULL);
+    prom_m.samples_per_s = pst_prom_gauge(r, "pstrain_trainer_samples_per_second",
+                                          "Global-batch samples per second in this epoch", NULL);
+    prom_m.loss = pst_prom_gauge(r, "pstrain_trainer_loss",
+                                 "Mean loss of this trainer's examples in the last step", NULL);
+    for (int k = 0; k < 5; k++) {
+        char labels[32];
+        snprintf(labels, sizeof labels, "part=\"%s\"", part[k]);
+        prom_m.parts[k] = pst_prom_counter(r, "pstrain_trainer_step_seconds_total", help, labels);
+    }
+    prom_m.pushed = pst_prom_counter(r, "pstrain_trainer_pushed_bytes_total",
+                                     "Gradient payload bytes pushed to the pservers", NULL);
+    prom_m.pulled = pst_prom_counter(r, "pstrain_trainer_pulled_bytes_total",
+                                     "Parameter payload bytes pulled from the pservers", NULL);
+}
+
+/* After a step: the run's totals so far (`run` from its start) into the counters. */
+static void prom_step(const time_totals *run, double loss, double samples_per_s, tr_link *link)
+{
+    if (!prom_m.steps)
+        return;
+    pst_prom_add(prom_m.steps, 1);
+    pst_prom_set(prom_m.loss, loss);
+    pst_prom_set(prom_m.samples_per_s, samples_per_s);
+    double now[5];
+    split_seconds(run, now);
+    for (int k = 0; k < 5; k++)
+        if (now[k] > prom_m.published[k]) {
+            pst_prom_add(prom_m.parts[k], now[k] - prom_m.published[k]);
+            prom_m.published[k] = now[k];
+        }
+    if (link->ops->traffic) {
+        uint64_t pushed, pulled;
+        link->ops->traffic(link, &pushed, &pulled);
+        pst_prom_add(prom_m.pushed, (double)(pushed - prom_m.pushed_at));
+        pst_prom_add(prom_m.pulled, (double)(pulled - prom_m.pulled_at));
+        prom_m.pushed_at = pushed;
+        prom_m.pulled_at = pulled;
+    }
+}
+
 static tr_time_split split_of(const time_totals *t)
 {
     tr_time_split s = {0};
     if (t->steps <= 0)
         return s;
     const double n = (double)t->steps / 1e3; /* seconds in total -> ms per step */
+    double part[5];
+    split_seconds(t, part);
+    const int measured = t->busy0 >= 0 && t->busy >= 0;
     s.step = t->wall / n;
-    s.data = t->data / n;
-    s.other = (t->wall - t->data - t->exec) / n;
-    if (t->busy0 < 0 || t->busy < 0) {
-        s.compute = s.comm = -1;
-        s.wait = t->held / n;
-        return s;
-    }
-    double compute = t->busy - t->busy0;
-    compute = compute < t->exec ? compute : t->exec;
-    const double comm = t->exec - compute;
-    const double wait = t->held < comm ? t->held : comm;
-    s.compute = compute / n;
-    s.wait = wait / n;
-    s.comm = (comm - wait) / n;
+    s.compute = measured ? part[0] / n : -1;
+    s.comm = measured ? part[1] / n : -1;
+    s.wait = part[2] / n;
+    s.data = part[3] / n;
+    s.other = part[4] / n;
     return s;
 }
 
@@ -468,6 +534,10 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     sum->first_step = first;
 
     time_totals run_time = {0};
+    /* A new run (a recovery's): its totals and traffic start from 0, the counters go on. */
+    for (int k = 0; k < 5; k++)
+        prom_m.published[k] = 0;
+    prom_m.pushed_at = prom_m.pulled_at = 0;
     {
         double held;
         tr_exec_time_counters(ex, &run_time.busy0, &held); /* the start's pulls: not a step */
@@ -554,6 +624,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                 tt->busy = busy;
             }
             t_step = t_end;
+            prom_step(&run_time, cnt ? loss / cnt : 0.0,
+                      (double)epoch_samples / (t_end - t_epoch), link);
         }
         if ((st = tr_exec_sync(ex)) != PST_OK)
             goto error;

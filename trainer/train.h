@@ -67,6 +67,12 @@ void tr_request_stop(void);
 /* Whether tr_request_stop was called. */
 int tr_stop_requested(void);
 
+/* /metrics (common/prom.h): registers the trainer's metrics in r, which every later
+ * tr_train updates as it trains (steps, loss, samples/s, the time split, bytes pushed and
+ * pulled). Call once, before tr_train. */
+struct pst_prom;
+void tr_train_prom(struct pst_prom *r);
+
 /* One JSON line: {"event":"summary",...}. */
 void tr_summary_print(FILE *out, const tr_summary *s);
 
