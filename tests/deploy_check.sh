@@ -11,7 +11,13 @@
 #      checkpoint directory and failure mode the validator checked against its volumes
 #      and its Job's retries, and the shipped manifests recover from failures: every
 #      trainer and pserver of deploy/k8s*/ resolves checkpoint_dir=/ckpt, on_failure=wait;
-#   4. the two manifest variants (PSTRAIN_* names, Paddle names) configure the same job;
+#      every one reads the job's token from its mounted Secret (token=set,
+#      token_file=/etc/pstrain/token), and the shipped empty placeholder stops it (exit 2);
+#      those of deploy/k8s-tls/ also resolve the TLS files of their mounted certificate.
+#      The files a pod mounts from Secrets do not exist here: the validator moves every
+#      such path under CASES/fs and writes a stand-in token there (see validate.js);
+#   4. the manifest variants (PSTRAIN_* names, Paddle names, TLS) configure the same job,
+#      and deploy/k8s-tls/ only adds to the files it shares with deploy/k8s/;
 #   5. the runtime packages of deploy/Dockerfile provide every shared library the built
 #      programs load, and the data directory (needs dpkg; skipped elsewhere).
 # Needs node + npm; installs deploy/validate/node_modules with `npm ci` when missing.
@@ -127,12 +133,24 @@ else
   fail "no --check-config cases (the validator failed)"
 fi
 
+# Every process of the shipped manifests, by case name.
+shipped=(k8s.pstrain-trainer.trainer.0 k8s.pstrain-trainer.trainer.1
+         k8s.pstrain-pserver.pserver.0 k8s.pstrain-pserver.pserver.1
+         k8s-paddle-env.pstrain-paddle-trainer.trainer.0 k8s-paddle-env.pstrain-paddle-trainer.trainer.1
+         k8s-paddle-env.pstrain-paddle-pserver.pserver.0 k8s-paddle-env.pstrain-paddle-pserver.pserver.1
+         k8s-tls.pstrain-trainer.trainer.0 k8s-tls.pstrain-trainer.trainer.1
+         k8s-tls.pstrain-pserver.pserver.0 k8s-tls.pstrain-pserver.pserver.1)
+# get KEY CASE: one value of a case's --check-config output, a path as the pod sees it
+# (without the CASES/fs the validator moved the Secrets' files under).
+get() {
+  local v
+  v="$(validate --get "$1" "$out/$2.out" 2>&1 || true)"
+  echo "${v#"$cases/fs"}"
+}
+
 # The shipped manifests recover from a lost pod (deploy/README.md, "Failures and
 # recovery"): each process checkpoints to its volume at /ckpt and waits for restarts.
-for c in k8s.pstrain-trainer.trainer.0 k8s.pstrain-trainer.trainer.1 \
-         k8s.pstrain-pserver.pserver.0 k8s.pstrain-pserver.pserver.1 \
-         k8s-paddle-env.pstrain-paddle-trainer.trainer.0 k8s-paddle-env.pstrain-paddle-trainer.trainer.1 \
-         k8s-paddle-env.pstrain-paddle-pserver.pserver.0 k8s-paddle-env.pstrain-paddle-pserver.pserver.1; do
+for c in "${shipped[@]}"; do
   if [ ! -s "$out/$c.out" ]; then
     fail "recovery settings of $c: no --check-config output"
     continue
@@ -143,6 +161,36 @@ for c in k8s.pstrain-trainer.trainer.0 k8s.pstrain-trainer.trainer.1 \
     pass "recovery settings of $c: checkpoint_dir=$dir on_failure=$mode"
   else
     fail "recovery settings of $c: checkpoint_dir=$dir on_failure=$mode, expected /ckpt and wait"
+  fi
+done
+
+# The shipped manifests authenticate (deploy/README.md, "Security"): every process reads
+# the job's token from the Secret mounted at /etc/pstrain; the TLS variant's also use the
+# certificates cert-manager issues into the Secret mounted at /tls (mutual TLS).
+for c in "${shipped[@]}"; do
+  if [ ! -s "$out/$c.out" ]; then
+    fail "authentication of $c: no --check-config output"
+    continue
+  fi
+  token="$(get token "$c")" file="$(get token_file "$c")"
+  if [ "$token" = set ] && [ "$file" = /etc/pstrain/token ]; then
+    pass "authentication of $c: token=$token token_file=$file"
+  else
+    fail "authentication of $c: token=$token token_file=$file, expected set and /etc/pstrain/token"
+  fi
+  case "$c" in
+    k8s-tls.*.pserver.*) keys="tls_cert=/tls/tls.crt tls_key=/tls/tls.key tls_ca=/tls/ca.crt" ;;
+    k8s-tls.*.trainer.*) keys="tls_ca=/tls/ca.crt tls_client_cert=/tls/tls.crt tls_client_key=/tls/tls.key" ;;
+    *) keys="tls_ca=" ;; # the plain variants: no TLS
+  esac
+  got=""
+  for kv in $keys; do got="$got ${kv%%=*}=$(get "${kv%%=*}" "$c")"; done
+  if [ "$got" != " $keys" ]; then
+    fail "TLS of $c:$got, expected $keys"
+  elif [ "$keys" = "tls_ca=" ]; then
+    pass "TLS of $c: none (a plain variant)"
+  else
+    pass "TLS of $c:$got"
   fi
 done
 
@@ -161,6 +209,25 @@ same_job k8s.pstrain-trainer.trainer.0 k8s-paddle-env.pstrain-paddle-trainer.tra
 same_job k8s.pstrain-trainer.trainer.1 k8s-paddle-env.pstrain-paddle-trainer.trainer.1 pservers
 same_job k8s.pstrain-pserver.pserver.0 k8s-paddle-env.pstrain-paddle-pserver.pserver.0 pservers,bind
 same_job k8s.pstrain-pserver.pserver.1 k8s-paddle-env.pstrain-paddle-pserver.pserver.1 pservers,bind
+# ... and the TLS variant the same job as the plain one, TLS aside
+same_job k8s.pstrain-trainer.trainer.0 k8s-tls.pstrain-trainer.trainer.0 tls_ca,tls_client_cert,tls_client_key
+same_job k8s.pstrain-trainer.trainer.1 k8s-tls.pstrain-trainer.trainer.1 tls_ca,tls_client_cert,tls_client_key
+same_job k8s.pstrain-pserver.pserver.0 k8s-tls.pstrain-pserver.pserver.0 tls_ca,tls_cert,tls_key
+same_job k8s.pstrain-pserver.pserver.1 k8s-tls.pstrain-pserver.pserver.1 tls_ca,tls_cert,tls_key
+# deploy/k8s-tls/ holds the whole job (so `kubectl apply -f deploy/k8s-tls/` needs nothing
+# else): each file it shares with deploy/k8s/ is a copy, or the copy with lines added.
+for f in deploy/k8s-tls/*.yaml; do
+  base="deploy/k8s/$(basename "$f")"
+  [ -f "$base" ] || continue
+  if cmp -s "$base" "$f"; then
+    pass "$f: the same as $base"
+  elif ! diff "$base" "$f" | grep -q '^<'; then
+    pass "$f: $base with lines added ($(diff "$base" "$f" | grep -c '^>'))"
+  else
+    diff "$base" "$f" | grep '^<' | indent
+    fail "$f: differs from $base in lines other than added ones (edit both)"
+  fi
+done
 
 # ---- 5. the image's runtime packages cover what the programs load
 pkgs="$(sed -n 's/^ARG RUNTIME_PACKAGES="\(.*\)"$/\1/p' deploy/Dockerfile)"

@@ -6,12 +6,21 @@
  *     1. parses every YAML document and validates it against the Kubernetes schema of its
  *        apiVersion/kind (the kubernetes-models classes' .validate()), and also rejects
  *        fields the schema does not know (the schemas alone accept `replica: 2`);
+ *        cert-manager's objects (Certificate, Issuer) are validated the same way, with the
+ *        models of @kubernetes-models/cert-manager;
  *     2. checks what the documents of one directory must agree on (Service <-> StatefulSet,
  *        Indexed Job completions = parallelism, referenced ConfigMaps and
  *        PersistentVolumeClaims exist, selectors), and what checkpoints and recovery need:
  *        a checkpoint directory (PSTRAIN_CHECKPOINT_DIR or --checkpoint-dir) on a writable
  *        volume backed by a PersistentVolumeClaim, a pserver id with it, and a trainer Job
  *        that retries failed pods when its trainers wait for restarts (PSTRAIN_ON_FAILURE);
+ *        and what the token and TLS need: every file a process reads its secrets from
+ *        (PSTRAIN_TOKEN_FILE, PSTRAIN_TLS_*) lies on a volume mounted from a Secret defined
+ *        next to it (a Secret, or a cert-manager Certificate's spec.secretName) that has the
+ *        key the path names; no token in plain text (a ConfigMap, an env value, a flag) and
+ *        none written into a committed Secret; pservers and trainers read the same token
+ *        and agree on TLS; the pservers' Certificate names every address in
+ *        PSTRAIN_PSERVERS (as gRPC matches names) with the right usages;
  *     3. with --cases DIR: for every container of every pod the workloads would create
  *        (each Job completion index, each StatefulSet ordinal), resolves the environment
  *        as the kubelet would (envFrom + env, $(VAR) expansion, fieldRef/resourceFieldRef
@@ -20,8 +29,17 @@
  *          DIR/<name>.env         KEY=VALUE lines (the container's whole environment)
  *          DIR/<name>.args        the container's arguments, one per line
  *          DIR/<name>.expect.json what `<program> --check-config` must report
- *        plus negative cases (a broken variable, a completion index past the trainer count)
- *        that must exit 2 with one line naming the variable.
+ *        plus negative cases (a broken variable, a completion index past the trainer count,
+ *        the shipped empty token placeholder) that must exit 2 with one line naming the
+ *        variable.
+ *        The files the pod would mount from Secrets do not exist here, and a program reads
+ *        its token file while it loads its configuration: so each path under a Secret's
+ *        mount is moved under DIR/fs (PSTRAIN_TOKEN_FILE=/etc/pstrain/token becomes
+ *        DIR/fs/etc/pstrain/token, in the environment and in flags alike), a stand-in token
+ *        is written there (the manifests hold only empty placeholders), and --compare
+ *        takes DIR/fs off the paths the program reports again ("_root" of the expectation).
+ *        The TLS files are not written: a program reads them only when it opens its
+ *        transport, after --check-config has returned.
  *     Exit status 0 when everything is valid, 1 otherwise (each problem on one line:
  *     file, document number, kind/name, error).
  *
@@ -60,18 +78,25 @@ function problem(where, msg) {
 
 /* ---- schema validation ---- */
 
+/* The packages whose models validate a document: Kubernetes' own kinds, and
+ * cert-manager's (cert-manager.io/v1 Certificate, Issuer, ...). */
+const MODEL_PACKAGES = ['kubernetes-models', '@kubernetes-models/cert-manager'];
+
 function modelClass(apiVersion, kind) {
   if (typeof apiVersion !== 'string' || !/^([a-z0-9.-]+\/)?v[0-9a-z]+$/.test(apiVersion))
     return null;
   if (typeof kind !== 'string' || !/^[A-Z][A-Za-z0-9]*$/.test(kind))
     return null;
-  let mod;
-  try {
-    mod = require(`kubernetes-models/${apiVersion}`);
-  } catch (e) {
-    return null;
+  for (const pkg of MODEL_PACKAGES) {
+    let mod;
+    try {
+      mod = require(`${pkg}/${apiVersion}`);
+    } catch (e) {
+      continue;
+    }
+    if (typeof mod[kind] === 'function') return mod[kind];
   }
-  return typeof mod[kind] === 'function' ? mod[kind] : null;
+  return null;
 }
 
 function isPlainObject(v) {
@@ -206,9 +231,14 @@ function resourceValue(ref, container) {
   return String(Math.ceil(quantity(q) / quantity(ref.divisor || '1') - 1e-9));
 }
 
+/* The token offline, for a secretKeyRef and in the token files of the cases: the manifests
+ * hold empty placeholders, not secrets. */
+const TEST_TOKEN = 'deploy-check-stand-in-token';
+
 /* The environment of `container` in `pod`, in the kubelet's order: envFrom sources, then
- * env entries (each may use $(VAR) of what precedes it). */
-function resolveEnv(container, pod, configMaps) {
+ * env entries (each may use $(VAR) of what precedes it). A secretKeyRef to a Secret of
+ * `secrets` (secretsOf) resolves to TEST_TOKEN. */
+function resolveEnv(container, pod, configMaps, secrets = {}) {
   const env = {};
   for (const src of container.envFrom || []) {
     if (src.secretRef) throw new Error('envFrom secretRef: secrets cannot be resolved offline');
@@ -235,6 +265,11 @@ function resolveEnv(container, pod, configMaps) {
           v = String(data[vf.configMapKeyRef.key]);
         else if (vf.configMapKeyRef.optional) continue;
         else throw new Error(`env ${e.name}: ConfigMap key ${vf.configMapKeyRef.name}/${vf.configMapKeyRef.key} is not defined next to this manifest`);
+      } else if (vf.secretKeyRef) {
+        const sec = secrets[vf.secretKeyRef.name];
+        if (sec && sec.keys.has(vf.secretKeyRef.key)) v = TEST_TOKEN;
+        else if (vf.secretKeyRef.optional) continue;
+        else throw new Error(`env ${e.name}: Secret key ${vf.secretKeyRef.name}/${vf.secretKeyRef.key} is not defined next to this manifest`);
       } else throw new Error(`env ${e.name}: this valueFrom cannot be resolved offline`);
     } else {
       v = expand(e.value === undefined ? '' : String(e.value), env);
@@ -272,9 +307,10 @@ function onFailureOf(env, args) {
 }
 
 /* The volume mounted at `dir` or the nearest folder above it in container `c` of workload
- * `w`: { mount, kind } where kind is 'claim' (a volumeClaimTemplates entry of a StatefulSet
- * or a persistentVolumeClaim volume) or the volume's source (emptyDir, hostPath, ...);
- * null when dir is on the container's own filesystem. */
+ * `w`: { mount, kind, volume } where kind is 'claim' (a volumeClaimTemplates entry of a
+ * StatefulSet or a persistentVolumeClaim volume) or the volume's source (emptyDir,
+ * secret, hostPath, ...) and volume the pod's volume (absent for a claim template); null
+ * when dir is on the container's own filesystem. */
 function volumeAt(w, c, dir) {
   const under = (m) => dir === m || dir.startsWith(m.endsWith('/') ? m : `${m}/`);
   let best = null;
@@ -286,8 +322,8 @@ function volumeAt(w, c, dir) {
     return { mount: best, kind: 'claim' };
   const v = (w.tmpl.spec.volumes || []).find((x) => x.name === best.name);
   if (!v) return { mount: best, kind: 'undefined' };
-  if (v.persistentVolumeClaim) return { mount: best, kind: 'claim' };
-  return { mount: best, kind: Object.keys(v).find((k) => k !== 'name') || 'undefined' };
+  if (v.persistentVolumeClaim) return { mount: best, kind: 'claim', volume: v };
+  return { mount: best, kind: Object.keys(v).find((k) => k !== 'name') || 'undefined', volume: v };
 }
 
 /* Checkpoints and recovery, for container `c` of workload `w` under the environment of
@@ -326,6 +362,225 @@ function checkRecovery(w, c, env, args) {
   }
 }
 
+/* ---- the token and TLS: files from Secrets ---- */
+
+/* Settings that name a file a Secret must provide: [flag, variable, the roles that read it,
+ * the --check-config key]. */
+const SECRET_FILES = [
+  ['token-file', 'PSTRAIN_TOKEN_FILE', PROGRAMS, 'token_file'],
+  ['tls-cert', 'PSTRAIN_TLS_CERT', ['pserver'], 'tls_cert'],
+  ['tls-key', 'PSTRAIN_TLS_KEY', ['pserver'], 'tls_key'],
+  ['tls-ca', 'PSTRAIN_TLS_CA', PROGRAMS, 'tls_ca'],
+  ['tls-client-cert', 'PSTRAIN_TLS_CLIENT_CERT', ['trainer'], 'tls_client_cert'],
+  ['tls-client-key', 'PSTRAIN_TLS_CLIENT_KEY', ['trainer'], 'tls_client_key'],
+];
+/* The keys cert-manager writes into a Certificate's Secret (type kubernetes.io/tls). */
+const CERT_KEYS = ['tls.crt', 'tls.key', 'ca.crt'];
+
+/* The Secrets a directory defines, by name: { where, kind: 'Secret' | 'Certificate', keys,
+ * values (Secret: key -> text), doc }. A cert-manager Certificate defines the Secret of
+ * its spec.secretName, with the keys cert-manager writes. */
+function secretsOf(docs) {
+  const secrets = {};
+  for (const d of docs) {
+    const { kind, metadata, spec } = d.doc;
+    let name, entry;
+    if (kind === 'Secret') {
+      const values = new Map();
+      for (const [k, v] of Object.entries(d.doc.data || {})) values.set(k, Buffer.from(String(v), 'base64').toString('utf8'));
+      for (const [k, v] of Object.entries(d.doc.stringData || {})) values.set(k, String(v));
+      name = metadata.name;
+      entry = { where: d.where, kind, keys: new Set(values.keys()), values, doc: d.doc };
+    } else if (kind === 'Certificate' && spec && spec.secretName) {
+      name = spec.secretName;
+      entry = { where: d.where, kind, keys: new Set(CERT_KEYS), values: null, doc: d.doc };
+    } else continue;
+    if (secrets[name]) problem(d.where, `Secret ${name} is also defined by ${secrets[name].where}`);
+    else secrets[name] = entry;
+  }
+  return secrets;
+}
+
+/* Which Secret and key provide `file` in container `c` of workload `w`: { name, key,
+ * secret }, or throws an Error that says what is wrong. */
+function secretFile(w, c, file, secrets) {
+  if (!file.startsWith('/')) throw new Error('not an absolute path');
+  const vol = volumeAt(w, c, file);
+  if (!vol)
+    throw new Error(`no volume is mounted there, so the file would not exist; mount the Secret that holds it (a secret volume) at ${path.posix.dirname(file)}`);
+  const m = vol.mount;
+  if (vol.kind === 'undefined') throw new Error(`volumeMount ${m.name} names no volume of the pod`);
+  if (vol.kind !== 'secret')
+    throw new Error(`volume ${m.name} mounted at ${m.mountPath} is ${vol.kind === 'claim' ? 'a PersistentVolumeClaim' : vol.kind}, not a Secret: a secret must come from a Secret (a secret volume)`);
+  const sv = vol.volume.secret;
+  const sec = secrets[sv.secretName];
+  if (!sec)
+    throw new Error(`volume ${m.name}: Secret ${sv.secretName} is not defined next to it (no Secret, and no cert-manager Certificate with that secretName)`);
+  let rel = file.slice(m.mountPath.length).replace(/^\/+/, '');
+  if (m.subPath) rel = rel ? `${m.subPath}/${rel}` : m.subPath;
+  let key = rel;
+  if (sv.items) {
+    const item = sv.items.find((i) => i.path === rel);
+    if (!item)
+      throw new Error(`volume ${m.name} mounts only ${sv.items.map((i) => i.path).join(', ')} of Secret ${sv.secretName} (items), not ${rel}`);
+    key = item.key;
+  }
+  if (!sec.keys.has(key))
+    throw new Error(`Secret ${sv.secretName} has no key ${key} (it has ${[...sec.keys].join(', ') || 'none'}), so ${file} would not exist`);
+  return { name: sv.secretName, key, secret: sec };
+}
+
+/* The token and the TLS files of container `c` (program `program`) of workload `w`:
+ * records problems and returns { token: 'Secret NAME key KEY' | null, files: [{ flag,
+ * env (the variable), out (its --check-config key), value (the path), name, key, secret
+ * (the Secret that provides it, secretsOf) }] }. */
+function checkSecrets(w, c, program, env, args, secrets) {
+  const where = `${w.d.where} container ${c.name}`;
+  const info = { token: null, files: [] };
+  for (const [flag, envName, roles, outKey] of SECRET_FILES) {
+    if (!roles.includes(program)) continue;
+    const s = settingOf(env, args, flag, envName);
+    if (!s || s.value === '') continue;
+    let f;
+    try {
+      f = secretFile(w, c, s.value, secrets);
+    } catch (e) {
+      problem(where, `${s.source}=${s.value}: ${e.message}`);
+      continue;
+    }
+    info.files.push({ flag, env: envName, out: outKey, value: s.value, ...f });
+    if (envName === 'PSTRAIN_TOKEN_FILE') {
+      info.token = `Secret ${f.name} key ${f.key}`;
+      checkCommitted(f.secret, f.name, f.key);
+    }
+  }
+  /* PSTRAIN_TOKEN itself: only from a Secret (secretKeyRef), never written out. */
+  for (const e of c.env || []) {
+    if (e.name !== 'PSTRAIN_TOKEN') continue;
+    const ref = e.valueFrom && e.valueFrom.secretKeyRef;
+    if (!ref) {
+      problem(where, `env PSTRAIN_TOKEN: a token in plain text (${e.valueFrom ? 'from a ConfigMap' : 'a value'}) is no secret: ` +
+        'whoever reads the manifest or the pod spec has it; mount a Secret and set PSTRAIN_TOKEN_FILE (or use valueFrom.secretKeyRef)');
+    } else if (secrets[ref.name] && secrets[ref.name].keys.has(ref.key)) {
+      info.token = `Secret ${ref.name} key ${ref.key}`;
+      const sec = secrets[ref.name];
+      checkCommitted(sec, ref.name, ref.key);
+      if (program === 'pserver' && sec.values && sec.values.get(ref.key).trim() === '')
+        problem(where, `env PSTRAIN_TOKEN from Secret ${ref.name} key ${ref.key}, empty here: an empty PSTRAIN_TOKEN is no token, ` +
+          'so this pserver would accept anyone until the real Secret is made; read it from a file (PSTRAIN_TOKEN_FILE), which refuses to start when empty');
+    }
+    /* a missing Secret or key: resolveEnv reports it */
+  }
+  for (let i = 0; i < args.length; i++)
+    if (args[i] === '--token' || args[i].startsWith('--token='))
+      problem(where, `${args[i].split('=')[0]} in the arguments: a token in plain text is no secret (the pod spec and ps show it); ` +
+        'mount a Secret and pass --token-file');
+  return info;
+}
+
+/* A Secret of these manifests that holds a token: it must be an empty placeholder (a
+ * committed token is known to whoever reads the repository). */
+const committedChecked = new Set();
+function checkCommitted(sec, name, key) {
+  if (sec.kind !== 'Secret' || committedChecked.has(sec)) return;
+  committedChecked.add(sec);
+  if (sec.values.get(key).trim() !== '')
+    problem(sec.where, `key ${key} holds a token: a token written into a manifest is known to whoever reads the repository; ` +
+      `leave it empty here ("") and make the real Secret with kubectl create secret generic ${name} --from-literal=${key}="$(openssl rand -hex 32)"`);
+}
+
+/* gRPC's host name check (tsi_ssl_peer_matches_name): an exact match, or "*.REST" when the
+ * name's part after its first dot equals REST and REST itself has a dot (so *.example never
+ * matches a.example). Case-insensitive; a trailing dot is ignored. */
+function grpcNameMatches(pattern, name) {
+  const p = pattern.toLowerCase().replace(/\.$/, ''), n = name.toLowerCase().replace(/\.$/, '');
+  if (p === n) return true;
+  if (!p.startsWith('*.') || p.length < 3) return false;
+  const dot = n.indexOf('.');
+  if (dot < 0) return false;
+  const rest = n.slice(dot + 1);
+  return rest.includes('.') && rest === p.slice(2);
+}
+
+/* The addresses a trainer dials, without their ports. */
+function pserverHosts(env, args) {
+  const s = settingOf(env, args, 'pservers', 'PSTRAIN_PSERVERS') ||
+    (env.PADDLE_PSERVERS_IP_PORT_LIST !== undefined ? { value: env.PADDLE_PSERVERS_IP_PORT_LIST, source: 'PADDLE_PSERVERS_IP_PORT_LIST' } : null);
+  if (!s) return null;
+  const hosts = s.value.split(',').filter((x) => x).map((e) => {
+    const colon = e.lastIndexOf(':');
+    return (colon > 0 ? e.slice(0, colon) : e).replace(/^\[(.*)\]$/, '$1');
+  });
+  return { hosts, source: s.source };
+}
+
+function issuerOf(sec) {
+  if (!sec || sec.kind !== 'Certificate') return null;
+  const r = sec.doc.spec.issuerRef || {};
+  return `${r.kind || 'Issuer'} ${r.name}`;
+}
+
+/* What the pservers and trainers of one directory must agree on: the token, TLS on both
+ * sides, client certificates for mutual TLS, the CA, and the names the pservers'
+ * certificate gives. `procs`: [{ w, c, program, env, args, info }]. */
+function checkAuth(procs) {
+  const name = (p) => `${p.program} (${p.w.kind} ${p.w.name})`;
+  const file = (p, envName) => p.info.files.find((f) => f.env === envName);
+  /* one token for all: a trainer with another token (or none) is refused */
+  const tokens = new Map(procs.map((p) => [name(p), p.info.token || 'no token']));
+  if (new Set(tokens.values()).size > 1)
+    problem(procs[0].w.d.where.split(':')[0], 'pservers and trainers must share one token, but ' +
+      [...tokens].map(([n, t]) => `${n} reads ${t}`).join(', '));
+  const pservers = procs.filter((p) => p.program === 'pserver');
+  const trainers = procs.filter((p) => p.program === 'trainer');
+  for (const ps of pservers) {
+    const cert = file(ps, 'PSTRAIN_TLS_CERT'), key = file(ps, 'PSTRAIN_TLS_KEY'), ca = file(ps, 'PSTRAIN_TLS_CA');
+    const where = `${ps.w.d.where} container ${ps.c.name}`;
+    if (cert && key && cert.name !== key.name)
+      problem(where, `PSTRAIN_TLS_CERT is from Secret ${cert.name} but PSTRAIN_TLS_KEY from Secret ${key.name}: the key must be the certificate's`);
+    if (cert && cert.secret.kind === 'Certificate') {
+      const spec = cert.secret.doc.spec;
+      if (spec.usages && !spec.usages.includes('server auth'))
+        problem(cert.secret.where, `usages ${JSON.stringify(spec.usages)} lack "server auth": the pservers serve TLS with this certificate, and the trainers would refuse it`);
+    }
+    for (const tr of trainers) {
+      const twhere = `${tr.w.d.where} container ${tr.c.name}`;
+      const tca = file(tr, 'PSTRAIN_TLS_CA'), tcert = file(tr, 'PSTRAIN_TLS_CLIENT_CERT');
+      if (cert && !tca)
+        problem(twhere, `sets no PSTRAIN_TLS_CA, but the pservers of ${ps.w.kind} ${ps.w.name} serve TLS: the trainer would speak plaintext to them; mount the CA (ca.crt) and set PSTRAIN_TLS_CA`);
+      if (!cert && tca)
+        problem(twhere, `PSTRAIN_TLS_CA is set, but the pservers of ${ps.w.kind} ${ps.w.name} serve without TLS (no PSTRAIN_TLS_CERT)`);
+      if (ca && !tcert)
+        problem(twhere, `sets no PSTRAIN_TLS_CLIENT_CERT, but the pservers of ${ps.w.kind} ${ps.w.name} require client certificates (PSTRAIN_TLS_CA on a pserver: mutual TLS); mount the trainers' certificate and set PSTRAIN_TLS_CLIENT_CERT and PSTRAIN_TLS_CLIENT_KEY`);
+      /* The CA a side trusts must be the one that signed the other side's certificate: with
+       * cert-manager, the same issuer. */
+      if (cert && tca && issuerOf(cert.secret) && issuerOf(tca.secret) && issuerOf(cert.secret) !== issuerOf(tca.secret))
+        problem(twhere, `PSTRAIN_TLS_CA is the CA of ${issuerOf(tca.secret)}, but the pservers' certificate comes from ${issuerOf(cert.secret)}`);
+      if (ca && tcert && issuerOf(ca.secret) && issuerOf(tcert.secret) && issuerOf(ca.secret) !== issuerOf(tcert.secret))
+        problem(where, `PSTRAIN_TLS_CA is the CA of ${issuerOf(ca.secret)}, but the trainers' client certificate comes from ${issuerOf(tcert.secret)}`);
+      if (cert && tca && cert.secret.kind === 'Certificate') {
+        /* The pservers' certificate must name every address the trainers dial. */
+        const dialed = pserverHosts(tr.env, tr.args);
+        const spec = cert.secret.doc.spec;
+        const dns = spec.dnsNames || [], ips = spec.ipAddresses || [];
+        for (const h of dialed ? dialed.hosts : []) {
+          const isIp = /^[0-9.]+$/.test(h) || h.includes(':');
+          if (isIp ? ips.includes(h) : dns.some((n) => grpcNameMatches(n, h))) continue;
+          const near = isIp ? [] : dns.filter((n) => n.startsWith('*.') && h.toLowerCase().endsWith(n.slice(1).toLowerCase()));
+          problem(cert.secret.where, `${isIp ? 'ipAddresses' : 'dnsNames'} do not name ${h}, which ${dialed.source} lists: ` +
+            `the trainers would refuse that pserver's certificate; add ${h}` +
+            (near.length ? ` (${near.join(', ')} does not cover it: gRPC matches a wildcard only when what follows "*." has a dot itself)` : ''));
+        }
+      }
+      if (tcert && tcert.secret.kind === 'Certificate') {
+        const spec = tcert.secret.doc.spec;
+        if (spec.usages && !spec.usages.includes('client auth'))
+          problem(tcert.secret.where, `usages ${JSON.stringify(spec.usages)} lack "client auth": the trainers present this certificate to the pservers, which would refuse it`);
+      }
+    }
+  }
+}
+
 /* The container's arguments after `command[0]`, with $(VAR) expanded from its env. */
 function argvOf(container, env) {
   return [...(container.command || []).slice(1), ...(container.args || [])]
@@ -356,7 +611,12 @@ function checkGroup(docs) {
     if (d.doc.kind === 'ConfigMap') configMaps[d.doc.metadata.name] = d.doc.data || {};
     if (d.doc.kind === 'Service') services[d.doc.metadata.name] = d;
     if (d.doc.kind === 'PersistentVolumeClaim') claims[d.doc.metadata.name] = d;
+    if (d.doc.kind === 'ConfigMap' && Object.prototype.hasOwnProperty.call(d.doc.data || {}, 'PSTRAIN_TOKEN'))
+      problem(d.where, 'PSTRAIN_TOKEN: a token in a ConfigMap is in plain text for whoever reads the manifest or the ConfigMap; ' +
+        'put it in a Secret, mount it and set PSTRAIN_TOKEN_FILE');
   }
+  const secrets = secretsOf(docs);
+  const procs = [];
   const workloads = [];
   for (const d of docs) {
     const { kind, metadata, spec } = d.doc;
@@ -365,7 +625,7 @@ function checkGroup(docs) {
     const labels = (tmpl.metadata && tmpl.metadata.labels) || {};
     if (spec.selector && !labelsMatch(spec.selector.matchLabels, labels))
       problem(d.where, 'spec.selector.matchLabels does not match the pod template labels');
-    const w = { d, kind, name: metadata.name, spec, tmpl, labels, configMaps };
+    const w = { d, kind, name: metadata.name, spec, tmpl, labels, configMaps, secrets, secretInfo: {} };
     if (kind === 'StatefulSet') {
       const svc = services[spec.serviceName];
       if (!svc) {
@@ -409,15 +669,20 @@ function checkGroup(docs) {
       if (!pod || missing || !programOf(c)) continue;
       let env;
       try {
-        env = resolveEnv(c, pod, configMaps);
+        env = resolveEnv(c, pod, configMaps, secrets);
       } catch (e) {
         problem(`${d.where} container ${c.name}`, e.message);
         continue;
       }
-      checkRecovery(w, c, env, argvOf(c, env));
+      const args = argvOf(c, env);
+      checkRecovery(w, c, env, args);
+      const info = checkSecrets(w, c, programOf(c), env, args, secrets);
+      w.secretInfo[c.name] = info;
+      procs.push({ w, c, program: programOf(c), env, args, info });
     }
     workloads.push(w);
   }
+  checkAuth(procs);
   return workloads;
 }
 
@@ -445,8 +710,33 @@ function podsOf(w, extra = 0) {
 
 /* ---- cases for tests/deploy_check.sh ---- */
 
+/* The environment and arguments with every file that a Secret provides (`files`, from
+ * checkSecrets) moved under `root`, as if the pod's Secret volumes were mounted there; the
+ * files of Secret documents are written there with content(file). A Certificate's files
+ * are not written: the programs read them only when they open their transport, after
+ * --check-config has returned. */
+function moveSecretFiles(env, args, files, root, content) {
+  const e = { ...env };
+  let a = [...args];
+  for (const f of files) {
+    const to = root + f.value;
+    if (e[f.env] === f.value) e[f.env] = to;
+    a = a.map((x, i) => (x === `--${f.flag}=${f.value}` ? `--${f.flag}=${to}`
+      : x === f.value && i > 0 && a[i - 1] === `--${f.flag}` ? to : x));
+    if (f.secret.kind === 'Secret') {
+      fs.mkdirSync(path.dirname(to), { recursive: true });
+      fs.writeFileSync(to, content(f));
+    }
+  }
+  return { env: e, args: a };
+}
+
 function writeCases(groups, dir) {
   fs.mkdirSync(dir, { recursive: true });
+  /* Where the Secret volumes are "mounted": the positive cases share one tree (with
+   * TEST_TOKEN in each token file), so their outputs compare equal across directories. */
+  const root = path.join(path.resolve(dir), 'fs');
+  const shippedRoot = path.join(path.resolve(dir), 'fs-shipped');
   const rows = [];
   const emit = (name, program, env, args, exit, stderrHas, expect) => {
     name = name.replace(/[^A-Za-z0-9_.-]+/g, '_');
@@ -475,11 +765,12 @@ function writeCases(groups, dir) {
         const program = programOf(c);
         if (!program) continue;
         const base = `${gname}.${w.name}.${c.name}`;
+        const info = w.secretInfo[c.name] || { token: null, files: [] };
         let first = null;
         for (const pod of podsOf(w)) {
           let env, args;
           try {
-            env = resolveEnv(c, pod, w.configMaps);
+            env = resolveEnv(c, pod, w.configMaps, w.secrets);
             args = argvOf(c, env);
           } catch (e) {
             problem(`${w.d.where} container ${c.name}`, e.message);
@@ -508,10 +799,24 @@ function writeCases(groups, dir) {
               e.valueFrom.fieldRef.fieldPath === 'status.podIP' && ['POD_IP', 'PSTRAIN_BIND'].includes(e.name));
             expect.bind = podIpVar ? POD_IP : '0.0.0.0';
           }
-          emit(`${base}.${pod.index}`, program, env, args, 0, null, expect);
-          if (!first) first = { env, args };
+          /* The token and the TLS files, at the paths the pod would see them (--compare
+           * takes `_root` off what the program reports). */
+          expect.token = info.token ? 'set' : 'none';
+          for (const [flag, envName, roles, out] of SECRET_FILES)
+            if (roles.includes(program)) expect[out] = (settingOf(env, args, flag, envName) || { value: '' }).value;
+          expect._root = root;
+          const moved = moveSecretFiles(env, args, info.files, root, () => `${TEST_TOKEN}\n`);
+          emit(`${base}.${pod.index}`, program, moved.env, moved.args, 0, null, expect);
+          if (!first) first = { env: moved.env, args: moved.args, original: { env, args } };
         }
         if (!first) continue;
+        /* The token Secret as shipped (an empty placeholder) must stop the program. */
+        const tokenFile = info.files.find((f) => f.env === 'PSTRAIN_TOKEN_FILE');
+        if (tokenFile && tokenFile.secret.kind === 'Secret') {
+          const shipped = moveSecretFiles(first.original.env, first.original.args, info.files,
+            path.join(shippedRoot, base), (f) => f.secret.values.get(f.key));
+          emit(`${base}.placeholder-token`, program, shipped.env, shipped.args, 2, 'TOKEN_FILE', null);
+        }
         /* Negative cases: a broken variable of this manifest must be a one-line error
          * naming it. */
         const breakVar = program === 'trainer'
@@ -527,8 +832,9 @@ function writeCases(groups, dir) {
         if (w.kind === 'Job') {
           const extra = podsOf(w, 1)[w.instances];
           try {
-            const env = resolveEnv(c, extra, w.configMaps);
-            emit(`${base}.index-past-trainers`, program, env, argvOf(c, env), 2, 'TRAINER_ID', null);
+            const env = resolveEnv(c, extra, w.configMaps, w.secrets);
+            const moved = moveSecretFiles(env, argvOf(c, env), info.files, root, () => `${TEST_TOKEN}\n`);
+            emit(`${base}.index-past-trainers`, program, moved.env, moved.args, 2, 'TRAINER_ID', null);
           } catch (e) {
             problem(`${w.d.where} container ${c.name}`, e.message);
           }
@@ -557,7 +863,13 @@ function compare(expectFile, outputFile) {
     return [e.message];
   }
   const errs = [];
+  /* Paths under _root are the pod's paths moved there (moveSecretFiles): take it off. */
+  const root = expect._root;
+  if (root)
+    for (const [k, v] of Object.entries(got))
+      if (typeof v === 'string' && v.startsWith(`${root}/`)) got[k] = v.slice(root.length);
   for (const [k, want] of Object.entries(expect)) {
+    if (k === '_root') continue;
     if (k === 'pservers') {
       /* Each entry i must be pod i of the StatefulSet (short or longer DNS name) at its
        * containerPort, in order: what the ConfigMap lists must be what the cluster runs. */
