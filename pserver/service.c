@@ -91,7 +91,9 @@ struct ps_service {
     size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
     size_t pulls_live;            /* contexts in flight (under pull_mu) */
     const ps_prom *prom;          /* NULL: no /metrics */
-    double ckpt_at;               /* atomic-ish (under mu): pst_clock_s() of the newest
+    int64_t ckpt_at_us;           /* atomic (never under mu: the snapshot runs under a
+                                   * block's lock, and mu is taken before block locks):
+                                   * microseconds of pst_clock_s() of the newest
                                    * checkpoint written, or of the store's making */
     /* limits */
     uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
@@ -222,9 +224,7 @@ static void snapshot(void *arg, int64_t version, const float *values, const floa
                                  ps_store_state_floats(svc->store)};
     if (ps_shard_save(svc->ckpt_dir, version, &lay, values, state, svc->ckpt_keep) == PST_OK) {
         PST_INFO("checkpoint: step %lld written to %s", (long long)version, svc->ckpt_dir);
-        pthread_mutex_lock(&svc->mu);
-        svc->ckpt_at = pst_clock_s();
-        pthread_mutex_unlock(&svc->mu);
+        __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
         return;
     }
     if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
@@ -336,7 +336,8 @@ void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
                 g->waited_for = svc->num_trainers - (uint32_t)pushed - svc->nfinished;
         }
         if (svc->ckpt_dir[0] && svc->sync)
-            g->checkpoint_age = pst_clock_s() - svc->ckpt_at;
+            g->checkpoint_age =
+                pst_clock_s() - (double)__atomic_load_n(&svc->ckpt_at_us, __ATOMIC_RELAXED) * 1e-6;
     }
     pthread_mutex_unlock(&svc->mu);
 }
@@ -451,7 +452,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
         goto out;
-    svc->ckpt_at = pst_clock_s();
+    __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
     svc->finished = calloc(req->num_trainers, 1);
     svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
     svc->joined = calloc(req->num_trainers, 1);

@@ -1201,7 +1201,16 @@ static void wait_for_text(const char *path, const char *text)
             return;
         sleep_ms(10);
     }
-    cr_assert_fail("no '%s' in %s after 60 s", text, path);
+    char *all = slurp(path), keep[128];
+    snprintf(keep, sizeof keep, "/tmp/pstrain-wait-%d.log", (int)getpid());
+    FILE *f = fopen(keep, "w");
+    if (f) {
+        fputs(all, f);
+        fclose(f);
+    }
+    const size_t n = strlen(all);
+    cr_assert_fail("no '%s' in %s after 60 s (kept in %s); its end:\n%s", text, path, keep,
+                   all + (n > 4000 ? n - 4000 : 0));
 }
 
 /* Recovery of a running job (--on-failure wait, pslaunch --restart): 2 trainers x 2
@@ -1245,7 +1254,17 @@ static void kill_twice_and_compare(const char *every, int k1, int k2, int jitter
         cr_assert_gt(victim, 0, "no %s with %s", exe[k], who[k]);
         cr_assert_eq(kill(victim, SIGKILL), 0);
     }
-    cr_assert(proc_wait(p, 150000), "the job did not end");
+    if (!proc_wait(p, 150000)) {
+        char *err = slurp(p->err_path);
+        FILE *keep = fopen("/tmp/pstrain-recovery-hang.log", "w");
+        if (keep) {
+            fputs(err, keep);
+            fclose(keep);
+        }
+        const size_t n = strlen(err);
+        cr_assert_fail("the job did not end (its log: /tmp/pstrain-recovery-hang.log); the "
+                       "end of it:\n%s", err + (n > 6000 ? n - 6000 : 0));
+    }
     char *out = slurp(p->out_path), *err = slurp(p->err_path);
     cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0, "pslaunch 0x%x:\n%s",
               p->status, err);
