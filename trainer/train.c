@@ -397,6 +397,21 @@ static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec
         PST_WARN("stopped by signal: no checkpoint of step %ld: %s", step, pst_error_detail());
 }
 
+/* A file of this trainer's own: every trainer of a job is often started with the same
+ * flags (pslaunch, one Job template), and one --metrics or --trace file shared by several
+ * would be garbled. "%t" in the path is the trainer id; without it trainers other than 0
+ * add ".trainer-ID". */
+static void own_path(char *out, size_t size, const char *path, const pst_config *cfg)
+{
+    const char *t = strstr(path, "%t");
+    if (t)
+        snprintf(out, size, "%.*s%d%s", (int)(t - path), path, cfg->trainer_id, t + 2);
+    else if (path[0] && cfg->num_pservers && cfg->trainer_id > 0)
+        snprintf(out, size, "%s.trainer-%d", path, cfg->trainer_id);
+    else
+        snprintf(out, size, "%s", path);
+}
+
 pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
 {
     pst_status st;
@@ -425,7 +440,10 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
         goto error;
     const int D = pst_runtime_count(rt);
-    if ((st = pst_metrics_open(&metrics, cfg->metrics_path)) != PST_OK)
+    char metrics_path[PST_PATH_MAX + 32], trace_path[PST_PATH_MAX + 32];
+    own_path(metrics_path, sizeof metrics_path, cfg->metrics_path, cfg);
+    own_path(trace_path, sizeof trace_path, cfg->trace_path, cfg);
+    if ((st = pst_metrics_open(&metrics, metrics_path)) != PST_OK)
         goto error;
     const int data = pst_model_reads_data(cfg);
     const int is_text = data && pst_config_text_data(cfg);
@@ -481,10 +499,10 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             link->resume_steps = candidates;
         }
     }
-    if (cfg->trace_path[0]) {
+    if (trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
         size_t per_step = (size_t)(D * 2 * model.nlayers + 4 * 1024 + 64);
-        if ((st = tr_trace_init(&trace, cfg->trace_path, cfg->trace_first, cfg->trace_last,
+        if ((st = tr_trace_init(&trace, trace_path, cfg->trace_first, cfg->trace_last,
                                 per_step * (size_t)steps)) != PST_OK)
             goto error;
     }
