@@ -10,10 +10,13 @@ pst_status pst_metrics_open(pst_metrics *m, const char *path)
     m->f = NULL;
     if (!path || !*path)
         return PST_OK;
-    m->f = fopen(path, "a");
+    m->f = fopen(path, "a"); /* O_APPEND */
     if (!m->f)
         return pst_error_set(PST_ERR_IO, "--metrics %s: cannot open for appending: %s", path,
                              strerror(errno));
+    /* Line-buffered: each record reaches the file in one append, whole, even when several
+     * processes share the file. */
+    setvbuf(m->f, NULL, _IOLBF, 0);
     return PST_OK;
 }
 

@@ -1205,6 +1205,18 @@ static void handle_finish(ps_service *svc, rpc_call *call)
             return;
         }
     }
+    pthread_mutex_lock(&svc->mu);
+    const int stale = svc->wait_mode && req->early && !svc->joined[req->trainer_id];
+    pthread_mutex_unlock(&svc->mu);
+    if (stale) {
+        /* --on-failure wait: an early Finish of a trainer that has not joined this store
+         * is from its run before the rollback, which is over: nothing to do. */
+        PST_INFO("an early Finish of trainer %u from before the rollback: ignored",
+                 req->trainer_id);
+        Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
+        rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+        return;
+    }
     char why[512] = "";
     if (req->early) {
         char at[32];

@@ -1077,7 +1077,8 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, NULL};
     const char *const *jobs[] = {local, dist};
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+                           NULL};
     for (int j = 0; j < 2; j++) {
         const param_hash want = summary_hash_of(jobs[j], "cpu:1");
         char dir[64];
@@ -1350,7 +1351,8 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     const param_hash want = summary_hash_of(local, "cpu:1");
     char dir[64], shard[160];
     temp_dir(dir, sizeof dir);
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+                           NULL};
     cr_assert_neq(run_ckpt(local, crash, dir, NULL, NULL), 0);
     snprintf(shard, sizeof shard, "%s/pserver-0/step-000000000010.ckpt", dir);
     FILE *f = fopen(shard, "r+b");
@@ -1384,7 +1386,8 @@ Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240
     const param_hash want = summary_hash_of(dist, "cpu:1");
     char dir[64], shard[160];
     temp_dir(dir, sizeof dir);
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", NULL};
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+                           NULL};
     cr_assert_neq(run_ckpt(dist, crash, dir, NULL, NULL), 0);
     snprintf(shard, sizeof shard, "%s/pserver-1/step-000000000010.ckpt", dir);
     FILE *f = fopen(shard, "r+b");

@@ -542,8 +542,12 @@ static void watch_done(void *arg, pst_status st, const char *detail, const Proto
         snprintf(why, sizeof why, "pserver %s stopped answering (its watch of this trainer "
                  "ended: %s)", rpc_client_server(w->r->client, w->server), detail);
         PST_WARN("%s", why);
-        if (st == PST_ERR_UNAVAILABLE)
-            rpc_client_give_up(w->r->client, w->server, why);
+        /* Sync: no step completes without every pserver, so the calls to the others (a
+         * pull waiting for a step) fail now too. */
+        const int all = w->r->cfg->mode == PST_MODE_SYNC;
+        for (int s = 0; st == PST_ERR_UNAVAILABLE && s < w->r->cfg->num_pservers; s++)
+            if (all || s == w->server)
+                rpc_client_give_up(w->r->client, s, why);
     }
 }
 

@@ -397,17 +397,14 @@ static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec
         PST_WARN("stopped by signal: no checkpoint of step %ld: %s", step, pst_error_detail());
 }
 
-/* A file of this trainer's own: every trainer of a job is often started with the same
- * flags (pslaunch, one Job template), and one --metrics or --trace file shared by several
- * would be garbled. "%t" in the path is the trainer id; without it trainers other than 0
- * add ".trainer-ID". */
+/* "%t" in a --metrics or --trace path is the trainer id: the trainers of a job are often
+ * started with the same flags (pslaunch, one Job template) and each gets a file of its own
+ * (a shared metrics file still holds whole lines: pst_metrics_write appends each at once). */
 static void own_path(char *out, size_t size, const char *path, const pst_config *cfg)
 {
     const char *t = strstr(path, "%t");
     if (t)
         snprintf(out, size, "%.*s%d%s", (int)(t - path), path, cfg->trainer_id, t + 2);
-    else if (path[0] && cfg->num_pservers && cfg->trainer_id > 0)
-        snprintf(out, size, "%s.trainer-%d", path, cfg->trainer_id);
     else
         snprintf(out, size, "%s", path);
 }
