@@ -31,7 +31,7 @@ job() { # job on|off: trainer 0's summary line on stdout
   fi
 }
 scraper() { # scrapes every port once a second; counts the answers in $tmp/scrapes
-  "$BENCH_PY" - "$base" "$tmp/scrapes" <<'PY'
+  exec "$BENCH_PY" - "$base" "$tmp/scrapes" <<'PY'
 import sys, time, urllib.request
 base, out = int(sys.argv[1]), sys.argv[2]
 n = 0
@@ -42,7 +42,10 @@ while True:
             n += 1
         except Exception:
             pass
-    open(out, "w").write(str(n))
+    try:
+        open(out, "w").write(str(n))
+    except OSError:
+        break
     time.sleep(1)
 PY
 }

@@ -2173,7 +2173,7 @@ static void abandon_rounds(int port, pid_t pid, rpc_method m, const ProtobufCMes
 typedef struct flood_count {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n, other;
+    int n, other, ok;
     pst_status want;
 } flood_count;
 
@@ -2186,6 +2186,7 @@ static void flood_done(void *arg, pst_status st, const char *detail,
     flood_count *fc = arg;
     pthread_mutex_lock(&fc->mu);
     fc->other += st != fc->want;
+    fc->ok += st == PST_OK;
     fc->n++;
     pthread_cond_broadcast(&fc->cv);
     pthread_mutex_unlock(&fc->mu);
@@ -2193,9 +2194,10 @@ static void flood_done(void *arg, pst_status st, const char *detail,
 
 /* PSTRAIN_TOKEN_FILE (the token surrounded by whitespace): a call without the token, or
  * with another, is answered UNAUTHENTICATED before its body is decoded; a trainer with
- * another token exits 2 naming the variables; 6,000 calls with a wrong token leave the
- * pserver serving, its memory flat (under 16 MB more after the first 1,000) and its log at
- * one line per second; the trainers with the token then train to the end. */
+ * another token exits 2 naming the variables; 10,000 pulls with a wrong token leave the
+ * pserver serving, its memory flat (under 16 MB more than after the first 400) and its log
+ * at one line per second; the trainers with the token
+ * then train while forged pushes keep coming, and end with the bits of a job without them. */
 Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
 {
     char dir[64], file[128], env_file[160];
@@ -2240,44 +2242,87 @@ Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
                             .connect_timeout_ms = 5000, .token = "not-the-token"};
     rpc_client *intruder = NULL;
     cr_assert_eq(rpc_client_init(&intruder, &cc), PST_OK, "%s", pst_error_detail());
+    /* 10,000 pulls with a wrong token. */
     Pstrain__PullRequest pull = PSTRAIN__PULL_REQUEST__INIT;
-    long rss_settled = 0;
-    for (int round = 0; round < 30; round++) {
+    Pstrain__PushRequest push = PSTRAIN__PUSH_REQUEST__INIT;
+    push.trainer_id = 1;
+    push.length = 25000;
+    static float forged[25000];
+    long rss_start = 0;
+    for (int round = 0; round < 50; round++) {
         flood_count fc = {.want = PST_ERR_AUTH};
         pthread_mutex_init(&fc.mu, NULL);
         pthread_cond_init(&fc.cv, NULL);
         for (int k = 0; k < 200; k++)
-            cr_assert_eq(rpc_client_call_async(intruder, 0, RPC_METHOD_PULL, &pull.base, NULL, 0,
-                                               NULL, flood_done, &fc), PST_OK);
+            cr_assert_eq(rpc_client_call_async(intruder, 0, RPC_METHOD_PULL, &pull.base, NULL,
+                                               0, NULL, flood_done, &fc), PST_OK);
         pthread_mutex_lock(&fc.mu);
         while (fc.n < 200)
             pthread_cond_wait(&fc.cv, &fc.mu);
         pthread_mutex_unlock(&fc.mu);
         cr_assert_eq(fc.other, 0, "%d calls with a wrong token were not refused UNAUTHENTICATED",
                      fc.other);
-        if (round == 4)
-            rss_settled = rss_kb(ps->pid);
+        if (round == 1)
+            rss_start = rss_kb(ps->pid);
     }
     const long rss_last = rss_kb(ps->pid);
-    rpc_client_free(intruder);
-    cr_log_info("wrong-token flood: pserver RSS %ld kB after 1,000 calls, %ld kB after 6,000\n",
-                rss_settled, rss_last);
-    cr_assert(rss_settled > 0 && rss_last - rss_settled < 16384, "RSS %ld -> %ld kB",
-              rss_settled, rss_last);
+    fprintf(stderr, "wrong-token flood: pserver RSS %ld kB after the first 400 pulls, %ld kB "
+            "after 10,000 (%+.1f%%)\n", rss_start, rss_last,
+            100.0 * (double)(rss_last - rss_start) / (double)rss_start);
+    /* (Forged 100 KB pushes are not in this flood: the pserver's resident memory grows
+     * under them, about 4 KB per call here, which is not explained yet: issue 15.) */
+    cr_assert(rss_start > 0 && rss_last - rss_start < 16384, "RSS %ld -> %ld kB", rss_start,
+              rss_last);
 
-    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", env_file, NULL};
-    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", env_file, NULL};
-    proc *t0 = proc_start(argv, env0), *t1 = proc_start(argv, env1);
-    cr_assert(proc_wait(t0, RUN_WAIT_MS) && proc_wait(t1, RUN_WAIT_MS), "the job did not end");
+    /* The job with the token, forged pushes streaming in all along: the bits of the job
+     * without them. */
+    const char *plain[] = {PSLAUNCH, "--pservers", "1", "--trainers", "2", "--timeout", "90",
+                           "--", TRAINER, "--hidden", "32", "--steps", "300", "--progress",
+                           "none", "--log-level", "warn", CONNECT_5S, NULL};
+    const param_hash want = summary_hash_of(plain, "cpu:1");
+    const char *job[] = {TRAINER, "--hidden", "32", "--steps", "300", "--progress", "none",
+                         "--log-level", "warn", CONNECT_5S, NULL};
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0", env_file,
+                          "PSTRAIN_DEVICES=cpu:1", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1", env_file,
+                          "PSTRAIN_DEVICES=cpu:1", NULL};
+    proc *t0 = proc_start(job, env0), *t1 = proc_start(job, env1);
+    long forgeries = 0;
+    while (!proc_wait(t0, 0)) {
+        flood_count fc = {.want = PST_ERR_AUTH};
+        pthread_mutex_init(&fc.mu, NULL);
+        pthread_cond_init(&fc.cv, NULL);
+        for (int k = 0; k < 50; k++) {
+            push.step = forgeries / 50;
+            cr_assert_eq(rpc_client_call_async(intruder, 0, RPC_METHOD_PUSH, &push.base, forged,
+                                               sizeof forged, NULL, flood_done, &fc), PST_OK);
+        }
+        pthread_mutex_lock(&fc.mu);
+        while (fc.n < 50)
+            pthread_cond_wait(&fc.cv, &fc.mu);
+        pthread_mutex_unlock(&fc.mu);
+        /* refused, or (at the job's end) the pserver gone: never accepted */
+        cr_assert_eq(fc.ok, 0, "%d forged pushes were accepted", fc.ok);
+        forgeries += 50 - fc.other;
+    }
+    rpc_client_free(intruder);
+    cr_assert(proc_wait(t1, RUN_WAIT_MS), "the job did not end");
     cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 0);
     cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 0);
+    char *out = slurp(t0->out_path);
+    const param_hash got = summary_hash(out);
+    free(out);
+    fprintf(stderr, "%ld forged pushes during training, refused; the job's bits unchanged\n",
+            forgeries);
+    cr_assert_gt(forgeries, 0, "the job ended before any forged push");
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "forged pushes changed the job's bits");
     cr_assert(proc_wait(ps, EXIT_WAIT_MS), "the pserver did not exit after the job");
     err = slurp(ps->err_path);
     int lines = 0;
     for (const char *q = err; (q = strstr(q, "refused ")); q++)
         lines++;
-    cr_assert(lines >= 1 && lines <= 12, "%d 'refused' lines for 6,000 calls in a few "
-              "seconds:\n%s", lines, err);
+    cr_assert(lines >= 1 && lines <= 30, "%d 'refused' lines for 10,000 calls and the "
+              "forgeries, in a few seconds:\n%s", lines, err);
     cr_assert(!strstr(err, "3f9c0e51b2d84a7"), "the token is in the pserver's log");
     free(err);
     rm_tree(dir);
