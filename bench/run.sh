@@ -16,3 +16,5 @@ PRECISION=bf16 "$here/ps_sync.sh" "$build" 3
 "$here/pipeline.sh" "$build" 4 8
 "$here/departure.sh" "$build" 3
 "$here/recovery.sh" "$build" 5 3
+"$here/metrics_cost.sh" "$build" 1 3
+"$here/tls.sh" "$build" 3
