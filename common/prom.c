@@ -1,18 +1,28 @@
 /* prom.c — the Prometheus registry and its /metrics server (see prom.h).
  *
  * DESIGN: a metric is a fixed record registered before serving; values are C11 atomics
- * (a double's bits in an _Atomic uint64_t, added with a CAS loop), so the training threads
- * update without a lock and a scrape reads while they do. The list is append-only and
- * registration happens before pst_prom_serve starts the HTTP thread, so rendering walks
- * it without a lock too. libmicrohttpd runs one internal polling thread: scrapes are rare
- * (seconds apart) and short, and that thread is the only one that ever waits on a client. */
+ * (a double's bits in an _Atomic uint64_t, added with a CAS loop; histogram buckets and
+ * count as plain atomic integers), so the training threads update without a lock and a
+ * scrape reads while they do. The list is append-only and registration happens before
+ * pst_prom_serve starts the HTTP thread (pthread_create orders the two), so rendering
+ * walks it without a lock too.
+ *
+ * libmicrohttpd runs one internal polling thread rather than a thread per connection:
+ * scrapes are rare (seconds apart) and short, a stuck or slow client costs that thread a
+ * socket in its poll set rather than a thread of its own, and that thread is the only one
+ * that ever waits on a client, so training never blocks on a scrape. It also serializes
+ * the scrapes, so the on_scrape callbacks never run concurrently from the server.
+ *
+ * Sample values are written as Prometheus's own clients write them: integers plainly, other
+ * values in the shortest form that reads back to the same double (so a bound of 0.1 is
+ * le="0.1", which a selector can name, not le="0.10000000000000001"). */
 #include "common/prom.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -20,19 +30,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
+
+#include "common/log.h"
 
 enum { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM };
-enum { MAX_SCRAPE_FNS = 8, MAX_BOUNDS = 32 };
+enum { MAX_SCRAPE_FNS = 8 };
 
 struct pst_prom_metric {
     int kind;
     char *name, *help, *labels; /* labels: NULL or `a="b",c="d"` */
     _Atomic uint64_t value;     /* counter/gauge: a double's bits; histogram: the sum */
+    _Atomic uint64_t count;     /* histogram: observations */
     int nbounds;
-    double bounds[MAX_BOUNDS];
-    _Atomic uint64_t buckets[MAX_BOUNDS + 1]; /* not cumulative; the last is +Inf */
-    _Atomic uint64_t count;
+    double *bounds;             /* (nbounds) histogram upper bounds, increasing */
+    _Atomic uint64_t *buckets;  /* (nbounds + 1) not cumulative; the last is +Inf */
     struct pst_prom_metric *next;
 };
 
@@ -48,6 +59,11 @@ struct pst_prom_server {
     struct MHD_Daemon *d;
     int port;
     atomic_long scrapes;
+    /* While starting: the last message libmicrohttpd logged on the starting thread, which
+     * says why MHD_start_daemon failed (it only returns NULL). */
+    pthread_t starter;
+    atomic_int starting;
+    char why[192];
 };
 
 /* ---- values ----------------------------------------------------------------------------- */
@@ -76,8 +92,11 @@ static void atomic_add_double(_Atomic uint64_t *a, double v)
 
 void pst_prom_add(pst_prom_metric *m, double v)
 {
-    if (m && m->kind != KIND_HISTOGRAM)
-        atomic_add_double(&m->value, v);
+    if (!m || m->kind == KIND_HISTOGRAM)
+        return;
+    if (m->kind == KIND_COUNTER && !(v >= 0)) /* a counter never goes down (nor to NaN) */
+        return;
+    atomic_add_double(&m->value, v);
 }
 
 void pst_prom_set(pst_prom_metric *m, double v)
@@ -90,8 +109,8 @@ void pst_prom_observe(pst_prom_metric *m, double v)
 {
     if (!m || m->kind != KIND_HISTOGRAM)
         return;
-    int i = 0;
-    while (i < m->nbounds && v > m->bounds[i])
+    int i = 0; /* the first bucket with v <= its bound; NaN falls in +Inf only */
+    while (i < m->nbounds && !(v <= m->bounds[i]))
         i++;
     atomic_fetch_add_explicit(&m->buckets[i], 1, memory_order_relaxed);
     atomic_add_double(&m->value, v);
@@ -120,6 +139,8 @@ void pst_prom_free(pst_prom *r)
         free(m->name);
         free(m->help);
         free(m->labels);
+        free(m->bounds);
+        free((void *)m->buckets);
         free(m);
     }
     free(r);
@@ -165,13 +186,22 @@ pst_prom_metric *pst_prom_gauge(pst_prom *r, const char *name, const char *help,
 pst_prom_metric *pst_prom_histogram(pst_prom *r, const char *name, const char *help,
                                     const char *labels, const double *bounds, int nbounds)
 {
-    if (nbounds < 0 || nbounds > MAX_BOUNDS)
+    if (nbounds < 0 || (nbounds > 0 && !bounds))
         return NULL;
-    pst_prom_metric *m = add(r, KIND_HISTOGRAM, name, help, labels);
-    if (m) {
-        m->nbounds = nbounds;
-        memcpy(m->bounds, bounds, sizeof(double) * (size_t)nbounds);
+    /* Allocated before the metric joins the list: a failure leaves nothing half-made. */
+    double *b = malloc(sizeof(double) * (size_t)(nbounds ? nbounds : 1));
+    _Atomic uint64_t *k = calloc((size_t)nbounds + 1, sizeof *k);
+    pst_prom_metric *m = b && k ? add(r, KIND_HISTOGRAM, name, help, labels) : NULL;
+    if (!m) {
+        free(b);
+        free((void *)k);
+        return NULL;
     }
+    if (nbounds)
+        memcpy(b, bounds, sizeof(double) * (size_t)nbounds);
+    m->bounds = b;
+    m->buckets = k;
+    m->nbounds = nbounds;
     return m;
 }
 
@@ -218,17 +248,26 @@ static void put(text *t, const char *fmt, ...)
     }
 }
 
-/* A sample value as Prometheus writes it: integers plainly, others in full precision. */
+/* A sample value as Prometheus writes it: integers below 2^53 plainly, others in the
+ * shortest %g form that reads back to the same double. %g drops trailing zeros, so when
+ * 15 digits or fewer read back %.15g is already the shortest; 17 always read back. */
 static void put_value(text *t, double v)
 {
-    if (isnan(v))
+    if (isnan(v)) {
         put(t, "NaN");
-    else if (isinf(v))
+    } else if (isinf(v)) {
         put(t, v > 0 ? "+Inf" : "-Inf");
-    else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+    } else if (v == floor(v) && fabs(v) < 9007199254740992.0) {
         put(t, "%.0f", v);
-    else
-        put(t, "%.17g", v);
+    } else {
+        char s[32];
+        for (int digits = 15; digits <= 17; digits++) {
+            snprintf(s, sizeof s, "%.*g", digits, v);
+            if (strtod(s, NULL) == v)
+                break;
+        }
+        put(t, "%s", s);
+    }
 }
 
 static void put_help(text *t, const char *name, const char *help)
@@ -319,7 +358,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     unsigned code = MHD_HTTP_OK;
     char *body = NULL;
     const char *type = "text/plain; version=0.0.4; charset=utf-8";
-    if (strcmp(method, "GET") && strcmp(method, "HEAD")) {
+    /* HEAD is GET without the body (libmicrohttpd leaves it out); it is not a scrape. */
+    const int get = !strcmp(method, MHD_HTTP_METHOD_GET);
+    if (!get && strcmp(method, MHD_HTTP_METHOD_HEAD)) {
         code = MHD_HTTP_METHOD_NOT_ALLOWED;
         body = strdup("only GET /metrics\n");
         type = "text/plain; charset=utf-8";
@@ -329,7 +370,8 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
         type = "text/plain; charset=utf-8";
     } else {
         body = pst_prom_render(s->r);
-        atomic_fetch_add(&s->scrapes, 1);
+        if (body && get)
+            atomic_fetch_add(&s->scrapes, 1);
     }
     if (!body)
         return MHD_NO; /* out of memory: the connection is closed */
@@ -347,37 +389,50 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     return ret;
 }
 
+/* libmicrohttpd's messages: at debug level, and while starting, kept as the reason a start
+ * failed. Only the starting thread writes `why`; the server's own thread only logs. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    pst_prom_server *s = cls;
+    char line[sizeof s->why];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\r\n")] = '\0';
+    if (atomic_load(&s->starting) && pthread_equal(pthread_self(), s->starter))
+        memcpy(s->why, line, sizeof line);
+    PST_DEBUG("metrics: libmicrohttpd: %s", line);
+}
+
 pst_status pst_prom_serve(pst_prom *r, const char *host, int port, pst_prom_server **out)
 {
     *out = NULL;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (port < 0 || port > 65535 || inet_pton(AF_INET, host, &addr.sin_addr) != 1)
-        return pst_error_set(PST_ERR_INVALID, "metrics: %s:%d is not an IPv4 address and port "
-                             "(example: 0.0.0.0:9464)", host, port);
+    if (!host || inet_pton(AF_INET, host, &addr.sin_addr) != 1)
+        return pst_error_set(PST_ERR_INVALID, "metrics: bind address '%s' is not an IPv4 "
+                             "address (0.0.0.0 for every interface, 127.0.0.1 for this host)",
+                             host ? host : "(none)");
+    if (port < 0 || port > 65535)
+        return pst_error_set(PST_ERR_INVALID, "metrics: port %d on %s is outside 0..65535 "
+                             "(0: any free port)", port, host);
     pst_prom_server *s = calloc(1, sizeof *s);
     if (!s)
         return pst_error_set(PST_ERR_NOMEM, "metrics: out of memory");
     s->r = r;
-    /* Its port is taken to mean "in use" unless the socket says otherwise: probe first, so
-     * the error names the cause (libmicrohttpd only returns NULL). */
-    int probe = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1, err = 0;
-    if (probe >= 0) {
-        setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(probe, (struct sockaddr *)&addr, sizeof addr) != 0)
-            err = errno;
-        close(probe);
-    }
-    if (!err)
-        s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL_LINUX_ONLY,
-                                (uint16_t)port, NULL, NULL, answer, s, MHD_OPTION_SOCK_ADDR,
-                                (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT,
-                                (unsigned)10, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                                MHD_OPTION_END);
+    s->starter = pthread_self();
+    atomic_store(&s->starting, 1);
+    /* The port is passed twice: the socket address is what binds, the argument is what
+     * libmicrohttpd's messages name. */
+    s->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port,
+                            NULL, NULL, answer, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+    atomic_store(&s->starting, 0);
     if (!s->d) {
+        pst_status st = pst_error_set(PST_ERR_IO, "metrics: cannot listen on %s:%d: %s", host,
+                                      port, s->why[0] ? s->why : "libmicrohttpd could not start");
         free(s);
-        return pst_error_set(PST_ERR_IO, "metrics: cannot listen on %s:%d: %s", host, port,
-                             err ? strerror(err) : "libmicrohttpd could not start");
+        return st;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info && info->port ? info->port : port;
@@ -399,6 +454,6 @@ void pst_prom_server_stop(pst_prom_server *s)
 {
     if (!s)
         return;
-    MHD_stop_daemon(s->d);
+    MHD_stop_daemon(s->d); /* joins the server's thread: no callback runs after this */
     free(s);
 }

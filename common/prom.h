@@ -51,9 +51,11 @@ void pst_prom_on_scrape(pst_prom *r, void (*fn)(void *arg), void *arg);
  * when out of memory. */
 char *pst_prom_render(pst_prom *r);
 
-/* Serves GET /metrics (200, text/plain; version=0.0.4) on bind:port (port 0: any free
- * port, pst_prom_server_port tells) from libmicrohttpd's own thread; other paths get 404,
- * other methods 405. Errors: PST_ERR_IO naming the address when it cannot listen. */
+/* Serves GET /metrics (200, text/plain; version=0.0.4; HEAD too, not counted as a scrape)
+ * on bind:port (port 0: any free port, pst_prom_server_port tells) from libmicrohttpd's own
+ * thread; other paths get 404, other methods 405. Errors: PST_ERR_INVALID for an address
+ * that is not IPv4 or a port outside 0..65535, PST_ERR_IO naming the address when it cannot
+ * listen. */
 pst_status pst_prom_serve(pst_prom *r, const char *bind, int port, pst_prom_server **out);
 int pst_prom_server_port(const pst_prom_server *s);
 long pst_prom_server_scrapes(const pst_prom_server *s); /* GET /metrics answered */
