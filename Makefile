@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench clean
+.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench fuzz clean
 
 all: build
 
@@ -60,5 +60,17 @@ bench: deps
 	$(MAKE) build
 	bench/run.sh $(BUILD)
 
+# libFuzzer (clang) on the decoders of untrusted input (fuzz/): each target for FUZZ_SECONDS
+# on a copy of its corpus in $(BUILD)-fuzz/fuzz-work/ (crashes listed at the end; exit 1
+# when any). FUZZ_TARGETS picks some (e.g. "wire_push config"). make test replays the
+# committed corpus in the normal build (ctest -L fuzz-replay), without fuzzing.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: deps
+	@scripts/deps.sh clang libclang-rt-14-dev
+	cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSTRAIN_FUZZ=ON -DPSTRAIN_WERROR=OFF -DPSTRAIN_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_targets
+	scripts/fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-tsan $(BUILD)-nocuda $(BUILD)-gpu
+	rm -rf $(BUILD) $(BUILD)-tsan $(BUILD)-nocuda $(BUILD)-gpu $(BUILD)-fuzz

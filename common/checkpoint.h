@@ -54,7 +54,9 @@ typedef struct pst_ckpt {
  * PST_ERR_FORMAT (truncated, corrupted: the detail names the file and the problem),
  * PST_ERR_IO, PST_ERR_NOMEM. On error *c is zeroed. */
 pst_status pst_ckpt_read(pst_ckpt *c, const char *dir, long step);
-/* The section with `tag` (its bytes in *bytes), or NULL. */
+/* The section with `tag` (its bytes in *bytes), or NULL. The bytes lie in the file as
+ * written, with no alignment: copy a struct or an array of wider types out (memcpy) rather
+ * than reading it through a cast pointer. */
 const void *pst_ckpt_find(const pst_ckpt *c, uint32_t tag, uint64_t *bytes);
 void pst_ckpt_free(pst_ckpt *c); /* accepts a zeroed one */
 

@@ -57,10 +57,14 @@ static pst_status load(const pst_ckpt *c, const char *dir, const ps_shard_layout
                        float *values, float *state)
 {
     uint64_t bytes;
-    const shard_meta *meta = pst_ckpt_find(c, SEC_META, &bytes);
-    if (!meta || bytes != sizeof *meta)
+    /* Sections have no alignment in the file (checkpoint.h): the structs are copied out. */
+    shard_meta m;
+    const void *mp = pst_ckpt_find(c, SEC_META, &bytes);
+    if (!mp || bytes != sizeof m)
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: no shard header",
                              dir, c->step);
+    memcpy(&m, mp, sizeof m);
+    const shard_meta *meta = &m;
     if (meta->fingerprint != lay->fingerprint)
         return pst_error_set(PST_ERR_MISMATCH, "checkpoint %s/step-%012ld.ckpt: from another "
                              "plan (fingerprint %016llx, this job %016llx)", dir, c->step,
@@ -73,25 +77,27 @@ static pst_status load(const pst_ckpt *c, const char *dir, const ps_shard_layout
                              "with %d", dir, c->step, meta->nblocks,
                              (unsigned long long)meta->total, meta->nstate, lay->nblocks,
                              (unsigned long long)lay->total, lay->nstate);
-    const shard_spec *specs = pst_ckpt_find(c, SEC_SPECS, &bytes);
-    if (!specs || bytes != sizeof *specs * (size_t)lay->nblocks)
+    const unsigned char *specs = pst_ckpt_find(c, SEC_SPECS, &bytes);
+    if (!specs || bytes != sizeof(shard_spec) * (size_t)lay->nblocks)
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: no block list",
                              dir, c->step);
-    for (int i = 0; i < lay->nblocks; i++)
-        if (specs[i].id != lay->specs[i].id || specs[i].offset != lay->specs[i].offset ||
-            specs[i].length != lay->specs[i].length)
+    for (int i = 0; i < lay->nblocks; i++) {
+        shard_spec sp;
+        memcpy(&sp, specs + sizeof sp * (size_t)i, sizeof sp);
+        if (sp.id != lay->specs[i].id || sp.offset != lay->specs[i].offset ||
+            sp.length != lay->specs[i].length)
             return pst_error_set(PST_ERR_MISMATCH, "checkpoint %s/step-%012ld.ckpt: block %d "
                                  "is %llu at %llu+%llu, this pserver's %u at %llu+%llu", dir,
-                                 c->step, i, (unsigned long long)specs[i].id,
-                                 (unsigned long long)specs[i].offset,
-                                 (unsigned long long)specs[i].length, lay->specs[i].id,
-                                 (unsigned long long)lay->specs[i].offset,
+                                 c->step, i, (unsigned long long)sp.id,
+                                 (unsigned long long)sp.offset, (unsigned long long)sp.length,
+                                 lay->specs[i].id, (unsigned long long)lay->specs[i].offset,
                                  (unsigned long long)lay->specs[i].length);
-    const float *v = pst_ckpt_find(c, SEC_VALUES, &bytes);
+    }
+    const void *v = pst_ckpt_find(c, SEC_VALUES, &bytes);
     if (!v || bytes != sizeof(float) * lay->total)
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: no values", dir,
                              c->step);
-    const float *s = lay->nstate ? pst_ckpt_find(c, SEC_STATE, &bytes) : NULL;
+    const void *s = lay->nstate ? pst_ckpt_find(c, SEC_STATE, &bytes) : NULL;
     if (lay->nstate && (!s || bytes != sizeof(float) * (size_t)lay->nstate * lay->total))
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: no optimizer "
                              "state", dir, c->step);
