@@ -10,4 +10,8 @@
 
 void pst_memory_tune(void);
 
+/* pst_memory_tune, and one malloc arena, so that malloc_trim can give back what a burst of
+ * refused calls left free (see memory.c). For the pserver. */
+void pst_memory_tune_server(void);
+
 #endif /* PST_MEMORY_H */

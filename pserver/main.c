@@ -83,7 +83,7 @@ static const char *env_lookup(const char *name)
 
 int main(int argc, char **argv)
 {
-    pst_memory_tune();
+    pst_memory_tune_server();
     pst_config cfg;
     if (pst_config_load(&cfg, PST_ROLE_PSERVER, argc, argv, env_lookup) != PST_OK) {
         fprintf(stderr, "pserver: %s\n", pst_error_detail());

@@ -29,6 +29,7 @@
 #include "rpc/transport.h"
 
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -119,8 +120,9 @@ struct rpc_server {
     char *auth;        /* "Bearer TOKEN" every call must carry, or NULL */
     int max_calls, max_wait_ms;
     size_t (*max_request)(void *arg, rpc_method m, const char **why);
-    pthread_t expirer; /* max_wait_ms > 0: ends calls that waited too long */
-    int expirer_started;
+    pthread_t keeper; /* housekeeping: ends calls that waited too long, gives back memory */
+    int keeper_started;
+    atomic_long rejected; /* calls answered with an error before any handler saw them */
     size_t auth_len;
     atomic_long refused;       /* calls refused for their token */
     atomic_long refused_logged;
@@ -380,6 +382,7 @@ static void on_new_generic(struct gen_call *g, int success)
         snprintf(detail, sizeof(detail), "this pserver needs the job's token (PSTRAIN_TOKEN or "
                  "PSTRAIN_TOKEN_FILE): none or another was sent");
     }
+    atomic_fetch_add(&s->rejected, 1);
     PST_DEBUG("rpc server: %s", detail);
     g->status_details = grpc_slice_from_copied_string(detail);
     grpc_op ops[3];
@@ -470,6 +473,7 @@ static void on_new_call(rpc_call *c, int success)
     if (st == PST_OK)
         st = rpc_wire_decode(bb, rpc_method_request_desc(c->method), &c->msg);
     if (st != PST_OK) {
+        atomic_fetch_add(&s->rejected, 1);
         PST_DEBUG("rpc server: bad %s request from %s: %s", rpc_method_name(c->method),
                   c->peer != NULL ? c->peer : "?", pst_error_detail());
         if (!atomic_exchange(&c->completed, 1)) /* unless shutdown failed it already */
@@ -519,44 +523,80 @@ static void *server_thread(void *arg)
     return NULL;
 }
 
-/* max_wait_ms: every 100 ms, the calls alive longer than that and not answered (Watch
- * excepted) are cancelled with DEADLINE_EXCEEDED, which runs on_cancel as a client that
- * gave up would: the handler withdraws what it keeps for them. */
-static void *expirer_thread(void *arg)
+/* The housekeeping thread, every 100 ms:
+ * - max_wait_ms > 0: the calls alive longer than that and not answered (Watch excepted) are
+ *   cancelled with DEADLINE_EXCEEDED, which runs on_cancel as a client that gave up would:
+ *   the handler withdraws what it keeps for them.
+ * - When calls are refused: malloc_trim(0) once a second while they go on, and 0.2, 1, 2,
+ *   4 ... 64 s after the last one. pst_memory_tune keeps freed memory in the heap for the next
+ *   step's messages; a flood of refused calls (each body received whole before it is
+ *   refused) would otherwise leave the heap at its peak for good. gRPC keeps 10 to 50 MB for
+ *   a connection that floods it while the connection stays (10,000 or 30,000 refused 100 KB
+ *   pushes alike) and frees it when the connection closes: the later trims give that back
+ *   when the client leaves. A job's own calls are never refused, so its buffers stay where
+ *   pst_memory_tune keeps them. */
+static int expire_due(rpc_server *s, const char *detail)
+{
+    rpc_call *due[64];
+    int n = 0;
+    const int64_t now = (int64_t)(pst_clock_s() * 1e3);
+    pthread_mutex_lock(&s->mu);
+    for (rpc_call *c = s->calls; c != NULL && n < 64; c = c->next) {
+        if (c->expired || c->method == RPC_METHOD_WATCH || atomic_load(&c->completed) ||
+            now - c->arrived_ms <= s->max_wait_ms)
+            continue;
+        int g = atomic_load(&c->grpc_refs); /* a reference on its gRPC side, if alive */
+        while (g > 0 && !atomic_compare_exchange_weak(&c->grpc_refs, &g, g + 1))
+            ;
+        if (g <= 0)
+            continue;
+        c->expired = 1;
+        due[n++] = c;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) {
+        grpc_call_cancel_with_status(due[i]->gcall, GRPC_STATUS_DEADLINE_EXCEEDED, detail, NULL);
+        call_grpc_unref(due[i]);
+    }
+    return n;
+}
+
+static void *keeper_thread(void *arg)
 {
     rpc_server *s = arg;
     char detail[160];
     snprintf(detail, sizeof detail, "unanswered for %d ms: the pserver ends such calls "
              "(--max-wait-ms)", s->max_wait_ms);
+    long seen = 0;             /* `rejected` at the last look */
+    double changed_at = -1e9;  /* when it last changed */
+    double trimmed_at = -1e9;  /* the last trim */
+    double quiet_trim = 0.2;   /* seconds after the last refusal of the next trim */
     for (;;) {
-        rpc_call *due[64];
-        int n = 0;
-        const int64_t now = (int64_t)(pst_clock_s() * 1e3);
         pthread_mutex_lock(&s->mu);
-        if (s->shutting) {
-            pthread_mutex_unlock(&s->mu);
-            return NULL;
-        }
-        for (rpc_call *c = s->calls; c != NULL && n < 64; c = c->next) {
-            if (c->expired || c->method == RPC_METHOD_WATCH || atomic_load(&c->completed) ||
-                now - c->arrived_ms <= s->max_wait_ms)
-                continue;
-            int g = atomic_load(&c->grpc_refs); /* a reference on its gRPC side, if alive */
-            while (g > 0 && !atomic_compare_exchange_weak(&c->grpc_refs, &g, g + 1))
-                ;
-            if (g <= 0)
-                continue;
-            c->expired = 1;
-            due[n++] = c;
-        }
+        const int shutting = s->shutting;
         pthread_mutex_unlock(&s->mu);
-        for (int i = 0; i < n; i++) {
-            grpc_call_cancel_with_status(due[i]->gcall, GRPC_STATUS_DEADLINE_EXCEEDED, detail,
-                                         NULL);
-            call_grpc_unref(due[i]);
-        }
-        if (n == 64)
+        if (shutting)
+            return NULL;
+        if (s->max_wait_ms > 0 && expire_due(s, detail) == 64)
             continue;
+        const long rejected = atomic_load(&s->rejected);
+        const double now = pst_clock_s();
+        if (rejected != seen) {
+            seen = rejected;
+            changed_at = now;
+            quiet_trim = 0.2;
+        }
+        int trim = 0;
+        if (changed_at >= trimmed_at && now - trimmed_at >= 1.0)
+            trim = 1; /* calls are being refused: once a second */
+        else if (quiet_trim <= 64 && now - changed_at >= quiet_trim) {
+            trim = 1; /* they stopped: 0.2 s, 1, 2, 4 ... 64 s after the last */
+            quiet_trim = quiet_trim < 1 ? 1 : 2 * quiet_trim;
+        }
+        if (trim) {
+            malloc_trim(0);
+            trimmed_at = now;
+        }
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -718,8 +758,11 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
         s->nthreads++;
     }
     grpc_server_start(s->server);
-    if (s->max_wait_ms > 0 && pthread_create(&s->expirer, NULL, expirer_thread, s) == 0)
-        s->expirer_started = 1;
+    if (pthread_create(&s->keeper, NULL, keeper_thread, s) == 0)
+        s->keeper_started = 1;
+    else
+        PST_WARN("rpc server: cannot start the housekeeping thread: no --max-wait-ms, and "
+                 "memory from refused calls is not given back");
     for (int m = 0; m < RPC_METHOD_COUNT_; m++)
         for (int k = 0; k < SRV_REQUESTS_PER_METHOD; k++)
             request_registered(s, m);
@@ -782,9 +825,9 @@ void rpc_server_shutdown(rpc_server *s, int fail)
     s->shutting = 1;
     pthread_mutex_unlock(&s->mu);
 
-    if (s->expirer_started) /* it sees `shutting` within 100 ms */
-        pthread_join(s->expirer, NULL);
-    s->expirer_started = 0;
+    if (s->keeper_started) /* it sees `shutting` within 100 ms */
+        pthread_join(s->keeper, NULL);
+    s->keeper_started = 0;
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
     if (fail)
         fail_pending(s);
