@@ -667,6 +667,13 @@ static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint6
     return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
 }
 
+static pst_status fill_raw_from_payload(void *arg, void *dst, uint64_t first, uint64_t length)
+{
+    push_fill *f = arg;
+    const size_t es = pst_dtype_size(f->dtype);
+    return rpc_payload_read(f->payload, (size_t)first * es, dst, (size_t)length * es);
+}
+
 static ps_store *store_or_fail(ps_service *svc, rpc_call *call)
 {
     pthread_mutex_lock(&svc->mu);
@@ -695,7 +702,10 @@ static void handle_push(ps_service *svc, rpc_call *call)
     if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
     int dup = 0;
-    if (st == PST_OK) /* scale 0 on the wire: none */
+    if (st == PST_OK && f.dtype == PST_BF16 && (req->scale == 0.0f || req->scale == 1.0f))
+        st = ps_store_push_bf16(store, req->trainer_id, req->step, req->block, req->length,
+                                fill_raw_from_payload, &f, &dup);
+    else if (st == PST_OK) /* scale 0 on the wire: none */
         st = ps_store_push_scaled(store, req->trainer_id, req->step, req->block, req->length,
                                   req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
                                   &dup);

@@ -5,7 +5,10 @@
  * lock. Each block owns one allocation laid out as
  *   values (length) | state (nstate, length) | recv (nrecv, length)
  * with nrecv = num_trainers in sync mode (trainer t's gradient for the current step is row
- * t) and 1 in async mode (scratch for the gradient being applied). The block's mutex guards
+ * t) and 1 in async mode (scratch for the gradient being applied). A bf16 push is kept as
+ * it came, in the first half of its row (row_bf16), and widened tile by tile in the update:
+ * the same f32 values (the widening is exact) summed in the same order, with half the bytes
+ * written and read. The block's mutex guards
  * everything else in the block: version, the per-trainer flags, the waiter list and the
  * values (a pull's fn reads them under it). Blocks are aligned to a cache line so the locks
  * of neighbouring blocks do not share one.
@@ -42,6 +45,7 @@ typedef struct ps_block {
     float *recv;           /* sync: (num_trainers, length); async: (length) */
     void *lowp;            /* (length) of the store's lowp: pst_cast(values); NULL for f32 */
     uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
+    uint8_t *row_bf16;     /* (nrecv) recv row r holds bf16 (in its first half), not f32 */
     int npushed;           /* sync: how many flags are set */
     int64_t *last_step;    /* async: (num_trainers) last step applied, -1 for none */
     ps_pull_waiter *head;  /* queued pulls, FIFO */
@@ -139,6 +143,31 @@ static uint64_t find_nonfinite(const float *g, uint64_t n)
     return n;
 }
 
+/* find_nonfinite of bf16 values h[0..n) (the same test on the 8 exponent bits). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("vect-cost-model=dynamic")))
+#endif
+static uint64_t find_nonfinite_bf16(const uint16_t *h, uint64_t n)
+{
+    uint16_t bad = 0;
+    for (uint64_t i = 0; i < n; i++)
+        bad |= (uint16_t)((h[i] & 0x7f80u) + 0x0080u);
+    if (!(bad & 0x8000u))
+        return n;
+    for (uint64_t i = 0; i < n; i++)
+        if ((h[i] & 0x7f80u) == 0x7f80u)
+            return i;
+    return n;
+}
+
+static float bf16_value(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* find_nonfinite over g[0..n) split across the store's pool: a gradient read in place is
  * scanned in one pass before anything changes, and on a team of cores that pass costs a
  * part of the update's time instead of a serial pass of its own. */
@@ -225,20 +254,43 @@ static void answer_waiters(ps_block *b)
 }
 
 /* One part of an update split over the store's pool (elementwise: the split changes no
- * bit, optim.h): tile by tile, the sum of the trainers' rows (sync: `rows` rows `stride`
- * floats apart from `sum`, summed into row 0 in trainer-id order), the optimizer, and the
- * cast into the low-precision copy, each tile still in cache for the next pass. With
+ * bit, optim.h): tile by tile, the sum of the gradient rows (`rows` rows `stride` floats
+ * apart from `sum`, each f32 or, where bf16[r], bf16 in the row's first half; summed in
+ * row order, trainer-id order in sync mode, into a tile on the stack), the optimizer, and
+ * the cast into the low-precision copy, each tile still in cache for the next pass. With
  * neither g nor sum only the cast (init). */
 typedef struct update_job {
     const ps_store *st;
     ps_block *b;
     const float *g;   /* the gradient as it is, or NULL */
-    float *sum;       /* or the rows to sum first, or NULL */
+    const float *sum; /* or the rows to sum first, or NULL */
+    const uint8_t *bf16;
     int rows;
     uint64_t stride;
 } update_job;
 
 #define UPDATE_TILE 4096 /* floats: a tile of every array fits in L2 */
+
+/* acc[0..n) = (r == 0 ? 0 : acc) + row r's elements [t0, t0 + n): one element's sum is
+ * acc = row0; acc += row1; ... whatever the tiles and the row dtypes. */
+static void add_row(float *acc, const update_job *j, int r, size_t t0, size_t n)
+{
+    const float *row = j->sum + (uint64_t)r * j->stride;
+    if (j->bf16[r]) {
+        const uint16_t *h = (const uint16_t *)row + t0;
+        if (r == 0)
+            for (size_t i = 0; i < n; i++)
+                acc[i] = bf16_value(h[i]);
+        else
+            for (size_t i = 0; i < n; i++)
+                acc[i] += bf16_value(h[i]);
+    } else if (r == 0) {
+        memcpy(acc, row + t0, n * sizeof(float));
+    } else {
+        for (size_t i = 0; i < n; i++)
+            acc[i] += row[t0 + i];
+    }
+}
 
 static void update_part(void *arg, int part, int nparts)
 {
@@ -246,17 +298,18 @@ static void update_part(void *arg, int part, int nparts)
     const ps_block *b = j->b;
     size_t lo, hi;
     pst_pool_split((size_t)b->length, part, nparts, 16, &lo, &hi);
+    _Alignas(PS_CACHE_LINE) float acc[UPDATE_TILE];
     for (size_t t0 = lo; t0 < hi; t0 += UPDATE_TILE) {
         const size_t n = hi - t0 < UPDATE_TILE ? hi - t0 : UPDATE_TILE;
         const float *g = j->g ? j->g + t0 : NULL;
         if (j->sum) {
-            float *acc = j->sum + t0;
-            for (int r = 1; r < j->rows; r++) {
-                const float *src = j->sum + (uint64_t)r * j->stride + t0;
-                for (size_t i = 0; i < n; i++)
-                    acc[i] += src[i];
+            if (j->rows == 1 && !j->bf16[0]) {
+                g = j->sum + t0;
+            } else {
+                for (int r = 0; r < j->rows; r++)
+                    add_row(acc, j, r, t0, n);
+                g = acc;
             }
-            g = acc;
         }
         if (g) /* cannot fail: validate_config checked the kind and schedule, t >= 1, state */
             (void)pst_optim_apply(&j->st->optim, (long)(b->version + 1), b->values + t0,
@@ -267,10 +320,10 @@ static void update_part(void *arg, int part, int nparts)
     }
 }
 
-static void run_update(const ps_store *st, ps_block *b, const float *g, float *sum, int rows,
-                       uint64_t stride)
+static void run_update(const ps_store *st, ps_block *b, const float *g, const float *sum,
+                       int rows, uint64_t stride)
 {
-    update_job job = {st, b, g, sum, rows, stride};
+    update_job job = {st, b, g, sum, b->row_bf16, rows, stride};
     if (st->pool)
         pst_pool_run(st->pool, update_part, &job);
     else
@@ -334,8 +387,8 @@ pst_status ps_store_snapshot_now(ps_store *st, int64_t version)
     return PST_OK;
 }
 
-static pst_status apply_update(ps_store *st, ps_block *b, const float *g, float *sum, int rows,
-                               uint64_t stride)
+static pst_status apply_update(ps_store *st, ps_block *b, const float *g, const float *sum,
+                               int rows, uint64_t stride)
 {
     const double t0 = st->on_update ? pst_clock_s() : 0.0;
     run_update(st, b, g, sum, rows, stride);
@@ -539,6 +592,11 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         b->values = own ? b->mem : cfg->values[i];
         b->state = st->nstate > 0 ? b->mem + own * s->length : NULL;
         b->recv = b->mem + (own + (uint64_t)st->nstate) * s->length;
+        b->row_bf16 = calloc((size_t)nrecv, 1);
+        if (!b->row_bf16) {
+            rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
+            goto error;
+        }
         if (cfg->mode == PST_MODE_SYNC) {
             b->pushed = calloc((size_t)cfg->num_trainers, 1);
             if (!b->pushed) {
@@ -615,6 +673,7 @@ void ps_store_free(ps_store *st)
         free(b->mem);
         free(b->lowp);
         free(b->pushed);
+        free(b->row_bf16);
         free(b->last_step);
     }
     free(st->blocks);
@@ -629,7 +688,7 @@ void ps_store_free(ps_store *st)
 /* ps_store_push, or with `direct` (fill NULL) ps_store_push_f32. */
 static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                        uint64_t length, float inv_scale, ps_fill_fn fill, void *fill_arg,
-                       const float *direct, int *duplicate)
+                       const float *direct, ps_raw_fill_fn raw_bf16, int *duplicate)
 {
     if (duplicate)
         *duplicate = 0;
@@ -648,7 +707,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     if (step < 0)
         return pst_error_set(PST_ERR_INVALID, "push: negative step %lld for block %u",
                              (long long)step, (unsigned)block);
-    if (!fill && !direct)
+    if (!fill && !direct && !raw_bf16)
         return pst_error_set(PST_ERR_INVALID, "push: no fill function");
 
     pst_status rc = PST_OK;
@@ -701,7 +760,23 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
                            nonfinite_name(g[bad_at]), (unsigned long long)bad_at);
         goto out;
     }
-    for (uint64_t off = 0; off < b->length && !in_place; off += FILL_PIECE) {
+    for (uint64_t off = 0; off < b->length && raw_bf16; off += FILL_PIECE) {
+        const uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
+        uint16_t *h = (uint16_t *)dst + off;
+        if ((rc = raw_bf16(fill_arg, h, off, n)) != PST_OK)
+            goto out;
+        const uint64_t bad = find_nonfinite_bf16(h, n);
+        if (bad < n) {
+            rc = pst_error_set(PST_ERR_INVALID,
+                               "push: gradient of block %u from trainer %u, step %lld has %s "
+                               "at element %llu; discarded",
+                               (unsigned)block, (unsigned)trainer, (long long)step,
+                               nonfinite_name(bf16_value(h[bad])),
+                               (unsigned long long)(off + bad));
+            goto out;
+        }
+    }
+    for (uint64_t off = 0; off < b->length && !in_place && !raw_bf16; off += FILL_PIECE) {
         uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
         if (!direct)
             rc = fill(fill_arg, dst + off, off, n);
@@ -723,14 +798,16 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         }
     }
 
+    b->row_bf16[st->mode == PST_MODE_SYNC ? trainer : 0] = raw_bf16 != NULL;
     if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
         b->pushed[trainer] = 1;
         if (++b->npushed == st->num_trainers)
             rc = complete_sync_step(st, b);
-    } else {
+    } else { /* one trainer, or async: its gradient is the sum */
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
-        rc = apply_update(st, b, g, NULL, 1, 0); /* one trainer: its gradient is the sum */
+        rc = in_place ? apply_update(st, b, g, NULL, 1, 0)
+                      : apply_update(st, b, NULL, dst, 1, b->length);
     }
 
 out:
@@ -741,7 +818,16 @@ out:
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
 {
-    return push(st, trainer, step, block, length, 1.0f, fill, fill_arg, NULL, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, fill, fill_arg, NULL, NULL, duplicate);
+}
+
+pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                              uint64_t length, ps_raw_fill_fn fill, void *fill_arg,
+                              int *duplicate)
+{
+    if (!fill)
+        return pst_error_set(PST_ERR_INVALID, "push: no fill function");
+    return push(st, trainer, step, block, length, 1.0f, NULL, fill_arg, NULL, fill, duplicate);
 }
 
 pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
@@ -754,7 +840,7 @@ pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, ui
         return pst_error_set(PST_ERR_INVALID, "push: loss scale %g of block %u is not a power "
                              "of two between 2^-126 and 2^126 (example: 65536)",
                              (double)loss_scale, (unsigned)block);
-    return push(st, trainer, step, block, length, 1.0f / loss_scale, fill, fill_arg, NULL,
+    return push(st, trainer, step, block, length, 1.0f / loss_scale, fill, fill_arg, NULL, NULL,
                 duplicate);
 }
 
@@ -763,7 +849,7 @@ pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint3
 {
     if (!grad)
         return pst_error_set(PST_ERR_INVALID, "push: no gradient");
-    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, NULL, duplicate);
 }
 
 pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,

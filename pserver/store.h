@@ -108,6 +108,10 @@ typedef struct ps_store_config {
  * ps_store_push returns that status. */
 typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t first, uint64_t length);
 
+/* Writes elements [first, first + length) of a pushed bf16 gradient into dst[0..length), as
+ * they came (2 bytes each, no cast); otherwise as ps_fill_fn. */
+typedef pst_status (*ps_raw_fill_fn)(void *arg, void *dst, uint64_t first, uint64_t length);
+
 /* Answers a pull. On success `st` is PST_OK and values[0..length) are the block's values at
  * `version` (>= the version wanted); when the store has a low-precision copy (config lowp
  * f16 or bf16), lowp points at length elements of that dtype, equal to
@@ -194,6 +198,14 @@ pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t 
 pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                                 uint64_t length, float loss_scale, ps_fill_fn fill,
                                 void *fill_arg, int *duplicate);
+
+/* ps_store_push of a bf16 gradient, kept in bf16 until the update widens it to f32 (exact):
+ * the same sums and the same bits as ps_store_push with a fill that casts, with half the
+ * bytes written and read. NaN and infinity are checked on the bf16 values. Errors as
+ * ps_store_push. */
+pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
+                              uint64_t length, ps_raw_fill_fn fill, void *fill_arg,
+                              int *duplicate);
 
 /* ps_store_push with the gradient as an f32 array in this process (the in-process store of
  * local training). A push that makes the update on its own (one trainer, or async) is read

@@ -1741,3 +1741,111 @@ Test(store, snapshot_every_n_versions_and_restore)
     ps_store_free(b);
     free(log);
 }
+
+/* ---- bf16 pushes kept as they came ---- */
+
+typedef struct bf16_src {
+    const uint16_t *h;
+} bf16_src;
+
+static pst_status fill_bf16_raw(void *arg, void *dst, uint64_t first, uint64_t n)
+{
+    const bf16_src *f = arg;
+    memcpy(dst, f->h + first, (size_t)n * sizeof(uint16_t));
+    return PST_OK;
+}
+
+static pst_status fill_bf16_cast(void *arg, float *dst, uint64_t first, uint64_t n)
+{
+    const bf16_src *f = arg;
+    pst_cast(dst, PST_F32, f->h + first, PST_BF16, (size_t)n);
+    return PST_OK;
+}
+
+/* ps_store_push_bf16 keeps a bf16 push in bf16 until the update: the values after every
+ * step are the bits of a store whose pushes were cast to f32 at arrival (ps_store_push), in
+ * sync with 1, 2 and 3 trainers (trainer 1 pushing f32 among bf16 ones) and async, with
+ * Adam's state carried between steps. */
+Test(store, bf16_pushes_kept_as_they_came_give_the_bits_of_cast_ones)
+{
+    const struct {
+        pst_mode mode;
+        int trainers;
+    } cases[] = {{PST_MODE_SYNC, 1}, {PST_MODE_SYNC, 2}, {PST_MODE_SYNC, 3},
+                 {PST_MODE_ASYNC, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float initial[TOTAL_LEN];
+        ps_store *cast = make_store(cases[c].mode, cases[c].trainers, PST_OPTIM_ADAM, initial);
+        ps_store *kept = make_store(cases[c].mode, cases[c].trainers, PST_OPTIM_ADAM, initial);
+        for (int step = 0; step < 4; step++) {
+            for (int t = 0; t < cases[c].trainers; t++) {
+                for (int bi = 0; bi < NTB; bi++) {
+                    const uint64_t n = test_blocks[bi].length;
+                    float g[64];
+                    uint16_t h[64];
+                    fill_normal(g, n, 40 + (uint64_t)step, (uint64_t)(t * NTB + bi), 0.3f);
+                    pst_cast(h, PST_BF16, g, PST_F32, (size_t)n);
+                    bf16_src src = {.h = h};
+                    const uint32_t id = test_blocks[bi].id;
+                    cr_assert_eq(ps_store_push(cast, (uint32_t)t, step, id, n, fill_bf16_cast,
+                                               &src, NULL), PST_OK, "%s", pst_error_detail());
+                    pst_status rc;
+                    if (t == 1 && cases[c].mode == PST_MODE_SYNC) /* an f32 row among them */
+                        rc = ps_store_push(kept, (uint32_t)t, step, id, n, fill_bf16_cast, &src,
+                                           NULL);
+                    else
+                        rc = ps_store_push_bf16(kept, (uint32_t)t, step, id, n, fill_bf16_raw,
+                                                &src, NULL);
+                    cr_assert_eq(rc, PST_OK, "%s", pst_error_detail());
+                }
+            }
+            for (int bi = 0; bi < NTB; bi++) {
+                float a[64], b[64];
+                int64_t va = -1, vb = -2;
+                cr_assert_eq(ps_store_read(cast, test_blocks[bi].id, a, &va), PST_OK);
+                cr_assert_eq(ps_store_read(kept, test_blocks[bi].id, b, &vb), PST_OK);
+                cr_assert_eq(va, vb);
+                cr_assert(memcmp(a, b, test_blocks[bi].length * sizeof(float)) == 0,
+                          "case %zu, step %d, block %u: bf16 kept differs from bf16 cast", c,
+                          step, (unsigned)test_blocks[bi].id);
+            }
+        }
+        ps_store_free(cast);
+        ps_store_free(kept);
+    }
+}
+
+/* A bf16 push with an infinity or a NaN is refused, naming it and its element, and the
+ * store is as it was; the trainer's push of the same step with finite values then counts. */
+Test(store, bf16_push_with_inf_or_nan_is_refused)
+{
+    float initial[TOTAL_LEN];
+    ps_store *st = make_store(PST_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    const uint64_t n = test_blocks[2].length; /* 33 */
+    const uint32_t id = test_blocks[2].id;
+    uint16_t h[64];
+    for (uint64_t i = 0; i < n; i++)
+        h[i] = 0x3c00u + (uint16_t)i; /* finite */
+    const struct {
+        uint16_t bits;
+        const char *name;
+    } bad[] = {{0x7f80u, "inf"}, {0xff80u, "-inf"}, {0x7fc1u, "nan"}};
+    snapshot before;
+    take_snapshot(st, &before);
+    for (size_t k = 0; k < 3; k++) {
+        uint16_t b[64];
+        memcpy(b, h, sizeof b);
+        b[31] = bad[k].bits;
+        bf16_src src = {.h = b};
+        cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &src, NULL),
+                     PST_ERR_INVALID);
+        char want[64];
+        snprintf(want, sizeof want, "has %s at element 31", bad[k].name);
+        cr_assert(strstr(pst_error_detail(), want), "%s", pst_error_detail());
+        assert_unchanged(st, &before);
+    }
+    bf16_src ok = {.h = h};
+    cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &ok, NULL), PST_OK);
+    cr_assert_eq(ps_store_pushed(st, id), 1);
+    ps_store_free(st);
+}
