@@ -259,6 +259,15 @@ static void answer_waiters(ps_block *b)
  * row order, trainer-id order in sync mode, into a tile on the stack), the optimizer, and
  * the cast into the low-precision copy, each tile still in cache for the next pass. With
  * neither g nor sum only the cast (init). */
+/* A row read from where the push that completes the step has it (its payload), through
+ * its fill, instead of from the store's buffer: the push is not copied first. */
+typedef struct direct_row {
+    int row;              /* -1: none */
+    ps_fill_fn fill;      /* f32, or */
+    ps_raw_fill_fn raw;   /* bf16 */
+    void *arg;
+} direct_row;
+
 typedef struct update_job {
     const ps_store *st;
     ps_block *b;
@@ -267,6 +276,7 @@ typedef struct update_job {
     const uint8_t *bf16;
     int rows;
     uint64_t stride;
+    direct_row direct;
 } update_job;
 
 #define UPDATE_TILE 4096 /* floats: a tile of every array fits in L2 */
@@ -276,6 +286,31 @@ typedef struct update_job {
 static void add_row(float *acc, const update_job *j, int r, size_t t0, size_t n)
 {
     const float *row = j->sum + (uint64_t)r * j->stride;
+    const direct_row *d = &j->direct;
+    /* A direct row's fill has read these elements once already, in the push's check: it
+     * cannot fail now. */
+    if (r == d->row && d->raw) {
+        uint16_t h[UPDATE_TILE];
+        (void)d->raw(d->arg, h, t0, n);
+        if (r == 0)
+            for (size_t i = 0; i < n; i++)
+                acc[i] = bf16_value(h[i]);
+        else
+            for (size_t i = 0; i < n; i++)
+                acc[i] += bf16_value(h[i]);
+        return;
+    }
+    if (r == d->row) {
+        if (r == 0) {
+            (void)d->fill(d->arg, acc, t0, n);
+        } else {
+            float f[UPDATE_TILE];
+            (void)d->fill(d->arg, f, t0, n);
+            for (size_t i = 0; i < n; i++)
+                acc[i] += f[i];
+        }
+        return;
+    }
     if (j->bf16[r]) {
         const uint16_t *h = (const uint16_t *)row + t0;
         if (r == 0)
@@ -303,7 +338,7 @@ static void update_part(void *arg, int part, int nparts)
         const size_t n = hi - t0 < UPDATE_TILE ? hi - t0 : UPDATE_TILE;
         const float *g = j->g ? j->g + t0 : NULL;
         if (j->sum) {
-            if (j->rows == 1 && !j->bf16[0]) {
+            if (j->rows == 1 && !j->bf16[0] && j->direct.row != 0) {
                 g = j->sum + t0;
             } else {
                 for (int r = 0; r < j->rows; r++)
@@ -321,9 +356,11 @@ static void update_part(void *arg, int part, int nparts)
 }
 
 static void run_update(const ps_store *st, ps_block *b, const float *g, const float *sum,
-                       int rows, uint64_t stride)
+                       int rows, uint64_t stride, const direct_row *direct)
 {
-    update_job job = {st, b, g, sum, b->row_bf16, rows, stride};
+    update_job job = {st, b, g, sum, b->row_bf16, rows, stride, {.row = -1}};
+    if (direct)
+        job.direct = *direct;
     if (st->pool)
         pst_pool_run(st->pool, update_part, &job);
     else
@@ -388,10 +425,10 @@ pst_status ps_store_snapshot_now(ps_store *st, int64_t version)
 }
 
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, const float *sum,
-                               int rows, uint64_t stride)
+                               int rows, uint64_t stride, const direct_row *direct)
 {
     const double t0 = st->on_update ? pst_clock_s() : 0.0;
-    run_update(st, b, g, sum, rows, stride);
+    run_update(st, b, g, sum, rows, stride, direct);
     if (b->lowp)
         atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
     if (st->on_update)
@@ -418,7 +455,7 @@ pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
                    (size_t)st->nstate * b->length * sizeof(float));
         b->version = version;
         if (b->lowp)
-            run_update(st, b, NULL, NULL, 0, 0); /* the cast alone */
+            run_update(st, b, NULL, NULL, 0, 0, NULL); /* the cast alone */
         pthread_mutex_unlock(&b->mu);
     }
     return PST_OK;
@@ -432,11 +469,11 @@ int ps_store_state_floats(const ps_store *st)
 /* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
  * (acc = buf[0]; acc += buf[1]; ...: per element, the same order whatever the tiles),
  * applies it and clears the flags. */
-static pst_status complete_sync_step(ps_store *st, ps_block *b)
+static pst_status complete_sync_step(ps_store *st, ps_block *b, const direct_row *direct)
 {
     memset(b->pushed, 0, (size_t)st->num_trainers);
     b->npushed = 0;
-    return apply_update(st, b, NULL, b->recv, st->num_trainers, b->length);
+    return apply_update(st, b, NULL, b->recv, st->num_trainers, b->length, direct);
 }
 
 /* ---- config validation ---- */
@@ -625,7 +662,7 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
                                    "%s copy", (unsigned)s->id, pst_dtype_name(cfg->lowp));
                 goto error;
             }
-            run_update(st, b, NULL, NULL, 0, 0); /* the cast alone: not counted */
+            run_update(st, b, NULL, NULL, 0, 0, NULL); /* the cast alone: not counted */
         }
         if (pthread_mutex_init(&b->mu, NULL) != 0) {
             rc = pst_error_set(PST_ERR_INTERNAL, "pserver store: pthread_mutex_init failed");
@@ -760,9 +797,18 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
                            nonfinite_name(g[bad_at]), (unsigned long long)bad_at);
         goto out;
     }
+    /* A push from a fill that makes the update (the last of a sync step, one trainer, or
+     * async) is not copied: its pieces are only checked here, through a buffer on the
+     * stack, and the update reads it again from the caller (through the fill), tile by tile,
+     * saving the write of the whole gradient and its reading back. */
+    const int row = st->mode == PST_MODE_SYNC ? (int)trainer : 0;
+    const int through = !direct && inv_scale == 1.0f &&
+                        (st->mode == PST_MODE_ASYNC || st->num_trainers == 1 ||
+                         b->npushed + 1 == st->num_trainers);
     for (uint64_t off = 0; off < b->length && raw_bf16; off += FILL_PIECE) {
         const uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
-        uint16_t *h = (uint16_t *)dst + off;
+        uint16_t piece[FILL_PIECE];
+        uint16_t *h = through ? piece : (uint16_t *)dst + off;
         if ((rc = raw_bf16(fill_arg, h, off, n)) != PST_OK)
             goto out;
         const uint64_t bad = find_nonfinite_bf16(h, n);
@@ -778,36 +824,40 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     }
     for (uint64_t off = 0; off < b->length && !in_place && !raw_bf16; off += FILL_PIECE) {
         uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
+        float piece[FILL_PIECE];
+        float *out = through ? piece : dst + off;
         if (!direct)
-            rc = fill(fill_arg, dst + off, off, n);
+            rc = fill(fill_arg, out, off, n);
         else
-            memcpy(dst + off, direct + off, (size_t)n * sizeof(float));
+            memcpy(out, direct + off, (size_t)n * sizeof(float));
         if (rc != PST_OK)
             goto out;
         if (inv_scale != 1.0f) /* a power of two: exact (barring subnormals) */
             for (uint64_t i = 0; i < n; i++)
-                dst[off + i] *= inv_scale;
-        uint64_t bad = find_nonfinite(g + off, n);
+                out[i] *= inv_scale;
+        uint64_t bad = find_nonfinite(out, n);
         if (bad < n) {
             rc = pst_error_set(PST_ERR_INVALID,
                                "push: gradient of block %u from trainer %u, step %lld has %s "
                                "at element %llu; discarded",
                                (unsigned)block, (unsigned)trainer, (long long)step,
-                               nonfinite_name(g[off + bad]), (unsigned long long)(off + bad));
+                               nonfinite_name(out[bad]), (unsigned long long)(off + bad));
             goto out;
         }
     }
 
-    b->row_bf16[st->mode == PST_MODE_SYNC ? trainer : 0] = raw_bf16 != NULL;
+    const direct_row dr = {.row = through ? row : -1, .fill = raw_bf16 ? NULL : fill,
+                           .raw = raw_bf16, .arg = fill_arg};
+    b->row_bf16[row] = raw_bf16 != NULL;
     if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
         b->pushed[trainer] = 1;
         if (++b->npushed == st->num_trainers)
-            rc = complete_sync_step(st, b);
+            rc = complete_sync_step(st, b, &dr);
     } else { /* one trainer, or async: its gradient is the sum */
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
-        rc = in_place ? apply_update(st, b, g, NULL, 1, 0)
-                      : apply_update(st, b, NULL, dst, 1, b->length);
+        rc = in_place ? apply_update(st, b, g, NULL, 1, 0, NULL)
+                      : apply_update(st, b, NULL, dst, 1, b->length, &dr);
     }
 
 out:

@@ -102,14 +102,20 @@ typedef struct ps_store_config {
 
 /* Writes elements [first, first + length) of a pushed gradient into dst[0..length) as f32
  * (casting from the wire dtype). ps_store_push calls it piece by piece, in order, so each
- * piece is checked for NaN/Inf while it is still in cache. Called on ps_store_push's
- * thread with the block's lock held: it must not call back into the store. Returns PST_OK,
- * or an error with its detail set (pst_error_set); on error the push is discarded and
- * ps_store_push returns that status. */
+ * piece is checked for NaN/Inf while it is still in cache. When the push makes the update
+ * (the last of a sync step, one trainer, async), the pieces are only checked, and the
+ * update calls it again for each tile of 4096 elements, from the store's pool threads
+ * concurrently and in any order, before ps_store_push returns: it must give the same
+ * elements every time (read a source that does not change) and be safe to call from
+ * several threads at once. Called with the block's lock held: it must not call back into
+ * the store. Returns PST_OK, or an error with its detail set (pst_error_set); on error in
+ * the check the push is discarded and ps_store_push returns that status (a second read of
+ * what the first read has no error to give). */
 typedef pst_status (*ps_fill_fn)(void *arg, float *dst, uint64_t first, uint64_t length);
 
 /* Writes elements [first, first + length) of a pushed bf16 gradient into dst[0..length), as
- * they came (2 bytes each, no cast); otherwise as ps_fill_fn. */
+ * they came (2 bytes each, no cast); otherwise as ps_fill_fn (read again by the update
+ * when the push makes it). */
 typedef pst_status (*ps_raw_fill_fn)(void *arg, void *dst, uint64_t first, uint64_t length);
 
 /* Answers a pull. On success `st` is PST_OK and values[0..length) are the block's values at
