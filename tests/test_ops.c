@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/runtime/device.h"
 #include "common/dtype.h"
@@ -266,6 +267,50 @@ Test(ops_parity, linear_split_over_a_pool)
     free(inp); free(w); free(bias); free(dout);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
+}
+
+/* A pool run: every part counts its calls and copies the caller's round number, written
+ * before the run (plain memory: the pool's hand-over must order it). */
+typedef struct count_run {
+    atomic_int calls[4];
+    int round;
+    int seen[4];
+} count_run;
+
+static void count_part(void *arg, int part, int nparts)
+{
+    count_run *c = arg;
+    (void)nparts;
+    atomic_fetch_add(&c->calls[part], 1);
+    c->seen[part] = c->round;
+}
+
+/* Whatever the spin (none: the workers sleep at once; the default; one second: they poll
+ * through every gap), each run calls every part once, a run started after a gap longer than
+ * the spin wakes the sleeping workers, and freeing a pool whose workers poll returns (the
+ * test's timeout guards against a hang, it measures nothing). */
+Test(ops_pool, every_part_runs_once_whatever_the_spin, .timeout = 60)
+{
+    const long spins[3] = {0, PST_POOL_SPIN_NS_DEFAULT, 1000000000L};
+    for (int k = 0; k < 3; k++) {
+        pst_pool *pool;
+        CHECK_OK(pst_pool_init(&pool, 4));
+        pst_pool_set_spin(pool, spins[k]);
+        count_run c = {.round = 0};
+        for (int r = 0; r < 300; r++) {
+            c.round = r;
+            pst_pool_run(pool, count_part, &c);
+            for (int p = 0; p < 4; p++)
+                cr_assert_eq(c.seen[p], r, "spin %ld ns, run %d: part %d saw run %d",
+                             spins[k], r, p, c.seen[p]);
+            if (r % 50 == 0) /* a gap longer than the short spins: the workers sleep */
+                usleep(2000);
+        }
+        for (int p = 0; p < 4; p++)
+            cr_assert_eq(atomic_load(&c.calls[p]), 300, "spin %ld ns: part %d ran %d times",
+                         spins[k], p, atomic_load(&c.calls[p]));
+        pst_pool_free(pool);
+    }
 }
 
 Test(ops_parity, linear_backward)

@@ -2,9 +2,11 @@
  * DESIGN: a generation counter published under one mutex; workers wait for it to move, run
  * their part, and count themselves done; the caller waits for the count. A run is short
  * (one layer's GEMM slice, a fraction of a millisecond), and a futex wake-up on a VM costs
- * tens of microseconds, so both sides first spin briefly on the atomics (with the CPU's
- * pause hint) and only then sleep on the condition variables. The mutex still orders every
- * hand-over that ends in a sleep, so no wake-up is lost. */
+ * tens of microseconds, so both sides first spin on the atomics (with the CPU's pause hint)
+ * for the pool's spin time, and only then sleep on the condition variables. The spin is
+ * bounded by the clock, not by a count of pauses: a pause takes 10 to 140 cycles depending
+ * on the CPU. The mutex still orders every hand-over that ends in a sleep, so no wake-up is
+ * lost. */
 #include "common/runtime/pool.h"
 
 #include <pthread.h>
@@ -12,10 +14,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-/* About 20-50 us of polling on current x86 cores before sleeping: longer than the gap
- * between two layers' runs in a training step, far shorter than a step. */
-#define POOL_SPINS 4000
+/* Pauses between two looks at the clock while spinning (about 1-10 us). */
+#define POOL_SPIN_CHECK 64
 
 struct pst_pool {
     int n;                 /* threads including the caller */
@@ -28,6 +30,7 @@ struct pst_pool {
     atomic_int stop;
     pst_pool_fn fn;        /* written before gen moves, read after */
     void *arg;
+    atomic_long spin_ns;   /* how long either side polls before it sleeps */
 };
 
 typedef struct worker_arg {
@@ -44,6 +47,44 @@ static inline void cpu_relax(void)
 #endif
 }
 
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* Polls until `done(p)` or the pool's spin time has passed; returns done(p). */
+static int spin_until(pst_pool *p, int (*done)(pst_pool *, void *), void *arg)
+{
+    const long spin = atomic_load_explicit(&p->spin_ns, memory_order_relaxed);
+    long end = -1;
+    for (;;) {
+        for (int i = 0; i < POOL_SPIN_CHECK; i++) {
+            if (done(p, arg))
+                return 1;
+            cpu_relax();
+        }
+        const long t = now_ns();
+        if (end < 0)
+            end = t + spin;
+        else if (t >= end)
+            return done(p, arg);
+    }
+}
+
+static int gen_moved(pst_pool *p, void *seen)
+{
+    return atomic_load_explicit(&p->gen, memory_order_acquire) != *(unsigned long *)seen ||
+           atomic_load_explicit(&p->stop, memory_order_relaxed);
+}
+
+static int all_done(pst_pool *p, void *unused)
+{
+    (void)unused;
+    return atomic_load_explicit(&p->remaining, memory_order_acquire) == 0;
+}
+
 static void *worker(void *a)
 {
     worker_arg w = *(worker_arg *)a;
@@ -51,11 +92,8 @@ static void *worker(void *a)
     pst_pool *p = w.p;
     unsigned long seen = 0;
     for (;;) {
+        spin_until(p, gen_moved, &seen);
         unsigned long g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        for (int i = 0; g == seen && i < POOL_SPINS && !atomic_load(&p->stop); i++) {
-            cpu_relax();
-            g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        }
         if (g == seen) {
             pthread_mutex_lock(&p->mu);
             while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop))
@@ -90,6 +128,7 @@ pst_status pst_pool_init(pst_pool **out, int nthreads)
     atomic_init(&p->gen, 0);
     atomic_init(&p->remaining, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->spin_ns, PST_POOL_SPIN_NS_DEFAULT);
     pthread_mutex_init(&p->run_mu, NULL);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
@@ -130,6 +169,12 @@ void pst_pool_free(pst_pool *p)
     free(p);
 }
 
+void pst_pool_set_spin(pst_pool *p, long ns)
+{
+    if (p)
+        atomic_store_explicit(&p->spin_ns, ns > 0 ? ns : 0, memory_order_relaxed);
+}
+
 int pst_pool_size(const pst_pool *p)
 {
     return p ? p->n : 1;
@@ -150,10 +195,7 @@ void pst_pool_run(pst_pool *p, pst_pool_fn fn, void *arg)
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
     fn(arg, 0, p->n);
-    for (int i = 0; i < POOL_SPINS && atomic_load_explicit(&p->remaining, memory_order_acquire);
-         i++)
-        cpu_relax();
-    if (atomic_load_explicit(&p->remaining, memory_order_acquire)) {
+    if (!spin_until(p, all_done, NULL)) {
         pthread_mutex_lock(&p->mu);
         while (atomic_load(&p->remaining) > 0)
             pthread_cond_wait(&p->done, &p->mu);
