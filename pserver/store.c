@@ -52,6 +52,9 @@ typedef struct ps_block {
     ps_pull_waiter *tail;
     pst_status closed;     /* != PST_OK once ps_store_cancel_waiters has run */
     uint64_t shard_off;    /* first element in the shard (blocks in config order) */
+    _Atomic uint64_t slice_bad; /* ps_store_update_slice: 1 + the first non-finite
+                                 * element's index seen this step, 0 for none */
+    _Atomic uint32_t slice_bits; /* and its bits */
 } ps_block;
 
 typedef struct ps_block_index {
@@ -892,6 +895,85 @@ pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, ui
                              (double)loss_scale, (unsigned)block);
     return push(st, trainer, step, block, length, 1.0f / loss_scale, fill, fill_arg, NULL, NULL,
                 duplicate);
+}
+
+/* ---- the update made piece by piece (training alone, see store.h) ---------------------- */
+
+pst_status ps_store_update_slice(ps_store *st, uint32_t block, uint64_t first, uint64_t n,
+                                 const float *grad)
+{
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return pst_error_set(PST_ERR_NOT_FOUND, "update: block %u is not in this store",
+                             (unsigned)block);
+    if (first > b->length || n > b->length - first || (n && !grad))
+        return pst_error_set(PST_ERR_INVALID, "update: elements [%llu, +%llu) of block %u "
+                             "(%llu elements)%s", (unsigned long long)first,
+                             (unsigned long long)n, (unsigned)block,
+                             (unsigned long long)b->length, grad ? "" : " with no gradient");
+    if (st->mode != PST_MODE_SYNC || st->num_trainers != 1)
+        return pst_error_set(PST_ERR_STATE, "update: piece by piece only in a sync store of "
+                             "one trainer");
+    const uint64_t bad = find_nonfinite(grad, n);
+    if (bad < n) { /* kept for the commit, which fails the step; the lowest index wins */
+        uint32_t bits;
+        memcpy(&bits, &grad[bad], sizeof bits);
+        uint64_t seen = atomic_load(&b->slice_bad), mine = first + bad + 1;
+        while ((seen == 0 || mine < seen) &&
+               !atomic_compare_exchange_weak(&b->slice_bad, &seen, mine))
+            ;
+        if (seen == 0 || mine < seen)
+            atomic_store(&b->slice_bits, bits);
+        return pst_error_set(PST_ERR_INVALID, "update: gradient of block %u has %s at element "
+                             "%llu", (unsigned)block, nonfinite_name(grad[bad]),
+                             (unsigned long long)(first + bad));
+    }
+    /* b->version is the commit's to change, after every piece: read without the lock. The
+     * same call on the same elements as update_part, so the same bits. */
+    const int64_t version = __atomic_load_n(&b->version, __ATOMIC_ACQUIRE);
+    (void)pst_optim_apply(&st->optim, (long)(version + 1), b->values + first,
+                          b->state ? b->state + first : NULL, (size_t)b->length, grad, n);
+    if (b->lowp)
+        pst_cast((char *)b->lowp + first * pst_dtype_size(st->lowp), st->lowp,
+                 b->values + first, PST_F32, n);
+    return PST_OK;
+}
+
+pst_status ps_store_commit_slices(ps_store *st, int64_t step, uint32_t block)
+{
+    ps_block *b = find_block(st, block);
+    if (!b)
+        return pst_error_set(PST_ERR_NOT_FOUND, "update: block %u is not in this store",
+                             (unsigned)block);
+    if (st->mode != PST_MODE_SYNC || st->num_trainers != 1)
+        return pst_error_set(PST_ERR_STATE, "update: piece by piece only in a sync store of "
+                             "one trainer");
+    pst_status rc = PST_OK;
+    pthread_mutex_lock(&b->mu);
+    const uint64_t bad = atomic_exchange(&b->slice_bad, 0);
+    if (step != b->version) {
+        rc = pst_error_set(PST_ERR_RANGE, "update: step %lld of block %u, whose version is "
+                           "%lld", (long long)step, (unsigned)block, (long long)b->version);
+    } else if (bad) {
+        const uint32_t bits = atomic_load(&b->slice_bits);
+        float x;
+        memcpy(&x, &bits, sizeof x);
+        rc = pst_error_set(PST_ERR_INVALID, "push: gradient of block %u from trainer 0, step "
+                           "%lld has %s at element %llu; the update, made piece by piece "
+                           "during backward, is partly applied", (unsigned)block,
+                           (long long)step, nonfinite_name(x), (unsigned long long)(bad - 1));
+    } else {
+        if (b->lowp)
+            atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
+        if (st->on_update)
+            st->on_update(st->on_update_arg, 0.0);
+        __atomic_store_n(&b->version, b->version + 1, __ATOMIC_RELEASE);
+        if (st->snap_every > 0 && b->version % st->snap_every == 0)
+            snapshot_block(st, b);
+        answer_waiters(b);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return rc;
 }
 
 pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,

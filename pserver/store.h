@@ -221,6 +221,24 @@ pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint
 pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                              const float *grad, uint64_t length, int *duplicate);
 
+/* The update of a sync store of one trainer (training alone), made piece by piece while
+ * the gradient is produced, each piece while it is still in cache:
+ * ps_store_update_slice applies the optimizer step of version + 1 to elements
+ * [first, first + n) of block `block` with grad[0..n) (the same arithmetic as a push, so
+ * the same bits), and ps_store_commit_slices(step) then makes the version (the step's
+ * pulls, casts counter and checkpoint as a push would), once every element of the block had
+ * exactly one slice. Slices of one block may run on several threads at once on disjoint
+ * ranges; the commit must come after all of them (ordered by the caller), and no push of
+ * the block may come between. A slice with a NaN or infinity is not applied and returns
+ * PST_ERR_INVALID; the commit then fails with the element's index and changes no version,
+ * but the block's other slices stay applied (the job stops: training alone, the step's
+ * state is not written to a checkpoint). Errors: PST_ERR_NOT_FOUND (block),
+ * PST_ERR_INVALID (range), PST_ERR_STATE (not a sync store of one trainer),
+ * PST_ERR_RANGE (commit: step is not the block's version). */
+pst_status ps_store_update_slice(ps_store *st, uint32_t block, uint64_t first, uint64_t n,
+                                 const float *grad);
+pst_status ps_store_commit_slices(ps_store *st, int64_t step, uint32_t block);
+
 /* Asks for block `block`'s values once its version is >= want_version (sync: step + 1).
  * If that version exists, fn is called before this returns; otherwise the pull is queued
  * on `w` and fn is called later by the push that makes the version, or with an error by

@@ -415,6 +415,57 @@ Test(exec, steps_equal_the_reference_kernels, .timeout = 120)
     free(ref);
 }
 
+/* Training alone on one CPU device the update is made during backward, tile by tile: a
+ * batch with a NaN makes a NaN gradient, and the step fails with the element named and the
+ * word that the update is partly applied (on two devices, where the update waits for the
+ * reduce, the whole push is refused: "discarded"), from the step or the sync after it. */
+Test(exec, nan_gradient_alone_stops_the_step_naming_it, .timeout = 120)
+{
+    load();
+    const char *devices[2] = {"cpu:1", "cpu:2"};
+    const char *said[2] = {"partly applied", "discarded"};
+    for (int k = 0; k < 2; k++) {
+        pst_config cfg;
+        pst_config_defaults(&cfg);
+        cfg.optim.kind = PST_OPTIM_MOMENTUM;
+        pst_runtime *rt = NULL;
+        cr_assert_eq(pst_runtime_init(&rt, devices[k]), PST_OK, "%s", pst_error_detail());
+        pst_model model;
+        cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 1, (const int[]){24}), PST_OK);
+        tr_plan plan;
+        cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1,
+                                   pst_runtime_count(rt)), PST_OK);
+        tr_link *link;
+        cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+        tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = 32,
+                             .eval_rows = 32, .link = link, .overlap = 1, .threads = 2};
+        tr_exec *ex = NULL;
+        cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
+        cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
+        float *x = malloc(sizeof(float) * 32 * train_set.dim);
+        int32_t *y = malloc(sizeof(int32_t) * 32);
+        double loss;
+        batch_of(0, 32, x, y);
+        cr_assert_eq(tr_exec_step(ex, 0, x, y, 32, 32, &loss), PST_OK, "%s", pst_error_detail());
+        batch_of(1, 32, x, y);
+        x[5 * train_set.dim + 100] = NAN; /* row 5: every first-layer gradient row gets it */
+        pst_status st = tr_exec_step(ex, 1, x, y, 32, 32, &loss);
+        if (st == PST_OK) /* the exchanges may end after the step returned (overlap) */
+            st = tr_exec_sync(ex);
+        cr_assert_eq(st, PST_ERR_INVALID, "%s: a NaN batch gave %s", devices[k],
+                     pst_strerror(st));
+        cr_assert(strstr(pst_error_detail(), "has nan at element"), "%s", pst_error_detail());
+        cr_assert(strstr(pst_error_detail(), said[k]), "%s: %s", devices[k], pst_error_detail());
+        tr_exec_free(ex);
+        tr_link_free(link);
+        tr_plan_free(&plan);
+        pst_model_free(&model);
+        pst_runtime_free(rt);
+        free(x);
+        free(y);
+    }
+}
+
 /* ---- the GPT through the executor ------------------------------------------------------
  * A small GPT (2 blocks, 2 heads, 32 channels, context 16) on the King James Bible: on cpu:2
  * the shared copy, overlap off, --cpu-replicas 1 and random stream delays all give the same

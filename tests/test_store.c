@@ -1275,6 +1275,102 @@ Test(store, in_process_push_f32_on_caller_values)
     }
 }
 
+/* Two threads hand the slices of one block to ps_store_update_slice, each its own ranges. */
+typedef struct slice_job {
+    ps_store *st;
+    const float *g;
+    int parity; /* this thread's slices: every other one */
+} slice_job;
+
+static void *slice_thread(void *arg)
+{
+    const slice_job *j = arg;
+    static const uint64_t cuts[] = {0, 5, 6, 17, 30, 33}; /* uneven, one of length 1 */
+    for (int i = j->parity; i < 5; i += 2)
+        if (ps_store_update_slice(j->st, 12, cuts[i], cuts[i + 1] - cuts[i], j->g + cuts[i]) !=
+            PST_OK)
+            return (void *)1;
+    return NULL;
+}
+
+/* The update made piece by piece during backward (training alone): slices from two threads
+ * and then the commit give the bits of a push of the whole gradient, step after step, with
+ * the same pulls; a NaN in one slice fails the commit, naming the element, and makes no
+ * version; a commit of another step, a slice out of the block or on a store of two
+ * trainers are refused with their codes. */
+Test(store, update_made_in_slices_gives_the_bits_of_a_push, .timeout = 20)
+{
+    pst_optim_kind kinds[3] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAMW, PST_OPTIM_SGD};
+    for (int k = 0; k < 3; k++) {
+        enum { SPAN = 40 + 33 };
+        float initial[SPAN], sliced[SPAN], pushed[SPAN];
+        fill_normal(initial, SPAN, 1, 0, 1.0f);
+        memcpy(sliced, initial, sizeof sliced);
+        memcpy(pushed, initial, sizeof pushed);
+        float *vs[NTB], *vp[NTB];
+        for (int i = 0; i < NTB; i++) {
+            vs[i] = sliced + test_blocks[i].offset;
+            vp[i] = pushed + test_blocks[i].offset;
+        }
+        ps_store_config cs = {.mode = PST_MODE_SYNC, .num_trainers = 1, .blocks = test_blocks,
+                              .nblocks = NTB, .values = vs};
+        optim_for(kinds[k], &cs.optim);
+        ps_store_config cp = cs;
+        cp.values = vp;
+        ps_store *a = NULL, *b = NULL;
+        cr_assert_eq(ps_store_init(&a, &cs, NULL), PST_OK, "%s", pst_error_detail());
+        cr_assert_eq(ps_store_init(&b, &cp, NULL), PST_OK, "%s", pst_error_detail());
+        float g[33];
+        for (int64_t step = 0; step < 5; step++) {
+            fill_normal(g, 33, 9, (uint64_t)step, 1.0f);
+            pthread_t t[2];
+            slice_job jobs[2] = {{a, g, 0}, {a, g, 1}};
+            for (int i = 0; i < 2; i++)
+                cr_assert_eq(pthread_create(&t[i], NULL, slice_thread, &jobs[i]), 0);
+            for (int i = 0; i < 2; i++) {
+                void *r;
+                pthread_join(t[i], &r);
+                cr_assert_null(r, "a slice was refused: %s", pst_error_detail());
+            }
+            cr_assert_eq(ps_store_version(a, 12), step, "a slice made a version");
+            cr_assert_eq(ps_store_commit_slices(a, step, 12), PST_OK, "%s", pst_error_detail());
+            cr_assert_eq(ps_store_push_f32(b, 0, step, 12, g, 33, NULL), PST_OK);
+            cr_assert_eq(ps_store_version(a, 12), step + 1);
+            cr_assert_eq(memcmp(sliced, pushed, sizeof sliced), 0,
+                         "%s, step %lld: slices and a push differ", pst_optim_kind_name(kinds[k]),
+                         (long long)step);
+            pull_box box;
+            pull_box_init(&box);
+            ps_pull_waiter w;
+            cr_assert_eq(ps_store_pull(a, 12, step + 1, &w, pull_capture, &box), PST_OK);
+            cr_assert_eq(box.calls, 1, "the commit made the version: answered at once");
+            cr_assert_eq(memcmp(box.values, sliced + 40, 33 * sizeof(float)), 0);
+        }
+        cr_assert_eq(memcmp(sliced, initial, 40 * sizeof(float)), 0, "other blocks touched");
+        /* A NaN at element 20: its slice is refused, the others applied; the commit fails
+         * with the element and makes no version. */
+        g[20] = NAN;
+        cr_assert_eq(ps_store_update_slice(a, 12, 0, 17, g), PST_OK);
+        cr_assert_eq(ps_store_update_slice(a, 12, 17, 16, g + 17), PST_ERR_INVALID);
+        cr_assert_eq(ps_store_commit_slices(a, 5, 12), PST_ERR_INVALID);
+        cr_assert(strstr(pst_error_detail(), "nan at element 20"), "%s", pst_error_detail());
+        cr_assert(strstr(pst_error_detail(), "partly applied"), "%s", pst_error_detail());
+        cr_assert_eq(ps_store_version(a, 12), 5);
+        /* Refusals, each with its code. */
+        cr_assert_eq(ps_store_commit_slices(a, 7, 12), PST_ERR_RANGE);
+        cr_assert_eq(ps_store_update_slice(a, 12, 30, 4, g), PST_ERR_INVALID);
+        cr_assert_eq(ps_store_update_slice(a, 99, 0, 1, g), PST_ERR_NOT_FOUND);
+        cr_assert_eq(ps_store_commit_slices(a, 5, 99), PST_ERR_NOT_FOUND);
+        ps_store_free(a);
+        ps_store_free(b);
+    }
+    float initial[TOTAL_LEN], g[17] = {0};
+    ps_store *two = make_store(PST_MODE_SYNC, 2, PST_OPTIM_MOMENTUM, initial);
+    cr_assert_eq(ps_store_update_slice(two, 3, 0, 17, g), PST_ERR_STATE);
+    cr_assert_eq(ps_store_commit_slices(two, 0, 3), PST_ERR_STATE);
+    ps_store_free(two);
+}
+
 /* With several trainers an f32 push cannot be read in place (the step needs every
  * trainer's gradient): it is copied, so the caller may reuse its buffer at once, and the
  * sum is the reference's. */

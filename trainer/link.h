@@ -50,6 +50,14 @@ typedef struct tr_link_ops {
      * bf16/f16 from the pserver's copy, cast once per update). */
     pst_status (*exchange)(tr_link *l, int b, long step, const float *grad, float scale,
                            void *dst, tr_exchange_fn done, void *arg);
+    /* Optional (NULL: not offered), in-process links of one trainer in fp32 only: applies
+     * this step's update to elements [first, first + n) of block b from grad[0..n) now, on
+     * the calling thread, while the gradient is still in its cache. Once every element of
+     * the block had its slice, the block's exchange of the step only completes the update
+     * (its grad is not read again). Thread safe for disjoint ranges. An error (a NaN or an
+     * infinity) is also reported by that exchange. */
+    pst_status (*update_slice)(tr_link *l, int b, uint64_t first, uint64_t n,
+                               const float *grad);
     /* fp16 loss scaling: this trainer's gradient of (0-based) `step` overflowed or not;
      * *skip is set to whether ANY trainer's did, the same answer for every trainer, so the
      * step is skipped everywhere (no block exchanged, nothing updated). Blocking, with a

@@ -1,6 +1,7 @@
 /* local.c — the in-process link (see local.h). */
 #include "trainer/local.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@ typedef struct local_block {
     void *dst;                /* where the exchange's values go (NULL: in place), in the
                                * precision's dtype */
     size_t elem;              /* bytes per element of dst (set once) */
+    _Atomic int sliced;       /* this step's update was made by local_update_slice */
     tr_exchange_times times;
 } local_block;
 
@@ -151,7 +153,10 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
     int duplicate = 0;
     lb->times.push_start = pst_clock_s();
     pst_status st;
-    if (lk->cfg->grad_dtype != PST_F32 || scale != 1.0f) {
+    if (atomic_exchange(&lb->sliced, 0)) {
+        /* local_update_slice made the update during backward: only its completion here */
+        st = ps_store_commit_slices(lk->store, step, blk->id);
+    } else if (lk->cfg->grad_dtype != PST_F32 || scale != 1.0f) {
         /* Rounded to --grad-dtype as the wire would, so training alone equals one trainer
          * with pservers bit for bit. */
         rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype};
@@ -174,6 +179,14 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
     lb->times.pull_end = pst_clock_s();
     done(arg, st, st == PST_OK ? NULL : pst_error_detail());
     return PST_OK;
+}
+
+static pst_status local_update_slice(tr_link *l, int b, uint64_t first, uint64_t n,
+                                     const float *grad)
+{
+    tr_local *lk = (tr_local *)l;
+    atomic_store(&lk->blocks[b].sliced, 1);
+    return ps_store_update_slice(lk->store, l->plan->blocks[b].id, first, n, grad);
 }
 
 static pst_status local_vote(tr_link *l, long step, int overflow, int *skip)
@@ -215,6 +228,7 @@ static void local_free(tr_link *l)
 static const tr_link_ops local_ops = {
     .start = local_start,
     .exchange = local_exchange,
+    .update_slice = local_update_slice,
     .vote = local_vote,
     .times = local_times,
     .finish = local_finish,

@@ -76,6 +76,13 @@ typedef struct pst_layer_io {
     float *work;                /* (max_batch, work_width): scratch of this layer's ops */
     float *scratch;             /* (pool threads, scratch_per_thread) */
     int max_batch;
+    /* May be NULL: a layer whose weight gradient is computed by rows (linear) calls it for
+     * every range of rows [r0, r1) of its first tensor once their gradients, and the
+     * matching entries of its second (the bias), are final; rows_arg is per layer. The
+     * executor then updates those parameters at once (training alone), so a layer given it
+     * must have read its weights for the input gradient before its weight gradient. */
+    void (*rows_done)(void *arg, int r0, int r1);
+    void *rows_arg;
 } pst_layer_io;
 
 /* What a layer does, as ops queued on a stream (common/nn/ops.h). The op argument structs

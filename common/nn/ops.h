@@ -50,6 +50,11 @@ typedef struct pst_linear_bwd_args {
     int B, IC, OC, accumulate;
     int row0, row1;              /* weight-gradient rows; row1 == 0: all */
     struct pst_pool *pool;       /* CPU only, may be NULL: split as the forward */
+    /* CPU only, may be NULL: called on the thread that computed them, once the rows
+     * [r0, r1) of dw and their entries of db are final (a tile of PST_ROW_TILE rows or less
+     * at a time), while they are still in its cache. The GPU backends ignore it. */
+    void (*rows_done)(void *arg, int r0, int r1);
+    void *rows_arg;
 } pst_linear_bwd_args;
 
 /* dinp (n) = out > 0 ? dout : 0. dinp may equal dout. */

@@ -34,8 +34,18 @@ static void linear_bwd_part(void *arg, int part, int nparts)
         /* whole tiles to each thread (r0 is a multiple of PST_ROW_TILE): the bits do not
          * depend on the number of threads */
         pst_pool_split((size_t)(r1 - r0), part, nparts, PST_ROW_TILE, &lo, &hi);
-        pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
-                                        a->accumulate, r0 + (int)lo, r0 + (int)hi);
+        if (!a->rows_done) {
+            pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
+                                            a->accumulate, r0 + (int)lo, r0 + (int)hi);
+        } else { /* tile by tile (the same calls: layers.h), each handed on while in cache */
+            for (int r = r0 + (int)lo, e; r < r0 + (int)hi; r = e) {
+                e = r - r % PST_ROW_TILE + PST_ROW_TILE;
+                e = e < r0 + (int)hi ? e : r0 + (int)hi;
+                pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC,
+                                                a->OC, a->accumulate, r, e);
+                a->rows_done(a->rows_arg, r, e);
+            }
+        }
     }
     if (a->dinp) {
         pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);

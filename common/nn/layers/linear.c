@@ -26,7 +26,8 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
                                       .w = io->w[0], .IC = IC, .OC = OC,
                                       .accumulate = io->accumulate ||
                                                     (ly->grad_accumulate & 3u) != 0,
-                                      .pool = io->pool};
+                                      .pool = io->pool, .rows_done = io->rows_done,
+                                      .rows_arg = io->rows_arg};
     li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,
                                       .w = io->w[0], .IC = IC, .OC = OC,
                                       .pool = io->pool};
