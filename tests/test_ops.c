@@ -323,11 +323,14 @@ Test(ops_parity, linear_backward)
         float *inp = randn(ni, 40 + k), *w = randn(nw, 50 + k), *dout = randn(no, 60 + k);
         float *dw0 = randn(nw, 70 + k), *db0 = randn((size_t)OC, 80 + k);
         for (int acc = 0; acc < 2; acc++) {
-            for (int with_dinp = 0; with_dinp < 2; with_dinp++) {
+            /* with_dinp 2: dinp through the input's ReLU (mask = inp, half of it <= 0) */
+            for (int with_dinp = 0; with_dinp < 3; with_dinp++) {
                 float *ref_dw = copy_floats(dw0, nw), *ref_db = copy_floats(db0, OC);
                 float *ref_dinp = malloc(sizeof(float) * ni);
                 pst_linear_backward(with_dinp ? ref_dinp : NULL, ref_dw, ref_db, dout, inp, w,
                                     B, IC, OC, acc);
+                if (with_dinp == 2)
+                    pst_relu_backward(ref_dinp, ref_dinp, inp, (int64_t)ni);
                 for (int i = 0; i < nb; i++) {
                     backend *b = &be[i];
                     float *d_inp = dev_put(b, inp, sizeof(float) * ni);
@@ -339,7 +342,8 @@ Test(ops_parity, linear_backward)
                     pst_linear_bwd_args a = {.dinp = with_dinp ? d_dinp : NULL, .dw = d_dw,
                                              .db = d_db, .dout = d_dout, .inp = d_inp,
                                              .w = d_w, .B = B, .IC = IC, .OC = OC,
-                                             .accumulate = acc};
+                                             .accumulate = acc,
+                                             .mask = with_dinp == 2 ? d_inp : NULL};
                     CHECK_OK(pst_op_linear_backward(b->s, &a));
                     float *g_dw = malloc(sizeof(float) * nw), *g_db = malloc(sizeof(float) * OC);
                     float *g_dinp = malloc(sizeof(float) * ni);

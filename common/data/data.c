@@ -454,12 +454,7 @@ void pst_batch_part(int len, int rank, int nparts, int *lo, int *hi)
 void pst_dataset_gather(const pst_dataset *ds, const uint32_t *idx, int count, float *x,
                         int32_t *y)
 {
-    /* k / 255.0f for every byte: the same bits as dividing, without a division per pixel. */
-    float scale[256];
     size_t dim = ds->dim > 0 ? (size_t)ds->dim : 0;
-
-    for (int k = 0; k < 256; k++)
-        scale[k] = (float)k / 255.0f;
     for (int i = 0; i < count; i++) {
         float *row = x + (size_t)i * dim;
         if (idx[i] >= (uint32_t)ds->n) {
@@ -470,8 +465,10 @@ void pst_dataset_gather(const pst_dataset *ds, const uint32_t *idx, int count, f
             continue;
         }
         const uint8_t *src = ds->x + (size_t)idx[i] * dim;
+        /* k / 255.0f, correctly rounded: the loop vectorizes (widen, convert, divide),
+         * twice as fast as a 256-entry table, whose lookups do not. */
         for (size_t j = 0; j < dim; j++)
-            row[j] = scale[src[j]];
+            row[j] = (float)src[j] / 255.0f;
         if (y)
             y[i] = ds->y[idx[i]];
     }

@@ -101,6 +101,13 @@ void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t
     }
 }
 
+void pst_relu_backward_cols(float *d, const float *out, int B, int C, int i0, int i1)
+{
+    for (int b = 0; b < B; b++)
+        pst_relu_backward(d + (int64_t)b * C + i0, d + (int64_t)b * C + i0,
+                          out + (int64_t)b * C + i0, i1 - i0);
+}
+
 double pst_softmax_xent_forward(float *probs, const float *logits, const int32_t *targets,
                                 int B, int C)
 {

@@ -45,6 +45,9 @@ void pst_linear_backward_input_cols(float *dinp, const float *dout, const float 
 
 /* dinp (N) = dout where out > 0, else 0 (out is the ReLU's output). In place allowed. */
 void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N);
+/* The same in place on columns [i0, i1) of d (B, C) with out (B, C): the input gradient of a
+ * linear layer through its input's ReLU, a slice at a time. */
+void pst_relu_backward_cols(float *d, const float *out, int B, int C, int i0, int i1);
 
 /* probs (B, C) = softmax(logits); returns the SUM over rows of -log(probs[target]).
  * Targets must be in [0, C). Numerically stable (max subtracted). */

@@ -55,6 +55,9 @@ typedef struct pst_linear_bwd_args {
      * at a time), while they are still in its cache. The GPU backends ignore it. */
     void (*rows_done)(void *arg, int r0, int r1);
     void *rows_arg;
+    /* May be NULL: dinp then goes through the input's ReLU, dinp = mask > 0 ? dinp : 0
+     * (mask (B, IC): the layer's input, a ReLU's output), in the same op, slice by slice. */
+    const float *mask;
 } pst_linear_bwd_args;
 
 /* dinp (n) = out > 0 ? dout : 0. dinp may equal dout. */

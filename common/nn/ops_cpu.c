@@ -10,7 +10,7 @@
 #include "common/runtime/pool.h"
 
 /* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
- * parts never write the same line. A part whose slice is empty (a 10-wide output over 2
+ * parts never write the same line (a forward too narrow for that is cut by rows instead). A part whose slice is empty (a 10-wide output over 2
  * threads) does nothing. The number of parts can change the last bits: OpenBLAS's kernels
  * give a column other bits in a GEMM call of another width (AMD EPYC, Haswell kernels; see
  * tests/test_exec.c's reference test), so the same run with another thread count may end
@@ -20,6 +20,15 @@ static void linear_fwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_fwd_args *a = arg;
     size_t j0, j1;
+    if (a->OC < 16 * nparts && a->B >= 2 * nparts) {
+        /* Too narrow for a slice of columns per part (a 10-class output): slices of rows,
+         * so every part computes instead of one. */
+        size_t b0, b1;
+        pst_pool_split((size_t)a->B, part, nparts, 1, &b0, &b1);
+        pst_linear_forward_cols(a->out + b0 * (size_t)a->OC, a->inp + b0 * (size_t)a->IC, a->w,
+                                a->b, (int)(b1 - b0), a->IC, a->OC, a->relu, 0, a->OC);
+        return;
+    }
     pst_pool_split((size_t)a->OC, part, nparts, 16, &j0, &j1);
     pst_linear_forward_cols(a->out, a->inp, a->w, a->b, a->B, a->IC, a->OC, a->relu, (int)j0,
                             (int)j1);
@@ -51,6 +60,8 @@ static void linear_bwd_part(void *arg, int part, int nparts)
         pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);
         pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
                                        (int)hi);
+        if (a->mask) /* while this slice of dinp is in cache */
+            pst_relu_backward_cols(a->dinp, a->mask, a->B, a->IC, (int)lo, (int)hi);
     }
 }
 

@@ -132,6 +132,9 @@ static pst_status cuda_linear_forward(pst_stream *s, const pst_linear_fwd_args *
     return PST_OK;
 }
 
+static cudaError_t launch_relu_backward(cudaStream_t s, float *dinp, const float *dout,
+                                        const float *out, size_t n);
+
 static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
 {
     cudaStream_t cs;
@@ -169,6 +172,9 @@ static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args 
         st = gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, a->IC, a->B, a->OC, a->w, a->IC, a->dout,
                   a->OC, 0.0f, a->dinp, a->IC);
     pst_cuda_blas_release(s);
+    if (st == PST_OK && a->dinp && a->mask) /* through the input's ReLU, in place */
+        PST_CUDA_CHECK(launch_relu_backward(cs, a->dinp, a->dinp, a->mask,
+                                            (size_t)a->B * (size_t)a->IC));
     return st;
 }
 

@@ -7,9 +7,8 @@
 typedef struct linear_inst {
     pst_linear_fwd_args fwd;
     pst_linear_bwd_args wgrad; /* the template each chunk's record is copied from */
-    pst_linear_bwd_args igrad;
-    pst_relu_bwd_args mask;    /* PST_LINEAR_MASK_INPUT: din through the input's ReLU */
-    int masked;
+    pst_linear_bwd_args igrad; /* PST_LINEAR_MASK_INPUT: din through the input's ReLU in
+                                * the same op (igrad.mask) */
 } linear_inst;
 
 static void linear_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
@@ -30,9 +29,9 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
                                       .rows_arg = io->rows_arg};
     li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,
                                       .w = io->w[0], .IC = IC, .OC = OC,
-                                      .pool = io->pool};
-    li->masked = io->din && (ly->flags & PST_LINEAR_MASK_INPUT);
-    li->mask = (pst_relu_bwd_args){.dinp = io->din, .dout = io->din, .out = io->in};
+                                      .pool = io->pool,
+                                      .mask = io->din && (ly->flags & PST_LINEAR_MASK_INPUT)
+                                                  ? io->in : NULL};
 }
 
 static pst_status linear_forward(void *inst, pst_stream *s, int B, float scale)
@@ -60,11 +59,7 @@ static pst_status linear_igrad(void *inst, pst_stream *s, int B)
     if (!li->igrad.dinp)
         return PST_OK;
     li->igrad.B = B;
-    PST_TRY(pst_op_linear_backward(s, &li->igrad));
-    if (!li->masked)
-        return PST_OK;
-    li->mask.n = (int64_t)B * li->igrad.IC;
-    return pst_op_relu_backward(s, &li->mask);
+    return pst_op_linear_backward(s, &li->igrad);
 }
 
 const pst_layer_class pst_layer_linear = {
