@@ -1049,16 +1049,18 @@ static int run_ckpt(const char *const argv[], const char *const more[], const ch
 }
 
 /* Runs argv again on dir with a checkpoint every 5 steps: it must exit 0 having resumed
- * from checkpoint `step`, and end with the bits `want`. */
-static void expect_resumed(const char *const argv[], const char *dir, int step,
+ * from checkpoint `step` (or `also`, when >= 0), and end with the bits `want`. */
+static void expect_resumed(const char *const argv[], const char *dir, int step, int also,
                            const param_hash *want)
 {
     const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
-    char *out, *err, text[64];
+    char *out, *err, text[64], other[64];
     int rc = run_ckpt(argv, every, dir, &out, &err);
     cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
     snprintf(text, sizeof text, "resumed from checkpoint step %d", step);
-    cr_assert(strstr(err, text), "no '%s' in:\n%s", text, err);
+    snprintf(other, sizeof other, "resumed from checkpoint step %d", also);
+    cr_assert(strstr(err, text) || (also >= 0 && strstr(err, other)), "no '%s'%s%s in:\n%s",
+              text, also >= 0 ? " or " : "", also >= 0 ? other : "", err);
     const param_hash got = summary_hash(out);
     cr_assert_eq(memcmp(&got, want, sizeof got), 0, "other bits after resuming from step %d",
                  step);
@@ -1068,6 +1070,7 @@ static void expect_resumed(const char *const argv[], const char *dir, int step,
 
 /* A job killed at step 12 (the trainers _exit without a word; pslaunch then stops the
  * pservers) and started again with the same flags resumes from its checkpoint of step 10
+ * (2 x 2: or 11, see below)
  * and ends with the bits of the job that never stopped: trained alone, and by 2 trainers x
  * 2 pservers whose shards are in DIR/pserver-0 and -1 (AdamW: values, moments and step
  * count all restored). */
@@ -1085,7 +1088,10 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
         temp_dir(dir, sizeof dir);
         int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
         cr_assert_neq(rc, 0, "the job did not stop at step 12");
-        expect_resumed(jobs[j], dir, 10, &want);
+        /* 2 x 2: when trainer 1 reaches step 12 first, pslaunch stops trainer 0 with
+         * SIGTERM before it gets there, and trainer 0 checkpoints step 11 as it stops (the
+         * SIGTERM checkpoint): a newer whole checkpoint, and the same bits. */
+        expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want);
         rm_tree(dir);
     }
 }
@@ -1370,7 +1376,7 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     cr_assert(strstr(err, "--resume require"), "%s", err);
     free(out);
     free(err);
-    expect_resumed(local, dir, 5, &want); /* auto falls back */
+    expect_resumed(local, dir, 5, -1, &want); /* auto falls back */
     rm_tree(dir);
 }
 
