@@ -52,9 +52,9 @@ typedef struct ps_block {
     ps_pull_waiter *tail;
     pst_status closed;     /* != PST_OK once ps_store_cancel_waiters has run */
     uint64_t shard_off;    /* first element in the shard (blocks in config order) */
-    _Atomic uint64_t slice_bad; /* ps_store_update_slice: 1 + the first non-finite
-                                 * element's index seen this step, 0 for none */
-    _Atomic uint32_t slice_bits; /* and its bits */
+    _Atomic uint64_t slice_bad; /* ps_store_update_slice: the first non-finite element
+                                 * seen this step, (index + 1) << 2 | nonfinite_kind; 0:
+                                 * none. One word, so its index and kind stay together */
 } ps_block;
 
 typedef struct ps_block_index {
@@ -204,13 +204,21 @@ static uint64_t find_nonfinite_pool(struct pst_pool *pool, const float *g, uint6
     return first;
 }
 
-static const char *nonfinite_name(float x)
+/* What a non-finite x is: 0 NaN, 1 infinity, 2 minus infinity (nonfinite_names). */
+static const char *const nonfinite_names[3] = {"nan", "inf", "-inf"};
+
+static unsigned nonfinite_kind(float x)
 {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     if (u & 0x007fffffu)
-        return "nan";
-    return (u & 0x80000000u) ? "-inf" : "inf";
+        return 0;
+    return (u & 0x80000000u) ? 2 : 1;
+}
+
+static const char *nonfinite_name(float x)
+{
+    return nonfinite_names[nonfinite_kind(x)];
 }
 
 static void waiter_unlink(ps_block *b, ps_pull_waiter *w)
@@ -427,19 +435,27 @@ pst_status ps_store_snapshot_now(ps_store *st, int64_t version)
     return PST_OK;
 }
 
+/* Block b (its lock held) has its next version's values: counts the casts, reports the
+ * update's time, makes the version (atomic: ps_store_update_slice reads it unlocked) and
+ * its checkpoint copy, and answers the pulls waiting for it. */
+static void made_version(ps_store *st, ps_block *b, double seconds)
+{
+    if (b->lowp)
+        atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
+    if (st->on_update)
+        st->on_update(st->on_update_arg, seconds);
+    __atomic_store_n(&b->version, b->version + 1, __ATOMIC_RELEASE);
+    if (st->snap_every > 0 && b->version % st->snap_every == 0)
+        snapshot_block(st, b);
+    answer_waiters(b);
+}
+
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, const float *sum,
                                int rows, uint64_t stride, const direct_row *direct)
 {
     const double t0 = st->on_update ? pst_clock_s() : 0.0;
     run_update(st, b, g, sum, rows, stride, direct);
-    if (b->lowp)
-        atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
-    if (st->on_update)
-        st->on_update(st->on_update_arg, pst_clock_s() - t0);
-    b->version++;
-    if (st->snap_every > 0 && b->version % st->snap_every == 0)
-        snapshot_block(st, b);
-    answer_waiters(b);
+    made_version(st, b, st->on_update ? pst_clock_s() - t0 : 0.0);
     return PST_OK;
 }
 
@@ -899,31 +915,35 @@ pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, ui
 
 /* ---- the update made piece by piece (training alone, see store.h) ---------------------- */
 
+/* The block of a slice or a commit, in a store that takes them. */
+static pst_status sliced_block(ps_store *st, uint32_t block, ps_block **out)
+{
+    if (!(*out = find_block(st, block)))
+        return pst_error_set(PST_ERR_NOT_FOUND, "update: block %u is not in this store",
+                             (unsigned)block);
+    if (st->mode != PST_MODE_SYNC || st->num_trainers != 1)
+        return pst_error_set(PST_ERR_STATE, "update: piece by piece only in a sync store of "
+                             "one trainer");
+    return PST_OK;
+}
+
 pst_status ps_store_update_slice(ps_store *st, uint32_t block, uint64_t first, uint64_t n,
                                  const float *grad)
 {
-    ps_block *b = find_block(st, block);
-    if (!b)
-        return pst_error_set(PST_ERR_NOT_FOUND, "update: block %u is not in this store",
-                             (unsigned)block);
+    ps_block *b;
+    PST_TRY(sliced_block(st, block, &b));
     if (first > b->length || n > b->length - first || (n && !grad))
         return pst_error_set(PST_ERR_INVALID, "update: elements [%llu, +%llu) of block %u "
                              "(%llu elements)%s", (unsigned long long)first,
                              (unsigned long long)n, (unsigned)block,
                              (unsigned long long)b->length, grad ? "" : " with no gradient");
-    if (st->mode != PST_MODE_SYNC || st->num_trainers != 1)
-        return pst_error_set(PST_ERR_STATE, "update: piece by piece only in a sync store of "
-                             "one trainer");
     const uint64_t bad = find_nonfinite(grad, n);
     if (bad < n) { /* kept for the commit, which fails the step; the lowest index wins */
-        uint32_t bits;
-        memcpy(&bits, &grad[bad], sizeof bits);
-        uint64_t seen = atomic_load(&b->slice_bad), mine = first + bad + 1;
+        const uint64_t mine = (first + bad + 1) << 2 | nonfinite_kind(grad[bad]);
+        uint64_t seen = atomic_load(&b->slice_bad);
         while ((seen == 0 || mine < seen) &&
                !atomic_compare_exchange_weak(&b->slice_bad, &seen, mine))
             ;
-        if (seen == 0 || mine < seen)
-            atomic_store(&b->slice_bits, bits);
         return pst_error_set(PST_ERR_INVALID, "update: gradient of block %u has %s at element "
                              "%llu", (unsigned)block, nonfinite_name(grad[bad]),
                              (unsigned long long)(first + bad));
@@ -941,13 +961,8 @@ pst_status ps_store_update_slice(ps_store *st, uint32_t block, uint64_t first, u
 
 pst_status ps_store_commit_slices(ps_store *st, int64_t step, uint32_t block)
 {
-    ps_block *b = find_block(st, block);
-    if (!b)
-        return pst_error_set(PST_ERR_NOT_FOUND, "update: block %u is not in this store",
-                             (unsigned)block);
-    if (st->mode != PST_MODE_SYNC || st->num_trainers != 1)
-        return pst_error_set(PST_ERR_STATE, "update: piece by piece only in a sync store of "
-                             "one trainer");
+    ps_block *b;
+    PST_TRY(sliced_block(st, block, &b));
     pst_status rc = PST_OK;
     pthread_mutex_lock(&b->mu);
     const uint64_t bad = atomic_exchange(&b->slice_bad, 0);
@@ -955,22 +970,13 @@ pst_status ps_store_commit_slices(ps_store *st, int64_t step, uint32_t block)
         rc = pst_error_set(PST_ERR_RANGE, "update: step %lld of block %u, whose version is "
                            "%lld", (long long)step, (unsigned)block, (long long)b->version);
     } else if (bad) {
-        const uint32_t bits = atomic_load(&b->slice_bits);
-        float x;
-        memcpy(&x, &bits, sizeof x);
         rc = pst_error_set(PST_ERR_INVALID, "push: gradient of block %u from trainer 0, step "
                            "%lld has %s at element %llu; the update, made piece by piece "
                            "during backward, is partly applied", (unsigned)block,
-                           (long long)step, nonfinite_name(x), (unsigned long long)(bad - 1));
+                           (long long)step, nonfinite_names[bad & 3],
+                           (unsigned long long)((bad >> 2) - 1));
     } else {
-        if (b->lowp)
-            atomic_fetch_add_explicit(&st->casts, b->length, memory_order_relaxed);
-        if (st->on_update)
-            st->on_update(st->on_update_arg, 0.0);
-        __atomic_store_n(&b->version, b->version + 1, __ATOMIC_RELEASE);
-        if (st->snap_every > 0 && b->version % st->snap_every == 0)
-            snapshot_block(st, b);
-        answer_waiters(b);
+        made_version(st, b, 0.0); /* the time went into backward */
     }
     pthread_mutex_unlock(&b->mu);
     return rc;

@@ -55,6 +55,43 @@ static const char *no_env(const char *name)
     return NULL;
 }
 
+/* An MLP trained alone on `devices` through the executor (the in-process store behind the
+ * link interface): everything one run holds. */
+typedef struct local_run {
+    pst_runtime *rt;
+    pst_model model;
+    tr_plan plan;
+    tr_link *link;
+    tr_exec *ex;
+} local_run;
+
+static void local_run_open(local_run *r, const pst_config *cfg, const char *devices,
+                           int nhidden, const int *hidden, int max_rows, int eval_rows,
+                           int overlap, int threads)
+{
+    load();
+    cr_assert_eq(pst_runtime_init(&r->rt, devices), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(pst_model_mlp(&r->model, train_set.dim, 10, nhidden, hidden), PST_OK);
+    cr_assert_eq(tr_plan_build(&r->plan, r->model.nparams, cfg->block_bytes, 1,
+                               pst_runtime_count(r->rt)), PST_OK);
+    cr_assert_eq(tr_local_init(&r->link, cfg, &r->plan), PST_OK);
+    tr_exec_config ec = {.cfg = cfg, .rt = r->rt, .model = &r->model, .max_rows = max_rows,
+                         .eval_rows = eval_rows, .link = r->link, .overlap = overlap,
+                         .threads = threads};
+    r->ex = NULL;
+    cr_assert_eq(tr_exec_init(&r->ex, &ec), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_start(r->ex, 3), PST_OK, "%s", pst_error_detail());
+}
+
+static void local_run_close(local_run *r)
+{
+    tr_exec_free(r->ex);
+    tr_link_free(r->link);
+    tr_plan_free(&r->plan);
+    pst_model_free(&r->model);
+    pst_runtime_free(r->rt);
+}
+
 static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
                       unsigned jitter_us, int steps, int B, size_t *n_out, double *acc_out)
 {
@@ -76,23 +113,11 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
         memcpy(cfg.compute_cpus, pinned.compute_cpus, sizeof cfg.compute_cpus);
         memcpy(cfg.compute_cpu_mask, pinned.compute_cpu_mask, sizeof cfg.compute_cpu_mask);
     }
-    pst_runtime *rt = NULL;
-    cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
-    pst_model model;
-    cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 2, (const int[]){24, 16}), PST_OK);
     /* Two threads per device: every layer and optimizer pass is split over a team (the
      * TSan build sees the team's hand-overs too). */
-    /* Training alone: the in-process store behind the link interface. */
-    tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, pst_runtime_count(rt)),
-                 PST_OK);
-    tr_link *link;
-    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
-    tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B, .eval_rows = 64,
-                         .link = link, .overlap = overlap, .threads = exec_threads};
-    tr_exec *ex = NULL;
-    cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
-    cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
+    local_run run;
+    local_run_open(&run, &cfg, devices, 2, (const int[]){24, 16}, B, 64, overlap, exec_threads);
+    tr_exec *ex = run.ex;
     float *x = malloc(sizeof(float) * B * train_set.dim);
     int32_t *y = malloc(sizeof(int32_t) * B);
     for (int s = 0; s < steps; s++) {
@@ -109,14 +134,10 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
         cr_assert_eq(tr_exec_evaluate(ex, &test_set, acc_out), PST_OK, "%s", pst_error_detail());
     param_bytes = tr_exec_param_bytes(ex);
     peak0 = tr_exec_peak_bytes(ex, 0);
-    for (int d = 0; d < pst_runtime_count(rt); d++) /* parameters + fp32 gradients */
+    for (int d = 0; d < pst_runtime_count(run.rt); d++) /* parameters + fp32 gradients */
         cr_assert_gt(tr_exec_peak_bytes(ex, d), n * (pst_dtype_size(precision) + sizeof(float)),
                      "device %d peak", d);
-    tr_exec_free(ex);
-    tr_link_free(link);
-    tr_plan_free(&plan);
-    pst_model_free(&model);
-    pst_runtime_free(rt);
+    local_run_close(&run);
     free(x);
     free(y);
     *n_out = n;
@@ -421,27 +442,15 @@ Test(exec, steps_equal_the_reference_kernels, .timeout = 120)
  * reduce, the whole push is refused: "discarded"), from the step or the sync after it. */
 Test(exec, nan_gradient_alone_stops_the_step_naming_it, .timeout = 120)
 {
-    load();
     const char *devices[2] = {"cpu:1", "cpu:2"};
     const char *said[2] = {"partly applied", "discarded"};
     for (int k = 0; k < 2; k++) {
         pst_config cfg;
         pst_config_defaults(&cfg);
         cfg.optim.kind = PST_OPTIM_MOMENTUM;
-        pst_runtime *rt = NULL;
-        cr_assert_eq(pst_runtime_init(&rt, devices[k]), PST_OK, "%s", pst_error_detail());
-        pst_model model;
-        cr_assert_eq(pst_model_mlp(&model, train_set.dim, 10, 1, (const int[]){24}), PST_OK);
-        tr_plan plan;
-        cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1,
-                                   pst_runtime_count(rt)), PST_OK);
-        tr_link *link;
-        cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
-        tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = 32,
-                             .eval_rows = 32, .link = link, .overlap = 1, .threads = 2};
-        tr_exec *ex = NULL;
-        cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
-        cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
+        local_run run;
+        local_run_open(&run, &cfg, devices[k], 1, (const int[]){24}, 32, 32, 1, 2);
+        tr_exec *ex = run.ex;
         float *x = malloc(sizeof(float) * 32 * train_set.dim);
         int32_t *y = malloc(sizeof(int32_t) * 32);
         double loss;
@@ -456,11 +465,7 @@ Test(exec, nan_gradient_alone_stops_the_step_naming_it, .timeout = 120)
                      pst_strerror(st));
         cr_assert(strstr(pst_error_detail(), "has nan at element"), "%s", pst_error_detail());
         cr_assert(strstr(pst_error_detail(), said[k]), "%s: %s", devices[k], pst_error_detail());
-        tr_exec_free(ex);
-        tr_link_free(link);
-        tr_plan_free(&plan);
-        pst_model_free(&model);
-        pst_runtime_free(rt);
+        local_run_close(&run);
         free(x);
         free(y);
     }

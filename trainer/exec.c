@@ -50,7 +50,6 @@
  * gaps inside a step (tens to a few hundred microseconds), far shorter than a step. */
 #define EXEC_ALONE_SPIN_NS 500000L
 
-
 static void cpu_set_of(const pst_config *cfg, cpu_set_t *set);
 
 /* ---- trace marks ---------------------------------------------------------------------- */
@@ -165,7 +164,6 @@ static pst_status plan_sliced(tr_exec *ex, const tr_exec_config *c)
         const pst_tensor *w = &m->tensors[ly->tensor[0]], *b = &m->tensors[ly->tensor[1]];
         ex->rows[l] = (exec_rows){ex, w->offset, b->offset, (int)w->shape[1]};
     }
-    ex->sliced = 1;
     return PST_OK;
 }
 
@@ -186,8 +184,8 @@ static void bind_layers(tr_exec *ex, exec_dev *d)
             .targets = d->y, .losses = d->losses, .correct = d->correct,
             .save = d->save[l], .work = d->work[l], .scratch = d->scratch[l],
             .max_batch = ex->max_batch,
-            .rows_done = ex->sliced && m->layers[l].ntensors ? rows_final : NULL,
-            .rows_arg = ex->sliced ? &ex->rows[l] : NULL};
+            .rows_done = ex->rows && m->layers[l].ntensors ? rows_final : NULL,
+            .rows_arg = ex->rows ? &ex->rows[l] : NULL};
         const pst_layer *ly = &m->layers[l];
         if (!ex->lowp) {
             pst_layer_io_point(&io, m, l, d->params);
@@ -845,9 +843,10 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, int micro
             PST_TRY(enqueue_weights(ex, d, s, l));
         /* The weight gradient first, chunk by chunk: each block leaves as soon as its rows
          * are done, while the rest of the layer (and its input gradient) is still being
-         * computed. Updated during backward (sliced), the input gradient comes first: it
-         * reads the weights the update changes. */
-        if (ex->sliced && cls->igrad) {
+         * computed. Updated during backward (ex->rows), the input gradient comes first:
+         * it reads the weights the update changes. x_done: the layer's weights are read. */
+        const int igrad_first = ex->rows && cls->igrad;
+        if (igrad_first) {
             PST_TRY(cls->igrad(d->inst[l], s, d->rows));
             PST_TRY(pst_event_record(d->x_done[l], s));
         }
@@ -858,10 +857,11 @@ static pst_status enqueue_compute(tr_exec *ex, exec_dev *d, long step, int micro
             for (int k = 0; k < ex->chunks[c].nblk; k++)
                 PST_TRY(pst_event_record(d->grad_done[done[k]], s));
         }
-        if (cls->igrad && !ex->sliced)
-            PST_TRY(cls->igrad(d->inst[l], s, d->rows));
-        if (!ex->sliced || !cls->igrad)
+        if (!igrad_first) {
+            if (cls->igrad)
+                PST_TRY(cls->igrad(d->inst[l], s, d->rows));
             PST_TRY(pst_event_record(d->x_done[l], s));
+        }
         exec_mark_end(s, sp);
     }
     return PST_OK;

@@ -90,9 +90,9 @@ struct tr_exec {
                                     * (training alone on CPU), after backward read them */
     int in_place;                  /* the link updates the shared weights itself (direct,
                                     * fp32) */
-    int sliced;                    /* in place, and made during backward, tile by tile, as
-                                    * each tile of weight-gradient rows is final (rows_final) */
-    struct exec_rows *rows;        /* (L) sliced: the layers' rows_done arguments */
+    struct exec_rows *rows;        /* (L) or NULL: the update in place is made during
+                                    * backward, tile by tile, as each tile of weight-gradient
+                                    * rows is final (rows_final); the layers' arguments */
     pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
     size_t psize;                  /* its bytes */
     int lowp;                      /* pdt is bf16 or fp16: layers compute from wbuf */

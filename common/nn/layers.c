@@ -44,6 +44,12 @@ void pst_linear_forward(float *out, const float *inp, const float *weight, const
     pst_linear_forward_cols(out, inp, weight, bias, B, IC, OC, relu, 0, OC);
 }
 
+int pst_row_tile_end(int r, int end)
+{
+    const int e = r - r % PST_ROW_TILE + PST_ROW_TILE; /* the end of r's tile */
+    return e < end ? e : end;
+}
+
 void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,
                                      const float *inp, int B, int IC, int OC, int accumulate,
                                      int j0, int j1)
@@ -63,8 +69,7 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
      * (layers.h: the same calls whatever the slice). */
     if (B > 0) {
         for (int r = j0, e; r < j1; r = e) {
-            e = r - r % PST_ROW_TILE + PST_ROW_TILE; /* the end of r's tile */
-            e = e < j1 ? e : j1;
+            e = pst_row_tile_end(r, j1);
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, e - r, IC, B, 1.0f, dout + r,
                         OC, inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)r * IC, IC);
         }

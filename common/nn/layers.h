@@ -30,6 +30,8 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
  * 512 get other bits than from one call), so fixed tiles are what make the bits independent of how a layer is cut
  * into chunks or threads; at 256 rows they cost no speed here. */
 #define PST_ROW_TILE 256
+/* The end of row r's tile, or `end` when that comes first. */
+int pst_row_tile_end(int r, int end);
 
 /* Slices of the two kernels above, for splitting a layer over threads (same arithmetic
  * per element): columns [j0, j1) of out; rows [j0, j1) of dweight and dbias (j0 and j1,

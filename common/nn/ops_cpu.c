@@ -48,8 +48,7 @@ static void linear_bwd_part(void *arg, int part, int nparts)
                                             a->accumulate, r0 + (int)lo, r0 + (int)hi);
         } else { /* tile by tile (the same calls: layers.h), each handed on while in cache */
             for (int r = r0 + (int)lo, e; r < r0 + (int)hi; r = e) {
-                e = r - r % PST_ROW_TILE + PST_ROW_TILE;
-                e = e < r0 + (int)hi ? e : r0 + (int)hi;
+                e = pst_row_tile_end(r, r0 + (int)hi);
                 pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC,
                                                 a->OC, a->accumulate, r, e);
                 a->rows_done(a->rows_arg, r, e);
