@@ -3,6 +3,10 @@
 # 25M fp32 parameters (100 MB pushed and 100 MB pulled per trainer per step) — against
 # the PyTorch RPC parameter-server peer (../shared/peers/torch_rpc_ps.py, same sizes,
 # plain SGD), alternating, RUNS times each; then iperf3's loopback figure for scale.
+# Both sides run with and without their same-host shared memory: pstrain with --shm auto
+# (its default: payloads through shared memory) and --shm off (payloads in the gRPC
+# calls, as between hosts), the peer with TensorPipe's tcp transport and its auto choice
+# (shm transport + cma channel). The headline ratio is against the peer's faster one.
 # Prints JSON lines: every run, then the medians and the ratio of step-time medians.
 # Not a test: it reports, it never gates. Needs iperf3 (apt-get install iperf3).
 #
@@ -26,14 +30,18 @@ bench_blas_core "$build"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 bench_header ps_sync "\"precision\":\"$precision\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
-  "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- "$build/bin/trainer" \
-    --model synthetic --params "$params" --steps "$steps" --optimizer sgd --lr 0.01 \
-    --precision "$precision" \
-    --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
-  echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
-  "$BENCH_PY" "$peer" --params "$params" --steps "$steps" --transport tcp 2>/dev/null \
-    | tail -n 1 > "$tmp/t$i.json"
-  echo "{\"run\":$i,\"who\":\"torch_rpc\",\"result\":$(cat "$tmp/t$i.json")}"
+  for shm in auto off; do
+    PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- \
+      "$build/bin/trainer" --model synthetic --params "$params" --steps "$steps" \
+      --optimizer sgd --lr 0.01 --precision "$precision" \
+      --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$shm$i.json"
+    echo "{\"run\":$i,\"who\":\"pstrain\",\"shm\":\"$shm\",\"result\":$(cat "$tmp/p$shm$i.json")}"
+  done
+  for transport in tcp auto; do
+    "$BENCH_PY" "$peer" --params "$params" --steps "$steps" --transport "$transport" \
+      2>/dev/null | tail -n 1 > "$tmp/t$transport$i.json"
+    echo "{\"run\":$i,\"who\":\"torch_rpc\",\"transport\":\"$transport\",\"result\":$(cat "$tmp/t$transport$i.json")}"
+  done
 done
 "$BENCH_PEERS/iperf3_loopback.sh" 3 15201 1 2>/dev/null | head -n 1 > "$tmp/iperf.json" || true
 iperf=$(cat "$tmp/iperf.json")
@@ -42,15 +50,22 @@ import json, statistics, sys
 d, n, params, iperf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 esize = int(sys.argv[5])
 load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
-p, t = load("p"), load("t")
-pm = statistics.median(r["step_ms_median"] for r in p)
-tm = statistics.median(r["step_ms_median"] for r in t)
+med = lambda runs: statistics.median(r["step_ms_median"] for r in runs)
+pm, pc = med(load("pauto")), med(load("poff"))
+tt, ta = load("ttcp"), load("tauto")
+ttm, tam = med(tt), med(ta)
+best = min(ttm, tam)
 # push + pull of every trainer, like the peer's push_pull_GBps (1e9 B/s)
 gbps = 2 * 2 * params * esize / (pm / 1e3) / 1e9
-out = {"pstrain_step_ms_median": pm, "torch_rpc_step_ms_median": tm,
-       "speedup_vs_torch_rpc": round(tm / pm, 3),
+out = {"pstrain_step_ms_median": pm, "pstrain_shm_off_step_ms_median": pc,
+       "torch_rpc_tcp_step_ms_median": ttm, "torch_rpc_auto_step_ms_median": tam,
+       "speedup_vs_torch_rpc": round(best / pm, 3),
+       "speedup_vs_torch_rpc_tcp": round(ttm / pm, 3),
+       "speedup_vs_torch_rpc_auto": round(tam / pm, 3),
+       "speedup_shm_off_vs_torch_rpc_tcp": round(ttm / pc, 3),
        "pstrain_push_pull_GBps": round(gbps, 2),
-       "torch_rpc_push_pull_GBps_median": statistics.median(r["push_pull_GBps"] for r in t)}
+       "torch_rpc_push_pull_GBps_median": statistics.median(
+           r["push_pull_GBps"] for r in (tt if ttm <= tam else ta))}
 if iperf != "null":
     i = json.loads(iperf)
     out["iperf3_1stream_GBps"] = i["GBps"]

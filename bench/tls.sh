@@ -4,7 +4,9 @@
 # alternating RUNS times: plaintext, TLS (the pserver's certificate verified by the
 # trainers) and mutual TLS (client certificates too), all with a token. Certificates are
 # made at run time by tests/tls/make_certs.sh. Reports the medians of step_ms_median and
-# their ratios to plaintext. Not a test.
+# their ratios to plaintext. Not a test. --shm off for all three: the payloads go in the
+# calls, through TLS, as between hosts (on one host they would skip it through shared
+# memory).
 #
 # usage: bench/tls.sh [BUILD_DIR=build] [RUNS=3] [STEPS=20] [PARAMS=25000000]
 set -euo pipefail
@@ -21,7 +23,7 @@ bash "$here/tests/tls/make_certs.sh" "$tmp"
 echo "bench-token-$RANDOM$RANDOM" > "$tmp/token"
 bench_header tls "\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
 job() { # job plain|tls|mtls: trainer 0's summary
-  local v=(PSTRAIN_TOKEN_FILE="$tmp/token")
+  local v=(PSTRAIN_TOKEN_FILE="$tmp/token" PSTRAIN_SHM=off)
   case "$1" in
     tls) v+=(PSTRAIN_TLS_CERT="$tmp/server.pem" PSTRAIN_TLS_KEY="$tmp/server.key"
              PSTRAIN_TLS_CA="$tmp/ca.pem") ;;

@@ -146,6 +146,17 @@ static pst_status parse_on_failure(pst_config *cfg, const char *v, const char *w
     return PST_OK;
 }
 
+static pst_status parse_shm(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    if (strcasecmp(v, "auto") == 0)
+        cfg->shm = 1;
+    else if (strcasecmp(v, "off") == 0)
+        cfg->shm = 0;
+    else
+        return bad(where, v, "expected auto or off", ex);
+    return PST_OK;
+}
+
 static pst_status parse_pipe_schedule(pst_config *cfg, const char *v, const char *where,
                                       const char *ex)
 {
@@ -367,6 +378,7 @@ static const opt options[] = {
     {"max-calls", "PSTRAIN_MAX_CALLS", NULL, NULL, "65536", "pserver: calls alive at once; more are refused RESOURCE_EXHAUSTED", R_PSERVER, OPT_INT, F(max_calls), 16, 1 << 24, NULL},
     {"max-wait-ms", "PSTRAIN_MAX_WAIT_MS", NULL, NULL, "3600000", "pserver: a call (a pull waiting for a step, an Init waiting for trainer 0) unanswered this long is ended DEADLINE_EXCEEDED (Watch excepted)", R_PSERVER, OPT_LONG, F(max_wait_ms), 1000, 86400000, NULL},
     {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
+    {"shm", "PSTRAIN_SHM", NULL, NULL, "off", "sync payloads between a trainer and a pserver on the same host: auto (through shared memory when both can map it, else in the calls) or off (always in the calls)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_shm},
     {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
     {"test-crash", "PSTRAIN_TEST_CRASH", NULL, NULL, "12", "test hook: the trainer dies (_exit(3), no Finish) as it starts this step (-1: never)", R_TRAINER, OPT_LONG, F(test_crash_step), -1, 1e12, NULL},
@@ -511,6 +523,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->mode = PST_MODE_SYNC;
     cfg->block_bytes = 4u << 20;
     cfg->send_window = 8u << 20;
+    cfg->shm = 1;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
     cfg->connect_timeout_ms = 30000;
@@ -913,5 +926,6 @@ void pst_config_print(FILE *out, const pst_config *cfg)
             cfg->peer_timeout_ms);
     json_str(out, "on_failure", cfg->on_failure == PST_ON_FAILURE_WAIT ? "wait" : "fail", &first);
     fprintf(out, ",\"recovery_timeout_ms\":%ld", cfg->recovery_timeout_ms);
+    json_str(out, "shm", cfg->shm ? "auto" : "off", &first);
     fputs("}\n", out);
 }

@@ -106,6 +106,8 @@ typedef struct pst_config {
                                                     * answers no keepalive ping for this
                                                     * long is gone */
     int on_failure;                                /* PST_ON_FAILURE_* */
+    int shm;                                       /* 1: sync payloads through shared
+                                                    * memory on one host (rpc/shm.h) */
     /* pserver limits (each refusal names its limit; the pserver keeps serving) */
     long max_params;                               /* parameters held (Init refused above) */
     int max_calls;                                 /* calls alive at once */

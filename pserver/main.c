@@ -166,6 +166,7 @@ int main(int argc, char **argv)
                  cfg.recovery_timeout_ms, lost);
         ps_service_on_failure(svc, wait, cfg.peer_timeout_ms, init_by, why);
         ps_service_limits(svc, (uint64_t)cfg.max_params);
+        ps_service_shm(svc, cfg.shm);
         if (prom)
             ps_service_prom(svc, &prom_counters);
         pthread_mutex_lock(&view.mu);

@@ -21,6 +21,7 @@
 #include "common/nn/optim.h"
 #include "pserver/shard.h"
 #include "pserver/store.h"
+#include "rpc/shm.h"
 
 #define MAX_PARKED 4096
 #define PS_MAX_BLOCKS (1 << 20) /* blocks per pserver (an Init with more is refused) */
@@ -95,6 +96,13 @@ struct ps_service {
                                    * block's lock, and mu is taken before block locks):
                                    * microseconds of pst_clock_s() of the newest
                                    * checkpoint written, or of the store's making */
+    /* same host (rpc/shm.h): each trainer's segment, mapped at its Init. A newer Init's
+     * segment replaces the entry; the older stays mapped until the service is freed, as a
+     * call of the trainer's previous process may still be reading it. */
+    int shm_enabled;
+    rpc_shm **shm;                /* (num_trainers) atomic entries; NULL until the first */
+    rpc_shm **shm_retired;
+    size_t nshm_retired;
     /* limits */
     uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
     size_t max_block;             /* atomic: the largest block's length (after Init) */
@@ -107,6 +115,7 @@ typedef struct pull_ctx {
     rpc_call *call;
     double arrived;               /* pst_clock_s() when it came (PullReply.held_us) */
     pst_dtype dtype;
+    unsigned char *slot;          /* answer into this pull slot of the trainer's segment */
     void *buf;                    /* cast or copy of the values (async or not f32) */
     size_t cap;                   /* bytes allocated at buf, kept across reuses */
     struct pull_ctx *next;        /* in svc->pull_free */
@@ -124,6 +133,7 @@ pst_status ps_service_init(ps_service **out)
     pthread_mutex_init(&svc->mu, NULL);
     pthread_cond_init(&svc->cv, NULL);
     pthread_mutex_init(&svc->pull_mu, NULL);
+    svc->shm_enabled = 1;
     *out = svc;
     return PST_OK;
 }
@@ -138,6 +148,17 @@ void ps_service_free(ps_service *svc)
     free(svc->joined);
     free(svc->block_ids);
     free(svc->specs);
+    for (uint32_t t = 0; svc->shm && t < svc->num_trainers; t++)
+        if (svc->shm[t]) {
+            rpc_shm_free(svc->shm[t]);
+            free(svc->shm[t]);
+        }
+    for (size_t i = 0; i < svc->nshm_retired; i++) {
+        rpc_shm_free(svc->shm_retired[i]);
+        free(svc->shm_retired[i]);
+    }
+    free(svc->shm);
+    free(svc->shm_retired);
     for (int k = 0; k < 2; k++) {
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
@@ -345,6 +366,56 @@ void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
 void ps_service_limits(ps_service *svc, uint64_t max_params)
 {
     svc->max_params = max_params;
+}
+
+void ps_service_shm(ps_service *svc, int enabled)
+{
+    svc->shm_enabled = enabled != 0;
+}
+
+/* The segment of trainer t (NULL: none). Any thread; the entry is published once mapped. */
+static const rpc_shm *trainer_shm(ps_service *svc, uint32_t t)
+{
+    rpc_shm **all = __atomic_load_n(&svc->shm, __ATOMIC_ACQUIRE);
+    return all && t < svc->num_trainers ? __atomic_load_n(&all[t], __ATOMIC_ACQUIRE) : NULL;
+}
+
+/* Maps the segment a sync trainer offers in its Init (rpc/shm.h); returns whether the
+ * trainer may use it. A segment that cannot be mapped (another host or container, or not
+ * the trainer's) is no error: the payloads stay in the calls. Called with svc->mu held. */
+static int attach_shm_locked(ps_service *svc, const Pstrain__InitRequest *req)
+{
+    const uint32_t t = req->trainer_id;
+    if (!req->shm_name || !req->shm_name[0] || !svc->shm_enabled || !svc->sync ||
+        t >= svc->num_trainers)
+        return 0;
+    if (!svc->shm) {
+        rpc_shm **all = calloc(svc->num_trainers, sizeof *all);
+        if (!all)
+            return 0;
+        __atomic_store_n(&svc->shm, all, __ATOMIC_RELEASE);
+    }
+    rpc_shm *seg = malloc(sizeof *seg);
+    rpc_shm **retired = realloc(svc->shm_retired, (svc->nshm_retired + 1) * sizeof *retired);
+    if (retired)
+        svc->shm_retired = retired;
+    if (!seg || !retired) {
+        free(seg);
+        return 0;
+    }
+    if (rpc_shm_attach(seg, req->shm_name, req->shm_nonce,
+                       ps_store_total_length(svc->store)) != PST_OK) {
+        PST_INFO("trainer %u: payloads in the calls, not in shared memory: %s", t,
+                 pst_error_detail());
+        free(seg);
+        return 0;
+    }
+    rpc_shm *old = svc->shm[t];
+    if (old)
+        svc->shm_retired[svc->nshm_retired++] = old;
+    __atomic_store_n(&svc->shm[t], seg, __ATOMIC_RELEASE);
+    PST_INFO("trainer %u is on this host: payloads through shared memory", t);
+    return 1;
 }
 
 size_t ps_service_max_request(void *arg, rpc_method m, const char **why)
@@ -580,6 +651,7 @@ static void answer_init(ps_service *svc, rpc_call *call)
     svc->joined[req->trainer_id] = 1;
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
+    reply.shm = attach_shm_locked(svc, req);
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 
@@ -658,12 +730,18 @@ static void handle_init(ps_service *svc, rpc_call *call)
 
 typedef struct push_fill {
     const rpc_payload *payload;
+    const unsigned char *slot; /* the payload in the trainer's segment instead (rpc/shm.h) */
     pst_dtype dtype;
 } push_fill;
 
 static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
+    if (f->slot) {
+        pst_cast(dst, PST_F32, f->slot + (size_t)first * pst_dtype_size(f->dtype), f->dtype,
+                 length);
+        return PST_OK;
+    }
     return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
 }
 
@@ -671,7 +749,30 @@ static pst_status fill_raw_from_payload(void *arg, void *dst, uint64_t first, ui
 {
     push_fill *f = arg;
     const size_t es = pst_dtype_size(f->dtype);
+    if (f->slot) {
+        memcpy(dst, f->slot + (size_t)first * es, (size_t)length * es);
+        return PST_OK;
+    }
     return rpc_payload_read(f->payload, (size_t)first * es, dst, (size_t)length * es);
+}
+
+/* A block's push or pull slot in trainer t's segment, for a call that says shm; fails the
+ * call's status with why there is none. */
+static pst_status shm_slot(ps_service *svc, ps_store *store, uint32_t t, uint32_t block,
+                           int pull, unsigned char **out)
+{
+    const rpc_shm *seg = trainer_shm(svc, t);
+    uint64_t off = 0, len = 0;
+    if (!seg)
+        return pst_error_set(PST_ERR_STATE, "%s of block %u in shared memory: trainer %u set "
+                             "none up with this pserver (its Init's reply said so); send the "
+                             "payload in the call", pull ? "Pull" : "Push", block, t);
+    if (!ps_store_block_place(store, block, &off, &len))
+        return pst_error_set(PST_ERR_NOT_FOUND, "%s of block %u: no such block on this "
+                             "pserver", pull ? "Pull" : "Push", block);
+    *out = pull ? rpc_shm_pull_slot(seg, off, len) : rpc_shm_push_slot(seg, off, len);
+    return *out ? PST_OK : pst_error_set(PST_ERR_INTERNAL, "block %u outside trainer %u's "
+                                         "shared memory", block, t);
 }
 
 static ps_store *store_or_fail(ps_service *svc, rpc_call *call)
@@ -699,7 +800,18 @@ static void handle_push(ps_service *svc, rpc_call *call)
                            "finished trainer can only Finish again", req->block, req->trainer_id);
     if (st == PST_OK)
         st = rpc_dtype_from_wire(req->dtype, &f.dtype);
-    if (st == PST_OK)
+    if (st == PST_OK && req->shm && f.payload && f.payload->bytes)
+        st = pst_error_set(PST_ERR_FORMAT, "Push of block %u: a payload in the call and in "
+                           "shared memory", req->block);
+    else if (st == PST_OK && req->shm) {
+        unsigned char *slot = NULL;
+        st = shm_slot(svc, store, req->trainer_id, req->block, 0, &slot);
+        if (st == PST_OK && req->length != ps_store_block_length(store, req->block))
+            st = pst_error_set(PST_ERR_FORMAT, "Push of block %u: %llu elements, the block "
+                               "has %llu", req->block, (unsigned long long)req->length,
+                               (unsigned long long)ps_store_block_length(store, req->block));
+        f.slot = slot;
+    } else if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
     int dup = 0;
     if (st == PST_OK && f.dtype == PST_BF16 && (req->scale == 0.0f || req->scale == 1.0f))
@@ -717,7 +829,9 @@ static void handle_push(ps_service *svc, rpc_call *call)
     }
     if (svc->prom) {
         pst_prom_add(svc->prom->pushes_ok, 1);
-        pst_prom_add(svc->prom->received, f.payload ? (double)f.payload->bytes : 0.0);
+        pst_prom_add(svc->prom->received,
+                     f.slot ? (double)(req->length * pst_dtype_size(f.dtype))
+                            : f.payload ? (double)f.payload->bytes : 0.0);
     }
     Pstrain__PushReply reply = PSTRAIN__PUSH_REPLY__INIT;
     reply.duplicate = dup != 0;
@@ -885,6 +999,18 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     /* The store's low-precision copy of this version, when it is in the dtype wanted. */
     const void *src = p->dtype == PST_F32 ? (const void *)values
                       : lowp && p->dtype == p->svc->lowp ? lowp : NULL;
+    if (p->slot) { /* sync: the trainer reads the slot only after this answer */
+        if (src)
+            memcpy(p->slot, src, bytes);
+        else {
+            pst_cast(p->slot, p->dtype, values, PST_F32, length);
+            __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
+        }
+        reply.shm = 1;
+        rpc_call_reply(p->call, &reply.base, NULL, 0, NULL, NULL);
+        release_pull(p);
+        return;
+    }
     if (p->svc->sync && src) {
         /* Zero copy: in sync mode a block's values (and their low-precision copy) change
          * only when every trainer has pushed the next step, and a trainer pushes it only
@@ -939,6 +1065,8 @@ static void handle_pull(ps_service *svc, rpc_call *call)
         return;
     }
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);
+    if (st == PST_OK && req->shm)
+        st = shm_slot(svc, store, req->trainer_id, req->block, 1, &p->slot);
     if (st == PST_OK)
         st = ps_store_pull(store, req->block, req->version, &p->waiter, answer_pull, p);
     if (st != PST_OK) {
@@ -1216,8 +1344,37 @@ static void handle_finish(ps_service *svc, rpc_call *call)
         }
     }
     pthread_mutex_lock(&svc->mu);
-    const int stale = svc->wait_mode && req->early && !svc->joined[req->trainer_id];
+    const uint32_t id = req->trainer_id;
+    const int stale = svc->wait_mode && req->early && !svc->joined[id];
+    /* --on-failure wait: a trainer that joined this store but leaves before its first step
+     * in it, to start a new run at once (its pservers disagreed on the step, one of them was
+     * rolling back), pushed nothing here: it is let go and joins again with its next Init.
+     * Rolling back for it would fail the trainers that already train on this store, who
+     * would then leave the stores they had just joined elsewhere: the stores would roll
+     * back one after the other for ever. Not trainer 0: its Init made the store, and its
+     * next one may offer other checkpoints (a fallback), which needs a new store. */
+    const int lets_go = !stale && svc->wait_mode && req->early && req->step < 0 &&
+                        req->rejoins && id != 0 && !svc->finished[id];
+    rpc_call *watch = NULL;
+    if (lets_go) {
+        svc->joined[id] = 0;
+        watch = svc->watch[id];
+        svc->watch[id] = NULL;
+        pthread_cond_broadcast(&svc->cv); /* a rollback may wait for no one else now */
+    }
     pthread_mutex_unlock(&svc->mu);
+    if (lets_go) {
+        PST_INFO("trainer %u left before its first step here to start again (%s): it joins "
+                 "again with its next Init; nothing to roll back", id,
+                 req->reason && req->reason[0] ? req->reason : "no reason given");
+        if (watch) {
+            Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
+            rpc_call_reply(watch, &wr.base, NULL, 0, NULL, NULL);
+        }
+        Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
+        rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+        return;
+    }
     if (stale) {
         /* --on-failure wait: an early Finish of a trainer that has not joined this store
          * is from its run before the rollback, which is over: nothing to do. */

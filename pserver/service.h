@@ -56,6 +56,9 @@ void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, doub
 /* Limits: an Init that would make this pserver hold more than max_params parameters is
  * refused before anything is allocated (0: none). Call before serving. */
 void ps_service_limits(ps_service *svc, uint64_t max_params);
+/* Same-host payloads (rpc/shm.h): 1 maps the segment a sync trainer offers in its Init,
+ * when it can; 0 never does (payloads stay in the calls). Default 1. Call before serving. */
+void ps_service_shm(ps_service *svc, int enabled);
 /* rpc_server_config.max_request: the largest Init (max_params values and the block list)
  * and Push (the largest block in f32, once trainer 0's Init is in; the header alone
  * before) body accepted; 0 for the others. */

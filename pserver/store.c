@@ -1094,6 +1094,17 @@ uint64_t ps_store_block_length(const ps_store *st, uint32_t block)
     return b ? b->length : 0;
 }
 
+int ps_store_block_place(const ps_store *st, uint32_t block, uint64_t *shard_off,
+                         uint64_t *length)
+{
+    const ps_block *b = find_block(st, block);
+    if (!b)
+        return 0;
+    *shard_off = b->shard_off;
+    *length = b->length;
+    return 1;
+}
+
 uint64_t ps_store_total_length(const ps_store *st)
 {
     return st->total_length;

@@ -283,6 +283,10 @@ pst_status ps_store_read(ps_store *st, uint32_t block, float *dst, int64_t *vers
 
 /* The block's length in elements, or 0 when the block is not on this pserver. */
 uint64_t ps_store_block_length(const ps_store *st, uint32_t block);
+/* Where the block is in the shard (its blocks in the configured order): its first element
+ * and its length. Returns 0 when the block is not on this pserver. */
+int ps_store_block_place(const ps_store *st, uint32_t block, uint64_t *shard_off,
+                         uint64_t *length);
 
 /* Sum of the lengths of all blocks (the length of `initial`). */
 uint64_t ps_store_total_length(const ps_store *st);

@@ -232,9 +232,9 @@ static int run(const char *const argv[], const char *const env[], int timeout_ms
 {
     proc *p = proc_start(argv, env);
     int done = proc_wait(p, timeout_ms);
+    char *o = slurp(p->out_path), *e = slurp(p->err_path); /* what a hung child wrote too */
     if (!done)
         proc_cleanup(p);
-    char *o = slurp(p->out_path), *e = slurp(p->err_path);
     cr_assert(done, "%s did not exit within %d ms; stderr:\n%s", argv[0], timeout_ms, e);
     cr_assert(WIFEXITED(p->status), "%s died with wait status 0x%x; stderr:\n%s", argv[0],
               p->status, e);
@@ -1395,7 +1395,15 @@ Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240
     const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
                            NULL};
     cr_assert_neq(run_ckpt(dist, crash, dir, NULL, NULL), 0);
-    snprintf(shard, sizeof shard, "%s/pserver-1/step-000000000010.ckpt", dir);
+    /* The newest checkpoint is 10, or 11 when trainer 1 crashed first and pslaunch's
+     * SIGTERM made trainer 0 write one of step 11: the job then falls back to the one
+     * before. */
+    char other[160];
+    snprintf(shard, sizeof shard, "%s/pserver-1/step-000000000011.ckpt", dir);
+    snprintf(other, sizeof other, "%s/pserver-0/step-000000000011.ckpt", dir);
+    const int newest = access(shard, R_OK) == 0 && access(other, R_OK) == 0 ? 11 : 10;
+    const int before = newest == 11 ? 10 : 5;
+    snprintf(shard, sizeof shard, "%s/pserver-1/step-%012d.ckpt", dir, newest);
     FILE *f = fopen(shard, "r+b");
     cr_assert_not_null(f, "%s: %s", shard, strerror(errno));
     cr_assert_eq(fseek(f, 3000, SEEK_SET), 0);
@@ -1409,10 +1417,14 @@ Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240
     char *out, *err;
     int rc = run_ckpt(wait, every, dir, &out, &err);
     cr_assert_eq(rc, 0, "exit %d:\n%s", rc, err);
-    cr_assert(strstr(err, "step-000000000010.ckpt") && strstr(err, "checksum"), "%s", err);
+    char text[64];
+    snprintf(text, sizeof text, "step-%012d.ckpt", newest);
+    cr_assert(strstr(err, text) && strstr(err, "checksum"), "%s", err);
     cr_assert(strstr(err, "the pservers hold different steps"), "%s", err);
-    cr_assert(strstr(err, "offers the pservers checkpoints up to step 5"), "%s", err);
-    cr_assert(strstr(err, "[trainer 0]") && strstr(err, "resuming at step 5 of 30"), "%s", err);
+    snprintf(text, sizeof text, "offers the pservers checkpoints up to step %d", before);
+    cr_assert(strstr(err, text), "%s", err);
+    snprintf(text, sizeof text, "resuming at step %d of 30", before);
+    cr_assert(strstr(err, "[trainer 0]") && strstr(err, text), "%s", err);
     cr_assert(!strstr(err, "starting trainer") && !strstr(err, "starting pserver"), "%s", err);
     const param_hash got = summary_hash(out);
     cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after the fallback");
@@ -2950,6 +2962,189 @@ Test(cluster, init_without_trainer_0_is_answered_with_the_reason)
     cr_assert(proc_wait(t0, RUN_WAIT_MS) && proc_wait(t1, RUN_WAIT_MS), "the job did not end");
     cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 0);
     cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 0);
+    pserver_stop(ps);
+}
+
+/* Same host: the payloads go through shared memory (rpc/shm.h) unless --shm off, and the
+ * job's bits are the same either way, in fp32 and in bf16 (2 pservers x 2 trainers, and
+ * the local run's bits in fp32). */
+Test(cluster, shared_memory_payloads_give_the_bits_of_the_calls, .timeout = 240)
+{
+    const char *local[] = {TRAINER, DEVICE_FLAGS, NULL};
+    const param_hash alone = summary_hash_of(local, "cpu:2"); /* the batch split in 2 */
+    const char *precisions[] = {"fp32", "bf16"};
+    for (int k = 0; k < 2; k++) {
+        const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                              "--", TRAINER, DEVICE_FLAGS, "--precision", precisions[k],
+                              "--log-level", "info", NULL};
+        param_hash h[2];
+        for (int off = 0; off < 2; off++) {
+            const char *env[] = {"PSTRAIN_DEVICES=cpu:1",
+                                 off ? "PSTRAIN_SHM=off" : "PSTRAIN_SHM=auto", NULL};
+            char *out, *err;
+            int rc = run(argv, env, RUN_WAIT_MS + 30000, &out, &err);
+            cr_assert_eq(rc, 0, "%s, shm %s: exit %d\n%s", precisions[k], off ? "off" : "auto",
+                         rc, err);
+            h[off] = summary_hash(out);
+            const char *said = strstr(err, "is on this host: payloads through shared memory");
+            cr_assert(off ? !said : said != NULL, "%s, shm %s:\n%s", precisions[k],
+                      off ? "off" : "auto", err);
+            if (!off) /* both trainers, on both pservers */
+                for (int t = 0; t < 2; t++)
+                    for (int ps = 0; ps < 2; ps++) {
+                        char line[96];
+                        snprintf(line, sizeof line, "pserver[%d]: trainer %d is on this host",
+                                 ps, t);
+                        cr_assert(strstr(err, line), "no \"%s\":\n%s", line, err);
+                    }
+            free(out);
+            free(err);
+        }
+        cr_assert_str_eq(h[0].hex, h[1].hex, "%s: param_hash %s through shared memory, %s in "
+                         "the calls", precisions[k], h[0].hex, h[1].hex);
+        if (k == 0)
+            cr_assert_str_eq(h[0].hex, alone.hex, "fp32: %s in the cluster, %s alone",
+                             h[0].hex, alone.hex);
+    }
+}
+
+/* A hostile or confused client and the shared memory: an Init naming what is not its
+ * segment is answered without it (reply shm false; the pserver maps nothing), and a Push
+ * or Pull that says its payload is in shared memory the pserver has none of is refused
+ * with the reason; the pserver then serves a normal exchange. */
+Test(cluster, shared_memory_it_cannot_map_is_refused_and_the_pserver_serves_on,
+     .timeout = 60)
+{
+    proc *ps;
+    int port = pserver_start_logging(&ps, "info");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    Pstrain__BlockSpec spec = PSTRAIN__BLOCK_SPEC__INIT;
+    spec.length = NB;
+    Pstrain__BlockSpec *specs[] = {&spec};
+    Pstrain__OptimConfig optim = PSTRAIN__OPTIM_CONFIG__INIT;
+    optim.kind = (char *)"sgd";
+    optim.lr = 1.0f;
+    optim.schedule = (char *)"constant";
+    Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
+    req.num_trainers = 1;
+    req.total_params = NB;
+    req.n_blocks = 1;
+    req.blocks = specs;
+    req.optim = &optim;
+    req.fingerprint = 7;
+    req.shm_name = (char *)"/proc/1/fd/0";
+    req.shm_nonce = 12345;
+    rpc_message *m = NULL;
+    EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_INIT, &req.base, initial, sizeof initial,
+                                  &m), PST_OK);
+    cr_assert(!((const Pstrain__InitReply *)rpc_message_header(m))->shm,
+              "the pserver says it mapped /proc/1/fd/0");
+    rpc_message_free(m);
+    Pstrain__PushRequest push = PSTRAIN__PUSH_REQUEST__INIT;
+    push.block = 0;
+    push.dtype = PSTRAIN__DTYPE__F32;
+    push.length = NB;
+    push.shm = 1;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_PUSH, &push.base, NULL, 0, &m);
+    cr_assert_eq(st, PST_ERR_STATE, "%s", pst_strerror(st));
+    cr_assert(strstr(pst_error_detail(), "Push of block 0 in shared memory: trainer 0 set "
+                     "none up with this pserver"), "%s", pst_error_detail());
+    Pstrain__PullRequest pull = PSTRAIN__PULL_REQUEST__INIT;
+    pull.version = 0;
+    pull.dtype = PSTRAIN__DTYPE__F32;
+    pull.shm = 1;
+    st = rpc_client_call(cl, 0, RPC_METHOD_PULL, &pull.base, NULL, 0, &m);
+    cr_assert_eq(st, PST_ERR_STATE, "%s", pst_strerror(st));
+    cr_assert(strstr(pst_error_detail(), "Pull of block 0 in shared memory"), "%s",
+              pst_error_detail());
+    float g[NB], w[NB], want[NB];
+    fill_block(g, 1.0f, 0.0f);
+    for (int i = 0; i < NB; i++)
+        want[i] = initial[i] - g[i];
+    EXPECT_STATUS(do_push(cl, 0, 0, g, NULL), PST_OK);
+    int64_t got = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, w, &got), PST_OK);
+    cr_assert_eq(memcmp(w, want, sizeof w), 0);
+    EXPECT_STATUS(do_finish(cl, 0), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit after the Finish");
+    char *err = slurp(ps->err_path);
+    cr_assert(strstr(err, "trainer 0: payloads in the calls, not in shared memory: shared "
+                          "memory /proc/1/fd/0"), "%s", err);
+    free(err);
+}
+
+static pst_status do_leave(rpc_client *cl, uint32_t trainer, int rejoins)
+{
+    Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
+    req.trainer_id = trainer;
+    req.early = 1;
+    req.step = -1;
+    req.reason = (char *)"the pservers hold different steps";
+    req.rejoins = rejoins != 0;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_FINISH, &req.base, NULL, 0, &m);
+    rpc_message_free(m);
+    return st;
+}
+
+/* --on-failure wait: a trainer other than trainer 0 that joined a store but leaves before
+ * its first step to start a new run (Finish early, step -1, rejoins) is let go: its next
+ * Init joins again and the job trains on, no rollback (rolling back for it made two
+ * pservers roll back one after the other for ever when a trainer's stale run joined one
+ * of them). Without rejoins, or from trainer 0, the store rolls back as before. */
+Test(cluster, trainer_leaving_before_its_first_step_to_rejoin_rolls_nothing_back,
+     .timeout = 60)
+{
+    proc *ps;
+    int port = pserver_start_env(&ps, "info", "PSTRAIN_ON_FAILURE=wait");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    init_job(cl, 2, 42);
+    init_args ia = {.trainer = 1, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 42};
+    int64_t v = -1;
+    EXPECT_STATUS(do_init(cl, &ia, &v), PST_OK);
+    EXPECT_STATUS(do_leave(cl, 1, 1), PST_OK);
+    /* The next run of trainer 1 joins the same store (a rollback would refuse it). */
+    EXPECT_STATUS(do_init(cl, &ia, &v), PST_OK);
+    cr_assert_eq(v, 0);
+    float g0[NB], g1[NB], w[NB], want[NB];
+    fill_block(g0, 1.0f, 0.0f);
+    fill_block(g1, 0.25f, 2.0f);
+    fill_block(want, 0.5f, 1.0f);
+    for (int i = 0; i < NB; i++)
+        want[i] -= g0[i] + g1[i]; /* sgd, lr 1: exact in these values */
+    EXPECT_STATUS(do_push(cl, 0, 0, g0, NULL), PST_OK);
+    EXPECT_STATUS(do_push(cl, 1, 0, g1, NULL), PST_OK);
+    int64_t got = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, w, &got), PST_OK);
+    cr_assert_eq(got, 1);
+    cr_assert_eq(memcmp(w, want, sizeof w), 0, "step 0 did not apply both gradients");
+    /* Without rejoins the departure stands: once trainer 0 has left too the store rolls
+     * back. */
+    EXPECT_STATUS(do_leave(cl, 1, 0), PST_OK);
+    EXPECT_STATUS(do_leave(cl, 0, 0), PST_OK);
+    char *err = NULL;
+    for (double until = now_ms() + 5000; now_ms() < until; sleep_ms(20)) {
+        free(err);
+        err = slurp(ps->err_path);
+        if (strstr(err, "rolling back (--on-failure wait)"))
+            break;
+    }
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(strstr(err, "trainer 1 left before its first step here to start again (the "
+                          "pservers hold different steps)"), "%s", err);
+    cr_assert(strstr(err, "rolling back (--on-failure wait)"), "%s", err);
+    const char *first_roll = strstr(err, "rolling back");
+    const char *let_go = strstr(err, "left before its first step");
+    cr_assert(let_go < first_roll, "rolled back before the second departure:\n%s", err);
+    free(err);
     pserver_stop(ps);
 }
 

@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -41,6 +43,7 @@
 #include "rpc/client.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
+#include "rpc/shm.h"
 #include "rpc/wire.h"
 #include "tests/raw_call.h"
 
@@ -1016,4 +1019,87 @@ Test(rpc, client_free_cancels_outstanding_calls, .timeout = 30)
         free(a[i].pulled);
     /* The server noticed the cancellations and still serves and shuts down cleanly. */
     finish_server(&sp, connect_to(&sp, 10000, 5000));
+}
+
+/* ---- shm: same-host segments (rpc/shm.h) --------------------------------------------- */
+
+/* A trainer's segment, attached by another process (the pserver's side) through its
+ * /proc/<pid>/fd/<fd> name: each sees what the other writes in a slot. */
+Test(shm, another_process_attaches_and_shares_the_slots, .timeout = 30)
+{
+    rpc_shm t;
+    cr_assert_eq(rpc_shm_create(&t, 1000), PST_OK, "%s", pst_error_detail());
+    float *push = rpc_shm_push_slot(&t, 100, 50);
+    cr_assert_not_null(push);
+    for (int i = 0; i < 50; i++)
+        push[i] = (float)i * 0.5f;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        rpc_shm p;
+        int ok = rpc_shm_attach(&p, t.name, t.nonce, 1000) == PST_OK;
+        const float *got = ok ? rpc_shm_push_slot(&p, 100, 50) : NULL;
+        for (int i = 0; ok && i < 50; i++)
+            ok = got[i] == (float)i * 0.5f;
+        float *pull = ok ? rpc_shm_pull_slot(&p, 100, 50) : NULL;
+        for (int i = 0; ok && i < 50; i++)
+            pull[i] = -(float)i;
+        rpc_shm_free(&p);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child could not attach "
+              "or read the push slot (status 0x%x)", status);
+    const float *pull = rpc_shm_pull_slot(&t, 100, 50);
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(pull[i], -(float)i, "pull slot element %d", i);
+    /* The pull slots follow all the push slots: no overlap. */
+    cr_assert_eq((const unsigned char *)pull - (const unsigned char *)push, 1000 * 4);
+    rpc_shm_free(&t);
+    cr_assert_null(t.base);
+}
+
+/* What is not the trainer's sealed segment is refused with why, and maps nothing: another
+ * nonce, a size too small for the blocks, an unsealed memfd, a file that is no memfd,
+ * names that are not /proc/<pid>/fd/<fd>; slots outside the shard are NULL. */
+Test(shm, what_is_not_the_trainers_segment_is_refused)
+{
+    rpc_shm t, p;
+    cr_assert_eq(rpc_shm_create(&t, 256), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce ^ 1, 256), PST_ERR_UNAVAILABLE);
+    cr_assert(strstr(pst_error_detail(), "another nonce"), "%s", pst_error_detail());
+    cr_assert_null(p.base);
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 257), PST_ERR_UNAVAILABLE);
+    cr_assert(strstr(pst_error_detail(), "the blocks need"), "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 256), PST_OK, "%s", pst_error_detail());
+    cr_assert_null(rpc_shm_push_slot(&p, 200, 57));
+    cr_assert_null(rpc_shm_pull_slot(&p, 257, 0));
+    cr_assert_not_null(rpc_shm_pull_slot(&p, 200, 56));
+    rpc_shm_free(&p);
+
+    int fd = memfd_create("unsealed", MFD_CLOEXEC);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(ftruncate(fd, (off_t)rpc_shm_bytes(256)), 0);
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), fd);
+    cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 256), PST_ERR_UNAVAILABLE);
+    cr_assert(strstr(pst_error_detail(), "sealed"), "%s", pst_error_detail());
+    close(fd);
+
+    fd = open("/etc/hostname", O_RDONLY);
+    if (fd >= 0) {
+        snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), fd);
+        cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 1), PST_ERR_UNAVAILABLE);
+        close(fd);
+    }
+    const char *bad[] = {"/etc/passwd", "/proc/self/fd/0", "/proc/1/fd/0/../../environ",
+                         "/proc/-3/fd/1", "", "/proc/999999999/fd/3"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(rpc_shm_attach(&p, bad[i], t.nonce, 256), PST_ERR_UNAVAILABLE, "%s",
+                     bad[i]);
+        cr_assert_null(p.base);
+    }
+    rpc_shm_free(&t);
+    rpc_shm_free(&t); /* an empty one is accepted */
 }

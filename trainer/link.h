@@ -91,6 +91,9 @@ struct tr_link {
      * every pserver (the in-process store) writes its shard of this version before
      * answering, and finish fails when one could not (0: none). */
     int64_t checkpoint_step;
+    /* Set by the caller before an early finish before step 0: this process starts a new
+     * run at once (--on-failure wait), so a pserver need not roll the job back for it. */
+    int rejoins;
     /* Set by start: the step the job resumes at (the version every block holds; 0 for a
      * fresh job). When start fails because the pservers hold different versions (one
      * could not use the newest checkpoint), versions_differ is 1 and start_version the

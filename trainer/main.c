@@ -45,15 +45,6 @@ static int exit_code(pst_status st)
     }
 }
 
-/* A failure a rollback can cure: a peer lost or restarting (its calls unavailable or past
- * their deadline, the job departed, a push the pserver no longer expects). Not: bad
- * configuration or data, a checkpoint that cannot be written, a signal. */
-static int recoverable(pst_status st)
-{
-    return !tr_stop_requested() && (st == PST_ERR_UNAVAILABLE || st == PST_ERR_TIMEOUT ||
-                                     st == PST_ERR_STATE || st == PST_ERR_RANGE);
-}
-
 /* Trains; with --on-failure wait a run that fails because a peer was lost is started
  * again in this process: every pserver rolls back to (and trainer 0 offers) the newest
  * complete checkpoint, so the survivors and the restarted peer go on from the same step
@@ -65,7 +56,7 @@ static pst_status recover_or_fail(const pst_config *cfg, tr_summary *sum)
     double give_up = 0; /* set at the first failure, moved on when a run makes progress */
     for (int attempt = 0;; attempt++) {
         pst_status st = tr_train(&run, sum);
-        if (st == PST_OK || cfg->on_failure != PST_ON_FAILURE_WAIT || !recoverable(st))
+        if (st == PST_OK || cfg->on_failure != PST_ON_FAILURE_WAIT || !tr_recoverable(st))
             return st;
         const double now = pst_clock_s();
         if (give_up == 0 || sum->steps > sum->first_step + 1)

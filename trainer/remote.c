@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "rpc/client.h"
+#include "rpc/shm.h"
 #include "rpc/transport.h"
 #include "rpc/global.h"
 
@@ -37,6 +38,7 @@ typedef struct block_ctx {
     void *dst;          /* the values: f32 at start, the precision's dtype in a step */
     pst_dtype dst_dtype;
     void *wire_grad;    /* the gradient cast to --grad-dtype (NULL: pushed as f32) */
+    uint64_t shard_off; /* its first element in its pserver's shard (the Init's order) */
     tr_exchange_fn done;
     void *done_arg;
     pthread_mutex_t mu; /* guards err */
@@ -120,6 +122,9 @@ struct tr_remote {
     Pstrain__WatchRequest watch;
     watch_arg wargs[PST_MAX_PSERVERS];
     atomic_int finishing;
+    /* same host, sync: each pserver's segment (rpc/shm.h), used when its Init said so */
+    rpc_shm shm[PST_MAX_PSERVERS];
+    int shm_on[PST_MAX_PSERVERS];
     /* leaving the job after a failed push (leave_on_push_failure) */
     atomic_int left;
     Pstrain__FinishRequest leave;
@@ -224,6 +229,14 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             ;
         pst_dtype dt;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
+        const int s = c->b->pserver;
+        const void *slot = rep->shm && c->r->shm_on[s]
+                               ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
+                               : NULL;
+        if (st == PST_OK && rep->shm && !slot)
+            st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
+                               "memory this trainer did not set up with it", c->b->id,
+                               rpc_client_server(c->r->client, s));
         if (st == PST_OK && rep->length != c->b->length)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
                                c->b->id, rpc_client_server(c->r->client, c->b->pserver),
@@ -233,7 +246,13 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
                                "for %s", c->b->id, rpc_client_server(c->r->client,
                                                                      c->b->pserver),
                                pst_dtype_name(dt), pst_dtype_name(c->dst_dtype));
-        if (st == PST_OK && c->dst_dtype != PST_F32) /* bf16/fp16 as they came */
+        if (st == PST_OK && slot) {
+            atomic_fetch_add(&c->r->pulled_bytes, c->b->length * pst_dtype_size(dt));
+            if (c->dst_dtype != PST_F32)
+                memcpy(c->dst, slot, c->b->length * pst_dtype_size(dt));
+            else
+                pst_cast(c->dst, PST_F32, slot, dt, c->b->length);
+        } else if (st == PST_OK && c->dst_dtype != PST_F32) /* bf16/fp16 as they came */
             st = rpc_payload_read(payload, 0, c->dst, c->b->length * pst_dtype_size(dt));
         else if (st == PST_OK)
             st = rpc_payload_read_f32(payload, dt, 0, c->dst, c->b->length);
@@ -250,6 +269,7 @@ static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
     c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
+    c->pull.shm = c->r->shm_on[c->b->pserver];
     c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
@@ -321,16 +341,23 @@ static void exchange_start(block_ctx *c)
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     c->times.push_start = pst_clock_s();
-    atomic_fetch_add(&r->pushed_bytes, c->b->length * pst_dtype_size(r->cfg->grad_dtype));
+    const size_t bytes = c->b->length * pst_dtype_size(r->cfg->grad_dtype);
+    atomic_fetch_add(&r->pushed_bytes, bytes);
     const void *payload = c->grad;
-    if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
+    void *slot = r->shm_on[c->b->pserver]
+                     ? rpc_shm_push_slot(&r->shm[c->b->pserver], c->shard_off, c->b->length)
+                     : NULL;
+    c->push.shm = slot != NULL;
+    if (slot) { /* the pserver reads it before it answers; the next write is the next step */
+        pst_cast(slot, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
+        payload = NULL;
+    } else if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
         pst_cast(c->wire_grad, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
         payload = c->wire_grad;
     }
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
-                                          payload,
-                                          c->b->length * pst_dtype_size(r->cfg->grad_dtype),
-                                          push_released, push_done, c);
+                                          payload, slot ? 0 : bytes, push_released, push_done,
+                                          c);
     if (st != PST_OK) {
         /* The release has run; done will not: the exchange ends here. */
         exchange_error(c, st, pst_error_detail());
@@ -393,6 +420,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
 typedef struct init_call {
     tr_remote *r;
     int64_t version;   /* the reply's */
+    int shm;           /* the reply's: the pserver mapped this trainer's segment */
     Pstrain__InitRequest req;
     Pstrain__BlockSpec *specs;
     Pstrain__BlockSpec **spec_ptrs;
@@ -413,8 +441,10 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
     const pst_config *cfg = ic->r->cfg;
     if (st != PST_OK)
         batch_error(ic->r, st, detail);
-    else
+    else {
         ic->version = ((const Pstrain__InitReply *)reply)->version;
+        ic->shm = ((const Pstrain__InitReply *)reply)->shm;
+    }
     (void)cfg;
     batch_done(ic->r);
 }
@@ -569,6 +599,13 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     if (!calls)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
     uint64_t fp = tr_settings_fingerprint(r->plan, r->cfg);
+    /* Sync: a segment per pserver, offered in the Init; a pserver on this host maps it. */
+    for (int s = 0; s < S && cfg->shm && cfg->mode == PST_MODE_SYNC; s++) {
+        rpc_shm_free(&r->shm[s]); /* (a start again after a failed one) */
+        if (rpc_shm_create(&r->shm[s], r->plan->pserver_elems[s]) != PST_OK)
+            PST_DEBUG("pserver %s: payloads in the calls: %s", rpc_client_server(r->client, s),
+                      pst_error_detail());
+    }
     for (int s = 0; s < S; s++) {
         init_call *ic = &calls[s];
         size_t nb = 0;
@@ -584,6 +621,10 @@ pst_status tr_remote_start(tr_remote *r, float *params)
             goto out;
         }
         fill_init(ic, r, s, params, fp);
+        if (r->shm[s].base) {
+            ic->req.shm_name = r->shm[s].name;
+            ic->req.shm_nonce = r->shm[s].nonce;
+        }
         size_t bytes = ic->initial ? r->plan->pserver_elems[s] * sizeof(float) : 0;
         batch_add(r, bytes ? 2 : 1);
         st = rpc_client_call_async(r->client, s, RPC_METHOD_INIT, &ic->req.base, ic->initial,
@@ -594,7 +635,16 @@ pst_status tr_remote_start(tr_remote *r, float *params)
             st = PST_OK;
         }
     }
-    if ((st = batch_wait(r)) != PST_OK || (st = start_version(r, calls)) != PST_OK)
+    st = batch_wait(r);
+    for (int s = 0; s < S; s++) {
+        r->shm_on[s] = st == PST_OK && calls[s].shm && r->shm[s].base;
+        if (r->shm_on[s])
+            PST_INFO("pserver %s is on this host: payloads through shared memory",
+                     rpc_client_server(r->client, s));
+        else
+            rpc_shm_free(&r->shm[s]);
+    }
+    if (st != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
     /* Everyone starts from the pservers' values (trainer 0's, or a checkpoint's). */
     for (int i = 0; i < r->plan->nblocks; i++) {
@@ -646,6 +696,7 @@ pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reas
     req.step = step;
     req.reason = (char *)(reason ? reason : "");
     req.checkpoint_step = r->base.checkpoint_step;
+    req.rejoins = early && step < 0 && r->base.rejoins;
     for (int s = 0; s < r->cfg->num_pservers; s++) {
         batch_add(r, 1);
         pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
@@ -777,10 +828,13 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
+    uint64_t shard_len[PST_MAX_PSERVERS] = {0};
     for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
         c->r = r;
         c->b = &r->plan->blocks[i];
+        c->shard_off = shard_len[c->b->pserver]; /* fill_init lists them in this order */
+        shard_len[c->b->pserver] += c->b->length;
         pthread_mutex_init(&c->mu, NULL);
         pstrain__push_request__init(&c->push);
         c->push.trainer_id = (uint32_t)cfg->trainer_id;
@@ -793,6 +847,7 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
             goto error;
         }
         pstrain__pull_request__init(&c->pull);
+        c->pull.trainer_id = (uint32_t)cfg->trainer_id;
         c->pull.block = c->b->id;
         c->pull.dtype = PSTRAIN__DTYPE__F32;
     }
@@ -835,6 +890,8 @@ void tr_remote_free(tr_remote *r)
     rpc_transport_free(r->transport);
     if (r->rpc_inited)
         rpc_global_shutdown();
+    for (int s = 0; s < PST_MAX_PSERVERS; s++)
+        rpc_shm_free(&r->shm[s]); /* no call is left to use them */
     for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
         pthread_mutex_destroy(&r->blocks[i].mu);
         free(r->blocks[i].wire_grad);

@@ -50,6 +50,12 @@ int tr_stop_requested(void)
     return stop_requested != 0;
 }
 
+int tr_recoverable(pst_status st)
+{
+    return !tr_stop_requested() && (st == PST_ERR_UNAVAILABLE || st == PST_ERR_TIMEOUT ||
+                                     st == PST_ERR_STATE || st == PST_ERR_RANGE);
+}
+
 static pst_status check_stop(void)
 {
     return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
@@ -721,6 +727,7 @@ error:
         /* Leaving early: the pservers tell the other trainers at once, with the reason. */
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        link->rejoins = cfg->on_failure == PST_ON_FAILURE_WAIT && tr_recoverable(st);
         link->ops->finish(link, 1, started ? step : -1, keep);
         pst_error_set(st, "%s", keep);
     }

@@ -66,6 +66,11 @@ pst_status tr_train(const pst_config *cfg, tr_summary *sum);
 void tr_request_stop(void);
 /* Whether tr_request_stop was called. */
 int tr_stop_requested(void);
+/* Whether a run that failed with st is one --on-failure wait starts again: a peer lost or
+ * restarting (its calls unavailable or past their deadline, the job departed, a push the
+ * pserver no longer expects). Not: bad configuration or data, a checkpoint that cannot be
+ * written, a signal. */
+int tr_recoverable(pst_status st);
 
 /* /metrics (common/prom.h): registers the trainer's metrics in r, which every later
  * tr_train updates as it trains (steps, loss, samples/s, the time split, bytes pushed and

@@ -1,0 +1,65 @@
+/* shm.h — payloads through shared memory between a trainer and a pserver on the same host.
+ *
+ * On one host a Push or Pull payload over loopback TCP is copied four times (into gRPC,
+ * into the kernel, out of it, out of gRPC). With a segment both map, a trainer writes its
+ * gradient where the pserver reads it and the pserver writes the values where the trainer
+ * reads them: the calls carry the headers only (TensorPipe's shm transport, BytePS's
+ * colocated servers do the same).
+ *
+ * The trainer makes one segment per pserver: a sealed memfd (it cannot shrink, so a mapping
+ * never faults) named to the pserver as /proc/<pid>/fd/<fd> in its Init, with a random
+ * nonce in its first bytes. The pserver maps it only when it can open that path, the file
+ * is a sealed memfd of the size the blocks need and the nonce matches: on another host or
+ * in another container it cannot, and the pair keeps the payloads in the calls.
+ *
+ * Layout of a shard of `total` elements (its blocks in the Init's order, block b at
+ * element `shard_off` of the shard): a header of RPC_SHM_HEADER bytes, then the push slots
+ * (4 bytes per element, whatever the dtype), then the pull slots (the same). A slot holds
+ * its block's elements packed in the call's dtype from the slot's start.
+ *
+ * Sync mode only: there a trainer writes a block's push slot again only after its pull of
+ * the step, and the pserver writes a pull slot only while the trainer waits for that pull.
+ *
+ * Not for: what goes in a call (rpc/wire.h), connections (rpc/client.h, rpc/server.h). */
+#ifndef PST_RPC_SHM_H
+#define PST_RPC_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+#define RPC_SHM_HEADER 64      /* bytes before the first slot (the nonce first) */
+#define RPC_SHM_NAME_MAX 64
+
+typedef struct rpc_shm {
+    unsigned char *base; /* the mapping; NULL: none */
+    size_t bytes;
+    uint64_t total;      /* elements of the shard */
+    int fd;              /* the trainer's memfd (-1 on the pserver, or none) */
+    char name[RPC_SHM_NAME_MAX]; /* /proc/<pid>/fd/<fd> */
+    uint64_t nonce;
+} rpc_shm;
+
+/* Bytes of the segment of a shard of `total` elements; 0 when it would overflow. */
+size_t rpc_shm_bytes(uint64_t total);
+
+/* The trainer: a sealed memfd for a shard of `total` elements, mapped, its nonce written.
+ * Errors: PST_ERR_UNSUPPORTED (no memfd here), PST_ERR_NOMEM, PST_ERR_IO, with the detail. */
+pst_status rpc_shm_create(rpc_shm *s, uint64_t total);
+
+/* The pserver: maps the segment `name` of a trainer, after checking that the name is
+ * /proc/<pid>/fd/<fd>, the file a memfd sealed against shrinking, of at least
+ * rpc_shm_bytes(total) bytes, with `nonce` at its start. Errors: PST_ERR_UNAVAILABLE
+ * (not on this host, not reachable, or not the trainer's segment), with why. */
+pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total);
+
+/* Block slots: the first byte of the push or the pull slot of the block at element
+ * `shard_off` of `length` elements; NULL when that is outside the segment. */
+void *rpc_shm_push_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
+void *rpc_shm_pull_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
+
+/* Unmaps (and closes the trainer's memfd); *s is then empty. Accepts an empty one. */
+void rpc_shm_free(rpc_shm *s);
+
+#endif /* PST_RPC_SHM_H */
