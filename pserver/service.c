@@ -100,6 +100,8 @@ struct ps_service {
      * segment replaces the entry; the older stays mapped until the service is freed, as a
      * call of the trainer's previous process may still be reading it. */
     int shm_enabled;
+    rpc_shm area;                 /* the values pulls are served from, shared (sync) */
+    pst_dtype area_dtype;
     rpc_shm **shm;                /* (num_trainers) atomic entries; NULL until the first */
     rpc_shm **shm_retired;
     size_t nshm_retired;
@@ -116,6 +118,7 @@ typedef struct pull_ctx {
     double arrived;               /* pst_clock_s() when it came (PullReply.held_us) */
     pst_dtype dtype;
     unsigned char *slot;          /* answer into this pull slot of the trainer's segment */
+    int in_area;                  /* or let it read the values area (shm_values) */
     void *buf;                    /* cast or copy of the values (async or not f32) */
     size_t cap;                   /* bytes allocated at buf, kept across reuses */
     struct pull_ctx *next;        /* in svc->pull_free */
@@ -134,6 +137,7 @@ pst_status ps_service_init(ps_service **out)
     pthread_cond_init(&svc->cv, NULL);
     pthread_mutex_init(&svc->pull_mu, NULL);
     svc->shm_enabled = 1;
+    svc->area.fd = -1;
     *out = svc;
     return PST_OK;
 }
@@ -143,6 +147,7 @@ void ps_service_free(ps_service *svc)
     if (!svc)
         return;
     ps_store_free(svc->store);
+    rpc_shm_free(&svc->area); /* after the store, whose values or copy live there */
     free(svc->finished);
     free(svc->watch);
     free(svc->joined);
@@ -521,7 +526,34 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         sc.on_update = on_update;
         sc.on_update_arg = svc;
     }
-    if ((st = ps_store_init(&svc->store, &sc, initial)) != PST_OK)
+    /* Sync: the values pulls are served from (the lowp copy, else the f32 master) in a
+     * shared area, so a trainer on this host can read its pulls there (rpc/shm.h). */
+    void **area_at = NULL;
+    if (svc->shm_enabled && sc.mode == PST_MODE_SYNC && req->n_blocks) {
+        const size_t esize = pst_dtype_size(sc.lowp);
+        uint64_t *len = malloc(req->n_blocks * sizeof *len);
+        area_at = malloc(req->n_blocks * sizeof *area_at);
+        for (size_t i = 0; len && i < req->n_blocks; i++)
+            len[i] = blocks[i].length;
+        if (len && area_at &&
+            rpc_shm_create_area(&svc->area, rpc_shm_area_offset(len, req->n_blocks, esize)) ==
+                PST_OK) {
+            for (size_t i = 0; i < req->n_blocks; i++)
+                area_at[i] = (char *)rpc_shm_area(&svc->area) +
+                             rpc_shm_area_offset(len, i, esize);
+            svc->area_dtype = sc.lowp;
+            if (sc.lowp == PST_F32)
+                sc.values = (float *const *)area_at;
+            else
+                sc.lowp_at = area_at;
+        } else {
+            PST_INFO("no shared values area: pulls are copied: %s", pst_error_detail());
+        }
+        free(len);
+    }
+    st = ps_store_init(&svc->store, &sc, initial);
+    free(area_at); /* the store keeps the pointers it needs */
+    if (st != PST_OK)
         goto out;
     __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
     svc->finished = calloc(req->num_trainers, 1);
@@ -652,6 +684,11 @@ static void answer_init(ps_service *svc, rpc_call *call)
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
     reply.shm = attach_shm_locked(svc, req);
+    if (reply.shm && svc->area.base) {
+        reply.shm_values_name = svc->area.name;
+        reply.shm_values_nonce = svc->area.nonce;
+        reply.shm_values_dtype = rpc_dtype_to_wire(svc->area_dtype);
+    }
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 
@@ -999,6 +1036,13 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     /* The store's low-precision copy of this version, when it is in the dtype wanted. */
     const void *src = p->dtype == PST_F32 ? (const void *)values
                       : lowp && p->dtype == p->svc->lowp ? lowp : NULL;
+    if (p->in_area && src && p->dtype == p->svc->area_dtype) {
+        /* sync: the trainer copies the block from the values area itself (see above) */
+        reply.shm_values = 1;
+        rpc_call_reply(p->call, &reply.base, NULL, 0, NULL, NULL);
+        release_pull(p);
+        return;
+    }
     if (p->slot) { /* sync: the trainer reads the slot only after this answer */
         if (src)
             memcpy(p->slot, src, bytes);
@@ -1067,6 +1111,7 @@ static void handle_pull(ps_service *svc, rpc_call *call)
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);
     if (st == PST_OK && req->shm)
         st = shm_slot(svc, store, req->trainer_id, req->block, 1, &p->slot);
+    p->in_area = st == PST_OK && req->shm && req->shm_values && svc->area.base;
     if (st == PST_OK)
         st = ps_store_pull(store, req->block, req->version, &p->waiter, answer_pull, p);
     if (st != PST_OK) {

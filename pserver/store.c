@@ -44,6 +44,7 @@ typedef struct ps_block {
     float *state;          /* (nstate, length) optimizer state, NULL for SGD */
     float *recv;           /* sync: (num_trainers, length); async: (length) */
     void *lowp;            /* (length) of the store's lowp: pst_cast(values); NULL for f32 */
+    int lowp_own;          /* lowp was allocated by the store (not the config's lowp_at) */
     uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
     uint8_t *row_bf16;     /* (nrecv) recv row r holds bf16 (in its first half), not f32 */
     int npushed;           /* sync: how many flags are set */
@@ -674,8 +675,11 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         off += s->length;
         if (cfg->lowp != PST_F32) {
             const size_t lbytes = (size_t)s->length * pst_dtype_size(cfg->lowp);
-            b->lowp = aligned_alloc(PS_CACHE_LINE, (lbytes + PS_CACHE_LINE - 1) /
-                                                       PS_CACHE_LINE * PS_CACHE_LINE);
+            b->lowp_own = !cfg->lowp_at;
+            b->lowp = cfg->lowp_at ? cfg->lowp_at[i]
+                                   : aligned_alloc(PS_CACHE_LINE, (lbytes + PS_CACHE_LINE - 1) /
+                                                                      PS_CACHE_LINE *
+                                                                      PS_CACHE_LINE);
             if (!b->lowp) {
                 rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory for block %u's "
                                    "%s copy", (unsigned)s->id, pst_dtype_name(cfg->lowp));
@@ -727,7 +731,8 @@ void ps_store_free(ps_store *st)
         if (b->mu_ok)
             pthread_mutex_destroy(&b->mu);
         free(b->mem);
-        free(b->lowp);
+        if (b->lowp_own)
+            free(b->lowp);
         free(b->pushed);
         free(b->row_bf16);
         free(b->last_step);

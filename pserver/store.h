@@ -84,6 +84,10 @@ typedef struct ps_store_config {
      * of the master values in that dtype (2 bytes an element, allocated at init), cast at
      * init and after every update, handed to every pull (ps_pull_fn's lowp). */
     pst_dtype lowp;
+    /* Optional with lowp (NULL: the store allocates them): lowp_at[i] is where block i's
+     * copy lives, in the caller's memory (the pserver's shared values area, rpc/shm.h),
+     * 64-byte aligned; the caller keeps it alive and does not write it. */
+    void *const *lowp_at;
     /* Checkpoints (sync mode; 0 in async): every `snapshot_every` versions each block's
      * values and optimizer state are copied as the block reaches that version, and when the
      * last block has, snapshot(snapshot_arg, version, values, state) runs on that thread

@@ -25,13 +25,8 @@ static void shm_empty(rpc_shm *s)
     s->fd = -1;
 }
 
-pst_status rpc_shm_create(rpc_shm *s, uint64_t total)
+static pst_status create(rpc_shm *s, size_t bytes)
 {
-    shm_empty(s);
-    const size_t bytes = rpc_shm_bytes(total);
-    if (!bytes)
-        return pst_error_set(PST_ERR_NOMEM, "shared memory for %llu elements: too large",
-                             (unsigned long long)total);
     int fd = memfd_create("pstrain-payloads", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return pst_error_set(PST_ERR_UNSUPPORTED, "memfd_create: %s", strerror(errno));
@@ -55,14 +50,49 @@ pst_status rpc_shm_create(rpc_shm *s, uint64_t total)
     memcpy(base, &nonce, sizeof nonce);
     s->base = base;
     s->bytes = bytes;
-    s->total = total;
     s->fd = fd;
     s->nonce = nonce;
     snprintf(s->name, sizeof s->name, "/proc/%d/fd/%d", (int)getpid(), fd);
     return PST_OK;
 }
 
-pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total)
+pst_status rpc_shm_create(rpc_shm *s, uint64_t total)
+{
+    shm_empty(s);
+    const size_t bytes = rpc_shm_bytes(total);
+    if (!bytes)
+        return pst_error_set(PST_ERR_NOMEM, "shared memory for %llu elements: too large",
+                             (unsigned long long)total);
+    PST_TRY(create(s, bytes));
+    s->total = total;
+    return PST_OK;
+}
+
+pst_status rpc_shm_create_area(rpc_shm *s, size_t bytes)
+{
+    shm_empty(s);
+    if (bytes > SIZE_MAX - RPC_SHM_HEADER)
+        return pst_error_set(PST_ERR_NOMEM, "shared memory of %zu bytes: too large", bytes);
+    return create(s, RPC_SHM_HEADER + bytes);
+}
+
+size_t rpc_shm_area_offset(const uint64_t *len, size_t i, size_t esize)
+{
+    size_t off = 0;
+    for (size_t k = 0; k < i; k++)
+        off += ((size_t)len[k] * esize + 63) / 64 * 64;
+    return off;
+}
+
+void *rpc_shm_area(const rpc_shm *s)
+{
+    return s->base ? s->base + RPC_SHM_HEADER : NULL;
+}
+
+/* Maps `name` (a sealed memfd of a process on this host) with `bytes` bytes, checking the
+ * nonce at its start. */
+static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t bytes,
+                         int writable)
 {
     shm_empty(s);
     int pid = 0, fdn = 0, end = 0;
@@ -71,12 +101,10 @@ pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t
         pid <= 0 || fdn < 0)
         return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %.80s: not a "
                              "/proc/<pid>/fd/<fd> name", name ? name : "(none)");
-    const size_t bytes = rpc_shm_bytes(total);
     if (!bytes || nonce == 0)
-        return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: no segment for %llu "
-                             "elements with nonce %llu", name, (unsigned long long)total,
-                             (unsigned long long)nonce);
-    int fd = open(name, O_RDWR | O_CLOEXEC);
+        return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: no segment of %zu bytes "
+                             "with nonce %llu", name, bytes, (unsigned long long)nonce);
+    int fd = open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0)
         return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: %s (another host or "
                              "container)", name, strerror(errno));
@@ -93,7 +121,8 @@ pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t
                            "need %zu", name, (long long)sb.st_size, bytes);
     void *base = MAP_FAILED;
     if (st == PST_OK) {
-        base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        base = mmap(NULL, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd,
+                    0);
         if (base == MAP_FAILED)
             st = pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: mmap: %s", name,
                                strerror(errno));
@@ -108,10 +137,24 @@ pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t
     }
     s->base = base;
     s->bytes = bytes;
-    s->total = total;
     s->nonce = nonce;
     snprintf(s->name, sizeof s->name, "%s", name);
     return PST_OK;
+}
+
+pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total)
+{
+    const size_t bytes = rpc_shm_bytes(total);
+    PST_TRY(attach(s, name, nonce, bytes, 1));
+    s->total = total;
+    return PST_OK;
+}
+
+pst_status rpc_shm_attach_area(rpc_shm *s, const char *name, uint64_t nonce, size_t bytes)
+{
+    if (bytes > SIZE_MAX - RPC_SHM_HEADER)
+        bytes = 0;
+    return attach(s, name, nonce, bytes ? RPC_SHM_HEADER + bytes : 0, 0);
 }
 
 static void *slot(const rpc_shm *s, uint64_t first, uint64_t shard_off, uint64_t length)

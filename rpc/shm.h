@@ -17,8 +17,16 @@
  * (4 bytes per element, whatever the dtype), then the pull slots (the same). A slot holds
  * its block's elements packed in the call's dtype from the slot's start.
  *
+ * The pserver, in turn, keeps the values its pulls serve (the low-precision copy, or the
+ * f32 master in fp32) in a segment of its own, a "values area" (blocks in the Init's order,
+ * each at a 64-byte boundary: rpc_shm_area_offset), and names it in its Init reply to a
+ * trainer whose segment it mapped; the trainer maps it read-only and copies a pulled block
+ * straight from there, so a pull copies nothing on the pserver.
+ *
  * Sync mode only: there a trainer writes a block's push slot again only after its pull of
- * the step, and the pserver writes a pull slot only while the trainer waits for that pull.
+ * the step, the pserver writes a pull slot only while the trainer waits for that pull, and
+ * a block's values change only when every trainer has pushed the next step, which each
+ * does only after it has copied the values of this one.
  *
  * Not for: what goes in a call (rpc/wire.h), connections (rpc/client.h, rpc/server.h). */
 #ifndef PST_RPC_SHM_H
@@ -58,6 +66,18 @@ pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t
  * `shard_off` of `length` elements; NULL when that is outside the segment. */
 void *rpc_shm_push_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
 void *rpc_shm_pull_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
+
+/* Values areas: block i of a shard (blocks of lengths len[0..i), `esize` bytes an element)
+ * starts at rpc_shm_area_offset bytes into the area: the lengths before it, each rounded
+ * up to 64 bytes. */
+size_t rpc_shm_area_offset(const uint64_t *len, size_t i, size_t esize);
+/* The pserver: a sealed memfd of `bytes` bytes after the header, mapped read-write, its
+ * nonce written. Errors as rpc_shm_create. */
+pst_status rpc_shm_create_area(rpc_shm *s, size_t bytes);
+/* The trainer: maps a pserver's area read-only, with the checks of rpc_shm_attach. */
+pst_status rpc_shm_attach_area(rpc_shm *s, const char *name, uint64_t nonce, size_t bytes);
+/* The first byte after the header (where an area's blocks start). */
+void *rpc_shm_area(const rpc_shm *s);
 
 /* Unmaps (and closes the trainer's memfd); *s is then empty. Accepts an empty one. */
 void rpc_shm_free(rpc_shm *s);

@@ -2989,6 +2989,9 @@ Test(cluster, shared_memory_payloads_give_the_bits_of_the_calls, .timeout = 240)
             const char *said = strstr(err, "is on this host: payloads through shared memory");
             cr_assert(off ? !said : said != NULL, "%s, shm %s:\n%s", precisions[k],
                       off ? "off" : "auto", err);
+            cr_assert(off ? !strstr(err, "read its values area directly")
+                          : strstr(err, "read its values area directly") != NULL,
+                      "%s, shm %s:\n%s", precisions[k], off ? "off" : "auto", err);
             if (!off) /* both trainers, on both pservers */
                 for (int t = 0; t < 2; t++)
                     for (int ps = 0; ps < 2; ps++) {

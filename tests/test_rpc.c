@@ -1103,3 +1103,38 @@ Test(shm, what_is_not_the_trainers_segment_is_refused)
     rpc_shm_free(&t);
     rpc_shm_free(&t); /* an empty one is accepted */
 }
+
+/* A pserver's values area: blocks at 64-byte boundaries, mapped read-only by another
+ * process that sees what the pserver writes; another nonce is refused. */
+Test(shm, a_values_area_is_shared_read_only, .timeout = 30)
+{
+    const uint64_t len[3] = {10, 16, 7};
+    cr_assert_eq(rpc_shm_area_offset(len, 0, 2), 0);
+    cr_assert_eq(rpc_shm_area_offset(len, 1, 2), 64);
+    cr_assert_eq(rpc_shm_area_offset(len, 2, 4), 128);
+    cr_assert_eq(rpc_shm_area_offset(len, 3, 4), 192);
+    const size_t bytes = rpc_shm_area_offset(len, 3, 4);
+    rpc_shm a, t;
+    cr_assert_eq(rpc_shm_create_area(&a, bytes), PST_OK, "%s", pst_error_detail());
+    float *v = (float *)((char *)rpc_shm_area(&a) + rpc_shm_area_offset(len, 2, 4));
+    for (int i = 0; i < 7; i++)
+        v[i] = 1.5f * (float)i;
+    cr_assert_eq(rpc_shm_attach_area(&t, a.name, a.nonce + 1, bytes), PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_shm_attach_area(&t, a.name, a.nonce, bytes + 4096), PST_ERR_UNAVAILABLE);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int ok = rpc_shm_attach_area(&t, a.name, a.nonce, bytes) == PST_OK;
+        const float *got = ok ? (const float *)((const char *)rpc_shm_area(&t) +
+                                                rpc_shm_area_offset(len, 2, 4))
+                              : NULL;
+        for (int i = 0; ok && i < 7; i++)
+            ok = got[i] == 1.5f * (float)i;
+        rpc_shm_free(&t);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x", status);
+    rpc_shm_free(&a);
+}

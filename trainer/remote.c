@@ -39,6 +39,7 @@ typedef struct block_ctx {
     pst_dtype dst_dtype;
     void *wire_grad;    /* the gradient cast to --grad-dtype (NULL: pushed as f32) */
     uint64_t shard_off; /* its first element in its pserver's shard (the Init's order) */
+    size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
     tr_exchange_fn done;
     void *done_arg;
     pthread_mutex_t mu; /* guards err */
@@ -125,6 +126,8 @@ struct tr_remote {
     /* same host, sync: each pserver's segment (rpc/shm.h), used when its Init said so */
     rpc_shm shm[PST_MAX_PSERVERS];
     int shm_on[PST_MAX_PSERVERS];
+    rpc_shm area[PST_MAX_PSERVERS]; /* each pserver's values area, read-only (or none) */
+    pst_dtype area_dtype[PST_MAX_PSERVERS];
     /* leaving the job after a failed push (leave_on_push_failure) */
     atomic_int left;
     Pstrain__FinishRequest leave;
@@ -233,6 +236,14 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
         const void *slot = rep->shm && c->r->shm_on[s]
                                ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
                                : NULL;
+        if (rep->shm_values && st == PST_OK) {
+            if (c->r->area[s].base && dt == c->r->area_dtype[s])
+                slot = (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off;
+            else
+                st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered from "
+                                   "a values area this trainer has not mapped in %s", c->b->id,
+                                   rpc_client_server(c->r->client, s), pst_dtype_name(dt));
+        }
         if (st == PST_OK && rep->shm && !slot)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
                                "memory this trainer did not set up with it", c->b->id,
@@ -270,6 +281,8 @@ static void start_pull(block_ctx *c, int64_t version)
     c->pull.version = version;
     c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
     c->pull.shm = c->r->shm_on[c->b->pserver];
+    c->pull.shm_values = c->r->area[c->b->pserver].base &&
+                         c->dst_dtype == c->r->area_dtype[c->b->pserver];
     c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
@@ -421,6 +434,9 @@ typedef struct init_call {
     tr_remote *r;
     int64_t version;   /* the reply's */
     int shm;           /* the reply's: the pserver mapped this trainer's segment */
+    char area_name[RPC_SHM_NAME_MAX]; /* the reply's values area ("": none) */
+    uint64_t area_nonce;
+    Pstrain__DType area_dtype;
     Pstrain__InitRequest req;
     Pstrain__BlockSpec *specs;
     Pstrain__BlockSpec **spec_ptrs;
@@ -443,7 +459,12 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
         batch_error(ic->r, st, detail);
     else {
         ic->version = ((const Pstrain__InitReply *)reply)->version;
-        ic->shm = ((const Pstrain__InitReply *)reply)->shm;
+        const Pstrain__InitReply *ir = (const Pstrain__InitReply *)reply;
+        ic->shm = ir->shm;
+        snprintf(ic->area_name, sizeof ic->area_name, "%s",
+                 ir->shm_values_name ? ir->shm_values_name : "");
+        ic->area_nonce = ir->shm_values_nonce;
+        ic->area_dtype = ir->shm_values_dtype;
     }
     (void)cfg;
     batch_done(ic->r);
@@ -590,6 +611,32 @@ static void watch_start(tr_remote *r, int s)
                  pst_error_detail());
 }
 
+/* Maps pserver s's values area read-only (rpc/shm.h) and places the blocks in it; a pull
+ * in its dtype then copies straight from there. None when it cannot (pulls use the slots). */
+static void attach_area(tr_remote *r, int s, const init_call *ic)
+{
+    pst_dtype dt;
+    if (rpc_dtype_from_wire(ic->area_dtype, &dt) != PST_OK)
+        return;
+    const size_t esize = pst_dtype_size(dt);
+    size_t bytes = 0;
+    for (int i = 0; i < r->plan->nblocks; i++) {
+        block_ctx *c = &r->blocks[i];
+        if (c->b->pserver != s)
+            continue;
+        c->area_off = bytes; /* as rpc_shm_area_offset: each block at 64 bytes */
+        bytes += (c->b->length * esize + 63) / 64 * 64;
+    }
+    if (rpc_shm_attach_area(&r->area[s], ic->area_name, ic->area_nonce, bytes) != PST_OK) {
+        PST_INFO("pserver %s: pulls through the slots: %s", rpc_client_server(r->client, s),
+                 pst_error_detail());
+        return;
+    }
+    r->area_dtype[s] = dt;
+    PST_INFO("pserver %s: pulls in %s read its values area directly",
+             rpc_client_server(r->client, s), pst_dtype_name(dt));
+}
+
 pst_status tr_remote_start(tr_remote *r, float *params)
 {
     const pst_config *cfg = r->cfg;
@@ -602,6 +649,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     /* Sync: a segment per pserver, offered in the Init; a pserver on this host maps it. */
     for (int s = 0; s < S && cfg->shm && cfg->mode == PST_MODE_SYNC; s++) {
         rpc_shm_free(&r->shm[s]); /* (a start again after a failed one) */
+        rpc_shm_free(&r->area[s]);
         if (rpc_shm_create(&r->shm[s], r->plan->pserver_elems[s]) != PST_OK)
             PST_DEBUG("pserver %s: payloads in the calls: %s", rpc_client_server(r->client, s),
                       pst_error_detail());
@@ -643,6 +691,8 @@ pst_status tr_remote_start(tr_remote *r, float *params)
                      rpc_client_server(r->client, s));
         else
             rpc_shm_free(&r->shm[s]);
+        if (r->shm_on[s] && calls[s].area_name[0])
+            attach_area(r, s, &calls[s]);
     }
     if (st != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
@@ -890,8 +940,10 @@ void tr_remote_free(tr_remote *r)
     rpc_transport_free(r->transport);
     if (r->rpc_inited)
         rpc_global_shutdown();
-    for (int s = 0; s < PST_MAX_PSERVERS; s++)
-        rpc_shm_free(&r->shm[s]); /* no call is left to use them */
+    for (int s = 0; s < PST_MAX_PSERVERS; s++) { /* no call is left to use them */
+        rpc_shm_free(&r->shm[s]);
+        rpc_shm_free(&r->area[s]);
+    }
     for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
         pthread_mutex_destroy(&r->blocks[i].mu);
         free(r->blocks[i].wire_grad);
