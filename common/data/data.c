@@ -455,7 +455,17 @@ void pst_dataset_gather(const pst_dataset *ds, const uint32_t *idx, int count, f
                         int32_t *y)
 {
     size_t dim = ds->dim > 0 ? (size_t)ds->dim : 0;
+    /* The rows are scattered over the data set (a random order), each a cold miss: ask
+     * for the rows AHEAD rows on while converting this one, so their loads overlap. */
+    enum { AHEAD = 4 };
+    for (int i = 0; i < count && i < AHEAD; i++)
+        if (idx[i] < (uint32_t)ds->n)
+            for (size_t j = 0; j < dim; j += 64)
+                __builtin_prefetch(ds->x + (size_t)idx[i] * dim + j);
     for (int i = 0; i < count; i++) {
+        if (i + AHEAD < count && idx[i + AHEAD] < (uint32_t)ds->n)
+            for (size_t j = 0; j < dim; j += 64)
+                __builtin_prefetch(ds->x + (size_t)idx[i + AHEAD] * dim + j);
         float *row = x + (size_t)i * dim;
         if (idx[i] >= (uint32_t)ds->n) {
             /* Outside the data set (a caller bug): zeros and label -1, never a wild read. */
