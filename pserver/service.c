@@ -394,6 +394,13 @@ static int attach_shm_locked(ps_service *svc, const Pstrain__InitRequest *req)
     if (!req->shm_name || !req->shm_name[0] || !svc->shm_enabled || !svc->sync ||
         t >= svc->num_trainers)
         return 0;
+    if (svc->shm && svc->shm[t] && svc->nshm_retired >= 2 * (size_t)svc->num_trainers + 16) {
+        /* Replaced segments stay mapped while the store lives (a call of the trainer's
+         * earlier process may still read one): their number is bounded. */
+        PST_WARN("trainer %u: payloads in the calls, not in shared memory: this store has "
+                 "replaced %zu segments already", t, svc->nshm_retired);
+        return 0;
+    }
     if (!svc->shm) {
         rpc_shm **all = calloc(svc->num_trainers, sizeof *all);
         if (!all)
@@ -528,33 +535,41 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     }
     /* Sync: the values pulls are served from (the lowp copy, else the f32 master) in a
      * shared area, so a trainer on this host can read its pulls there (rpc/shm.h). */
-    void **area_at = NULL;
+    void **lowp_at = NULL;
+    float **values_at = NULL;
+    rpc_shm_free(&svc->area); /* an earlier Init's, refused after the area was made */
     if (svc->shm_enabled && sc.mode == PST_MODE_SYNC && req->n_blocks) {
         const size_t esize = pst_dtype_size(sc.lowp);
-        uint64_t *len = malloc(req->n_blocks * sizeof *len);
-        area_at = malloc(req->n_blocks * sizeof *area_at);
-        for (size_t i = 0; len && i < req->n_blocks; i++)
-            len[i] = blocks[i].length;
-        if (len && area_at &&
-            rpc_shm_create_area(&svc->area, rpc_shm_area_offset(len, req->n_blocks, esize)) ==
-                PST_OK) {
-            for (size_t i = 0; i < req->n_blocks; i++)
-                area_at[i] = (char *)rpc_shm_area(&svc->area) +
-                             rpc_shm_area_offset(len, i, esize);
+        size_t bytes = 0;
+        for (size_t i = 0; i < req->n_blocks; i++)
+            bytes += rpc_shm_area_span(blocks[i].length, esize);
+        if (sc.lowp == PST_F32)
+            values_at = malloc(req->n_blocks * sizeof *values_at);
+        else
+            lowp_at = malloc(req->n_blocks * sizeof *lowp_at);
+        if ((values_at || lowp_at) && rpc_shm_create_area(&svc->area, bytes) == PST_OK) {
+            char *at = rpc_shm_area(&svc->area);
+            for (size_t i = 0; i < req->n_blocks; i++) {
+                if (values_at)
+                    values_at[i] = (float *)at;
+                else
+                    lowp_at[i] = at;
+                at += rpc_shm_area_span(blocks[i].length, esize);
+            }
             svc->area_dtype = sc.lowp;
-            if (sc.lowp == PST_F32)
-                sc.values = (float *const *)area_at;
-            else
-                sc.lowp_at = area_at;
+            sc.values = values_at;
+            sc.lowp_at = lowp_at;
         } else {
             PST_INFO("no shared values area: pulls are copied: %s", pst_error_detail());
         }
-        free(len);
     }
     st = ps_store_init(&svc->store, &sc, initial);
-    free(area_at); /* the store keeps the pointers it needs */
-    if (st != PST_OK)
+    free(values_at); /* the store keeps the pointers it needs */
+    free(lowp_at);
+    if (st != PST_OK) {
+        rpc_shm_free(&svc->area);
         goto out;
+    }
     __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
     svc->finished = calloc(req->num_trainers, 1);
     svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
@@ -588,6 +603,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         svc->block_ids = NULL;
         ps_store_free(svc->store);
         svc->store = NULL;
+        rpc_shm_free(&svc->area);
         st = pst_error_set(PST_ERR_NOMEM, "Init: out of memory");
         goto out;
     }

@@ -7,7 +7,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #define SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -76,12 +78,9 @@ pst_status rpc_shm_create_area(rpc_shm *s, size_t bytes)
     return create(s, RPC_SHM_HEADER + bytes);
 }
 
-size_t rpc_shm_area_offset(const uint64_t *len, size_t i, size_t esize)
+size_t rpc_shm_area_span(uint64_t length, size_t esize)
 {
-    size_t off = 0;
-    for (size_t k = 0; k < i; k++)
-        off += ((size_t)len[k] * esize + 63) / 64 * 64;
-    return off;
+    return ((size_t)length * esize + 63) / 64 * 64;
 }
 
 void *rpc_shm_area(const rpc_shm *s)
@@ -104,11 +103,28 @@ static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t by
     if (!bytes || nonce == 0)
         return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: no segment of %zu bytes "
                              "with nonce %llu", name, bytes, (unsigned long long)nonce);
-    int fd = open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0)
+    /* Opened for real only once it is known to be a regular file on tmpfs (where memfds
+     * live): an O_PATH descriptor first, which opens nothing (no device's open, no FUSE
+     * daemon's), then the same file again through it, non-blocking. */
+    int path = open(name, O_PATH | O_CLOEXEC);
+    if (path < 0)
         return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: %s (another host or "
                              "container)", name, strerror(errno));
+    struct statfs fs;
     struct stat sb;
+    if (fstatfs(path, &fs) != 0 || fs.f_type != TMPFS_MAGIC || fstat(path, &sb) != 0 ||
+        !S_ISREG(sb.st_mode)) {
+        close(path);
+        return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: not a memfd (a regular "
+                             "file on tmpfs)", name);
+    }
+    char again[40];
+    snprintf(again, sizeof again, "/proc/self/fd/%d", path);
+    int fd = open(again, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    close(path);
+    if (fd < 0)
+        return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: %s", name,
+                             strerror(errno));
     const int seals = fcntl(fd, F_GET_SEALS);
     pst_status st = PST_OK;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))

@@ -19,7 +19,7 @@
  *
  * The pserver, in turn, keeps the values its pulls serve (the low-precision copy, or the
  * f32 master in fp32) in a segment of its own, a "values area" (blocks in the Init's order,
- * each at a 64-byte boundary: rpc_shm_area_offset), and names it in its Init reply to a
+ * each at a 64-byte boundary: rpc_shm_area_span), and names it in its Init reply to a
  * trainer whose segment it mapped; the trainer maps it read-only and copies a pulled block
  * straight from there, so a pull copies nothing on the pserver.
  *
@@ -67,10 +67,10 @@ pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t
 void *rpc_shm_push_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
 void *rpc_shm_pull_slot(const rpc_shm *s, uint64_t shard_off, uint64_t length);
 
-/* Values areas: block i of a shard (blocks of lengths len[0..i), `esize` bytes an element)
- * starts at rpc_shm_area_offset bytes into the area: the lengths before it, each rounded
- * up to 64 bytes. */
-size_t rpc_shm_area_offset(const uint64_t *len, size_t i, size_t esize);
+/* Values areas: the blocks of a shard one after the other in the Init's order, each taking
+ * rpc_shm_area_span bytes (its elements, `esize` bytes each, rounded up to 64 bytes), so
+ * every block starts on a cache line. */
+size_t rpc_shm_area_span(uint64_t length, size_t esize);
 /* The pserver: a sealed memfd of `bytes` bytes after the header, mapped read-write, its
  * nonce written. Errors as rpc_shm_create. */
 pst_status rpc_shm_create_area(rpc_shm *s, size_t bytes);

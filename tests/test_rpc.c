@@ -1108,15 +1108,15 @@ Test(shm, what_is_not_the_trainers_segment_is_refused)
  * process that sees what the pserver writes; another nonce is refused. */
 Test(shm, a_values_area_is_shared_read_only, .timeout = 30)
 {
-    const uint64_t len[3] = {10, 16, 7};
-    cr_assert_eq(rpc_shm_area_offset(len, 0, 2), 0);
-    cr_assert_eq(rpc_shm_area_offset(len, 1, 2), 64);
-    cr_assert_eq(rpc_shm_area_offset(len, 2, 4), 128);
-    cr_assert_eq(rpc_shm_area_offset(len, 3, 4), 192);
-    const size_t bytes = rpc_shm_area_offset(len, 3, 4);
+    cr_assert_eq(rpc_shm_area_span(10, 2), 64);
+    cr_assert_eq(rpc_shm_area_span(16, 4), 64);
+    cr_assert_eq(rpc_shm_area_span(17, 4), 128);
+    cr_assert_eq(rpc_shm_area_span(0, 4), 0);
+    const size_t third = 64 + 64; /* blocks of 10, 16 and 7 floats */
+    const size_t bytes = third + rpc_shm_area_span(7, 4);
     rpc_shm a, t;
     cr_assert_eq(rpc_shm_create_area(&a, bytes), PST_OK, "%s", pst_error_detail());
-    float *v = (float *)((char *)rpc_shm_area(&a) + rpc_shm_area_offset(len, 2, 4));
+    float *v = (float *)((char *)rpc_shm_area(&a) + third);
     for (int i = 0; i < 7; i++)
         v[i] = 1.5f * (float)i;
     cr_assert_eq(rpc_shm_attach_area(&t, a.name, a.nonce + 1, bytes), PST_ERR_UNAVAILABLE);
@@ -1125,9 +1125,7 @@ Test(shm, a_values_area_is_shared_read_only, .timeout = 30)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         int ok = rpc_shm_attach_area(&t, a.name, a.nonce, bytes) == PST_OK;
-        const float *got = ok ? (const float *)((const char *)rpc_shm_area(&t) +
-                                                rpc_shm_area_offset(len, 2, 4))
-                              : NULL;
+        const float *got = ok ? (const float *)((const char *)rpc_shm_area(&t) + third) : NULL;
         for (int i = 0; ok && i < 7; i++)
             ok = got[i] == 1.5f * (float)i;
         rpc_shm_free(&t);

@@ -126,6 +126,7 @@ struct tr_remote {
     /* same host, sync: each pserver's segment (rpc/shm.h), used when its Init said so */
     rpc_shm shm[PST_MAX_PSERVERS];
     int shm_on[PST_MAX_PSERVERS];
+    int joined[PST_MAX_PSERVERS]; /* its Init here succeeded (this run) */
     rpc_shm area[PST_MAX_PSERVERS]; /* each pserver's values area, read-only (or none) */
     pst_dtype area_dtype[PST_MAX_PSERVERS];
     /* leaving the job after a failed push (leave_on_push_failure) */
@@ -433,6 +434,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
 typedef struct init_call {
     tr_remote *r;
     int64_t version;   /* the reply's */
+    int answered;      /* the Init succeeded */
     int shm;           /* the reply's: the pserver mapped this trainer's segment */
     char area_name[RPC_SHM_NAME_MAX]; /* the reply's values area ("": none) */
     uint64_t area_nonce;
@@ -460,6 +462,7 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
     else {
         ic->version = ((const Pstrain__InitReply *)reply)->version;
         const Pstrain__InitReply *ir = (const Pstrain__InitReply *)reply;
+        ic->answered = 1;
         ic->shm = ir->shm;
         snprintf(ic->area_name, sizeof ic->area_name, "%s",
                  ir->shm_values_name ? ir->shm_values_name : "");
@@ -624,8 +627,8 @@ static void attach_area(tr_remote *r, int s, const init_call *ic)
         block_ctx *c = &r->blocks[i];
         if (c->b->pserver != s)
             continue;
-        c->area_off = bytes; /* as rpc_shm_area_offset: each block at 64 bytes */
-        bytes += (c->b->length * esize + 63) / 64 * 64;
+        c->area_off = bytes; /* the Init's order, as the pserver lays them out */
+        bytes += rpc_shm_area_span(c->b->length, esize);
     }
     if (rpc_shm_attach_area(&r->area[s], ic->area_name, ic->area_nonce, bytes) != PST_OK) {
         PST_INFO("pserver %s: pulls through the slots: %s", rpc_client_server(r->client, s),
@@ -685,6 +688,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     }
     st = batch_wait(r);
     for (int s = 0; s < S; s++) {
+        r->joined[s] = calls[s].answered;
         r->shm_on[s] = st == PST_OK && calls[s].shm && r->shm[s].base;
         if (r->shm_on[s])
             PST_INFO("pserver %s is on this host: payloads through shared memory",
@@ -748,6 +752,10 @@ pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reas
     req.checkpoint_step = r->base.checkpoint_step;
     req.rejoins = early && step < 0 && r->base.rejoins;
     for (int s = 0; s < r->cfg->num_pservers; s++) {
+        /* A trainer that starts again at once tells only the pservers it joined: one it
+         * could not reach would hold it for the whole connect timeout. */
+        if (req.rejoins && !r->joined[s])
+            continue;
         batch_add(r, 1);
         pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &req.base, NULL, 0,
                                               NULL, finish_done, r);

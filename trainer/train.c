@@ -721,13 +721,15 @@ error:
         resume_limit = (long)link->start_version;
         PST_WARN("the next run offers the pservers checkpoints up to step %ld", resume_limit);
     }
-    /* (A start that failed for want of a pserver has no one to tell.) */
-    if (started ||
-        (joining && st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT && st != PST_ERR_AUTH)) {
+    /* (A start that failed for want of a pserver has no one to tell, except, when this
+     * process starts again at once, the pservers it did join: tr_remote_finish.) */
+    const int rejoins = link && cfg->on_failure == PST_ON_FAILURE_WAIT && tr_recoverable(st);
+    if (started || (joining && ((st != PST_ERR_UNAVAILABLE && st != PST_ERR_TIMEOUT &&
+                                 st != PST_ERR_AUTH) || rejoins))) {
         /* Leaving early: the pservers tell the other trainers at once, with the reason. */
         char keep[512];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        link->rejoins = cfg->on_failure == PST_ON_FAILURE_WAIT && tr_recoverable(st);
+        link->rejoins = rejoins;
         link->ops->finish(link, 1, started ? step : -1, keep);
         pst_error_set(st, "%s", keep);
     }
