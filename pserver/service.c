@@ -71,6 +71,8 @@ struct ps_service {
     int wait_mode;                /* a departed job makes ps_service_wait return */
     long peer_timeout_ms;
     unsigned char *joined;        /* (num_trainers) its Init was answered by this store */
+    double *let_go_at;            /* (num_trainers) pst_clock_s() when handle_finish let it
+                                   * go before its first step (0: not); NULL until then */
     double departed_at;           /* pst_clock_s() of the departure */
     double init_by;               /* > 0: no store by then is fatal (the recovery timeout) */
     char fatal[1200];             /* why the pserver gives up (ps_service_failure) */
@@ -151,6 +153,7 @@ void ps_service_free(ps_service *svc)
     free(svc->finished);
     free(svc->watch);
     free(svc->joined);
+    free(svc->let_go_at);
     free(svc->block_ids);
     free(svc->specs);
     for (uint32_t t = 0; svc->shm && t < svc->num_trainers; t++)
@@ -697,6 +700,8 @@ static void answer_init(ps_service *svc, rpc_call *call)
         version = r->n_blocks ? ps_store_version(svc->store, r->blocks[0]->id) : svc->resumed;
     }
     svc->joined[req->trainer_id] = 1;
+    if (svc->let_go_at)
+        svc->let_go_at[req->trainer_id] = 0; /* back in time */
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
     reply.shm = attach_shm_locked(svc, req);
@@ -1417,8 +1422,12 @@ static void handle_finish(ps_service *svc, rpc_call *call)
     const int lets_go = !stale && svc->wait_mode && req->early && req->step < 0 &&
                         req->rejoins && id != 0 && !svc->finished[id];
     rpc_call *watch = NULL;
+    if (lets_go && !svc->let_go_at)
+        svc->let_go_at = calloc(svc->num_trainers, sizeof *svc->let_go_at);
     if (lets_go) {
         svc->joined[id] = 0;
+        if (svc->let_go_at) /* it must Init again within --peer-timeout-ms (ps_service_wait) */
+            svc->let_go_at[id] = pst_clock_s();
         watch = svc->watch[id];
         svc->watch[id] = NULL;
         pthread_cond_broadcast(&svc->cv); /* a rollback may wait for no one else now */
@@ -1586,6 +1595,21 @@ int ps_service_wait(ps_service *svc, volatile int *stop)
     while (!svc->all_finished && !*stop && !__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
         if (rollback_due_locked(svc))
             break;
+        /* A trainer let go to start again that has not sent its Init within the peer
+         * timeout (its process died meanwhile, say) has left the job: the others are told
+         * now, not at their calls' deadline. */
+        for (uint32_t t = 0; svc->let_go_at && t < svc->num_trainers; t++) {
+            const double since = svc->let_go_at[t] > 0 ? pst_clock_s() - svc->let_go_at[t] : 0;
+            if (since <= (double)svc->peer_timeout_ms / 1e3)
+                continue;
+            svc->let_go_at[t] = 0;
+            char why[160];
+            snprintf(why, sizeof why, "left before its first step to start again, and sent no "
+                     "new Init within --peer-timeout-ms %ld", svc->peer_timeout_ms);
+            pthread_mutex_unlock(&svc->mu);
+            trainer_done(svc, t, 1, why, NULL);
+            pthread_mutex_lock(&svc->mu);
+        }
         if (svc->init_by > 0 && svc->store && svc->nblock_ids &&
             ps_store_version(svc->store, svc->block_ids[0]) > svc->resumed)
             svc->init_by = 0; /* the job went on after the rollback */

@@ -3151,6 +3151,42 @@ Test(cluster, trainer_leaving_before_its_first_step_to_rejoin_rolls_nothing_back
     pserver_stop(ps);
 }
 
+/* --on-failure wait: a trainer let go before its first step that does not send its Init
+ * again within --peer-timeout-ms (its process died meanwhile) has left the job: the pserver
+ * rolls back then, naming it, and does not leave the others to their calls' deadline. */
+Test(cluster, trainer_let_go_that_never_comes_back_is_a_departure, .timeout = 60)
+{
+    proc *ps;
+    int port = pserver_start_env2(&ps, "info", "PSTRAIN_ON_FAILURE=wait",
+                                  "PSTRAIN_PEER_TIMEOUT_MS=500");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    init_job(cl, 2, 42);
+    init_args ia = {.trainer = 1, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 42};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    const double left = now_ms();
+    EXPECT_STATUS(do_leave(cl, 1, 1), PST_OK);
+    char *err = NULL;
+    double rolled = 0;
+    for (double until = now_ms() + 5000; now_ms() < until; sleep_ms(20)) {
+        free(err);
+        err = slurp(ps->err_path);
+        if (strstr(err, "rolling back (--on-failure wait)")) {
+            rolled = now_ms();
+            break;
+        }
+    }
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(rolled > 0, "no rollback within 5 s:\n%s", err);
+    cr_assert(strstr(err, "trainer 1 left before its first step to start again, and sent no "
+                          "new Init within --peer-timeout-ms 500"), "%s", err);
+    cr_assert_geq(rolled - left, 450, "rolled back %.0f ms after the let-go", rolled - left);
+    free(err);
+    pserver_stop(ps);
+}
+
 /* A trainer stopped by a signal mid-run tells the pservers; the other trainer's pull fails
  * at once with "trainer 1 left the job at step N (stopped by signal)" and it exits 1,
  * instead of waiting 60 s for its deadline (it is given 30 s here). */
