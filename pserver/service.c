@@ -102,8 +102,8 @@ struct ps_service {
      * segment replaces the entry; the older stays mapped until the service is freed, as a
      * call of the trainer's previous process may still be reading it. */
     int shm_enabled;
-    rpc_shm area;                 /* the values pulls are served from, shared (sync) */
-    pst_dtype area_dtype;
+    rpc_shm area;                 /* the values pulls are served from, shared (sync): the
+                                   * store's copy in lowp (its f32 master when lowp is f32) */
     rpc_shm **shm;                /* (num_trainers) atomic entries; NULL until the first */
     rpc_shm **shm_retired;
     size_t nshm_retired;
@@ -559,7 +559,6 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                     lowp_at[i] = at;
                 at += rpc_shm_area_span(blocks[i].length, esize);
             }
-            svc->area_dtype = sc.lowp;
             sc.values = values_at;
             sc.lowp_at = lowp_at;
         } else {
@@ -708,7 +707,7 @@ static void answer_init(ps_service *svc, rpc_call *call)
     if (reply.shm && svc->area.base) {
         reply.shm_values_name = svc->area.name;
         reply.shm_values_nonce = svc->area.nonce;
-        reply.shm_values_dtype = rpc_dtype_to_wire(svc->area_dtype);
+        reply.shm_values_dtype = rpc_dtype_to_wire(svc->lowp);
     }
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
@@ -814,10 +813,10 @@ static pst_status fill_raw_from_payload(void *arg, void *dst, uint64_t first, ui
     return rpc_payload_read(f->payload, (size_t)first * es, dst, (size_t)length * es);
 }
 
-/* A block's push or pull slot in trainer t's segment, for a call that says shm; fails the
- * call's status with why there is none. */
+/* A block's push or pull slot in trainer t's segment, and the block's length, for a call
+ * that says shm; fails the call's status with why there is none. */
 static pst_status shm_slot(ps_service *svc, ps_store *store, uint32_t t, uint32_t block,
-                           int pull, unsigned char **out)
+                           int pull, unsigned char **out, uint64_t *length)
 {
     const rpc_shm *seg = trainer_shm(svc, t);
     uint64_t off = 0, len = 0;
@@ -829,6 +828,7 @@ static pst_status shm_slot(ps_service *svc, ps_store *store, uint32_t t, uint32_
         return pst_error_set(PST_ERR_NOT_FOUND, "%s of block %u: no such block on this "
                              "pserver", pull ? "Pull" : "Push", block);
     *out = pull ? rpc_shm_pull_slot(seg, off, len) : rpc_shm_push_slot(seg, off, len);
+    *length = len;
     return *out ? PST_OK : pst_error_set(PST_ERR_INTERNAL, "block %u outside trainer %u's "
                                          "shared memory", block, t);
 }
@@ -863,11 +863,12 @@ static void handle_push(ps_service *svc, rpc_call *call)
                            "shared memory", req->block);
     else if (st == PST_OK && req->shm) {
         unsigned char *slot = NULL;
-        st = shm_slot(svc, store, req->trainer_id, req->block, 0, &slot);
-        if (st == PST_OK && req->length != ps_store_block_length(store, req->block))
+        uint64_t len = 0;
+        st = shm_slot(svc, store, req->trainer_id, req->block, 0, &slot, &len);
+        if (st == PST_OK && req->length != len)
             st = pst_error_set(PST_ERR_FORMAT, "Push of block %u: %llu elements, the block "
                                "has %llu", req->block, (unsigned long long)req->length,
-                               (unsigned long long)ps_store_block_length(store, req->block));
+                               (unsigned long long)len);
         f.slot = slot;
     } else if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
@@ -1057,7 +1058,7 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     /* The store's low-precision copy of this version, when it is in the dtype wanted. */
     const void *src = p->dtype == PST_F32 ? (const void *)values
                       : lowp && p->dtype == p->svc->lowp ? lowp : NULL;
-    if (p->in_area && src && p->dtype == p->svc->area_dtype) {
+    if (p->in_area && src && p->dtype == p->svc->lowp) {
         /* sync: the trainer copies the block from the values area itself (see above) */
         reply.shm_values = 1;
         rpc_call_reply(p->call, &reply.base, NULL, 0, NULL, NULL);
@@ -1130,8 +1131,9 @@ static void handle_pull(ps_service *svc, rpc_call *call)
         return;
     }
     pst_status st = rpc_dtype_from_wire(req->dtype, &p->dtype);
+    uint64_t len = 0;
     if (st == PST_OK && req->shm)
-        st = shm_slot(svc, store, req->trainer_id, req->block, 1, &p->slot);
+        st = shm_slot(svc, store, req->trainer_id, req->block, 1, &p->slot, &len);
     p->in_area = st == PST_OK && req->shm && req->shm_values && svc->area.base;
     if (st == PST_OK)
         st = ps_store_pull(store, req->block, req->version, &p->waiter, answer_pull, p);

@@ -127,9 +127,7 @@ static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t by
                              strerror(errno));
     const int seals = fcntl(fd, F_GET_SEALS);
     pst_status st = PST_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
-        st = pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: not a regular file", name);
-    else if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
         st = pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: not a memfd sealed "
                            "against shrinking", name);
     else if ((uint64_t)sb.st_size < bytes)

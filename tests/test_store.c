@@ -139,6 +139,20 @@ static void pull_box_init(pull_box *b)
 }
 
 static void pull_capture(void *arg, pst_status st, const float *values, const void *lowp,
+                         uint64_t length, int64_t version);
+
+/* A pull of a version that exists: answered inside the call, without error, into *box. */
+static void pull_now(ps_store *st, uint32_t block, int64_t version, pull_box *box)
+{
+    pull_box_init(box);
+    ps_pull_waiter w;
+    cr_assert_eq(ps_store_pull(st, block, version, &w, pull_capture, box), PST_OK);
+    cr_assert_eq(box->calls, 1, "block %u, version %lld exists: answered inside the call",
+                 (unsigned)block, (long long)version);
+    cr_assert_eq(box->st, PST_OK);
+}
+
+static void pull_capture(void *arg, pst_status st, const float *values, const void *lowp,
                          uint64_t length, int64_t version)
 {
     pull_box *b = arg;
@@ -1248,10 +1262,7 @@ Test(store, in_process_push_f32_on_caller_values)
                              "reference", pst_optim_kind_name(kinds[k]), use_pool,
                              (long long)step);
                 pull_box box;
-                pull_box_init(&box);
-                ps_pull_waiter w;
-                cr_assert_eq(ps_store_pull(st, 12, step + 1, &w, pull_capture, &box), PST_OK);
-                cr_assert_eq(box.calls, 1, "the version exists: answered inside the call");
+                pull_now(st, 12, step + 1, &box);
                 cr_assert_eq(memcmp(box.values, home + 40, 33 * sizeof(float)), 0);
             }
             /* A NaN in the last element: refused, nothing changes, the step may be pushed
@@ -1340,10 +1351,7 @@ Test(store, update_made_in_slices_gives_the_bits_of_a_push, .timeout = 20)
                          "%s, step %lld: slices and a push differ", pst_optim_kind_name(kinds[k]),
                          (long long)step);
             pull_box box;
-            pull_box_init(&box);
-            ps_pull_waiter w;
-            cr_assert_eq(ps_store_pull(a, 12, step + 1, &w, pull_capture, &box), PST_OK);
-            cr_assert_eq(box.calls, 1, "the commit made the version: answered at once");
+            pull_now(a, 12, step + 1, &box); /* the commit made the version */
             cr_assert_eq(memcmp(box.values, sliced + 40, 33 * sizeof(float)), 0);
         }
         cr_assert_eq(memcmp(sliced, initial, 40 * sizeof(float)), 0, "other blocks touched");
@@ -1450,11 +1458,7 @@ static void assert_lowp_is_cast(ps_store *st, pst_dtype dt, int bi, int64_t want
     const uint32_t id = test_blocks[bi].id;
     const uint64_t n = test_blocks[bi].length;
     pull_box box;
-    pull_box_init(&box);
-    ps_pull_waiter w;
-    cr_assert_eq(ps_store_pull(st, id, want_version, &w, pull_capture, &box), PST_OK);
-    cr_assert_eq(box.calls, 1, "the version exists: answered inside the call");
-    cr_assert_eq(box.st, PST_OK);
+    pull_now(st, id, want_version, &box);
     cr_assert_eq(box.version, want_version);
     cr_assert_eq(box.lowp_null, 0, "%s store: the pull got no copy", pst_dtype_name(dt));
     float master[64];
@@ -1617,12 +1621,7 @@ Test(store, lowp_f32_has_no_copy)
             cr_assert_eq(push_grad(st, 0, s, test_blocks[i].id, g, test_blocks[i].length,
                                    NULL, NULL), PST_OK);
             pull_box box;
-            pull_box_init(&box);
-            box.lowp_null = -1;
-            ps_pull_waiter w;
-            cr_assert_eq(ps_store_pull(st, test_blocks[i].id, s + 1, &w, pull_capture, &box),
-                         PST_OK);
-            cr_assert_eq(box.calls, 1);
+            pull_now(st, test_blocks[i].id, s + 1, &box);
             cr_assert_eq(box.values_null, 0);
             cr_assert_eq(box.lowp_null, 1);
         }

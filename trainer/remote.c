@@ -37,7 +37,8 @@ typedef struct block_ctx {
     atomic_int pending;
     void *dst;          /* the values: f32 at start, the precision's dtype in a step */
     pst_dtype dst_dtype;
-    void *wire_grad;    /* the gradient cast to --grad-dtype (NULL: pushed as f32) */
+    void *wire_grad;    /* the gradient cast to --grad-dtype for a push in the call (NULL:
+                         * pushed as f32, or through shared memory) */
     uint64_t shard_off; /* its first element in its pserver's shard (the Init's order) */
     size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
     tr_exchange_fn done;
@@ -233,22 +234,22 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             ;
         pst_dtype dt;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
+        /* The values in shared memory: the pserver's area, or this block's pull slot. */
         const int s = c->b->pserver;
-        const void *slot = rep->shm && c->r->shm_on[s]
-                               ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
-                               : NULL;
-        if (rep->shm_values && st == PST_OK) {
-            if (c->r->area[s].base && dt == c->r->area_dtype[s])
-                slot = (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off;
-            else
-                st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered from "
-                                   "a values area this trainer has not mapped in %s", c->b->id,
-                                   rpc_client_server(c->r->client, s), pst_dtype_name(dt));
-        }
-        if (st == PST_OK && rep->shm && !slot)
+        const void *slot = NULL;
+        if (st == PST_OK && rep->shm_values)
+            slot = c->r->area[s].base && dt == c->r->area_dtype[s]
+                       ? (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off
+                       : NULL;
+        else if (st == PST_OK && rep->shm)
+            slot = c->r->shm_on[s]
+                       ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
+                       : NULL;
+        if (st == PST_OK && (rep->shm_values || rep->shm) && !slot)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
-                               "memory this trainer did not set up with it", c->b->id,
-                               rpc_client_server(c->r->client, s));
+                               "memory this trainer did not set up with it (%s)", c->b->id,
+                               rpc_client_server(c->r->client, s),
+                               rep->shm_values ? "a values area" : "a pull slot");
         if (st == PST_OK && rep->length != c->b->length)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
                                c->b->id, rpc_client_server(c->r->client, c->b->pserver),
@@ -700,6 +701,16 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     }
     if (st != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
+    /* A push in the call casts into a buffer of its block's; one through shared memory
+     * casts into its slot. */
+    for (int i = 0; i < r->plan->nblocks && cfg->grad_dtype != PST_F32; i++) {
+        block_ctx *c = &r->blocks[i];
+        if (!r->shm_on[c->b->pserver] && !c->wire_grad &&
+            !(c->wire_grad = malloc(c->b->length * pst_dtype_size(cfg->grad_dtype)))) {
+            st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the push buffers");
+            goto out;
+        }
+    }
     /* Everyone starts from the pservers' values (trainer 0's, or a checkpoint's). */
     for (int i = 0; i < r->plan->nblocks; i++) {
         block_ctx *c = &r->blocks[i];
@@ -899,11 +910,6 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         c->push.block = c->b->id;
         c->push.dtype = rpc_dtype_to_wire(cfg->grad_dtype);
         c->push.length = c->b->length;
-        if (cfg->grad_dtype != PST_F32 &&
-            !(c->wire_grad = malloc(c->b->length * pst_dtype_size(cfg->grad_dtype)))) {
-            st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the push buffers");
-            goto error;
-        }
         pstrain__pull_request__init(&c->pull);
         c->pull.trainer_id = (uint32_t)cfg->trainer_id;
         c->pull.block = c->b->id;
