@@ -7,7 +7,7 @@ set -eu
 pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
       dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libssl-dev openssl
       libmicrohttpd-dev python3-prometheus-client python3-matplotlib
-      bible-kjv $*"
+      bible-kjv iproute2 $*"
 
 missing=""
 for p in $pkgs; do

@@ -1,0 +1,541 @@
+/* test_netlab.c — the cluster across "hosts": pservers and trainers each in a host of
+ * scripts/netlab (its own network and PID namespace, its own /proc), talking over a
+ * shaped veth/bridge network instead of loopback.
+ *
+ * What is checked: 1 trainer (h2) x 2 pservers (h0, h1) ends with local training's
+ * param_hash (bit for bit); 2 trainers (h2, h3) x 2 pservers end with the param_hash of
+ * local training with the same global batch on 2 devices (each with the trainers' team of
+ * 2 threads: OpenBLAS's Haswell kernels give a column other bits in a GEMM of another
+ * width, so the threads per device must match, ops_cpu.c) and of the same job on one host
+ * (pslaunch on 127.0.0.1, where the payloads go through shared memory); no pair used
+ * shared memory
+ * (a trainer's memfd, named /proc/<pid>/fd/<fd>, does not exist in the pserver's host, so
+ * the payloads must stay in the calls by themselves: PSTRAIN_SHM is left at auto); each
+ * pserver exits 0 after the last Finish.
+ *
+ * DESIGN. As test_cluster.c: children write stdout and stderr into temporary files, every
+ * wait has a deadline after which the child is killed and the test fails with its stderr,
+ * children get PR_SET_PDEATHSIG, the environment is the test's minus PSTRAIN_* / Paddle /
+ * NETLAB_NAME plus what the test sets. A program runs in a host as `scripts/netlab run hN
+ * -- PROGRAM...`; netlab run execs nsenter, whose command gets SIGTERM when nsenter dies,
+ * so killing the child we started ends the program in the lab too. The lab (NETLAB_NAME
+ * nltest, apart from netlab_check's nlchk so that ctest -j runs both) is made by the
+ * test and taken down by the suite's fini, on failure too, which also kills whatever is
+ * left in it. Not root, or no ip netns / tc / util-linux: the test is skipped with the
+ * one line netlab printed. One test only: criterion runs the tests of a suite in parallel
+ * and they would share the lab. No gRPC in this process. Nothing asserts on durations. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* open_memstream, prctl */
+#endif
+#include <criterion/criterion.h>
+
+#include <errno.h>
+#include <math.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PSERVER PST_BIN_DIR "/pserver"
+#define TRAINER PST_BIN_DIR "/trainer"
+#define PSLAUNCH PST_BIN_DIR "/pslaunch"
+#define NETLAB PST_SOURCE_DIR "/scripts/netlab"
+#define LAB_NAME "NETLAB_NAME=nltest"
+
+/* Bounds of the waits. Generous: they only turn a hang into a failure. */
+#define LAB_WAIT_MS 30000
+#define LISTEN_WAIT_MS 15000
+#define RUN_WAIT_MS 60000
+#define EXIT_WAIT_MS 15000
+
+/* The model: small and quick (test_cluster's DEVICE_FLAGS); fp32. */
+#define FLAGS "--hidden", "32", "--batch", "64", "--steps", "25", "--seed", "9", \
+              "--block-bytes", "8192", "--precision", "fp32", "--progress", "none", \
+              "--connect-timeout-ms", "5000"
+
+/* ---- child processes (as test_cluster.c) ------------------------------------------------ */
+
+typedef struct proc {
+    pid_t pid;           /* 0 when never started */
+    int reaped;          /* waitpid has returned it */
+    int status;          /* its wait status once reaped */
+    char out_path[64];   /* stdout and stderr files */
+    char err_path[64];
+} proc;
+
+#define MAX_CHILDREN 32
+static proc pool[MAX_CHILDREN]; /* every child of this test (criterion forks per test) */
+static int nchildren;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int controlled_var(const char *kv)
+{
+    return strncmp(kv, "PSTRAIN_", 8) == 0 || strncmp(kv, "PADDLE_", 7) == 0 ||
+           strncmp(kv, "TRAINING_ROLE=", 14) == 0 || strncmp(kv, "POD_IP=", 7) == 0 ||
+           strncmp(kv, "NETLAB_NAME=", 12) == 0;
+}
+
+/* Ours minus the controlled variables, plus `env`; built before fork. Free only the array. */
+static char **child_environment(const char *const env[])
+{
+    extern char **environ;
+    size_t n = 0, k = 0;
+    for (char **e = environ; *e; e++)
+        n++;
+    for (int i = 0; env && env[i]; i++)
+        n++;
+    char **envp = calloc(n + 1, sizeof *envp);
+    if (!envp)
+        return NULL;
+    for (char **e = environ; *e; e++)
+        if (!controlled_var(*e))
+            envp[k++] = *e;
+    for (int i = 0; env && env[i]; i++)
+        envp[k++] = (char *)env[i];
+    envp[k] = NULL;
+    return envp;
+}
+
+/* Starts argv[0] (a path) with the extra environment; output goes to files. Returns NULL
+ * (errno set) when it cannot: usable from the fini, which must not assert. */
+static proc *proc_start_or_null(const char *const argv[], const char *const env[])
+{
+    if (nchildren >= MAX_CHILDREN)
+        return NULL;
+    proc *p = &pool[nchildren];
+    memset(p, 0, sizeof *p);
+    snprintf(p->out_path, sizeof p->out_path, "/tmp/pst_netlab_out_XXXXXX");
+    snprintf(p->err_path, sizeof p->err_path, "/tmp/pst_netlab_err_XXXXXX");
+    int out = mkstemp(p->out_path), err = mkstemp(p->err_path);
+    int devnull = open("/dev/null", O_RDONLY);
+    char **envp = child_environment(env);
+    if (out < 0 || err < 0 || devnull < 0 || !envp) {
+        int e = errno;
+        if (out >= 0)
+            close(out), unlink(p->out_path);
+        if (err >= 0)
+            close(err), unlink(p->err_path);
+        if (devnull >= 0)
+            close(devnull);
+        free(envp);
+        errno = e;
+        return NULL;
+    }
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* die with the test worker */
+        if (getppid() != parent)
+            _exit(126);
+        dup2(devnull, STDIN_FILENO);
+        dup2(out, STDOUT_FILENO);
+        dup2(err, STDERR_FILENO);
+        for (int fd = 3; fd < 1024; fd++) /* the criterion worker's pipes, our files */
+            close(fd);
+        execve(argv[0], (char *const *)argv, envp);
+        static const char msg[] = "test_netlab: execve failed\n";
+        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        _exit(127);
+    }
+    int e = errno;
+    free(envp);
+    close(devnull);
+    close(out);
+    close(err);
+    if (pid < 0) {
+        unlink(p->out_path);
+        unlink(p->err_path);
+        errno = e;
+        return NULL;
+    }
+    p->pid = pid;
+    nchildren++;
+    return p;
+}
+
+static proc *proc_start(const char *const argv[], const char *const env[])
+{
+    proc *p = proc_start_or_null(argv, env);
+    cr_assert_not_null(p, "cannot start %s: %s", argv[0], strerror(errno));
+    return p;
+}
+
+/* Waits up to timeout_ms; 1 when the child has exited (p->status set), 0 when not yet. */
+static int proc_wait(proc *p, int timeout_ms)
+{
+    if (p->reaped)
+        return 1;
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        pid_t r = waitpid(p->pid, &p->status, WNOHANG);
+        if (r == p->pid) {
+            p->reaped = 1;
+            return 1;
+        }
+        if (r < 0 && errno != EINTR) {
+            p->reaped = 1;
+            p->status = -1;
+            return 1;
+        }
+        if (now_ms() > deadline)
+            return 0;
+        sleep_ms(10);
+    }
+}
+
+/* Kills (SIGKILL) and reaps a child that is still running; removes its files. */
+static void proc_cleanup(proc *p)
+{
+    if (p->pid > 0 && !p->reaped) {
+        kill(p->pid, SIGKILL);
+        while (waitpid(p->pid, &p->status, 0) < 0 && errno == EINTR)
+            ;
+        p->reaped = 1;
+    }
+    if (p->out_path[0])
+        unlink(p->out_path);
+    if (p->err_path[0])
+        unlink(p->err_path);
+    p->out_path[0] = p->err_path[0] = '\0';
+}
+
+/* The whole content of a file, NUL-terminated ("" when unreadable); the caller frees it. */
+static char *slurp(const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        FILE *m = open_memstream(&buf, &len);
+        cr_assert_not_null(m);
+        char chunk[4096];
+        size_t n;
+        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+            fwrite(chunk, 1, n, m);
+        fclose(m);
+        fclose(f);
+    }
+    if (!buf)
+        buf = strdup("");
+    cr_assert_not_null(buf);
+    return buf;
+}
+
+/* Waits for a started child within timeout_ms and asserts that it exited (not killed,
+ * not hung), naming it with `what`. Returns its exit status; *out / *err (optional)
+ * receive its output. */
+static int finish(proc *p, const char *what, int timeout_ms, char **out, char **err)
+{
+    int done = proc_wait(p, timeout_ms);
+    char *o = slurp(p->out_path), *e = slurp(p->err_path); /* what a hung child wrote too */
+    if (!done)
+        proc_cleanup(p);
+    cr_assert(done, "%s did not exit within %d ms; stderr:\n%s", what, timeout_ms, e);
+    cr_assert(WIFEXITED(p->status), "%s died with wait status 0x%x; stderr:\n%s", what,
+              p->status, e);
+    if (out)
+        *out = o;
+    else
+        free(o);
+    if (err)
+        *err = e;
+    else
+        free(e);
+    return WEXITSTATUS(p->status);
+}
+
+/* ---- the lab ---------------------------------------------------------------------------- */
+
+static int lab_started; /* netlab up was run: the fini takes the lab down */
+
+/* `netlab down`, bounded; never asserts (it runs in the fini). */
+static void lab_down(void)
+{
+    const char *argv[] = {NETLAB, "down", NULL};
+    const char *env[] = {LAB_NAME, NULL};
+    proc *p = proc_start_or_null(argv, env);
+    if (!p) {
+        fprintf(stderr, "test_netlab: cannot run netlab down: %s\n", strerror(errno));
+        return;
+    }
+    if (!proc_wait(p, LAB_WAIT_MS) || !WIFEXITED(p->status) || WEXITSTATUS(p->status) != 0) {
+        char *e = slurp(p->err_path);
+        fprintf(stderr, "test_netlab: netlab down failed; stderr:\n%s\n", e);
+        free(e);
+    }
+    proc_cleanup(p);
+}
+
+static void suite_fini(void)
+{
+    for (int i = 0; i < nchildren; i++) /* first what runs in the lab */
+        proc_cleanup(&pool[i]);
+    nchildren = 0;
+    if (lab_started)
+        lab_down();
+    lab_started = 0;
+}
+
+/* Brings up `hosts` hosts at 1 Gbit/s into addr[i] ("10.77.0.(i+1)"); skips the test when
+ * netlab says the machine cannot (exit 2: not root, a tool missing). */
+static void lab_up(int hosts, char addr[][16])
+{
+    if (geteuid() != 0)
+        cr_skip_test("netlab needs root (network namespaces): not run");
+    char n[8];
+    snprintf(n, sizeof n, "%d", hosts);
+    const char *argv[] = {NETLAB, "up", "--hosts", n, "--link", "1gbit", NULL};
+    const char *env[] = {LAB_NAME, NULL};
+    lab_started = 1;
+    char *out, *err;
+    int rc = finish(proc_start(argv, env), "netlab up", LAB_WAIT_MS, &out, &err);
+    if (rc == 2) {
+        err[strcspn(err, "\n")] = '\0';
+        cr_skip_test("the lab cannot run here: %s", err);
+    }
+    cr_assert_eq(rc, 0, "netlab up exited %d; stderr:\n%s", rc, err);
+    const char *line = out;
+    for (int i = 0; i < hosts; i++) {
+        char name[8], want_name[8], ifname[16];
+        cr_assert(sscanf(line, "%7s %15s %15s", name, addr[i], ifname) == 3,
+                  "netlab up's line %d is not NAME ADDRESS INTERFACE:\n%s", i, out);
+        snprintf(want_name, sizeof want_name, "h%d", i);
+        cr_assert_str_eq(name, want_name, "netlab up printed:\n%s", out);
+        cr_assert_str_eq(ifname, "eth0", "netlab up printed:\n%s", out);
+        line = strchr(line, '\n');
+        cr_assert_not_null(line, "netlab up printed:\n%s", out);
+        line++;
+    }
+    free(out);
+    free(err);
+}
+
+/* argv of `netlab run HOST -- program...` into out[max]. */
+static void in_host(const char **out, int max, const char *host, const char *const prog[])
+{
+    int n = 0;
+    const char *head[] = {NETLAB, "run", host, "--"};
+    for (int i = 0; i < 4; i++)
+        out[n++] = head[i];
+    for (int i = 0; prog[i]; i++) {
+        cr_assert_lt(n, max - 1);
+        out[n++] = prog[i];
+    }
+    out[n] = NULL;
+}
+
+/* ---- the programs ------------------------------------------------------------------------- */
+
+/* Starts a pserver in `host` on port 0; returns the port it announced. */
+static int pserver_start(proc **ps, const char *host)
+{
+    const char *prog[] = {PSERVER, "--log-level", "info", NULL};
+    const char *argv[16];
+    in_host(argv, 16, host, prog);
+    const char *env[] = {LAB_NAME, "PSTRAIN_PORT=0", NULL};
+    proc *p = *ps = proc_start(argv, env);
+    double deadline = now_ms() + LISTEN_WAIT_MS;
+    for (;;) {
+        char *first = slurp(p->out_path);
+        char *nl = strchr(first, '\n');
+        if (nl) {
+            *nl = '\0';
+            const char *q = strstr(first, "\"port\":");
+            cr_assert(strstr(first, "{\"event\":\"listening\"") == first && q,
+                      "pserver in %s: first line is not the listening event: %s", host, first);
+            int port = atoi(q + 7);
+            free(first);
+            cr_assert(port > 0 && port < 65536, "pserver in %s announced port %d", host, port);
+            return port;
+        }
+        free(first);
+        if (proc_wait(p, 0) || now_ms() > deadline) {
+            char *err = slurp(p->err_path);
+            cr_assert_fail("pserver in %s did not announce its port (%s); stderr:\n%s", host,
+                           p->reaped ? "it exited" : "deadline passed", err);
+        }
+        sleep_ms(10);
+    }
+}
+
+/* The summary's param_hash (16 hex digits: equal means bit-identical parameters). */
+typedef struct param_hash {
+    char hex[17];
+} param_hash;
+
+static param_hash summary_hash(const char *out)
+{
+    param_hash h = {{0}};
+    const char *line = strstr(out, "{\"event\":\"summary\"");
+    cr_assert_not_null(line, "no summary line in:\n%s", out);
+    const char *q = strstr(line, "\"param_hash\":\"");
+    cr_assert_not_null(q, "summary has no param_hash: %s", line);
+    q += strlen("\"param_hash\":\"");
+    size_t len = strspn(q, "0123456789abcdef");
+    cr_assert(len == 16 && q[16] == '"', "param_hash is not 16 hex digits: %s", line);
+    memcpy(h.hex, q, 16);
+    return h;
+}
+
+/* A number from the summary line of a trainer's stdout. */
+static double summary_value(const char *out, const char *key)
+{
+    const char *line = strstr(out, "{\"event\":\"summary\"");
+    cr_assert_not_null(line, "no summary line in:\n%s", out);
+    const char *eol = strchr(line, '\n');
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *q = strstr(line, pat);
+    cr_assert(q && (!eol || q < eol), "summary has no %s: %s", key, line);
+    char *end;
+    double v = strtod(q + strlen(pat), &end);
+    cr_assert(end != q + strlen(pat), "summary %s is not a number: %s", key, line);
+    return v;
+}
+
+typedef struct result {
+    param_hash hash;
+    double l2; /* param_l2 */
+} result;
+
+static result summary_result(const char *out)
+{
+    result r = {summary_hash(out), summary_value(out, "param_l2")};
+    cr_assert(r.l2 > 0 && isfinite(r.l2), "param_l2 %g", r.l2);
+    return r;
+}
+
+/* argv (a job outside the lab) on `devices`, which must exit 0: trainer 0's result. */
+static result job_result(const char *what, const char *const argv[], const char *devices)
+{
+    char env_dev[32];
+    snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
+    const char *env[] = {env_dev, NULL};
+    char *out, *err;
+    int rc = finish(proc_start(argv, env), what, RUN_WAIT_MS + 30000, &out, &err);
+    cr_assert_eq(rc, 0, "%s on %s exited %d; stderr:\n%s", what, devices, rc, err);
+    result r = summary_result(out);
+    free(out);
+    free(err);
+    return r;
+}
+
+/* Shared memory would show in a log line with "is on this host" (trainer and pserver,
+ * --log-level info; see test_cluster's shared_memory_payloads_give_the_bits_of_the_calls).
+ * The pserver says instead "trainer T: payloads in the calls, not in shared memory: ...":
+ * it did try the trainer's /proc/<pid>/fd/<fd>, and in its own host that pid is another
+ * process or none (every host numbers its processes from 1, so the pid often exists: the
+ * memfd, size and nonce checks are what refuse it). */
+static void assert_no_shm(const char *who, const char *err)
+{
+    cr_assert_null(strstr(err, "is on this host"), "%s used shared memory across hosts:\n%s",
+                   who, err);
+}
+
+/* T trainers in h2.. against pservers in h0 and h1 (addr: the lab's addresses); returns
+ * trainer 0's result, after every trainer and pserver exited 0 without shared memory. */
+static result cluster_result(int T, char addr[][16])
+{
+    proc *ps[2];
+    int port[2];
+    for (int s = 0; s < 2; s++) {
+        char host[8];
+        snprintf(host, sizeof host, "h%d", s);
+        port[s] = pserver_start(&ps[s], host);
+    }
+    char pservers[96], trainers[32];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=%s:%d,%s:%d", addr[0], port[0],
+             addr[1], port[1]);
+    snprintf(trainers, sizeof trainers, "PSTRAIN_TRAINERS=%d", T);
+    proc *tr[2];
+    char ids[2][32];
+    for (int t = 0; t < T; t++) {
+        char host[8];
+        snprintf(host, sizeof host, "h%d", 2 + t);
+        snprintf(ids[t], sizeof ids[t], "PSTRAIN_TRAINER_ID=%d", t);
+        const char *prog[] = {TRAINER, FLAGS, "--log-level", "info", NULL};
+        const char *argv[40];
+        in_host(argv, 40, host, prog);
+        const char *env[] = {LAB_NAME, pservers, trainers, ids[t], "PSTRAIN_DEVICES=cpu:1",
+                             NULL};
+        tr[t] = proc_start(argv, env);
+    }
+    result r = {{{0}}, 0};
+    for (int t = 0; t < T; t++) {
+        char what[32];
+        snprintf(what, sizeof what, "trainer %d of %d", t, T);
+        char *out, *err;
+        int rc = finish(tr[t], what, RUN_WAIT_MS, &out, &err);
+        cr_assert_eq(rc, 0, "%s (in h%d) exited %d; stderr:\n%s", what, 2 + t, rc, err);
+        assert_no_shm(what, err);
+        if (t == 0)
+            r = summary_result(out);
+        free(out);
+        free(err);
+    }
+    for (int s = 0; s < 2; s++) { /* each exits 0 after the last Finish */
+        char what[32];
+        snprintf(what, sizeof what, "pserver %d", s);
+        char *err;
+        int rc = finish(ps[s], what, EXIT_WAIT_MS, NULL, &err);
+        cr_assert_eq(rc, 0, "%s (in h%d) exited %d; stderr:\n%s", what, s, rc, err);
+        assert_no_shm(what, err);
+        for (int t = 0; t < T; t++) { /* it tried the trainer's segment, and refused it */
+            char said[64];
+            snprintf(said, sizeof said, "trainer %d: payloads in the calls", t);
+            cr_assert_not_null(strstr(err, said), "%s does not say \"%s\":\n%s", what, said,
+                               err);
+        }
+        free(err);
+    }
+    return r;
+}
+
+TestSuite(netlab, .fini = suite_fini, .timeout = 300);
+
+Test(netlab, cluster_across_hosts_gives_the_bits_of_one_host)
+{
+    char addr[4][16];
+    lab_up(4, addr);
+
+    const char *local[] = {TRAINER, FLAGS, "--log-level", "warn", NULL};
+    const char *loopback[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                              "--", TRAINER, FLAGS, "--log-level", "warn", NULL};
+    /* The global batch in 2 halves, each on a device with a team of 2 threads as each
+     * trainer's cpu:1 has (OpenBLAS may give a column other bits in a GEMM of another
+     * width: the threads per device must match, ops_cpu.c). */
+    const char *local2[] = {TRAINER, FLAGS, "--threads", "4", "--log-level", "warn", NULL};
+    const result one = job_result("local trainer", local, "cpu:1");
+    const result two = job_result("local trainer", local2, "cpu:2");
+    const result same_host = job_result("pslaunch 2 x 2", loopback, "cpu:1");
+
+    const result d1 = cluster_result(1, addr);
+    cr_assert_str_eq(d1.hash.hex, one.hash.hex, "1 trainer (h2) x 2 pservers (h0, h1): %s, "
+                     "local: %s", d1.hash.hex, one.hash.hex);
+
+    const result d2 = cluster_result(2, addr);
+    cr_assert_str_eq(d2.hash.hex, same_host.hash.hex, "2 trainers (h2, h3) x 2 pservers (h0, "
+                     "h1): %s, the same job on one host: %s", d2.hash.hex, same_host.hash.hex);
+    cr_assert_str_eq(d2.hash.hex, two.hash.hex, "2 trainers (h2, h3) x 2 pservers (h0, h1): "
+                     "%s, local on cpu:2 with the same global batch: %s", d2.hash.hex,
+                     two.hash.hex);
+}
