@@ -43,6 +43,47 @@ static pst_status bad(const char *where, const char *v, const char *what, const 
     return pst_error_set(PST_ERR_INVALID, "%s=%s: %s (example: %s)", where, v, what, example);
 }
 
+/* A byte count with an optional K/M/G suffix (KiB, MB and the like too) in min..max, or
+ * with `with_auto` the word "auto" (PST_SEND_WINDOW_AUTO). */
+static pst_status parse_bytes(const char *v, double min, double max, int with_auto,
+                              const char *where, const char *example, size_t *out)
+{
+    if (with_auto && strcasecmp(v, "auto") == 0) {
+        *out = PST_SEND_WINDOW_AUTO;
+        return PST_OK;
+    }
+    char *e;
+    char range[160];
+    errno = 0;
+    double n = strtod(v, &e);
+    double mult = 1;
+    if (e != v && *e) {
+        switch (*e) {
+        case 'k': case 'K': mult = 1024.0; break;
+        case 'm': case 'M': mult = 1024.0 * 1024; break;
+        case 'g': case 'G': mult = 1024.0 * 1024 * 1024; break;
+        default: mult = 0;
+        }
+        if (e[1] && !(e[1] == 'i' && e[2] == 'B' && !e[3]) && !((e[1] == 'B' || e[1] == 'b') && !e[2]))
+            mult = 0;
+    }
+    n *= mult;
+    if (e == v || errno || mult == 0 || n < min || n > max || n != floor(n)) {
+        snprintf(range, sizeof range, "expected a whole number of bytes in %s..%s (K/M/G "
+                 "suffixes)%s", min >= 1024 ? "1K" : "0", max >= 1099511627776.0 ? "1024G" : "1G",
+                 with_auto ? " or auto" : "");
+        return bad(where, v, range, example);
+    }
+    *out = (size_t)n;
+    return PST_OK;
+}
+
+static pst_status parse_send_window(pst_config *cfg, const char *v, const char *where,
+                                    const char *ex)
+{
+    return parse_bytes(v, 0, (double)(1ull << 40), 1, where, ex, &cfg->send_window);
+}
+
 static pst_status parse_role(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     pst_role r;
@@ -340,7 +381,7 @@ static const opt options[] = {
     {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address", R_PSERVER, OPT_STR, S(bind_host), 0, 0, NULL},
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
-    {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "8M", "bytes of pushes in flight per pserver; waiting blocks go in forward order (first layer first); 0 = no limit", R_TRAINER, OPT_BYTES, F(send_window), 0, (double)(1ull << 40), NULL},
+    {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
@@ -470,30 +511,8 @@ static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char
             return bad(where, v, "too long", example);
         memcpy(base + o->off, v, strlen(v) + 1);
         return PST_OK;
-    case OPT_BYTES: {
-        char *e;
-        errno = 0;
-        double n = strtod(v, &e);
-        double mult = 1;
-        if (e != v && *e) {
-            switch (*e) {
-            case 'k': case 'K': mult = 1024.0; break;
-            case 'm': case 'M': mult = 1024.0 * 1024; break;
-            case 'g': case 'G': mult = 1024.0 * 1024 * 1024; break;
-            default: mult = 0;
-            }
-            if (e[1] && !(e[1] == 'i' && e[2] == 'B' && !e[3]) && !((e[1] == 'B' || e[1] == 'b') && !e[2]))
-                mult = 0;
-        }
-        n *= mult;
-        if (e == v || errno || mult == 0 || n < o->min || n > o->max || n != floor(n)) {
-            snprintf(range, sizeof range, "expected a whole number of bytes in %s..%s (K/M/G suffixes)",
-                     o->min >= 1024 ? "1K" : "0", o->max >= 1099511627776.0 ? "1024G" : "1G");
-            return bad(where, v, range, example);
-        }
-        *(size_t *)(base + o->off) = (size_t)n;
-        return PST_OK;
-    }
+    case OPT_BYTES:
+        return parse_bytes(v, o->min, o->max, 0, where, example, (size_t *)(base + o->off));
     case OPT_BOOL:
         if (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0)
             *(int *)(base + o->off) = 1;
@@ -522,7 +541,7 @@ void pst_config_defaults(pst_config *cfg)
     snprintf(cfg->bind_host, sizeof cfg->bind_host, "0.0.0.0");
     cfg->mode = PST_MODE_SYNC;
     cfg->block_bytes = 4u << 20;
-    cfg->send_window = 8u << 20;
+    cfg->send_window = PST_SEND_WINDOW_AUTO;
     cfg->shm = 1;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
@@ -868,8 +887,11 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     } else {
         fprintf(out, ",\"trainers\":%d,\"trainer_id\":%d", cfg->trainers, cfg->trainer_id);
         json_str(out, "mode", pst_mode_name(cfg->mode), &first);
-        fprintf(out, ",\"block_bytes\":%zu,\"send_window\":%zu", cfg->block_bytes,
-                cfg->send_window);
+        fprintf(out, ",\"block_bytes\":%zu", cfg->block_bytes);
+        if (cfg->send_window == PST_SEND_WINDOW_AUTO)
+            json_str(out, "send_window", "auto", &first);
+        else
+            fprintf(out, ",\"send_window\":%zu", cfg->send_window);
         json_str(out, "devices", cfg->devices, &first);
         json_str(out, "compute_cpus", cfg->compute_cpus, &first);
         json_str(out, "model", cfg->model, &first);

@@ -27,6 +27,7 @@
 
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
 #define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
+#define PST_SEND_WINDOW_AUTO SIZE_MAX /* --send-window auto: the trainer picks (remote.h) */
 /* --dataset kjv's text (scripts/deps.sh writes it from Debian's bible-kjv) */
 #define PST_KJV_PATH "/usr/local/share/pstrain/kjv.txt"
 
@@ -63,7 +64,8 @@ typedef struct pst_config {
     char bind_host[PST_ADDR_MAX];                  /* pserver listen address */
     pst_mode mode;
     size_t block_bytes;
-    size_t send_window;                            /* push bytes in flight per pserver, 0: any */
+    size_t send_window;                            /* push bytes in flight per trainer (all its
+                                                    * pservers), 0: any, PST_SEND_WINDOW_AUTO */
     char devices[64];                              /* "cpu:N" */
     long rpc_timeout_ms;                           /* deadline of one RPC */
     long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */

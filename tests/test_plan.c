@@ -97,3 +97,56 @@ Test(plan, rejects_bad_sizes)
     cr_assert_null(p.blocks);
     tr_plan_free(NULL);
 }
+
+/* Every pserver gets the same number of blocks (one link carrying a block more than the
+ * others would be the job's bottleneck): 5 blocks' worth on 4 pservers is cut into 8. */
+Test(plan, every_pserver_the_same_number_of_blocks)
+{
+    const size_t sizes[] = {5u << 20, 1863690, 25000000, 1000, 7};
+    const int servers[] = {2, 3, 4, 5, 8};
+    for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+        for (size_t c = 0; c < sizeof servers / sizeof *servers; c++) {
+            tr_plan p;
+            const int S = servers[c];
+            cr_assert_eq(tr_plan_build(&p, sizes[a], 4u << 20, S, 1), PST_OK);
+            int count[8] = {0};
+            for (int i = 0; i < p.nblocks; i++)
+                count[p.blocks[i].pserver]++;
+            if (sizes[a] >= (size_t)p.nblocks && p.nblocks >= S)
+                for (int s = 0; s < S; s++)
+                    cr_assert_eq(count[s], p.nblocks / S, "%zu params on %d pservers: pserver "
+                                 "%d has %d of %d blocks", sizes[a], S, s, count[s], p.nblocks);
+            /* round robin: consecutive blocks on different pservers */
+            for (int i = 1; i < p.nblocks && S > 1; i++)
+                cr_assert_neq(p.blocks[i].pserver, p.blocks[i - 1].pserver);
+            tr_plan_free(&p);
+        }
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, 5000000, 4u << 20, 4, 1), PST_OK);
+    cr_assert_eq(p.nblocks, 8);
+    tr_plan_free(&p);
+}
+
+/* A job with pservers cuts at least TR_PLAN_ROUNDS blocks per pserver, never below
+ * TR_PLAN_MIN_BLOCK, never above --block-bytes. */
+Test(plan, pipelined_blocks)
+{
+    /* 5M f32 on 4 pservers: 20 MB / 32 = 625 KB */
+    cr_assert_eq(tr_plan_pipelined_bytes(5000000, 4u << 20, 4), 625000);
+    /* 25M on 1: 100 MB / 8 = 12.5 MB, capped at 4 MiB */
+    cr_assert_eq(tr_plan_pipelined_bytes(25000000, 4u << 20, 1), 4u << 20);
+    /* small models: not below 256 KiB */
+    cr_assert_eq(tr_plan_pipelined_bytes(100000, 4u << 20, 2), TR_PLAN_MIN_BLOCK);
+    /* a smaller --block-bytes stands */
+    cr_assert_eq(tr_plan_pipelined_bytes(5000000, 64u << 10, 4), 64u << 10);
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, 5000000, tr_plan_pipelined_bytes(5000000, 4u << 20, 4), 4, 1),
+                 PST_OK);
+    cr_assert_eq(p.nblocks, 4 * TR_PLAN_ROUNDS);
+    tr_plan_free(&p);
+    /* a size that is no whole number of elements a block: still exactly the rounds */
+    const size_t n = 100000000 + 3;
+    cr_assert_eq(tr_plan_build(&p, n, tr_plan_pipelined_bytes(n, 4u << 20, 64), 64, 1), PST_OK);
+    cr_assert_eq(p.nblocks, 64 * TR_PLAN_ROUNDS);
+    tr_plan_free(&p);
+}

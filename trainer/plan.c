@@ -28,6 +28,12 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
     size_t want = (size_t)npservers < nparams ? (size_t)npservers : nparams;
     if (nb < want)
         nb = want;
+    /* Every pserver the same number of blocks: a link that carries one block more than the
+     * others is the job's bottleneck (5 blocks on 4 pservers: one link carries twice the
+     * bytes of the others). Equal blocks stay at most block_bytes: they only get smaller. */
+    size_t whole = (nb + (size_t)npservers - 1) / (size_t)npservers * (size_t)npservers;
+    if (whole <= nparams)
+        nb = whole;
     if (nb > (size_t)INT32_MAX)
         return pst_error_set(PST_ERR_INVALID, "block plan: %zu blocks is too many; raise "
                              "PSTRAIN_BLOCK_BYTES (example: PSTRAIN_BLOCK_BYTES=4M)", nb);
@@ -50,12 +56,24 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
         b->offset = off;
         b->length = base + (i < extra ? 1 : 0);
         off += b->length;
-        b->pserver = least_loaded(p->pserver_elems, npservers);
+        b->pserver = (int)(i % (size_t)npservers);
         p->pserver_elems[b->pserver] += b->length;
         b->owner_device = least_loaded(p->device_elems, ndevices);
         p->device_elems[b->owner_device] += b->length;
     }
     return PST_OK;
+}
+
+size_t tr_plan_pipelined_bytes(size_t nparams, size_t block_bytes, int npservers)
+{
+    if (npservers < 1 || nparams == 0)
+        return block_bytes;
+    const size_t rounds = (size_t)TR_PLAN_ROUNDS * (size_t)npservers;
+    /* whole elements, so that the plan cuts exactly `rounds` blocks, not one more */
+    size_t b = (nparams + rounds - 1) / rounds * sizeof(float);
+    if (b < TR_PLAN_MIN_BLOCK)
+        b = TR_PLAN_MIN_BLOCK;
+    return b < block_bytes ? b : block_bytes;
 }
 
 void tr_plan_free(tr_plan *p)

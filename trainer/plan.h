@@ -2,12 +2,20 @@
  * owns each block and which local device owns it. Computed independently and identically
  * by every process from (nparams, block_bytes, npservers, ndevices); no communication.
  *
- * Cutting: nblocks = max(ceil(nparams / max_elems), min(npservers, nparams)) blocks of
+ * Cutting: nblocks = max(ceil(nparams / max_elems), min(npservers, nparams)) rounded up to
+ * a multiple of npservers (where every block keeps at least one element) blocks of
  * near-equal length (they differ by at most one element), in buffer order, so no block is
  * larger than block_bytes and every pserver gets work when there are enough parameters.
- * Placement: blocks in order, each to the pserver with the fewest bytes so far (ties to
- * the lowest index); owner devices the same way. With near-equal blocks the most loaded
- * pserver carries at most one block more than the average. */
+ * Placement: round robin, block i on pserver i mod npservers: with the rounding every
+ * pserver gets the same number of blocks, and consecutive blocks are on different
+ * pservers. Owner devices: blocks in order, each to the device with the fewest bytes so
+ * far (ties to the lowest index).
+ *
+ * Pipelining (a job with pservers): train.c asks for blocks no larger than
+ * tr_plan_pipelined_bytes(), so each pserver gets at least TR_PLAN_ROUNDS blocks. A step's
+ * pushes then go out in rounds of one block per pserver, and the pulls of a round come
+ * back while the next rounds are pushed, on the other direction of a full-duplex link:
+ * the step is the link's bytes plus about one round, not twice the bytes. */
 #ifndef TR_PLAN_H
 #define TR_PLAN_H
 
@@ -40,6 +48,14 @@ typedef struct tr_plan {
 pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
                          int ndevices);
 void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
+
+/* Blocks per pserver a job with pservers is cut into at least, and the smallest block
+ * that rule makes (bytes of f32; below it a call's own cost outweighs the overlap). */
+#define TR_PLAN_ROUNDS 8
+#define TR_PLAN_MIN_BLOCK ((size_t)256 << 10)
+/* The block_bytes a job with `npservers` pservers builds its plan with: block_bytes, or
+ * less, so that every pserver gets TR_PLAN_ROUNDS blocks, but not below TR_PLAN_MIN_BLOCK. */
+size_t tr_plan_pipelined_bytes(size_t nparams, size_t block_bytes, int npservers);
 /* FNV-1a over the plan's numbers, continuing from `h` (start with 0). */
 uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h);
 /* FNV-1a of `len` bytes continuing from `h` (0 = fresh). */

@@ -5,15 +5,20 @@
  * released, pull done), so an exchange allocates nothing. Init and Finish are waited for
  * with one counter under the link's mutex; every call has a deadline, so waits are
  * bounded.
- * Scheduling (after P3 and ByteScheduler): each pserver's link lets at most
- * cfg->send_window bytes of Pushes be in flight (from the call until its answer); the
- * others wait in a queue taken lowest (step, block) first. Blocks are in buffer order, so
- * that is forward order: backward produces the first layer's gradient last, and with the
- * window its exchange overtakes the later layers' still waiting, instead of queueing
- * behind all of them, so the next forward can start sooner. A narrow window also makes
- * the pushes finish one after the other instead of all together at the end, so the pulls
- * (which the pserver answers once the push is applied) start coming back early. The
- * Pulls are not windowed: in sync mode each one waits at the pserver for its push. */
+ * Scheduling (after P3 and ByteScheduler's credits): the trainer's network link lets at
+ * most `window` bytes of Pushes be in flight (from the call until its answer), to all its
+ * pservers together; the others wait in one queue taken lowest (step, block) first. The
+ * window is the trainer's, not each pserver's, because the pushes to every pserver share
+ * the one link the trainer has: with a window per pserver, S pservers put S windows on it
+ * at once, every block shares the link with every other and they all finish together at
+ * the end of the step, so no pull can overlap a push. Blocks are in buffer order, so the
+ * queue's order is forward order: backward produces the first layer's gradient last, and
+ * its exchange overtakes the later layers' still waiting, so the next forward can start
+ * sooner. Consecutive blocks are on different pservers (plan.h), so a window of one block
+ * per pserver (the default, --send-window auto) sends a round of S blocks at a time, each
+ * to its own pserver, and every pserver's link carries its share while the pulls of the
+ * rounds before come back on the other direction of the full-duplex links. The Pulls are
+ * not windowed: in sync mode each one waits at the pserver for its push. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
@@ -53,7 +58,7 @@ typedef struct block_ctx {
     float scale;
 } block_ctx;
 
-/* One pserver's window: the exchanges in flight and those waiting. */
+/* The trainer's window: the exchanges in flight and those waiting. */
 typedef struct link_sched {
     pthread_mutex_t mu;
     size_t inflight;     /* bytes */
@@ -111,7 +116,8 @@ struct tr_remote {
     _Atomic uint64_t pushed_bytes, pulled_bytes; /* payloads (link.h's traffic) */
     int rpc_inited;
     block_ctx *blocks; /* (plan.nblocks) */
-    link_sched *links; /* (num_pservers) */
+    link_sched sched;  /* the trainer's link: pushes in flight and waiting */
+    size_t window;     /* its bytes (cfg->send_window, or auto's); 0: no limit */
     /* blocking batches (Init, Finish, start's pulls) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -188,16 +194,16 @@ static void exchange_error(block_ctx *c, pst_status st, const char *detail)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void link_pump(tr_remote *r, int s);
+static void link_pump(tr_remote *r);
 
 /* The block's push has been answered (or failed): the next waiting exchange may start. */
 static void window_release(block_ctx *c)
 {
-    link_sched *ls = &c->r->links[c->b->pserver];
+    link_sched *ls = &c->r->sched;
     pthread_mutex_lock(&ls->mu);
     ls->inflight -= c->b->length * pst_dtype_size(c->r->cfg->grad_dtype);
     pthread_mutex_unlock(&ls->mu);
-    link_pump(c->r, c->b->pserver);
+    link_pump(c->r);
 }
 
 static void exchange_step_done(block_ctx *c)
@@ -385,12 +391,12 @@ static void exchange_start(block_ctx *c)
         start_pull(c, step + 1);
 }
 
-/* Starts waiting exchanges of pserver s, lowest (step, block) first, while the window
- * has room (an exchange larger than the window starts when nothing else is in flight). */
-static void link_pump(tr_remote *r, int s)
+/* Starts waiting exchanges, lowest (step, block) first, while the window has room (an
+ * exchange larger than the window starts when nothing else is in flight). */
+static void link_pump(tr_remote *r)
 {
-    link_sched *ls = &r->links[s];
-    const size_t window = r->cfg->send_window;
+    link_sched *ls = &r->sched;
+    const size_t window = r->window;
     for (;;) {
         block_ctx *next = NULL;
         pthread_mutex_lock(&ls->mu);
@@ -422,11 +428,11 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     c->step = step;
     c->grad = grad;
     c->scale = scale;
-    link_sched *ls = &r->links[c->b->pserver];
+    link_sched *ls = &r->sched;
     pthread_mutex_lock(&ls->mu);
     heap_push(ls, c);
     pthread_mutex_unlock(&ls->mu);
-    link_pump(r, c->b->pserver);
+    link_pump(r);
     return PST_OK;
 }
 
@@ -731,7 +737,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     }
     if (st == PST_OK)
         PST_INFO("joined %d pserver(s): %d blocks of up to %zu bytes, %s mode, %d trainers", S,
-                 r->plan->nblocks, cfg->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
+                 r->plan->nblocks, r->plan->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
 out:
     for (int s = 0; s < S; s++) {
         free(calls[s].specs);
@@ -860,6 +866,17 @@ static const tr_link_ops remote_ops = {
     .traffic = link_traffic,
 };
 
+size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size)
+{
+    if (send_window != PST_SEND_WINDOW_AUTO)
+        return send_window;
+    size_t largest = 0;
+    for (int i = 0; i < plan->nblocks; i++)
+        largest = plan->blocks[i].length > largest ? plan->blocks[i].length : largest;
+    const int blocks = plan->npservers > 2 ? plan->npservers : 2;
+    return (size_t)blocks * largest * wire_size;
+}
+
 tr_link *tr_remote_link(tr_remote *r)
 {
     return &r->base;
@@ -876,6 +893,7 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
     r->plan = plan;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
+    pthread_mutex_init(&r->sched.mu, NULL);
     pst_status st = PST_OK;
     if (plan->npservers != cfg->num_pservers) {
         st = pst_error_set(PST_ERR_INTERNAL, "trainer: a plan for %d pservers, %d configured",
@@ -883,17 +901,10 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         goto error;
     }
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
-    r->links = calloc((size_t)cfg->num_pservers, sizeof *r->links);
-    for (int s = 0; r->links && s < cfg->num_pservers; s++) {
-        pthread_mutex_init(&r->links[s].mu, NULL);
-        /* at most one exchange per block at a time */
-        r->links[s].waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
-        if (!r->links[s].waiting) {
-            st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
-            goto error;
-        }
-    }
-    if (!r->blocks || !r->links) {
+    /* at most one exchange per block at a time */
+    r->sched.waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
+    r->window = tr_remote_window(cfg->send_window, plan, pst_dtype_size(cfg->grad_dtype));
+    if (!r->blocks || !r->sched.waiting) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
@@ -962,11 +973,8 @@ void tr_remote_free(tr_remote *r)
         pthread_mutex_destroy(&r->blocks[i].mu);
         free(r->blocks[i].wire_grad);
     }
-    for (int s = 0; r->links && s < r->cfg->num_pservers; s++) {
-        pthread_mutex_destroy(&r->links[s].mu);
-        free(r->links[s].waiting);
-    }
-    free(r->links);
+    pthread_mutex_destroy(&r->sched.mu);
+    free(r->sched.waiting);
     free(r->blocks);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);

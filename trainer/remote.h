@@ -27,6 +27,10 @@ typedef struct tr_remote tr_remote;
  * lazily. The config and the plan must outlive the link. */
 pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan *plan);
 void tr_remote_free(tr_remote *r); /* accepts NULL */
+/* The bytes of pushes a trainer keeps in flight (remote.c's scheduling): send_window as
+ * configured, or for PST_SEND_WINDOW_AUTO one round of the plan's largest block (in
+ * wire_size bytes an element) per pserver, at least two. */
+size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size);
 /* The link interface of r (link.h): its free frees r. */
 tr_link *tr_remote_link(tr_remote *r);
 /* Init on every pserver with the values in params (trainer 0's are the cluster's), then
