@@ -23,6 +23,7 @@
  * while queue threads finish calls; a call being started after `closing` is set is
  * refused, one created just before is cancelled by free and completes CANCELLED. */
 #include "rpc/client.h"
+#include "rpc/bulk.h"
 #include "rpc/transport.h"
 
 #include <ctype.h>
@@ -72,11 +73,25 @@ struct cl_call {
     struct cl_call *wnext;       /* retry list */
 };
 
+/* Lanes: each server gets two channels, so two TCP connections. Pull replies (bulk values
+ * from the server) go on their own, because on one connection the small replies to
+ * Pushes queue behind them in the server's socket and on its link: a Push's answer,
+ * which frees the trainer's send window (trainer/remote.c), then comes only as late as
+ * the Pull replies sent before it, and the trainer's link idles meanwhile. Every other
+ * method (Push, Init, Finish, Vote, Watch) goes on lane 0, whose server-to-client
+ * direction carries only small replies. */
+#define CL_LANES 2
+
+static int lane_of(rpc_method m)
+{
+    return m == RPC_METHOD_PULL ? 1 : 0;
+}
+
 struct rpc_client {
     int nservers;
     char **addrs;
-    grpc_channel **chans;
-    void *(*reg)[RPC_METHOD_COUNT_]; /* registered-call handles per server */
+    grpc_channel **chans;            /* (nservers * CL_LANES) */
+    void *(*reg)[RPC_METHOD_COUNT_]; /* registered-call handles per channel */
     grpc_completion_queue *cq;
     pthread_t threads[CL_MAX_THREADS];
     int nthreads;
@@ -140,10 +155,10 @@ static pst_status attempt_start(struct cl_call *c)
         pthread_mutex_unlock(&cl->mu);
         return st;
     }
-    grpc_call *g = grpc_channel_create_registered_call(cl->chans[c->server], NULL,
+    const int ch = c->server * CL_LANES + lane_of(c->method);
+    grpc_call *g = grpc_channel_create_registered_call(cl->chans[ch], NULL,
                                                        GRPC_PROPAGATE_DEFAULTS, cl->cq,
-                                                       cl->reg[c->server][c->method],
-                                                       deadline, NULL);
+                                                       cl->reg[ch][c->method], deadline, NULL);
     c->gcall = g;
     pthread_mutex_unlock(&cl->mu);
 
@@ -478,8 +493,8 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
         free(v);
     }
     cl->addrs = calloc((size_t)cfg->num_servers, sizeof(*cl->addrs));
-    cl->chans = calloc((size_t)cfg->num_servers, sizeof(*cl->chans));
-    cl->reg = calloc((size_t)cfg->num_servers, sizeof(*cl->reg));
+    cl->chans = calloc((size_t)cfg->num_servers * CL_LANES, sizeof(*cl->chans));
+    cl->reg = calloc((size_t)cfg->num_servers * CL_LANES, sizeof(*cl->reg));
     cl->gone = calloc((size_t)cfg->num_servers, sizeof(*cl->gone));
     if (cl->addrs == NULL || cl->chans == NULL || cl->reg == NULL || cl->gone == NULL)
         goto nomem;
@@ -490,7 +505,7 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
             goto nomem;
     }
 
-    grpc_arg args[10];
+    grpc_arg args[16]; /* ours, the keepalive ones, RPC_BULK_ARGS and the lane */
     memset(args, 0, sizeof(args));
     static const struct {
         const char *key;
@@ -523,11 +538,18 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
             args[nargs].value.integer = ka[i].value;
         }
     }
-    grpc_channel_args cargs = {nargs, args};
+    nargs += rpc_bulk_args(args + nargs);
     grpc_channel_credentials *creds = rpc_transport_channel_creds(cfg->transport);
     cl->tls = strcmp(rpc_transport_name(cfg->transport), "insecure") != 0;
-    for (int i = 0; i < cl->nservers; i++) {
-        cl->chans[i] = grpc_channel_create(cl->addrs[i], creds, &cargs);
+    /* One channel (TCP connection) per server and lane: the lane in the args as well, so
+     * that no subchannel pool can ever merge the two. */
+    args[nargs].type = GRPC_ARG_INTEGER;
+    args[nargs].key = (char *)"pstrain.lane";
+    grpc_arg *lane_arg = &args[nargs++];
+    grpc_channel_args cargs = {nargs, args};
+    for (int i = 0; i < cl->nservers * CL_LANES; i++) {
+        lane_arg->value.integer = i % CL_LANES;
+        cl->chans[i] = grpc_channel_create(cl->addrs[i / CL_LANES], creds, &cargs);
         for (int m = 0; m < RPC_METHOD_COUNT_; m++)
             cl->reg[i][m] = grpc_channel_register_call(cl->chans[i], rpc_method_path(m), NULL,
                                                        NULL);
@@ -745,9 +767,10 @@ void rpc_client_free(rpc_client *cl)
                 ;
         grpc_completion_queue_destroy(cl->cq);
     }
-    for (int i = 0; i < cl->nservers; i++) {
-        if (cl->chans != NULL && cl->chans[i] != NULL)
+    for (int i = 0; cl->chans != NULL && i < cl->nservers * CL_LANES; i++)
+        if (cl->chans[i] != NULL)
             grpc_channel_destroy(cl->chans[i]);
+    for (int i = 0; i < cl->nservers; i++) {
         if (cl->addrs != NULL)
             free(cl->addrs[i]);
         if (cl->gone != NULL)

@@ -26,6 +26,7 @@
  * calls, wait for the shutdown tag and for every call's gRPC side to finish, destroy the
  * server, shut the queue down and join the threads once it is drained. */
 #include "rpc/server.h"
+#include "rpc/bulk.h"
 #include "rpc/transport.h"
 
 #include <limits.h>
@@ -688,7 +689,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
-    grpc_arg args[10];
+    grpc_arg args[16]; /* ours, the keepalive ones, RPC_BULK_ARGS and the lane */
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -724,6 +725,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
             args[nargs].value.integer = ka[i].value;
         }
     }
+    nargs += rpc_bulk_args(args + nargs);
     grpc_channel_args cargs = {nargs, args};
     s->server = grpc_server_create(&cargs, NULL);
     s->cq = grpc_completion_queue_create_for_next(NULL);

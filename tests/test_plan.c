@@ -1,7 +1,9 @@
 /* test_plan.c — the block plan: exact tiling, size limit, balance, determinism. */
 #include <criterion/criterion.h>
 
+#include "common/config.h"
 #include "trainer/plan.h"
+#include "trainer/remote.h"
 
 static void check_plan(size_t n, size_t bytes, int S, int D)
 {
@@ -131,22 +133,45 @@ Test(plan, every_pserver_the_same_number_of_blocks)
  * TR_PLAN_MIN_BLOCK, never above --block-bytes. */
 Test(plan, pipelined_blocks)
 {
-    /* 5M f32 on 4 pservers: 20 MB / 32 = 625 KB */
-    cr_assert_eq(tr_plan_pipelined_bytes(5000000, 4u << 20, 4), 625000);
-    /* 25M on 1: 100 MB / 8 = 12.5 MB, capped at 4 MiB */
-    cr_assert_eq(tr_plan_pipelined_bytes(25000000, 4u << 20, 1), 4u << 20);
+    /* 20M f32 on 4 pservers: 80 MB in 4 x TR_PLAN_ROUNDS blocks */
+    cr_assert_eq(tr_plan_pipelined_bytes(20000000, 4u << 20, 4),
+                 20000000 / (4 * TR_PLAN_ROUNDS) * 4);
+    /* 5M on 4: as many as blocks of TR_PLAN_MIN_BLOCK make */
+    cr_assert_eq(tr_plan_pipelined_bytes(5000000, 4u << 20, 4), TR_PLAN_MIN_BLOCK);
+    /* 100M on 1: 400 MB / TR_PLAN_ROUNDS, capped at 4 MiB */
+    cr_assert_eq(tr_plan_pipelined_bytes(100000000, 4u << 20, 1), 4u << 20);
     /* small models: not below 256 KiB */
     cr_assert_eq(tr_plan_pipelined_bytes(100000, 4u << 20, 2), TR_PLAN_MIN_BLOCK);
     /* a smaller --block-bytes stands */
     cr_assert_eq(tr_plan_pipelined_bytes(5000000, 64u << 10, 4), 64u << 10);
     tr_plan p;
-    cr_assert_eq(tr_plan_build(&p, 5000000, tr_plan_pipelined_bytes(5000000, 4u << 20, 4), 4, 1),
-                 PST_OK);
+    cr_assert_eq(tr_plan_build(&p, 20000000, tr_plan_pipelined_bytes(20000000, 4u << 20, 4),
+                               4, 1), PST_OK);
     cr_assert_eq(p.nblocks, 4 * TR_PLAN_ROUNDS);
     tr_plan_free(&p);
     /* a size that is no whole number of elements a block: still exactly the rounds */
-    const size_t n = 100000000 + 3;
+    const size_t n = 200000000 + 3;
     cr_assert_eq(tr_plan_build(&p, n, tr_plan_pipelined_bytes(n, 4u << 20, 64), 64, 1), PST_OK);
     cr_assert_eq(p.nblocks, 64 * TR_PLAN_ROUNDS);
+    tr_plan_free(&p);
+}
+
+/* The send window (remote.h): auto is one round of blocks (one per pserver, at least two),
+ * and at least TR_REMOTE_SAME_HOST_WINDOW when every pserver is on this host; a number
+ * stands as it is. */
+Test(plan, send_window_auto_is_one_round)
+{
+    tr_plan p;
+    const size_t n = 5000000;
+    cr_assert_eq(tr_plan_build(&p, n, tr_plan_pipelined_bytes(n, 4u << 20, 4), 4, 1), PST_OK);
+    const size_t block = p.blocks[0].length;
+    cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 0), 4 * block * 4);
+    cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 2, 0), 4 * block * 2);
+    cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 1), TR_REMOTE_SAME_HOST_WINDOW);
+    cr_assert_eq(tr_remote_window(12345, &p, 4, 1), 12345);
+    cr_assert_eq(tr_remote_window(0, &p, 4, 0), 0);
+    tr_plan_free(&p);
+    cr_assert_eq(tr_plan_build(&p, n, 4u << 20, 1, 1), PST_OK);
+    cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 0), 2 * p.blocks[0].length * 4);
     tr_plan_free(&p);
 }

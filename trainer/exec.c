@@ -884,6 +884,14 @@ static void exchange_done(void *arg, pst_status st, const char *detail)
             q->t0 = t.pull_start;
             q->t1 = t.pull_end;
         }
+        /* what of the pull the pserver spent waiting for the other trainers' pushes and
+         * the update (its clock is not ours: placed from the pull's start) */
+        tr_span *h = t.held > 0 ? tr_trace_add(ex->c.trace, ex->tr_pull, "held", eb->step,
+                                               eb->index) : NULL;
+        if (h) {
+            h->t0 = t.pull_start;
+            h->t1 = t.pull_start + t.held;
+        }
     }
     /* The recv stream waits on the flag, not in a host function: on CUDA that would hold
      * the driver's one callback thread and stall every stream's host functions. */

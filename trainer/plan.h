@@ -51,7 +51,7 @@ void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
 
 /* Blocks per pserver a job with pservers is cut into at least, and the smallest block
  * that rule makes (bytes of f32; below it a call's own cost outweighs the overlap). */
-#define TR_PLAN_ROUNDS 8
+#define TR_PLAN_ROUNDS 32
 #define TR_PLAN_MIN_BLOCK ((size_t)256 << 10)
 /* The block_bytes a job with `npservers` pservers builds its plan with: block_bytes, or
  * less, so that every pserver gets TR_PLAN_ROUNDS blocks, but not below TR_PLAN_MIN_BLOCK. */

@@ -17,8 +17,11 @@
  * sooner. Consecutive blocks are on different pservers (plan.h), so a window of one block
  * per pserver (the default, --send-window auto) sends a round of S blocks at a time, each
  * to its own pserver, and every pserver's link carries its share while the pulls of the
- * rounds before come back on the other direction of the full-duplex links. The Pulls are
- * not windowed: in sync mode each one waits at the pserver for its push. */
+ * rounds before come back on the other direction of the full-duplex links. A wider window
+ * only makes the last rounds finish together, and the step's tail (their pulls) longer.
+ * Where every pserver is on this host (shared memory) there is no link to pace, only the
+ * calls' latency to cover: auto is then at least TR_REMOTE_SAME_HOST_WINDOW. The Pulls
+ * are not windowed: in sync mode each one waits at the pserver for its push. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
@@ -707,6 +710,11 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     }
     if (st != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
+    int all_here = 1;
+    for (int s = 0; s < S; s++)
+        all_here = all_here && r->shm_on[s];
+    r->window = tr_remote_window(cfg->send_window, r->plan, pst_dtype_size(cfg->grad_dtype),
+                                 all_here);
     /* A push in the call casts into a buffer of its block's; one through shared memory
      * casts into its slot. */
     for (int i = 0; i < r->plan->nblocks && cfg->grad_dtype != PST_F32; i++) {
@@ -866,7 +874,8 @@ static const tr_link_ops remote_ops = {
     .traffic = link_traffic,
 };
 
-size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size)
+size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size,
+                        int same_host)
 {
     if (send_window != PST_SEND_WINDOW_AUTO)
         return send_window;
@@ -874,7 +883,8 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
     for (int i = 0; i < plan->nblocks; i++)
         largest = plan->blocks[i].length > largest ? plan->blocks[i].length : largest;
     const int blocks = plan->npservers > 2 ? plan->npservers : 2;
-    return (size_t)blocks * largest * wire_size;
+    const size_t round = (size_t)blocks * largest * wire_size;
+    return same_host && round < TR_REMOTE_SAME_HOST_WINDOW ? TR_REMOTE_SAME_HOST_WINDOW : round;
 }
 
 tr_link *tr_remote_link(tr_remote *r)
@@ -903,7 +913,8 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
     /* at most one exchange per block at a time */
     r->sched.waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
-    r->window = tr_remote_window(cfg->send_window, plan, pst_dtype_size(cfg->grad_dtype));
+    /* until start knows where the pservers are */
+    r->window = tr_remote_window(cfg->send_window, plan, pst_dtype_size(cfg->grad_dtype), 0);
     if (!r->blocks || !r->sched.waiting) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;

@@ -29,8 +29,11 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
 void tr_remote_free(tr_remote *r); /* accepts NULL */
 /* The bytes of pushes a trainer keeps in flight (remote.c's scheduling): send_window as
  * configured, or for PST_SEND_WINDOW_AUTO one round of the plan's largest block (in
- * wire_size bytes an element) per pserver, at least two. */
-size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size);
+ * wire_size bytes an element) per pserver, at least two blocks, and at least
+ * TR_REMOTE_SAME_HOST_WINDOW when every pserver is on this host (same_host). */
+#define TR_REMOTE_SAME_HOST_WINDOW ((size_t)8 << 20)
+size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size,
+                        int same_host);
 /* The link interface of r (link.h): its free frees r. */
 tr_link *tr_remote_link(tr_remote *r);
 /* Init on every pserver with the values in params (trainer 0's are the cluster's), then
