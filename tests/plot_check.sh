@@ -3,10 +3,10 @@
 #   1. a short cluster run (1 pserver, 2 trainers, 12 steps of the Fashion-MNIST MLP) writes
 #      each trainer's --metrics and --trace file; a local run of the same model writes a
 #      third metrics file;
-#   2. `plot metrics` (one file; two overlaid) and `plot trace` (one trainer; both, with
-#      --steps) make PNGs and SVGs: the PNGs start with the PNG signature and have a sane
-#      size in pixels and bytes, the SVGs parse as XML and carry the panels' and spans'
-#      names as text;
+#   2. `plot metrics` (one file; two overlaid), `plot trace` (one trainer; both, with
+#      --steps) and `plot scaling` (bench/scaling.sh's output) make PNGs and SVGs: the
+#      PNGs start with the PNG signature and have a sane size in pixels and bytes, the SVGs
+#      parse as XML and carry the panels' and spans' (or lines') names as text;
 #   3. an unfinished last line (a trainer still writing) and a NaN loss still plot;
 #   4. a missing, empty, malformed or wrong file, an unknown picture type and bad options
 #      exit 2 with exactly one line on stderr that names the file (and line) at fault.
@@ -128,6 +128,23 @@ else
   fail "a trace of 4 steps: the first 3 and a note"
 fi
 
+# bench/scaling.sh's output (its stdout: a header, cells, a failed cell, the table)
+cat >"$tmp/scaling.out" <<'EOF2'
+{"bench":"scaling","link":"1gbit","iperf3_bps":944485326,"params":1000000}
+{"system":"pstrain","trainers":1,"pservers":1,"link":"1gbit","precision":"fp32","params":1000000,"step_ms_median":68.9,"predicted_ms":65.1}
+{"system":"pstrain","trainers":2,"pservers":1,"link":"1gbit","precision":"fp32","params":1000000,"step_ms_median":116.7,"predicted_ms":130.0}
+{"system":"torch_ddp","trainers":1,"pservers":0,"link":"1gbit","precision":"fp32","params":1000000,"step_ms_median":7.2,"predicted_ms":5.5}
+{"system":"torch_ddp","trainers":2,"pservers":0,"link":"1gbit","precision":"fp32","params":1000000,"step_ms_median":82.9,"predicted_ms":37.5}
+{"system":"torch_rpc_ps","trainers":2,"pservers":1,"link":"1gbit","precision":"fp32","params":1000000,"error":"no output"}
+
+| system | S | wire | T | step ms |
+plot: /tmp/x/scaling.png
+EOF2
+picture "scaling, PNG" "$tmp/sc.png" check_png "$tmp/sc.png" 900 500 -- scaling "$tmp/scaling.out"
+picture "scaling, SVG" "$tmp/sc.svg" \
+  check_svg "$tmp/sc.svg" "pstrain, S=1, fp32" "torch_ddp, fp32" "measured" "predicted" "trainers" -- \
+  scaling "$tmp/scaling.out"
+
 # ---- 3. files that still plot
 head -c -20 "$tmp/m0.jsonl" >"$tmp/unfinished.jsonl"
 if "$plot" metrics "$tmp/unfinished.jsonl" -o "$tmp/u.png" 2>"$tmp/u.err" &&
@@ -180,6 +197,8 @@ expect_error "$tmp/t0.json: no spans in steps 50:52 (the file has steps 4-7" \
 expect_error "--label given 1 time for 2 files" \
   metrics "$tmp/m0.jsonl" "$tmp/m1.jsonl" --label a -o "$tmp/x.png"
 expect_error "no output: give -o OUT.png" metrics "$tmp/m0.jsonl"
+expect_error "$tmp/m0.jsonl: no scaling records" scaling "$tmp/m0.jsonl" -o "$tmp/x.png"
+expect_error "--label is not for 'plot scaling'" scaling "$tmp/scaling.out" --label a -o "$tmp/x.png"
 if [ -e "$tmp/x.png" ] || [ -e "$tmp/x.svg" ] || [ -e "$tmp/x.jpg" ]; then
   fail "a failed plot left an output file"
 else

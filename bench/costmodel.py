@@ -1,0 +1,527 @@
+#!/usr/bin/python3
+"""costmodel.py — predicted step time of a synchronous data-parallel step over a network:
+pstrain's parameter servers, a ring all-reduce (torch DDP over gloo), and the PyTorch RPC
+parameter server (../shared/peers/torch_rpc_ps.py). No torch needed. docs/scaling.md
+explains the formulas; the docstrings of the functions below are the reference.
+
+  bench/costmodel.py --system pstrain --trainers T --pservers S --params P \\
+      --precision fp32|bf16 --link-bps R [--block-bytes 4M] [--send-window auto] \\
+      [--update-gbps U] [--compute-ms C] [--rtt-ms L] [--json]
+  bench/costmodel.py --system ddp --trainers W --params P --link-bps R [...]
+  bench/costmodel.py --system torch_rpc_ps --trainers T --params P --link-bps R [...]
+  bench/costmodel.py --project [--params 100000000] [--update-gbps U]   (a markdown table)
+  bench/costmodel.py --measure BUILD [--params 5000000] [--steps 30]     (JSON: constants)
+
+Without --json it prints one number, the predicted step in milliseconds; with --json an
+object with the terms. Rates: bits per second, as a number (1e9) or with tc's units
+(kbit, mbit, gbit = 1e3, 1e6, 1e9; kibit, mibit, gibit = powers of 2). Sizes: bytes, with
+K/M/G (powers of 2, as pstrain's --block-bytes).
+
+Assumptions (all systems): links are full duplex; every host has one link of rate R in
+each direction (tc tbf in scripts/netlab); no latency unless --rtt-ms (the lab has none:
+netem is absent); the protocol overhead (TCP/IP headers, gRPC framing) is ignored, so a
+prediction is a lower bound by a few per cent; CPU time of the network stack is not
+modelled: where the hosts share few cores (the lab: every host on the same 2 cores) the
+measurement can be CPU-bound, which the bench's cpu_util column shows.
+
+--measure runs BUILD's programs on 127.0.0.1 to get this machine's constants: the
+trainer's compute time of the synthetic model (trainer alone, its time_split.compute_ms),
+and the pserver's update rate (Prometheus histogram pstrain_pserver_update_seconds of a
+1-pserver run with shared memory, so the network costs nothing: the sum of the trainers'
+gradient rows and the SGD step, and the bf16 cast). It prints one JSON line:
+{"compute_ns_per_param":..., "update_gbps":{"fp32":...,"bf16":...}, ...}.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+# Defaults measured on the project machine (2 cores, AMD EPYC, KVM; 2026-11-25) with
+# `bench/costmodel.py --measure build` (5M parameters); bench/scaling.sh measures its own.
+COMPUTE_NS_PER_PARAM = 0.69  # trainer --model synthetic: forward + backward per parameter
+UPDATE_GBPS = {"fp32": 4.0, "bf16": 3.8}  # pserver: GB/s of f32 gradient rows summed + SGD
+TORCH_ADD_GBPS = 4.0  # torch_rpc_ps's PS: acc.add_(grad) per trainer, then w.add_(acc)
+DDP_COMPUTE_NS_PER_PARAM = 1.0  # torch_ddp.py: (w*x).sum(), backward, SGD step (3 passes)
+
+ESIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def parse_rate(s):
+    """bits/s from '1gbit', '250mbit', '1e9', '100Gbit' (tc's units)."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+)\s*([kmgt]?i?)(bit|bps)?\s*", str(s), re.I)
+    if not m:
+        raise ValueError("rate '%s': expected bits/s like 1e9, 1gbit or 250mbit" % s)
+    num = float(m.group(1))
+    pre = m.group(2).lower()
+    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+            "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}[pre]
+    if m.group(3) and m.group(3).lower() == "bps" and pre:
+        mult *= 8  # tc: "mbps" is megabytes per second
+    return num * mult
+
+
+def parse_bytes(s):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmg]?)i?b?\s*", str(s), re.I)
+    if not m:
+        raise ValueError("size '%s': expected bytes like 4M or 262144" % s)
+    return int(float(m.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()])
+
+
+PLAN_ROUNDS = 32           # trainer/plan.h TR_PLAN_ROUNDS: blocks per pserver, at least
+PLAN_MIN_BLOCK = 256 << 10  # trainer/plan.h TR_PLAN_MIN_BLOCK: f32 bytes
+
+
+def pipelined_block_bytes(params, block_bytes, pservers):
+    """trainer/plan.c tr_plan_pipelined_bytes: with pservers, blocks of whole elements no
+    larger than ceil(P/(32S)) elements, so every pserver gets 32 blocks, but not below
+    256 KiB (nor above --block-bytes)."""
+    rounds = PLAN_ROUNDS * pservers
+    b = -(-params // rounds) * 4
+    return min(block_bytes, max(b, PLAN_MIN_BLOCK))
+
+
+def block_plan(params, block_bytes, pservers):
+    """trainer/plan.c tr_plan_build with the pipelined block size: n = ceil(P / (bytes/4))
+    blocks (at least S), rounded up to a multiple of S where every block keeps an element,
+    of near-equal length, round robin (block i on pserver i mod S). Returns (n, elements
+    per block (largest), elements per pserver, [(elements, pserver) per block])."""
+    block_bytes = pipelined_block_bytes(params, block_bytes, pservers)
+    max_elems = max(1, block_bytes // 4)
+    n = -(-params // max_elems)
+    n = max(n, min(pservers, params))
+    whole = -(-n // pservers) * pservers
+    if whole <= params:
+        n = whole
+    base, extra = divmod(params, n)
+    load = [0] * pservers
+    blocks = []
+    for i in range(n):
+        length = base + (1 if i < extra else 0)
+        s = i % pservers
+        load[s] += length
+        blocks.append((length, s))
+    return n, base + (1 if extra else 0), load, blocks
+
+
+def send_window_bytes(send_window, pservers, largest_wire_block):
+    """trainer/remote.c tr_remote_window: "auto" is one block per pserver, at least two;
+    0 is no limit."""
+    if send_window == "auto":
+        return max(pservers, 2) * largest_wire_block
+    return send_window
+
+
+def _maxmin(flows, cap):
+    """Max-min fair rates (progressive filling): flows is {id: (link, link)}, cap {link:
+    bytes/s}. Returns {id: rate}."""
+    rate, left, active = {}, dict(cap), set(flows)
+    while active:
+        users = {}
+        for f in active:
+            for ln in flows[f]:
+                users.setdefault(ln, []).append(f)
+        ln = min(users, key=lambda k: left[k] / len(users[k]))
+        share = left[ln] / len(users[ln])
+        for f in users[ln]:
+            rate[f] = share
+            active.discard(f)
+            for l2 in flows[f]:
+                left[l2] -= share
+    return rate
+
+
+def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem, window):
+    """A fluid simulation of one pstrain step, for small jobs (the bench's cells).
+
+    Every host has an up and a down link of R bytes/s, and the transfers sharing a link get
+    max-min fair shares of it (TCP's fair share; HTTP/2 interleaves the streams of one
+    connection). At compute_s each trainer starts pushing its blocks in block order, at
+    most `window` bytes in flight (trainer/remote.c: one window per trainer, to all its
+    pservers; a block always starts when none is in flight; 0: no limit). When all T
+    trainers' pushes of block j arrived, its pserver updates it (one block at a time per
+    pserver, T rows x elements x upd_s_per_elem) and then answers the T pulls of it at once
+    (pulls are not windowed). The step ends when every trainer has every block.
+    elems: elements per block; owners: the pserver of each block; e: wire bytes per
+    element. Returns seconds."""
+    T, S, n = trainers, pservers, len(elems)
+    sizes = [x * e for x in elems]
+    cap = {}
+    for i in range(T):
+        cap[("tu", i)] = cap[("td", i)] = R
+    for k in range(S):
+        cap[("pu", k)] = cap[("pd", k)] = R
+    next_block = [0] * T   # the next block each trainer pushes
+    inflight = [0] * T     # its push bytes in flight
+    remaining = {}  # flow -> bytes left; flow = ("push", i, j) or ("pull", i, j)
+    pushed = [0] * n
+    cpu_free = [compute_s] * S
+    updates = []  # (time done, block)
+    now = compute_s
+    done_pulls = 0
+
+    def pump(i):
+        while next_block[i] < n:
+            j = next_block[i]
+            if window and inflight[i] and inflight[i] + sizes[j] > window:
+                return
+            remaining[("push", i, j)] = sizes[j]
+            inflight[i] += sizes[j]
+            next_block[i] += 1
+
+    for i in range(T):
+        pump(i)
+    while done_pulls < T * n:
+        links = {f: ((("tu", f[1]), ("pd", owners[f[2]])) if f[0] == "push" else
+                     (("pu", owners[f[2]]), ("td", f[1]))) for f in remaining}
+        rates = _maxmin(links, cap) if links else {}
+        dt_flow = min((remaining[f] / rates[f] for f in remaining), default=math.inf)
+        dt_upd = min((u[0] for u in updates), default=math.inf) - now
+        dt = min(dt_flow, dt_upd)
+        if dt == math.inf:
+            raise RuntimeError("simulation stalled")
+        now += dt
+        for f in list(remaining):
+            remaining[f] -= rates[f] * dt
+            if remaining[f] <= 1e-6 * sizes[f[2]]:
+                del remaining[f]
+                kind, i, j = f
+                if kind == "push":
+                    inflight[i] -= sizes[j]
+                    pushed[j] += 1
+                    if pushed[j] == T:
+                        k = owners[j]
+                        start = max(now, cpu_free[k])
+                        cpu_free[k] = start + T * elems[j] * upd_s_per_elem
+                        updates.append((cpu_free[k], j))
+                    pump(i)
+                else:
+                    done_pulls += 1
+        for u in [u for u in updates if u[0] <= now + 1e-12]:
+            updates.remove(u)
+            for i in range(T):
+                remaining[("pull", i, u[1])] = sizes[u[1]]
+    return now
+
+
+def pstrain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
+            send_window="auto", update_gbps=None, compute_ms=None, rtt_ms=0.0,
+            method="auto"):
+    """pstrain, sync mode, T trainers and S pservers each on its own host.
+
+    Bytes per step, each direction: a trainer pushes B = P*e (e = 4 fp32, 2 bf16) and pulls
+    B; pserver s receives T*L_s*e and sends T*L_s*e (L_s: its parameters; the block plan
+    gives the largest, L_max, which is P/S only when the blocks divide evenly). The busiest
+    direction of the busiest link carries max(B, T*L_max*e): the link term
+        D = max(B, T*L_max*e) / R.
+    The blocks (trainer/plan.c): at most --block-bytes of f32, and small enough that every
+    pserver gets 32 (but not below 256 KiB); consecutive blocks on different pservers.
+    Pipelining (trainer/remote.c): a trainer pushes its blocks in order with at most
+    `window` bytes in flight to all its pservers together (--send-window auto: one block
+    per pserver, at least two), so rounds of g = window/wb blocks go at once, sharing its
+    link; a block's pull is answered once all T trainers pushed it and its pserver updated
+    it, and runs on the other direction of the same full-duplex links while later pushes
+    still flow. So only the pipeline's tail adds to D: the last round's update and pulls,
+    which start after the last push:
+        step = C + max(D, U_total) + u_blk + tail + 2*RTT
+        tail = max(g*wb, T*ceil(g/S)*wb) / R   (the last round's pulls: g*wb down each
+               trainer's link, T*ceil(g/S)*wb up the busiest pserver's);  wb = P/n*e
+        u_blk = T*b*4 / U   (one block's update: T f32 gradient rows summed + SGD)
+        U_total = T*L_max*4 / U   (all of one pserver's updates: bounds the step when the
+                                   pserver's CPU, not its link, is the bottleneck)
+    That closed form is used for big jobs (--project). For the bench's cells (T*n <= 4000)
+    the prediction is a fluid simulation of the same rules (simulate()), which also gets
+    the cases where the bottleneck moves during a step.
+    With --rtt-ms L, a trainer's window W bounds its rate to W/L: D is raised to B/(W/L)
+    when that is larger (closed form only). C: the trainer's compute (the synthetic model:
+    the gradient is made, then pushed; pushes that start during backward are ignored)."""
+    e = ESIZE[precision]
+    R = link_bps / 8.0  # bytes/s
+    U = (update_gbps if update_gbps else UPDATE_GBPS.get(precision, 4.0)) * 1e9
+    C = compute_ms if compute_ms is not None else COMPUTE_NS_PER_PARAM * params / 1e6
+    n, blk, load, blocks = block_plan(params, block_bytes, pservers)
+    lmax = max(load)
+    B = params * e
+    wb = blk * e
+    W = send_window_bytes(send_window, pservers, wb)
+    trainer_bytes = B
+    pserver_bytes = trainers * lmax * e
+    busiest = max(trainer_bytes, pserver_bytes)
+    D = busiest / R
+    if rtt_ms > 0 and W > 0:
+        D = max(D, B / (W / (rtt_ms / 1e3)))
+    g = n if W == 0 else min(n, max(1, W // wb))
+    tail = max(g * wb, trainers * math.ceil(g / pservers) * wb) / R
+    u_blk = trainers * blk * 4 / U
+    u_total = trainers * lmax * 4 / U
+    closed_s = C / 1e3 + max(D, u_total) + u_blk + tail + 2 * rtt_ms / 1e3
+    r = {"system": "pstrain", "predicted_ms": closed_s * 1e3, "method": "closed form",
+         "closed_form_ms": closed_s * 1e3, "compute_ms": C,
+         "link_ms": D * 1e3, "update_total_ms": u_total * 1e3, "update_block_ms": u_blk * 1e3,
+         "tail_ms": tail * 1e3, "rtt_ms": 2 * rtt_ms,
+         "bottleneck": "pserver CPU" if u_total > D else
+                       ("pserver link" if pserver_bytes > trainer_bytes else "trainer link"),
+         "busiest_link_bytes": busiest, "blocks": n, "blocks_in_flight": g,
+         "wire_block_bytes": wb, "send_window_bytes": W, "largest_shard_params": lmax}
+    if method == "sim" or (method == "auto" and trainers * n <= 4000):
+        sim_s = simulate(trainers, pservers, [b[0] for b in blocks], [b[1] for b in blocks],
+                         e, R, C / 1e3, 4.0 / U, W) + 2 * rtt_ms / 1e3
+        r.update(predicted_ms=sim_s * 1e3, method="simulation", simulation_ms=sim_s * 1e3)
+    return r
+
+
+def ddp(world, params, link_bps, compute_ms=None, rtt_ms=0.0, precision="fp32"):
+    """Ring all-reduce (gloo's, under torch DDP): every rank sends and receives
+    2(W-1)/W * 4P bytes (reduce-scatter then all-gather, W-1 chunk steps each), all links
+    busy at once, so
+        step = C + 2(W-1)/W * e*P / R + 2(W-1)*RTT
+    (e = 4: the peer is fp32). The buckets (25 MB) overlap backward; the synthetic
+    backward is cheap, so C (forward + backward + SGD) mostly adds. W = 1: no traffic."""
+    e = ESIZE[precision]
+    R = link_bps / 8.0
+    C = compute_ms if compute_ms is not None else DDP_COMPUTE_NS_PER_PARAM * params / 1e6
+    busiest = 2.0 * (world - 1) / world * e * params
+    step_s = C / 1e3 + busiest / R + 2 * (world - 1) * rtt_ms / 1e3
+    return {"system": "torch_ddp", "predicted_ms": step_s * 1e3, "compute_ms": C,
+            "link_ms": busiest / R * 1e3, "busiest_link_bytes": busiest,
+            "bottleneck": "every link (ring)" if world > 1 else "none (world 1: no traffic)"}
+
+
+def torch_rpc_ps(trainers, params, link_bps, compute_ms=None, rtt_ms=0.0, add_gbps=None):
+    """../shared/peers/torch_rpc_ps.py: each trainer rpc_sync's its whole fp32 gradient
+    (4P bytes, one message, no blocks) to the one PS and waits; the PS adds it to its
+    accumulator and, when the T-th arrives, applies w -= lr*acc and answers all T with w
+    (4P each). So within a step the pushes and the answers do not overlap: the PS's link
+    carries T*4P in, then T*4P out:
+        step = C + T*4P/R + T*4P/R + (T+1)*4P/U_add + RTT
+    C: the trainer computes nothing (a fixed gradient); default 0."""
+    R = link_bps / 8.0
+    A = (add_gbps or TORCH_ADD_GBPS) * 1e9
+    C = compute_ms if compute_ms is not None else 0.0
+    busiest = trainers * 4.0 * params
+    upd = (trainers + 1) * 4.0 * params / A
+    step_s = C / 1e3 + 2 * busiest / R + upd + rtt_ms / 1e3
+    return {"system": "torch_rpc_ps", "predicted_ms": step_s * 1e3, "compute_ms": C,
+            "link_ms": 2 * busiest / R * 1e3, "update_total_ms": upd * 1e3,
+            "busiest_link_bytes": busiest, "bottleneck": "PS link (push then pull, serialized)"}
+
+
+def byteps_opt(n, k, M, R):
+    """BytePS (Jiang et al., OSDI'20, Theorem 1): n GPU machines, k CPU machines, all with
+    bandwidth R bytes/s, model M bytes: t_opt = 2n(n-1)M / ((n^2 + kn - 2k) R), 0 <= k <= n.
+    k = 0 is the ring all-reduce's 2(n-1)M/(nR); k = n the non-colocated PS's M/R."""
+    k = min(k, n)
+    return 2.0 * n * (n - 1) * M / ((n * n + k * n - 2 * k) * R)
+
+
+# ---- --project ------------------------------------------------------------------------
+
+def project(params, update_gbps, block_bytes, out=sys.stdout):
+    """Communication time per step (compute 0) for big jobs: pstrain with S pservers (its
+    block plan: 32 blocks per pserver, at most --block-bytes; its auto window) against the
+    ring all-reduce and BytePS's optimum with k = S CPU machines."""
+    w = out.write
+    U = update_gbps or UPDATE_GBPS["fp32"]
+    w("Projection: %dM parameters, communication only (compute 0). PS: pstrain's model "
+      "(closed form: link term + pipeline tail) with pservers that sum at line rate; in "
+      "brackets where the pserver's update rate (%.1f GB/s of f32 rows, this machine's) "
+      "would bound it instead. Ring: 2(N-1)/N x e x P / R, same wire dtype. BytePS: "
+      "2n(n-1)M/((n^2+kn-2k)R), k = S CPU machines, M = e x P (OSDI'20, Theorem 1).\n\n"
+      % (params // 1000000, U))
+    w("| trainers | link | wire | S | blocks | PS ms | ring ms | BytePS ms | PS / ring "
+      "| machines (PS: T+S) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    for T in (64, 256):
+        for gbit in (25, 100):
+            R = gbit * 1e9
+            for prec in ("fp32", "bf16"):
+                e = ESIZE[prec]
+                ring = 2.0 * (T - 1) / T * e * params / (R / 8) * 1e3
+                for label, S in (("1", 1), ("T/8", T // 8), ("T/4", T // 4), ("T/2", T // 2),
+                                 ("T", T)):
+                    r = pstrain(T, S, params, prec, R, block_bytes=block_bytes,
+                                update_gbps=U, compute_ms=0.0, method="closed")
+                    link_only = r["link_ms"] + r["tail_ms"]
+                    ps = r["predicted_ms"]
+                    cell = "%.0f" % link_only if ps <= link_only * 1.001 else \
+                        "%.0f (%.0f)" % (link_only, ps)
+                    bp = byteps_opt(T, S, e * params, R / 8) * 1e3
+                    w("| %d | %d Gbit/s | %s | %s = %d | %d | %s | %.0f | %.0f | %.2f | %d |\n"
+                      % (T, gbit, prec, label, S, r["blocks"], cell, ring, bp,
+                         link_only / ring, T + S))
+    w("\nPS / ring < 1: the PS is faster. A ring moves 2(N-1)/N x M each way on every "
+      "link; a PS with S pservers moves max(M, T x M / S) on the busiest: equal at "
+      "S = T^2 / (2(T-1)), about T/2; a PS needs more pservers than that to win, and "
+      "S >= T to reach M (BytePS's k = n optimum).\n")
+
+
+def _size_txt(n):
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k and n % (1 << k) == 0:
+            return "%d %s" % (n >> k, unit)
+    return "%d B" % n
+
+
+# ---- --measure --------------------------------------------------------------------------
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _summary(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if d.get("event") == "summary":
+                return d
+    raise RuntimeError("no summary line in the trainer's output")
+
+
+def measure(build, params, steps, timeout=180):
+    """The machine's constants: compute ns per parameter and the pserver's update GB/s."""
+    bin_ = os.path.join(build, "bin")
+    env = dict(os.environ, PSTRAIN_LOG_LEVEL="warn")
+    for k in ("PSTRAIN_PSERVERS", "PSTRAIN_TRAINERS", "PSTRAIN_TRAINER_ID"):
+        env.pop(k, None)
+    common = ["--model", "synthetic", "--params", str(params), "--steps", str(steps),
+              "--optimizer", "sgd", "--lr", "0.01", "--log-level", "warn"]
+    out = {"params": params, "steps": steps}
+    r = subprocess.run([os.path.join(bin_, "trainer")] + common, env=env, timeout=timeout,
+                       capture_output=True, text=True, check=True)
+    s = _summary(r.stdout)
+    out["compute_ms"] = s["time_split"]["compute_ms"]
+    out["alone_step_ms"] = s["step_ms_median"]
+    out["compute_ns_per_param"] = round(s["time_split"]["compute_ms"] * 1e6 / params, 4)
+    out["update_gbps"] = {}
+    out["update_ms_per_step"] = {}
+    for prec in ("fp32", "bf16"):
+        rates = []
+        for T in (1, 2):
+            port, mport = _free_port(), _free_port()
+            ps = subprocess.Popen([os.path.join(bin_, "pserver"), "--port", str(port),
+                                   "--metrics-port", str(mport), "--bind", "127.0.0.1",
+                                   "--shm", "auto", "--log-level", "warn"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            trs = []
+            try:
+                for i in range(T):
+                    e2 = dict(env, PSTRAIN_PSERVERS="127.0.0.1:%d" % port,
+                              PSTRAIN_TRAINERS=str(T), PSTRAIN_TRAINER_ID=str(i),
+                              PSTRAIN_SHM="auto")
+                    trs.append(subprocess.Popen([os.path.join(bin_, "trainer")] + common +
+                                                ["--precision", prec], env=e2,
+                                                stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL))
+                last = None
+                t_end = time.time() + timeout
+                while time.time() < t_end:
+                    try:
+                        last = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport,
+                                                      timeout=2).read().decode()
+                    except OSError:
+                        if ps.poll() is not None:
+                            break
+                    if all(t.poll() is not None for t in trs) and last:
+                        break
+                    time.sleep(0.1)
+                for t in trs:
+                    t.wait(timeout=timeout)
+            finally:
+                for t in trs:
+                    if t.poll() is None:
+                        t.kill()
+                try:
+                    ps.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    ps.kill()
+            vals = {}
+            for line in (last or "").splitlines():
+                m = re.match(r"pstrain_pserver_(update_seconds_sum|update_seconds_count|blocks)"
+                             r"\s+(\S+)", line)
+                if m:
+                    vals[m.group(1)] = float(m.group(2))
+            if not vals.get("update_seconds_count") or not vals.get("blocks"):
+                raise RuntimeError("no pstrain_pserver_update_seconds from the pserver")
+            # The last scrape may miss the last steps: count them by the blocks updated.
+            steps_seen = vals["update_seconds_count"] / vals["blocks"]
+            per_step = vals["update_seconds_sum"] / steps_seen
+            rates.append(T * params * 4 / per_step / 1e9)
+            out["update_ms_per_step"]["%s_T%d" % (prec, T)] = round(per_step * 1e3, 3)
+        out["update_gbps"][prec] = round(statistics.mean(rates), 3)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.split("\n")[2:]))
+    ap.add_argument("--system", choices=["pstrain", "ddp", "torch_ddp", "torch_rpc_ps"])
+    ap.add_argument("--trainers", type=int)
+    ap.add_argument("--pservers", type=int, default=1)
+    ap.add_argument("--params", type=int)
+    ap.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    ap.add_argument("--link-bps", type=parse_rate, help="link rate, bits/s (1e9, 1gbit)")
+    ap.add_argument("--block-bytes", type=parse_bytes, default=4 << 20)
+    ap.add_argument("--send-window", type=lambda v: v if v == "auto" else parse_bytes(v),
+                    default="auto", help="trainer's push window: auto (one block per "
+                    "pserver, at least 2), bytes, or 0 (no limit)")
+    ap.add_argument("--update-gbps", type=float, default=None,
+                    help="pserver update rate, GB/s of f32 gradient rows (default: measured "
+                         "here: fp32 %.1f, bf16 %.1f)" % (UPDATE_GBPS["fp32"], UPDATE_GBPS["bf16"]))
+    ap.add_argument("--compute-ms", type=float, default=None,
+                    help="trainer compute per step (default: %.2f ns per parameter)"
+                         % COMPUTE_NS_PER_PARAM)
+    ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--method", choices=["auto", "sim", "closed"], default="auto",
+                    help="pstrain: fluid simulation or closed form (auto: simulation when "
+                         "trainers x blocks <= 4000)")
+    ap.add_argument("--json", action="store_true", help="print the terms as JSON")
+    ap.add_argument("--project", action="store_true", help="the projection table (markdown)")
+    ap.add_argument("--measure", metavar="BUILD", help="measure this machine's constants")
+    ap.add_argument("--steps", type=int, default=30, help="--measure: steps per run")
+    a = ap.parse_args()
+    try:
+        if a.measure:
+            print(json.dumps(measure(a.measure, a.params or 5_000_000, a.steps)))
+            return 0
+        if a.project:
+            project(a.params or 100_000_000, a.update_gbps, a.block_bytes)
+            return 0
+        if not (a.system and a.trainers and a.params and a.link_bps):
+            ap.error("give --system, --trainers, --params and --link-bps (or --project, "
+                     "or --measure BUILD)")
+        if a.trainers < 1 or a.pservers < 1 or a.params < 1 or a.link_bps <= 0:
+            ap.error("--trainers, --pservers, --params and --link-bps must be positive")
+        if a.system == "pstrain":
+            r = pstrain(a.trainers, a.pservers, a.params, a.precision, a.link_bps,
+                        a.block_bytes, a.send_window, a.update_gbps, a.compute_ms, a.rtt_ms,
+                        a.method)
+        elif a.system in ("ddp", "torch_ddp"):
+            r = ddp(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms, a.precision)
+        else:
+            r = torch_rpc_ps(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms)
+    except (ValueError, RuntimeError, subprocess.SubprocessError, OSError) as e:
+        print("costmodel: %s" % e, file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                          for k, v in r.items()}))
+    else:
+        print("%.3f" % r["predicted_ms"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
