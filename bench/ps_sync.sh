@@ -57,6 +57,7 @@ ttm, tam = med(tt), med(ta)
 best = min(ttm, tam)
 # push + pull of every trainer, like the peer's push_pull_GBps (1e9 B/s)
 gbps = 2 * 2 * params * esize / (pm / 1e3) / 1e9
+gbps_off = 2 * 2 * params * esize / (pc / 1e3) / 1e9  # payloads in the calls, as between hosts
 out = {"pstrain_step_ms_median": pm, "pstrain_shm_off_step_ms_median": pc,
        "torch_rpc_tcp_step_ms_median": ttm, "torch_rpc_auto_step_ms_median": tam,
        "speedup_vs_torch_rpc": round(best / pm, 3),
@@ -64,11 +65,13 @@ out = {"pstrain_step_ms_median": pm, "pstrain_shm_off_step_ms_median": pc,
        "speedup_vs_torch_rpc_auto": round(tam / pm, 3),
        "speedup_shm_off_vs_torch_rpc_tcp": round(ttm / pc, 3),
        "pstrain_push_pull_GBps": round(gbps, 2),
+       "pstrain_shm_off_push_pull_GBps": round(gbps_off, 2),
        "torch_rpc_push_pull_GBps_median": statistics.median(
            r["push_pull_GBps"] for r in (tt if ttm <= tam else ta))}
 if iperf != "null":
     i = json.loads(iperf)
     out["iperf3_1stream_GBps"] = i["GBps"]
     out["pstrain_vs_iperf3"] = round(gbps / i["GBps"], 3)
+    out["pstrain_shm_off_vs_iperf3"] = round(gbps_off / i["GBps"], 3)
 print(json.dumps(out))
 PY
