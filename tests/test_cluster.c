@@ -52,6 +52,7 @@
 #include "rpc/global.h"
 #include "rpc/wire.h"
 #include "trainer/remote.h"
+#include "tests/child.h"
 #include "tests/raw_call.h"
 
 #define PSERVER PST_BIN_DIR "/pserver"
@@ -63,190 +64,14 @@
 #define RUN_WAIT_MS 60000
 #define EXIT_WAIT_MS 15000
 
-/* ---- child processes ------------------------------------------------------------------ */
-
-typedef struct proc {
-    pid_t pid;           /* 0 when never started */
-    int reaped;          /* waitpid has returned it */
-    int status;          /* its wait status once reaped */
-    char out_path[64];   /* stdout and stderr files */
-    char err_path[64];
-} proc;
-
-#define MAX_CHILDREN 64
-static proc pool[MAX_CHILDREN]; /* every child of this test (criterion forks per test) */
-static int nchildren;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* Does `name` (of "NAME=VALUE") belong to the variables the tests control? */
-static int controlled_var(const char *kv)
-{
-    return strncmp(kv, "PSTRAIN_", 8) == 0 || strncmp(kv, "PADDLE_", 7) == 0 ||
-           strncmp(kv, "TRAINING_ROLE=", 14) == 0 || strncmp(kv, "POD_IP=", 7) == 0;
-}
-
-/* The child's environment: ours minus the controlled variables, plus `env` ("NAME=VALUE"
- * each). Built before fork, so the child only calls async-signal-safe functions (the
- * test process may have gRPC threads). The array points into environ and env; free only
- * the array. */
-static char **child_environment(const char *const env[])
-{
-    extern char **environ;
-    size_t n = 0, k = 0;
-    for (char **e = environ; *e; e++)
-        n++;
-    for (int i = 0; env && env[i]; i++)
-        n++;
-    char **envp = calloc(n + 1, sizeof *envp);
-    cr_assert_not_null(envp);
-    for (char **e = environ; *e; e++)
-        if (!controlled_var(*e))
-            envp[k++] = *e;
-    for (int i = 0; env && env[i]; i++)
-        envp[k++] = (char *)env[i];
-    envp[k] = NULL;
-    return envp;
-}
-
-/* Starts argv[0] (a path) with argv and the extra environment; output goes to files.
- * The proc lives in the pool until the suite's fini kills what is left and reaps it. */
-static proc *proc_start(const char *const argv[], const char *const env[])
-{
-    cr_assert_lt(nchildren, MAX_CHILDREN);
-    proc *p = &pool[nchildren];
-    memset(p, 0, sizeof *p);
-    snprintf(p->out_path, sizeof p->out_path, "/tmp/pst_cluster_out_XXXXXX");
-    snprintf(p->err_path, sizeof p->err_path, "/tmp/pst_cluster_err_XXXXXX");
-    int out = mkstemp(p->out_path), err = mkstemp(p->err_path);
-    cr_assert(out >= 0 && err >= 0, "mkstemp: %s", strerror(errno));
-    int devnull = open("/dev/null", O_RDONLY);
-    cr_assert_geq(devnull, 0);
-    char **envp = child_environment(env);
-    pid_t parent = getpid();
-    fflush(NULL);
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* die with the test worker */
-        if (getppid() != parent)
-            _exit(126);
-        dup2(devnull, STDIN_FILENO);
-        dup2(out, STDOUT_FILENO);
-        dup2(err, STDERR_FILENO);
-        for (int fd = 3; fd < 1024; fd++) /* the criterion worker's pipes, our files */
-            close(fd);
-        execve(argv[0], (char *const *)argv, envp);
-        static const char msg[] = "test_cluster: execve failed\n";
-        ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
-        (void)w;
-        _exit(127);
-    }
-    free(envp);
-    close(devnull);
-    close(out);
-    close(err);
-    p->pid = pid;
-    nchildren++;
-    return p;
-}
-
-/* Waits up to timeout_ms for the child to exit. Returns 1 when it has (p->status set), 0
- * when the deadline passed (the child is still running). */
-static int proc_wait(proc *p, int timeout_ms)
-{
-    if (p->reaped)
-        return 1;
-    double deadline = now_ms() + timeout_ms;
-    for (;;) {
-        pid_t r = waitpid(p->pid, &p->status, WNOHANG);
-        if (r == p->pid) {
-            p->reaped = 1;
-            return 1;
-        }
-        if (r < 0 && errno != EINTR) {
-            p->reaped = 1;
-            p->status = -1;
-            return 1;
-        }
-        if (now_ms() > deadline)
-            return 0;
-        sleep_ms(10);
-    }
-}
-
-/* Kills (SIGKILL) and reaps a child that is still running; removes its files. */
-static void proc_cleanup(proc *p)
-{
-    if (p->pid > 0 && !p->reaped) {
-        kill(p->pid, SIGKILL);
-        while (waitpid(p->pid, &p->status, 0) < 0 && errno == EINTR)
-            ;
-        p->reaped = 1;
-    }
-    if (p->out_path[0])
-        unlink(p->out_path);
-    if (p->err_path[0])
-        unlink(p->err_path);
-    p->out_path[0] = p->err_path[0] = '\0';
-}
-
-/* The whole content of a file, NUL-terminated ("" when it cannot be read); the caller
- * frees it. */
-static char *slurp(const char *path)
-{
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        FILE *m = open_memstream(&buf, &len);
-        cr_assert_not_null(m);
-        char chunk[4096];
-        size_t n;
-        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-            fwrite(chunk, 1, n, m);
-        fclose(m);
-        fclose(f);
-    }
-    if (!buf)
-        buf = strdup("");
-    cr_assert_not_null(buf);
-    return buf;
-}
+/* ---- child processes (tests/child.h) ------------------------------------------------- */
 
 /* Runs a child to completion within timeout_ms; asserts that it exited (not killed, not
  * hung). Returns its exit status; *out / *err (optional) receive its output. */
 static int run(const char *const argv[], const char *const env[], int timeout_ms, char **out,
                char **err)
 {
-    proc *p = proc_start(argv, env);
-    int done = proc_wait(p, timeout_ms);
-    char *o = slurp(p->out_path), *e = slurp(p->err_path); /* what a hung child wrote too */
-    if (!done)
-        proc_cleanup(p);
-    cr_assert(done, "%s did not exit within %d ms; stderr:\n%s", argv[0], timeout_ms, e);
-    cr_assert(WIFEXITED(p->status), "%s died with wait status 0x%x; stderr:\n%s", argv[0],
-              p->status, e);
-    if (out)
-        *out = o;
-    else
-        free(o);
-    if (err)
-        *err = e;
-    else
-        free(e);
-    return WEXITSTATUS(p->status);
+    return finish(proc_start(argv, env), argv[0], timeout_ms, out, err);
 }
 
 static void suite_fini(void)
@@ -267,29 +92,8 @@ static int pserver_start_envs(proc **ps, const char *log_level, const char *cons
     for (int i = 0; extra && extra[i] && i < 4; i++)
         env[2 + i] = extra[i];
     const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
-    proc *p = *ps = proc_start(argv, env);
-    double deadline = now_ms() + LISTEN_WAIT_MS;
-    for (;;) {
-        char *first = slurp(p->out_path);
-        char *nl = strchr(first, '\n');
-        if (nl) {
-            *nl = '\0';
-            const char *q = strstr(first, "\"port\":");
-            cr_assert(strstr(first, "{\"event\":\"listening\"") == first && q,
-                      "pserver's first line is not the listening event: %s", first);
-            int port = atoi(q + 7);
-            free(first);
-            cr_assert(port > 0 && port < 65536, "pserver announced port %d", port);
-            return port;
-        }
-        free(first);
-        if (proc_wait(p, 0) || now_ms() > deadline) {
-            char *err = slurp(p->err_path);
-            cr_assert_fail("pserver did not announce its port (%s); stderr:\n%s",
-                           p->reaped ? "it exited" : "deadline passed", err);
-        }
-        sleep_ms(10);
-    }
+    *ps = proc_start(argv, env);
+    return listening_port(*ps, "pserver", LISTEN_WAIT_MS);
 }
 
 static int pserver_start_env2(proc **ps, const char *log_level, const char *extra,
@@ -325,41 +129,6 @@ static void pserver_stop(proc *p)
     cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0,
               "pserver stopped with wait status 0x%x; stderr:\n%s", p->status, err);
     free(err);
-}
-
-/* A value from the summary line ({"event":"summary",...}) of a trainer's stdout. */
-static double summary_value(const char *out, const char *key)
-{
-    const char *line = strstr(out, "{\"event\":\"summary\"");
-    cr_assert_not_null(line, "no summary line in:\n%s", out);
-    const char *eol = strchr(line, '\n');
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *q = strstr(line, pat);
-    cr_assert(q && (!eol || q < eol), "summary has no %s: %s", key, line);
-    char *end;
-    double v = strtod(q + strlen(pat), &end);
-    cr_assert(end != q + strlen(pat), "summary %s is not a number: %s", key, line);
-    return v;
-}
-
-/* The summary's param_hash (16 hex digits: equal means bit-identical parameters). */
-typedef struct param_hash {
-    char hex[17];
-} param_hash;
-
-static param_hash summary_hash(const char *out)
-{
-    param_hash h = {{0}};
-    const char *line = strstr(out, "{\"event\":\"summary\"");
-    cr_assert_not_null(line, "no summary line in:\n%s", out);
-    const char *q = strstr(line, "\"param_hash\":\"");
-    cr_assert_not_null(q, "summary has no param_hash: %s", line);
-    q += strlen("\"param_hash\":\"");
-    size_t len = strspn(q, "0123456789abcdef");
-    cr_assert(len == 16 && q[16] == '"', "param_hash is not 16 hex digits: %s", line);
-    memcpy(h.hex, q, 16);
-    return h;
 }
 
 /* argv = head..., then tail... (NULL-terminated lists), into out[max]. */
@@ -1035,17 +804,7 @@ static int run_ckpt(const char *const argv[], const char *const more[], const ch
     char env_dir[600];
     snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
     const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
-    char *o = NULL, *e = NULL;
-    int rc = run(args, env, RUN_WAIT_MS + 30000, &o, &e);
-    if (out)
-        *out = o;
-    else
-        free(o);
-    if (err)
-        *err = e;
-    else
-        free(e);
-    return rc;
+    return run(args, env, RUN_WAIT_MS + 30000, out, err);
 }
 
 /* Runs argv again on dir with a checkpoint every 5 steps: it must exit 0 having resumed
