@@ -381,7 +381,7 @@ static const opt options[] = {
     {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address", R_PSERVER, OPT_STR, S(bind_host), 0, 0, NULL},
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
-    {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},
+    {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two; at least 8M when every pserver is on this host), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},

@@ -2,7 +2,8 @@
  *
  * Not for: framing (wire.c), the server (server.c), what trainers send (trainer/).
  *
- * DESIGN. One channel per server, with the 4 MiB message limits lifted, gRPC's own retries
+ * DESIGN. Two channels (connections) per server, Pulls on their own (CL_LANES below), each
+ * with the 4 MiB message limits lifted, gRPC's own retries
  * off (we retry ourselves and know which calls may repeat) and reconnect backoff matched
  * to ours (50 ms .. 1 s), so a retry meets a channel that has just tried to reconnect. The
  * four methods are pre-registered on every channel. A call is one batch of all six client

@@ -689,7 +689,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
-    grpc_arg args[16]; /* ours, the keepalive ones, RPC_BULK_ARGS and the lane */
+    grpc_arg args[16]; /* ours, the keepalive ones and RPC_BULK_ARGS */
     memset(args, 0, sizeof(args));
     args[0].type = GRPC_ARG_INTEGER;
     args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
