@@ -142,6 +142,8 @@ Test(plan, pipelined_blocks)
     cr_assert_eq(tr_plan_pipelined_bytes(100000000, 4u << 20, 1), 4u << 20);
     /* small models: not below 256 KiB */
     cr_assert_eq(tr_plan_pipelined_bytes(100000, 4u << 20, 2), TR_PLAN_MIN_BLOCK);
+    /* training alone: --block-bytes as it is */
+    cr_assert_eq(tr_plan_pipelined_bytes(5000000, 4u << 20, 0), 4u << 20);
     /* a smaller --block-bytes stands */
     cr_assert_eq(tr_plan_pipelined_bytes(5000000, 64u << 10, 4), 64u << 10);
     tr_plan p;

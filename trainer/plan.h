@@ -4,7 +4,7 @@
  *
  * Cutting: nblocks = max(ceil(nparams / max_elems), min(npservers, nparams)) rounded up to
  * a multiple of npservers (where every block keeps at least one element) blocks of
- * near-equal length (they differ by at most one element), in buffer order, so no block is
+ * near-equal length (the first nparams mod nblocks one element longer), in buffer order, so no block is
  * larger than block_bytes and every pserver gets work when there are enough parameters.
  * Placement: round robin, block i on pserver i mod npservers: with the rounding every
  * pserver gets the same number of blocks, and consecutive blocks are on different
@@ -54,7 +54,8 @@ void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
 #define TR_PLAN_ROUNDS 32
 #define TR_PLAN_MIN_BLOCK ((size_t)256 << 10)
 /* The block_bytes a job with `npservers` pservers builds its plan with: block_bytes, or
- * less, so that every pserver gets TR_PLAN_ROUNDS blocks, but not below TR_PLAN_MIN_BLOCK. */
+ * less, so that every pserver gets TR_PLAN_ROUNDS blocks, but not below TR_PLAN_MIN_BLOCK.
+ * npservers 0 (training alone): block_bytes. */
 size_t tr_plan_pipelined_bytes(size_t nparams, size_t block_bytes, int npservers);
 /* FNV-1a over the plan's numbers, continuing from `h` (start with 0). */
 uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h);

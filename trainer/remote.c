@@ -879,11 +879,9 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
 {
     if (send_window != PST_SEND_WINDOW_AUTO)
         return send_window;
-    size_t largest = 0;
-    for (int i = 0; i < plan->nblocks; i++)
-        largest = plan->blocks[i].length > largest ? plan->blocks[i].length : largest;
+    /* the blocks differ by at most one element, the longer ones first (plan.h) */
     const int blocks = plan->npservers > 2 ? plan->npservers : 2;
-    const size_t round = (size_t)blocks * largest * wire_size;
+    const size_t round = (size_t)blocks * plan->blocks[0].length * wire_size;
     return same_host && round < TR_REMOTE_SAME_HOST_WINDOW ? TR_REMOTE_SAME_HOST_WINDOW : round;
 }
 
@@ -911,10 +909,9 @@ pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan 
         goto error;
     }
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
-    /* at most one exchange per block at a time */
+    /* at most one exchange per block at a time; the window is set by start, once it
+     * knows where the pservers are (no exchange comes before) */
     r->sched.waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
-    /* until start knows where the pservers are */
-    r->window = tr_remote_window(cfg->send_window, plan, pst_dtype_size(cfg->grad_dtype), 0);
     if (!r->blocks || !r->sched.waiting) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;

@@ -478,8 +478,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
      * the pservers' through Init) needs the run's length. */
     run_cfg.optim.total_steps = total;
     /* One plan for the executor and the link: the pservers', or one store's in-process. */
-    const size_t block_bytes = cfg->num_pservers ? tr_plan_pipelined_bytes(model.nparams,
-                                   cfg->block_bytes, cfg->num_pservers) : cfg->block_bytes;
+    const size_t block_bytes = tr_plan_pipelined_bytes(model.nparams, cfg->block_bytes,
+                                                       cfg->num_pservers);
     if ((st = tr_plan_build(&plan, model.nparams, block_bytes,
                             cfg->num_pservers ? cfg->num_pservers : 1, D)) != PST_OK)
         goto error;
