@@ -23,6 +23,8 @@
 #        OUT=DIR (results.jsonl, table.md, scaling.png, logs/; default: a new temp dir)
 #        TIMEOUT=SEC per process (default: from the prediction, at least 120 s)
 #        NETLAB_NAME=scal (the lab's name)   BENCH_CORETYPE (see bench/lib.sh)
+#        PSTRAIN_BLOCK_BYTES, PSTRAIN_SEND_WINDOW: reach pstrain's trainers (the environment
+#        passes through) and the cost model
 # stdout: a header JSON line, one JSON line per system and cell (a failed cell: a line with
 # "error" and the stderr tail on stderr), then a markdown table and where the plot went.
 # JSON field meanings: docs/scaling.md. Not a test: it reports, it never gates.
@@ -163,7 +165,8 @@ predict() {
   [ "$4" = bf16 ] && upd=$upd_bf16
   case $1 in
     pstrain) "$costmodel" --system pstrain --trainers "$2" --pservers "$3" --params "$params" \
-      --precision "$4" --link-bps "$link_bps" --update-gbps "$upd" --compute-ms "$compute_ms" --json ;;
+      --precision "$4" --link-bps "$link_bps" --update-gbps "$upd" --compute-ms "$compute_ms" \
+      --block-bytes "${PSTRAIN_BLOCK_BYTES:-4M}" --send-window "${PSTRAIN_SEND_WINDOW:-auto}" --json ;;
     torch_ddp) "$costmodel" --system ddp --trainers "$2" --params "$params" --link-bps "$link_bps" \
       --compute-ms "$ddp_compute_ms" --json ;;
     torch_rpc_ps) "$costmodel" --system torch_rpc_ps --trainers "$2" --params "$params" --link-bps "$link_bps" --json ;;
