@@ -418,8 +418,8 @@ static int attach_shm_locked(ps_service *svc, const Pstrain__InitRequest *req)
         free(seg);
         return 0;
     }
-    if (rpc_shm_attach(seg, req->shm_name, req->shm_nonce,
-                       ps_store_total_length(svc->store)) != PST_OK) {
+    if (rpc_shm_attach(seg, req->shm_name, req->shm_nonce, ps_store_total_length(svc->store),
+                       &svc->area) != PST_OK) {
         PST_INFO("trainer %u: payloads in the calls, not in shared memory: %s", t,
                  pst_error_detail());
         free(seg);
@@ -873,13 +873,15 @@ static void handle_push(ps_service *svc, rpc_call *call)
     } else if (st == PST_OK)
         st = rpc_payload_check(f.payload, f.dtype, req->length);
     int dup = 0;
+    /* The trainer can still write its slot: the store checks and applies one copy of it. */
+    const unsigned shared = f.slot ? PS_PUSH_SHARED_SOURCE : 0;
     if (st == PST_OK && f.dtype == PST_BF16 && (req->scale == 0.0f || req->scale == 1.0f))
         st = ps_store_push_bf16(store, req->trainer_id, req->step, req->block, req->length,
-                                fill_raw_from_payload, &f, &dup);
+                                fill_raw_from_payload, &f, shared, &dup);
     else if (st == PST_OK) /* scale 0 on the wire: none */
         st = ps_store_push_scaled(store, req->trainer_id, req->step, req->block, req->length,
                                   req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
-                                  &dup);
+                                  shared, &dup);
     if (st != PST_OK) {
         if (svc->prom)
             pst_prom_add(svc->prom->pushes_failed, 1);

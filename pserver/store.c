@@ -749,7 +749,8 @@ void ps_store_free(ps_store *st)
 /* ps_store_push, or with `direct` (fill NULL) ps_store_push_f32. */
 static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                        uint64_t length, float inv_scale, ps_fill_fn fill, void *fill_arg,
-                       const float *direct, ps_raw_fill_fn raw_bf16, int *duplicate)
+                       const float *direct, ps_raw_fill_fn raw_bf16, unsigned flags,
+                       int *duplicate)
 {
     if (duplicate)
         *duplicate = 0;
@@ -824,9 +825,11 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     /* A push from a fill that makes the update (the last of a sync step, one trainer, or
      * async) is not copied: its pieces are only checked here, through a buffer on the
      * stack, and the update reads it again from the caller (through the fill), tile by tile,
-     * saving the write of the whole gradient and its reading back. */
+     * saving the write of the whole gradient and its reading back. Not a source another
+     * process can write (PS_PUSH_SHARED_SOURCE): what was checked must be what is applied,
+     * so it is copied into dst like any other push. */
     const int row = st->mode == PST_MODE_SYNC ? (int)trainer : 0;
-    const int through = !direct && inv_scale == 1.0f &&
+    const int through = !direct && inv_scale == 1.0f && !(flags & PS_PUSH_SHARED_SOURCE) &&
                         (st->mode == PST_MODE_ASYNC || st->num_trainers == 1 ||
                          b->npushed + 1 == st->num_trainers);
     for (uint64_t off = 0; off < b->length && raw_bf16; off += FILL_PIECE) {
@@ -892,21 +895,23 @@ out:
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate)
 {
-    return push(st, trainer, step, block, length, 1.0f, fill, fill_arg, NULL, NULL, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, fill, fill_arg, NULL, NULL, 0,
+                duplicate);
 }
 
 pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                               uint64_t length, ps_raw_fill_fn fill, void *fill_arg,
-                              int *duplicate)
+                              unsigned flags, int *duplicate)
 {
     if (!fill)
         return pst_error_set(PST_ERR_INVALID, "push: no fill function");
-    return push(st, trainer, step, block, length, 1.0f, NULL, fill_arg, NULL, fill, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, NULL, fill_arg, NULL, fill, flags,
+                duplicate);
 }
 
 pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                                 uint64_t length, float loss_scale, ps_fill_fn fill,
-                                void *fill_arg, int *duplicate)
+                                void *fill_arg, unsigned flags, int *duplicate)
 {
     int e;
     if (!(loss_scale > 0.0f) || isinf(loss_scale) || frexpf(loss_scale, &e) != 0.5f ||
@@ -915,7 +920,7 @@ pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, ui
                              "of two between 2^-126 and 2^126 (example: 65536)",
                              (double)loss_scale, (unsigned)block);
     return push(st, trainer, step, block, length, 1.0f / loss_scale, fill, fill_arg, NULL, NULL,
-                duplicate);
+                flags, duplicate);
 }
 
 /* ---- the update made piece by piece (training alone, see store.h) ---------------------- */
@@ -992,7 +997,7 @@ pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint3
 {
     if (!grad)
         return pst_error_set(PST_ERR_INVALID, "push: no gradient");
-    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, NULL, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, NULL, 0, duplicate);
 }
 
 pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,

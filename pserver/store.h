@@ -200,22 +200,32 @@ void ps_store_free(ps_store *st);
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
 
+/* Flags of ps_store_push_scaled and ps_store_push_bf16. */
+enum {
+    /* fill reads memory another process can write while the push runs (a trainer's
+     * shared-memory slot, rpc/shm.h): the store reads it once, into its own buffer, and
+     * checks and applies that copy, never the source again. Without the flag a push that
+     * makes the update is read twice (ps_fill_fn), which is only sound for a source that
+     * does not change. */
+    PS_PUSH_SHARED_SOURCE = 1u << 0,
+};
+
 /* ps_store_push of a gradient scaled by `loss_scale` (fp16 dynamic loss scaling): every
  * piece is divided by it after fill, before the NaN/Inf check and the sum, so the sum over
  * trainers equals the unscaled sum (a power of two divides exactly, barring subnormals).
- * Errors as ps_store_push, plus PST_ERR_INVALID (nothing changed) for a scale that is not
- * a power of two in [2^-126, 2^126]. */
+ * `flags`: PS_PUSH_* or 0. Errors as ps_store_push, plus PST_ERR_INVALID (nothing changed)
+ * for a scale that is not a power of two in [2^-126, 2^126]. */
 pst_status ps_store_push_scaled(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                                 uint64_t length, float loss_scale, ps_fill_fn fill,
-                                void *fill_arg, int *duplicate);
+                                void *fill_arg, unsigned flags, int *duplicate);
 
 /* ps_store_push of a bf16 gradient, kept in bf16 until the update widens it to f32 (exact):
  * the same sums and the same bits as ps_store_push with a fill that casts, with half the
- * bytes written and read. NaN and infinity are checked on the bf16 values. Errors as
- * ps_store_push. */
+ * bytes written and read. NaN and infinity are checked on the bf16 values. `flags`:
+ * PS_PUSH_* or 0. Errors as ps_store_push. */
 pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                               uint64_t length, ps_raw_fill_fn fill, void *fill_arg,
-                              int *duplicate);
+                              unsigned flags, int *duplicate);
 
 /* ps_store_push with the gradient as an f32 array in this process (the in-process store of
  * local training). A push that makes the update on its own (one trainer, or async) is read

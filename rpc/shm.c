@@ -38,7 +38,10 @@ static pst_status create(rpc_shm *s, size_t bytes)
         close(fd);
         return st;
     }
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    struct stat sb;
+    void *base = fstat(fd, &sb) == 0
+                     ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                     : MAP_FAILED;
     if (base == MAP_FAILED) {
         pst_status st = pst_error_set(PST_ERR_NOMEM, "mmap of %zu bytes of shared memory: %s",
                                       bytes, strerror(errno));
@@ -54,6 +57,8 @@ static pst_status create(rpc_shm *s, size_t bytes)
     s->bytes = bytes;
     s->fd = fd;
     s->nonce = nonce;
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
     snprintf(s->name, sizeof s->name, "/proc/%d/fd/%d", (int)getpid(), fd);
     return PST_OK;
 }
@@ -91,7 +96,7 @@ void *rpc_shm_area(const rpc_shm *s)
 /* Maps `name` (a sealed memfd of a process on this host) with `bytes` bytes, checking the
  * nonce at its start. */
 static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t bytes,
-                         int writable)
+                         int writable, const rpc_shm *mine)
 {
     shm_empty(s);
     int pid = 0, fdn = 0, end = 0;
@@ -117,6 +122,11 @@ static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t by
         close(path);
         return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: not a memfd (a regular "
                              "file on tmpfs)", name);
+    }
+    if (mine && mine->base && sb.st_dev == mine->dev && sb.st_ino == mine->ino) {
+        close(path);
+        return pst_error_set(PST_ERR_UNAVAILABLE, "shared memory %s: a segment of this process "
+                             "(its values area), not the trainer's", name);
     }
     char again[40];
     snprintf(again, sizeof again, "/proc/self/fd/%d", path);
@@ -152,14 +162,17 @@ static pst_status attach(rpc_shm *s, const char *name, uint64_t nonce, size_t by
     s->base = base;
     s->bytes = bytes;
     s->nonce = nonce;
+    s->dev = sb.st_dev;
+    s->ino = sb.st_ino;
     snprintf(s->name, sizeof s->name, "%s", name);
     return PST_OK;
 }
 
-pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total)
+pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total,
+                          const rpc_shm *mine)
 {
     const size_t bytes = rpc_shm_bytes(total);
-    PST_TRY(attach(s, name, nonce, bytes, 1));
+    PST_TRY(attach(s, name, nonce, bytes, 1, mine));
     s->total = total;
     return PST_OK;
 }
@@ -168,7 +181,7 @@ pst_status rpc_shm_attach_area(rpc_shm *s, const char *name, uint64_t nonce, siz
 {
     if (bytes > SIZE_MAX - RPC_SHM_HEADER)
         bytes = 0;
-    return attach(s, name, nonce, bytes ? RPC_SHM_HEADER + bytes : 0, 0);
+    return attach(s, name, nonce, bytes ? RPC_SHM_HEADER + bytes : 0, 0, NULL);
 }
 
 static void *slot(const rpc_shm *s, uint64_t first, uint64_t shard_off, uint64_t length)

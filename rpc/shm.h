@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/error.h"
 
@@ -47,6 +48,8 @@ typedef struct rpc_shm {
     int fd;              /* the trainer's memfd (-1 on the pserver, or none) */
     char name[RPC_SHM_NAME_MAX]; /* /proc/<pid>/fd/<fd> */
     uint64_t nonce;
+    dev_t dev;           /* the file's identity (fstat), to tell two segments apart */
+    ino_t ino;
 } rpc_shm;
 
 /* Bytes of the segment of a shard of `total` elements; 0 when it would overflow. */
@@ -58,9 +61,13 @@ pst_status rpc_shm_create(rpc_shm *s, uint64_t total);
 
 /* The pserver: maps the segment `name` of a trainer, after checking that the name is
  * /proc/<pid>/fd/<fd>, the file a memfd sealed against shrinking, of at least
- * rpc_shm_bytes(total) bytes, with `nonce` at its start. Errors: PST_ERR_UNAVAILABLE
- * (not on this host, not reachable, or not the trainer's segment), with why. */
-pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total);
+ * rpc_shm_bytes(total) bytes, with `nonce` at its start, and not the file of `mine` (a
+ * segment this process made, its values area, whose name and nonce a trainer learns from
+ * its Init reply: mapped as a trainer's, a pull would write over the values; NULL or an
+ * empty one: none). Errors: PST_ERR_UNAVAILABLE (not on this host, not reachable, or not
+ * the trainer's segment), with why. */
+pst_status rpc_shm_attach(rpc_shm *s, const char *name, uint64_t nonce, uint64_t total,
+                          const rpc_shm *mine);
 
 /* Block slots: the first byte of the push or the pull slot of the block at element
  * `shard_off` of `length` elements; NULL when that is outside the segment. */

@@ -50,6 +50,7 @@
 #include "common/error.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
+#include "rpc/shm.h"
 #include "rpc/wire.h"
 #include "trainer/remote.h"
 #include "tests/child.h"
@@ -3617,4 +3618,186 @@ Test(cluster, metrics_are_scraped_during_training, .timeout = 120)
     proc_wait(t0, RUN_WAIT_MS);
     proc_wait(t1, RUN_WAIT_MS);
     proc_wait(ps, EXIT_WAIT_MS);
+}
+
+/* ---- hostile trainers on this host (shared memory, rpc/shm.h) ----------------------- */
+
+/* Inits trainer 0 of a sync job of one trainer (SGD, lr) with `nblocks` blocks of `len`
+ * elements, offering the segment `name`/`nonce`; *reply_shm gets whether the pserver mapped
+ * it, and area_name/area_nonce (optional) the values area it names. */
+static pst_status shm_init(rpc_client *cl, uint32_t nblocks, uint64_t len, float lr,
+                           const float *initial, const char *name, uint64_t nonce,
+                           int *reply_shm, char *area_name, size_t area_size,
+                           uint64_t *area_nonce)
+{
+    Pstrain__BlockSpec *spec = calloc(nblocks, sizeof *spec);
+    Pstrain__BlockSpec **specs = calloc(nblocks, sizeof *specs);
+    cr_assert(spec && specs);
+    for (uint32_t b = 0; b < nblocks; b++) {
+        pstrain__block_spec__init(&spec[b]);
+        spec[b].id = b;
+        spec[b].offset = b * len;
+        spec[b].length = len;
+        specs[b] = &spec[b];
+    }
+    Pstrain__OptimConfig optim = PSTRAIN__OPTIM_CONFIG__INIT;
+    optim.kind = (char *)"sgd";
+    optim.lr = lr;
+    optim.schedule = (char *)"constant";
+    Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
+    req.num_trainers = 1;
+    req.total_params = nblocks * len;
+    req.n_blocks = nblocks;
+    req.blocks = specs;
+    req.optim = &optim;
+    req.fingerprint = 41;
+    req.shm_name = (char *)name;
+    req.shm_nonce = nonce;
+    rpc_message *m = NULL;
+    pst_status st = rpc_client_call(cl, 0, RPC_METHOD_INIT, &req.base, initial,
+                                    nblocks * len * sizeof(float), &m);
+    if (st == PST_OK) {
+        const Pstrain__InitReply *r = (const Pstrain__InitReply *)rpc_message_header(m);
+        *reply_shm = r->shm;
+        if (area_name)
+            snprintf(area_name, area_size, "%s", r->shm_values_name ? r->shm_values_name : "");
+        if (area_nonce)
+            *area_nonce = r->shm_values_nonce;
+    }
+    rpc_message_free(m);
+    free(specs);
+    free(spec);
+    return st;
+}
+
+/* A trainer that offers the pserver's own values area (name and nonce from its Init reply)
+ * as its segment, with 64 one-element blocks so that the size check passes, is answered
+ * without shared memory: mapped as a trainer's segment, a Pull of block 0 would write its
+ * values over block 4's in the area. Block 4 keeps its value. */
+Test(cluster, values_area_offered_as_a_trainers_segment_is_refused, .timeout = 60)
+{
+    enum { NBLK = 64 };
+    rpc_shm seg;
+    cr_assert_eq(rpc_shm_create(&seg, NBLK), PST_OK, "%s", pst_error_detail());
+    proc *ps;
+    int port = pserver_start_logging(&ps, "info");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float initial[NBLK];
+    for (int i = 0; i < NBLK; i++)
+        initial[i] = 0.01f * (float)i;
+    int shm = 0;
+    char area[RPC_SHM_NAME_MAX];
+    uint64_t area_nonce = 0;
+    EXPECT_STATUS(shm_init(cl, NBLK, 1, 0.5f, initial, seg.name, seg.nonce, &shm, area,
+                           sizeof area, &area_nonce), PST_OK);
+    cr_assert(shm && area[0] && area_nonce, "the pserver mapped no segment or named no area");
+    EXPECT_STATUS(shm_init(cl, NBLK, 1, 0.5f, initial, area, area_nonce, &shm, NULL, 0, NULL),
+                  PST_OK);
+    cr_assert(!shm, "the pserver mapped its own values area %s as trainer 0's segment", area);
+    /* Whatever a Pull in shared memory answers now, it must not write the area. */
+    Pstrain__PullRequest pull = PSTRAIN__PULL_REQUEST__INIT;
+    pull.block = 0;
+    pull.version = 0;
+    pull.dtype = PSTRAIN__DTYPE__F32;
+    pull.shm = 1;
+    rpc_message *m = NULL;
+    (void)rpc_client_call(cl, 0, RPC_METHOD_PULL, &pull.base, NULL, 0, &m);
+    rpc_message_free(m);
+    for (uint32_t b = 0; b < NBLK; b++) {
+        Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
+        req.block = b;
+        req.version = 0;
+        req.dtype = PSTRAIN__DTYPE__F32;
+        EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_PULL, &req.base, NULL, 0, &m), PST_OK);
+        float v = -1.0f;
+        cr_assert_eq(rpc_payload_read_f32(rpc_message_payload(m), PST_F32, 0, &v, 1), PST_OK);
+        rpc_message_free(m);
+        cr_assert_eq(v, initial[b], "block %u holds %g, not its %g", b, (double)v,
+                     (double)initial[b]);
+    }
+    EXPECT_STATUS(do_finish(cl, 0), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit after the Finish");
+    char *err = slurp(ps->err_path);
+    cr_assert(strstr(err, "a segment of this process (its values area)"), "%s", err);
+    free(err);
+    rpc_shm_free(&seg);
+}
+
+/* A second process flips one element of trainer 0's push slot between 0.001 and NaN while
+ * the trainer pushes step after step in shared memory. Each push is either refused (NaN
+ * seen) or applied, and what is applied is what was checked: the values stay finite. */
+Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .timeout = 120)
+{
+    enum { LEN = 1 << 18, ACCEPTED = 40 };
+    rpc_shm seg;
+    cr_assert_eq(rpc_shm_create(&seg, LEN), PST_OK, "%s", pst_error_detail());
+    float *slot = rpc_shm_push_slot(&seg, 0, LEN);
+    for (int i = 0; i < LEN; i++)
+        slot[i] = 0.001f;
+    /* The hostile process: forked before gRPC starts here; it shares the mapping. */
+    pid_t flipper = fork();
+    cr_assert_geq(flipper, 0);
+    if (flipper == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, whatever fails in it */
+        if (getppid() == 1)
+            _exit(0);
+        volatile float *x = &slot[LEN / 2 + 7];
+        for (;;) {
+            *x = NAN;
+            *x = 0.001f;
+        }
+    }
+    proc *ps;
+    int port = pserver_start(&ps);
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float *initial = calloc(LEN, sizeof *initial), *w = malloc(LEN * sizeof *w);
+    cr_assert(initial && w);
+    int shm = 0;
+    EXPECT_STATUS(shm_init(cl, 1, LEN, 1.0f, initial, seg.name, seg.nonce, &shm, NULL, 0, NULL),
+                  PST_OK);
+    cr_assert(shm, "the pserver did not map the trainer's segment");
+    int64_t step = 0;
+    int refused = 0;
+    for (int tries = 0; step < ACCEPTED && tries < 20 * ACCEPTED; tries++) {
+        Pstrain__PushRequest push = PSTRAIN__PUSH_REQUEST__INIT;
+        push.step = step;
+        push.dtype = PSTRAIN__DTYPE__F32;
+        push.length = LEN;
+        push.shm = 1;
+        rpc_message *m = NULL;
+        pst_status st = rpc_client_call(cl, 0, RPC_METHOD_PUSH, &push.base, NULL, 0, &m);
+        rpc_message_free(m);
+        if (st != PST_OK) {
+            cr_assert_eq(st, PST_ERR_INVALID, "%s", pst_error_detail());
+            cr_assert(strstr(pst_error_detail(), "has nan at element"), "%s",
+                      pst_error_detail());
+            refused++;
+            continue;
+        }
+        Pstrain__PullRequest pull = PSTRAIN__PULL_REQUEST__INIT;
+        pull.version = step + 1;
+        pull.dtype = PSTRAIN__DTYPE__F32;
+        EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_PULL, &pull.base, NULL, 0, &m), PST_OK);
+        cr_assert_eq(rpc_payload_read_f32(rpc_message_payload(m), PST_F32, 0, w, LEN), PST_OK);
+        rpc_message_free(m);
+        for (int i = 0; i < LEN; i++)
+            cr_assert(isfinite(w[i]), "step %lld: element %d is %g in the values",
+                      (long long)step, i, (double)w[i]);
+        step++;
+    }
+    kill(flipper, SIGKILL);
+    waitpid(flipper, NULL, 0);
+    cr_assert_eq(step, ACCEPTED, "only %lld pushes of %d accepted (%d refused)",
+                 (long long)step, ACCEPTED, refused);
+    EXPECT_STATUS(do_finish(cl, 0), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit after the Finish");
+    free(initial);
+    free(w);
+    rpc_shm_free(&seg);
 }

@@ -1037,7 +1037,7 @@ Test(shm, another_process_attaches_and_shares_the_slots, .timeout = 30)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         rpc_shm p;
-        int ok = rpc_shm_attach(&p, t.name, t.nonce, 1000) == PST_OK;
+        int ok = rpc_shm_attach(&p, t.name, t.nonce, 1000, NULL) == PST_OK;
         const float *got = ok ? rpc_shm_push_slot(&p, 100, 50) : NULL;
         for (int i = 0; ok && i < 50; i++)
             ok = got[i] == (float)i * 0.5f;
@@ -1067,12 +1067,12 @@ Test(shm, what_is_not_the_trainers_segment_is_refused)
 {
     rpc_shm t, p;
     cr_assert_eq(rpc_shm_create(&t, 256), PST_OK, "%s", pst_error_detail());
-    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce ^ 1, 256), PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce ^ 1, 256, NULL), PST_ERR_UNAVAILABLE);
     cr_assert(strstr(pst_error_detail(), "another nonce"), "%s", pst_error_detail());
     cr_assert_null(p.base);
-    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 257), PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 257, NULL), PST_ERR_UNAVAILABLE);
     cr_assert(strstr(pst_error_detail(), "the blocks need"), "%s", pst_error_detail());
-    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 256), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 256, NULL), PST_OK, "%s", pst_error_detail());
     cr_assert_null(rpc_shm_push_slot(&p, 200, 57));
     cr_assert_null(rpc_shm_pull_slot(&p, 257, 0));
     cr_assert_not_null(rpc_shm_pull_slot(&p, 200, 56));
@@ -1083,25 +1083,49 @@ Test(shm, what_is_not_the_trainers_segment_is_refused)
     cr_assert_eq(ftruncate(fd, (off_t)rpc_shm_bytes(256)), 0);
     char name[64];
     snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), fd);
-    cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 256), PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 256, NULL), PST_ERR_UNAVAILABLE);
     cr_assert(strstr(pst_error_detail(), "sealed"), "%s", pst_error_detail());
     close(fd);
 
     fd = open("/etc/hostname", O_RDONLY);
     if (fd >= 0) {
         snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), fd);
-        cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 1), PST_ERR_UNAVAILABLE);
+        cr_assert_eq(rpc_shm_attach(&p, name, t.nonce, 1, NULL), PST_ERR_UNAVAILABLE);
         close(fd);
     }
     const char *bad[] = {"/etc/passwd", "/proc/self/fd/0", "/proc/1/fd/0/../../environ",
                          "/proc/-3/fd/1", "", "/proc/999999999/fd/3"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        cr_assert_eq(rpc_shm_attach(&p, bad[i], t.nonce, 256), PST_ERR_UNAVAILABLE, "%s",
+        cr_assert_eq(rpc_shm_attach(&p, bad[i], t.nonce, 256, NULL), PST_ERR_UNAVAILABLE, "%s",
                      bad[i]);
         cr_assert_null(p.base);
     }
     rpc_shm_free(&t);
     rpc_shm_free(&t); /* an empty one is accepted */
+}
+
+/* The pserver's own values area, offered back as a trainer's segment under its name or
+ * under another descriptor of the same file, is refused (a pull would write over the
+ * values); a trainer's segment still attaches beside it. */
+Test(shm, a_segment_of_the_process_itself_is_refused)
+{
+    rpc_shm area, t, p;
+    cr_assert_eq(rpc_shm_create_area(&area, 64 * 64), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_attach(&p, area.name, area.nonce, 64, &area), PST_ERR_UNAVAILABLE);
+    cr_assert(strstr(pst_error_detail(), "its values area"), "%s", pst_error_detail());
+    cr_assert_null(p.base);
+    int again = dup(area.fd);
+    cr_assert_geq(again, 0);
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)getpid(), again);
+    cr_assert_eq(rpc_shm_attach(&p, name, area.nonce, 64, &area), PST_ERR_UNAVAILABLE);
+    close(again);
+    cr_assert_eq(rpc_shm_create(&t, 64), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_attach(&p, t.name, t.nonce, 64, &area), PST_OK, "%s",
+                 pst_error_detail());
+    rpc_shm_free(&p);
+    rpc_shm_free(&t);
+    rpc_shm_free(&area);
 }
 
 /* A pserver's values area: blocks at 64-byte boundaries, mapped read-only by another

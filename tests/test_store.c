@@ -1891,7 +1891,7 @@ Test(store, bf16_pushes_kept_as_they_came_give_the_bits_of_cast_ones)
                                            NULL);
                     else
                         rc = ps_store_push_bf16(kept, (uint32_t)t, step, id, n, fill_bf16_raw,
-                                                &src, NULL);
+                                                &src, 0, NULL);
                     cr_assert_eq(rc, PST_OK, "%s", pst_error_detail());
                 }
             }
@@ -1933,7 +1933,7 @@ Test(store, bf16_push_with_inf_or_nan_is_refused)
         memcpy(b, h, sizeof b);
         b[31] = bad[k].bits;
         bf16_src src = {.h = b};
-        cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &src, NULL),
+        cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &src, 0, NULL),
                      PST_ERR_INVALID);
         char want[64];
         snprintf(want, sizeof want, "has %s at element 31", bad[k].name);
@@ -1941,7 +1941,85 @@ Test(store, bf16_push_with_inf_or_nan_is_refused)
         assert_unchanged(st, &before);
     }
     bf16_src ok = {.h = h};
-    cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &ok, NULL), PST_OK);
+    cr_assert_eq(ps_store_push_bf16(st, 0, 0, id, n, fill_bf16_raw, &ok, 0, NULL), PST_OK);
     cr_assert_eq(ps_store_pushed(st, id), 1);
     ps_store_free(st);
+}
+
+/* A source that a hostile trainer rewrites between reads (its shared-memory slot): the first
+ * read of each element gives the finite gradient, every later read NaN. */
+typedef struct turning_src {
+    const float *g;
+    const uint16_t *h;
+    _Atomic int reads[64];
+} turning_src;
+
+static pst_status fill_turning(void *arg, float *dst, uint64_t first, uint64_t n)
+{
+    turning_src *f = arg;
+    for (uint64_t i = 0; i < n; i++)
+        dst[i] = atomic_fetch_add(&f->reads[first + i], 1) ? NAN : f->g[first + i];
+    return PST_OK;
+}
+
+static pst_status fill_turning_raw(void *arg, void *dst, uint64_t first, uint64_t n)
+{
+    turning_src *f = arg;
+    uint16_t *out = dst;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = atomic_fetch_add(&f->reads[first + i], 1) ? 0x7fc1u : f->h[first + i];
+    return PST_OK;
+}
+
+/* PS_PUSH_SHARED_SOURCE: a push that completes the step (sync, 1 and 2 trainers, f32 and
+ * bf16, async) reads its source once, so a source that turns to NaN after the check never
+ * reaches the values; each element is read exactly once. */
+Test(store, shared_source_is_read_once_so_a_rewrite_never_reaches_the_values)
+{
+    const struct {
+        pst_mode mode;
+        int trainers;
+    } cases[] = {{PST_MODE_SYNC, 1}, {PST_MODE_SYNC, 2}, {PST_MODE_ASYNC, 1}};
+    const uint64_t n = test_blocks[2].length; /* 33 */
+    const uint32_t id = test_blocks[2].id;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            float initial[TOTAL_LEN];
+            ps_store *st = make_store(cases[c].mode, cases[c].trainers, PST_OPTIM_ADAM,
+                                      initial);
+            for (int step = 0; step < 3; step++) {
+                for (int t = 0; t < cases[c].trainers; t++) {
+                    float g[64];
+                    uint16_t h[64];
+                    fill_normal(g, n, 70 + (uint64_t)step, (uint64_t)t, 0.3f);
+                    pst_cast(h, PST_BF16, g, PST_F32, (size_t)n);
+                    turning_src src = {.g = g, .h = h};
+                    for (uint64_t i = 0; i < n; i++)
+                        atomic_init(&src.reads[i], 0);
+                    const pst_status rc =
+                        bf16 ? ps_store_push_bf16(st, (uint32_t)t, step, id, n,
+                                                  fill_turning_raw, &src,
+                                                  PS_PUSH_SHARED_SOURCE, NULL)
+                             : ps_store_push_scaled(st, (uint32_t)t, step, id, n, 1.0f,
+                                                    fill_turning, &src,
+                                                    PS_PUSH_SHARED_SOURCE, NULL);
+                    cr_assert_eq(rc, PST_OK, "case %zu bf16 %d: %s", c, bf16,
+                                 pst_error_detail());
+                    for (uint64_t i = 0; i < n; i++)
+                        cr_assert_eq(atomic_load(&src.reads[i]), 1,
+                                     "case %zu bf16 %d step %d: element %llu read %d times", c,
+                                     bf16, step, (unsigned long long)i,
+                                     atomic_load(&src.reads[i]));
+                }
+                float v[64];
+                int64_t version = -1;
+                cr_assert_eq(ps_store_read(st, id, v, &version), PST_OK);
+                cr_assert_eq(version, step + 1);
+                for (uint64_t i = 0; i < n; i++)
+                    cr_assert(isfinite(v[i]), "case %zu bf16 %d step %d: value %llu is %g", c,
+                              bf16, step, (unsigned long long)i, (double)v[i]);
+            }
+            ps_store_free(st);
+        }
+    }
 }

@@ -161,7 +161,7 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
          * with pservers bit for bit. */
         rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype};
         st = ps_store_push_scaled(lk->store, 0, step, blk->id, blk->length, scale,
-                                  fill_rounded, &f, &duplicate);
+                                  fill_rounded, &f, 0, &duplicate);
     } else {
         st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, &duplicate);
     }
