@@ -1489,6 +1489,9 @@ static void handle_watch(ps_service *svc, rpc_call *call)
     else if (svc->finished[req->trainer_id])
         st = pst_error_set(PST_ERR_STATE, "Watch of trainer %u after its Finish",
                            req->trainer_id);
+    else if (!svc->joined[req->trainer_id]) /* its end would be the genuine trainer's */
+        st = pst_error_set(PST_ERR_STATE, "Watch of trainer %u before its Init on this "
+                           "pserver: send Init first", req->trainer_id);
     if (st != PST_OK) {
         pthread_mutex_unlock(&svc->mu);
         fail(call, st);

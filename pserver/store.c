@@ -794,8 +794,10 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
             goto out;
         }
         /* A trainer's pushes of a block come one step after another (retries repeat one):
-         * a step far ahead would make every real one after it look like a duplicate. */
-        if (step - b->last_step[trainer] > PS_ASYNC_STEP_WINDOW) {
+         * a step far ahead would make every real one after it look like a duplicate. The
+         * distance in unsigned arithmetic: step > last_step >= -1, so it is exact where
+         * step - last_step would overflow (step 2^63-1 before any push). */
+        if ((uint64_t)step - (uint64_t)b->last_step[trainer] > PS_ASYNC_STEP_WINDOW) {
             rc = pst_error_set(PST_ERR_RANGE, "push: step %lld of block %u from trainer %u is "
                                "more than %d steps past its last (%lld)", (long long)step,
                                (unsigned)block, (unsigned)trainer, PS_ASYNC_STEP_WINDOW,

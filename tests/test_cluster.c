@@ -3019,6 +3019,65 @@ Test(cluster, async_step_far_ahead_is_refused)
     fixture_stop(ps, cl);
 }
 
+/* The largest step there is (2^63-1) as an async trainer's first push: refused as too far
+ * ahead (step - last_step overflowed when last_step was -1, so it was taken, and every real
+ * push after it was dropped as a duplicate); step 0 then counts. */
+Test(cluster, async_first_push_at_the_largest_step_is_refused)
+{
+    proc *ps;
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
+    float initial[NB], g[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(g, 0.25f, -0.125f);
+    init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
+                    .fingerprint = 9, .initial = initial, .ninitial = NB, .mode = 1};
+    EXPECT_STATUS(do_init(cl, &ia, NULL), PST_OK);
+    EXPECT_STATUS(do_push(cl, 0, INT64_MAX, g, NULL), PST_ERR_RANGE);
+    cr_assert(strstr(pst_error_detail(), "past its last (-1)"), "%s", pst_error_detail());
+    int dup = -1;
+    EXPECT_STATUS(do_push(cl, 0, 0, g, &dup), PST_OK);
+    cr_assert_eq(dup, 0, "step 0 was taken for a duplicate");
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, got, &v), PST_OK);
+    cr_assert_eq(v, 1);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i] - g[i], "element %d", i);
+    fixture_stop(ps, cl);
+}
+
+/* A Watch for a trainer that has sent no Init is refused (FAILED_PRECONDITION) at once:
+ * accepted, its end when abandoned counted as that trainer's departure, and the genuine
+ * trainer was then refused "after its Finish". The genuine trainer then joins and trains. */
+Test(cluster, watch_before_the_trainers_init_is_refused, .timeout = 60)
+{
+    proc *ps;
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
+    float initial[NB], g[NB], got[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    fill_block(g, 0.25f, -0.125f);
+    init_args zero = {.trainer = 0, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                      .fingerprint = 5, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(cl, &zero, NULL), PST_OK);
+    const char watch1[] = {2, 0, 0, 0, 0x08, 0x01}; /* header of 2 bytes: trainer_id 1 */
+    raw_result r = raw_call(port, "/pstrain.PServer/Watch", watch1, sizeof watch1, 1500);
+    cr_assert_eq(r.code, GRPC_STATUS_FAILED_PRECONDITION, "Watch of trainer 1: %d %s", r.code,
+                 r.detail);
+    cr_assert(strstr(r.detail, "Watch of trainer 1 before its Init"), "%s", r.detail);
+    init_args one = zero;
+    one.trainer = 1;
+    one.initial = NULL;
+    EXPECT_STATUS(do_init(cl, &one, NULL), PST_OK);
+    for (uint32_t t = 0; t < 2; t++)
+        EXPECT_STATUS(do_push(cl, t, 0, g, NULL), PST_OK);
+    int64_t v = -1;
+    EXPECT_STATUS(do_pull(cl, 0, 1, got, &v), PST_OK);
+    for (int i = 0; i < NB; i++)
+        cr_assert_eq(got[i], initial[i] - 2 * g[i], "element %d", i);
+    fixture_stop(ps, cl);
+}
+
 /* The last trainer's Finish gets an OK reply and the pserver then exits 0 by itself.
  * Repeated, because the reply races the pserver's shutdown (a reply lost to it makes the
  * client retry a pserver that is gone, and the trainer fail). */
