@@ -55,9 +55,19 @@ pst_status pst_ckpt_begin(pst_ckpt_writer *w, const char *dir, long step)
     PST_TRY(make_dir(dir));
     name_of(w->path, sizeof w->path, dir, step);
     snprintf(w->tmp, sizeof w->tmp, "%s/.step-%012ld.ckpt.tmp", dir, step);
-    if (!(w->f = fopen(w->tmp, "wb")))
-        return pst_error_set(PST_ERR_IO, "checkpoint %s: cannot create: %s", w->tmp,
-                             strerror(errno));
+    /* Created anew (O_EXCL after removing what was there), never opened as found: a FIFO
+     * or a link planted under this name would block the writer or redirect it. */
+    if (unlink(w->tmp) != 0 && errno != ENOENT)
+        return pst_error_set(PST_ERR_IO, "checkpoint %s: cannot create (the name is "
+                             "taken): %s", w->tmp, strerror(errno));
+    const int fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 || !(w->f = fdopen(fd, "wb"))) {
+        pst_status st = pst_error_set(PST_ERR_IO, "checkpoint %s: cannot create: %s", w->tmp,
+                                      strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
     const uint64_t s = (uint64_t)step;
     const uint32_t zero = 0;
     pst_status st = put(w, MAGIC, sizeof MAGIC);
@@ -131,46 +141,104 @@ void pst_ckpt_abort(pst_ckpt_writer *w)
     }
 }
 
+/* pread of exactly n bytes at `at`. */
+static int read_at(int fd, void *p, size_t n, uint64_t at)
+{
+    for (size_t got = 0; got < n;) {
+        const ssize_t k = pread(fd, (char *)p + got, n - got, (off_t)(at + got));
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return 0;
+        got += (size_t)k;
+    }
+    return 1;
+}
+
+/* The file's header and section table, read before any section: its step and section
+ * count must be what the name says, and the sections' declared sizes must add up to the
+ * file's size exactly, so nothing is allocated or read for a file that is not a
+ * checkpoint (a sparse file of 1 GiB costs 20 bytes of reading). */
+static pst_status check_layout(int fd, const char *path, long step, uint64_t size,
+                               uint32_t *nsections)
+{
+    unsigned char h[20];
+    if (size < sizeof h + sizeof END || !read_at(fd, h, sizeof h, 0) ||
+        memcmp(h, MAGIC, sizeof MAGIC) != 0)
+        return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: not a pstrain checkpoint (no "
+                             "PSTCKPT1 header)", path);
+    uint64_t s;
+    uint32_t n;
+    memcpy(&s, h + 8, 8);
+    memcpy(&n, h + 16, 4);
+    if ((long)s != step)
+        return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: holds step %llu, not %ld", path,
+                             (unsigned long long)s, step);
+    if (n > PST_CKPT_MAX_SECTIONS)
+        return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: %u sections (corrupted header)",
+                             path, n);
+    uint64_t at = sizeof h;
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char sh[16];
+        uint64_t bytes;
+        if (size - at < sizeof sh || !read_at(fd, sh, sizeof sh, at))
+            return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: truncated in section %u of %u",
+                                 path, i + 1, n);
+        memcpy(&bytes, sh + 4, 8);
+        at += sizeof sh;
+        if (bytes > size - at)
+            return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: truncated in section %u of %u "
+                                 "(%llu bytes announced, %llu left)", path, i + 1, n,
+                                 (unsigned long long)bytes, (unsigned long long)(size - at));
+        at += bytes;
+    }
+    if (size - at != sizeof END)
+        return pst_error_set(PST_ERR_FORMAT, "checkpoint %s: no end marker after %u sections "
+                             "(truncated or trailing bytes)", path, n);
+    *nsections = n;
+    return PST_OK;
+}
+
 pst_status pst_ckpt_read(pst_ckpt *c, const char *dir, long step)
 {
     memset(c, 0, sizeof *c);
     char path[4160];
     name_of(path, sizeof path, dir, step);
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* Non-blocking and checked by fstat before any read: a FIFO or a device named like a
+     * checkpoint is refused at once instead of blocking the reader (a pserver holds its
+     * service lock here). */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
         return pst_error_set(errno == ENOENT ? PST_ERR_NOT_FOUND : PST_ERR_IO,
                              "checkpoint %s: %s", path, strerror(errno));
-    pst_status st = PST_OK;
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        fclose(f);
-        return pst_error_set(PST_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
-    }
-    c->size = (size_t)sb.st_size;
-    if (!(c->buf = malloc(c->size ? c->size : 1))) {
-        fclose(f);
-        return pst_error_set(PST_ERR_NOMEM, "checkpoint %s: out of memory (%zu bytes)", path,
-                             c->size);
-    }
-    if (c->size && fread(c->buf, 1, c->size, f) != c->size)
-        st = pst_error_set(PST_ERR_IO, "checkpoint %s: read failed", path);
-    fclose(f);
-    const unsigned char *p = c->buf, *e = p + c->size;
-    uint64_t s = 0;
     uint32_t n = 0;
-    if (st == PST_OK && (c->size < sizeof MAGIC + 12 || memcmp(p, MAGIC, sizeof MAGIC) != 0))
-        st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: not a pstrain checkpoint (no "
-                           "PSTCKPT1 header)", path);
+    pst_status st = PST_OK;
+    if (fstat(fd, &sb) != 0)
+        st = pst_error_set(PST_ERR_IO, "checkpoint %s: %s", path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode))
+        st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: not a regular file", path);
+    else if ((uint64_t)sb.st_size > SIZE_MAX / 2)
+        st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: %lld bytes (too large)", path,
+                           (long long)sb.st_size);
+    else
+        st = check_layout(fd, path, step, (uint64_t)sb.st_size, &n);
     if (st == PST_OK) {
-        memcpy(&s, p + 8, 8);
-        memcpy(&n, p + 16, 4);
+        c->size = (size_t)sb.st_size;
+        if (!(c->buf = malloc(c->size)))
+            st = pst_error_set(PST_ERR_NOMEM, "checkpoint %s: out of memory (%zu bytes)", path,
+                               c->size);
+        else if (!read_at(fd, c->buf, c->size, 0))
+            st = pst_error_set(PST_ERR_IO, "checkpoint %s: read failed", path);
+    }
+    close(fd);
+    /* The layout again, on the bytes read (the file may have changed since), with the
+     * checksums. */
+    const unsigned char *p = c->buf, *e = c->buf + c->size;
+    if (st == PST_OK) {
+        if (memcmp(p, MAGIC, sizeof MAGIC) != 0 || memcmp(p + 16, &n, 4) != 0)
+            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: changed while read", path);
         p += 20;
-        if ((long)s != step)
-            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: holds step %llu, not %ld", path,
-                               (unsigned long long)s, step);
-        else if (n > PST_CKPT_MAX_SECTIONS)
-            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: %u sections (corrupted header)",
-                               path, n);
     }
     for (uint32_t i = 0; st == PST_OK && i < n; i++) {
         uint32_t tag, crc;
@@ -185,9 +253,7 @@ pst_status pst_ckpt_read(pst_ckpt *c, const char *dir, long step)
         memcpy(&crc, p + 12, 4);
         p += 16;
         if (bytes > (uint64_t)(e - p)) {
-            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: truncated in section %u of %u "
-                               "(%llu bytes announced, %zu left)", path, i + 1, n,
-                               (unsigned long long)bytes, (size_t)(e - p));
+            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s: changed while read", path);
             break;
         }
         uLong got = crc32(0L, Z_NULL, 0);

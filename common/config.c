@@ -6,6 +6,7 @@
  * --check-config and the error messages can never disagree with what is parsed. */
 #include "common/config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -82,6 +83,28 @@ static pst_status parse_send_window(pst_config *cfg, const char *v, const char *
                                     const char *ex)
 {
     return parse_bytes(v, 0, (double)(1ull << 40), 1, where, ex, &cfg->send_window);
+}
+
+/* The pserver's listen address: an IP literal, as POD_IP gives it: IPv4, or IPv6 with or
+ * without brackets (kept with them, as gRPC's host:port wants). A name is not resolved
+ * here: a listener binds an address of its own host. */
+static pst_status parse_bind(pst_config *cfg, const char *v, const char *where, const char *ex)
+{
+    unsigned char ip[16];
+    char inner[PST_ADDR_MAX];
+    const size_t n = strlen(v);
+    const size_t skip = n >= 2 && v[0] == '[' && v[n - 1] == ']';
+    if (n - 2 * skip >= sizeof inner)
+        return bad(where, v, "too long", ex);
+    memcpy(inner, v + skip, n - 2 * skip);
+    inner[n - 2 * skip] = '\0';
+    if (!skip && inet_pton(AF_INET, inner, ip) == 1)
+        snprintf(cfg->bind_host, sizeof cfg->bind_host, "%s", inner);
+    else if (inet_pton(AF_INET6, inner, ip) == 1 && n + 2 < sizeof cfg->bind_host)
+        snprintf(cfg->bind_host, sizeof cfg->bind_host, "[%s]", inner);
+    else
+        return bad(where, v, "expected an IP address of this host (IPv4, or IPv6)", ex);
+    return PST_OK;
 }
 
 static pst_status parse_role(pst_config *cfg, const char *v, const char *where, const char *ex)
@@ -378,7 +401,7 @@ static const opt options[] = {
     {"trainer-id", "PSTRAIN_TRAINER_ID", "PADDLE_TRAINER_ID", NULL, "0", "this trainer's id, 0..T-1", R_TRAINER, OPT_INT, F(trainer_id), 0, 4095, NULL},
     {"pserver-id", "PSTRAIN_PSERVER_ID", NULL, NULL, "0", "this pserver's index in --pservers (its port comes from there)", R_PSERVER, OPT_INT, F(pserver_id), 0, PST_MAX_PSERVERS - 1, NULL},
     {"port", "PSTRAIN_PORT", "PADDLE_PORT", NULL, "7164", "pserver listen port (0 = any free port, printed at start)", R_PSERVER, OPT_INT, F(port), 0, 65535, NULL},
-    {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address", R_PSERVER, OPT_STR, S(bind_host), 0, 0, NULL},
+    {"bind", "PSTRAIN_BIND", "POD_IP", NULL, "0.0.0.0", "pserver listen address (an IPv4 or IPv6 address of this host)", R_PSERVER, OPT_FN, 0, 0, 0, 0, parse_bind},
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
     {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two; at least 8M when every pserver is on this host), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},

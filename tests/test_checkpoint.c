@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -147,4 +148,53 @@ Test(checkpoint, failed_write_keeps_the_old_file)
     pst_ckpt_free(&c);
     cr_assert_eq(pst_ckpt_begin(&w, "/dev/null/sub", 1), PST_ERR_IO);
     cr_assert(strstr(pst_error_detail(), "/dev/null/sub"), "%s", pst_error_detail());
+}
+
+/* What is named like a checkpoint but is no regular file is refused at once, without
+ * blocking: a FIFO (opened for reading, it would wait for a writer for ever) and a
+ * directory. */
+Test(checkpoint, a_fifo_or_directory_named_like_one_is_refused_at_once, .timeout = 10)
+{
+    cr_assert_eq(mkfifo(path_of(8), 0600), 0);
+    pst_ckpt c;
+    cr_assert_eq(pst_ckpt_read(&c, dir, 8), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "not a regular file"), "%s", pst_error_detail());
+    cr_assert_null(c.buf);
+    cr_assert_eq(mkdir(path_of(9), 0755), 0);
+    cr_assert_eq(pst_ckpt_read(&c, dir, 9), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "not a regular file"), "%s", pst_error_detail());
+}
+
+/* A FIFO planted under the writer's temporary name does not block the writer: the name is
+ * created anew, and the checkpoint reads back. */
+Test(checkpoint, a_fifo_at_the_temporary_name_does_not_block_the_writer, .timeout = 10)
+{
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%s/.step-000000000004.ckpt.tmp", dir);
+    cr_assert_eq(mkfifo(tmp, 0600), 0);
+    write_one(4, 2.0f);
+    pst_ckpt c;
+    cr_assert_eq(pst_ckpt_read(&c, dir, 4), PST_OK, "%s", pst_error_detail());
+    pst_ckpt_free(&c);
+}
+
+/* A sparse file of 1 GiB named like a checkpoint is refused after its header (20 bytes
+ * read), not read whole: this process's peak memory stays far below the file's size. The
+ * same for a file with a valid header whose section announces more bytes than it holds. */
+Test(checkpoint, a_huge_file_is_refused_by_its_header_without_reading_it)
+{
+    FILE *f = fopen(path_of(11), "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(ftruncate(fileno(f), (off_t)1 << 30), 0);
+    fclose(f);
+    pst_ckpt c;
+    cr_assert_eq(pst_ckpt_read(&c, dir, 11), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "not a pstrain checkpoint"), "%s", pst_error_detail());
+    write_one(12, 1.0f); /* then grown to 1 GiB: its sections no longer add up */
+    cr_assert_eq(truncate(path_of(12), (off_t)1 << 30), 0);
+    cr_assert_eq(pst_ckpt_read(&c, dir, 12), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "no end marker"), "%s", pst_error_detail());
+    struct rusage ru;
+    cr_assert_eq(getrusage(RUSAGE_SELF, &ru), 0);
+    cr_assert_lt(ru.ru_maxrss, 256 * 1024, "peak %ld KiB: the file was read", ru.ru_maxrss);
 }

@@ -3464,6 +3464,11 @@ Test(cluster, check_config_pserver_paddle_and_pstrain_names)
     const char *want_list[] = {"\"port\":7165", "\"pserver_id\":1", "\"server_threads\":3",
                                NULL};
     check_config(PSERVER, list, want_list);
+
+    /* IPv6, kept in brackets for host:port. */
+    const char *v6[] = {"PSTRAIN_BIND=::1", "PSTRAIN_PORT=7164", NULL};
+    const char *want_v6[] = {"\"bind\":\"[::1]\"", NULL};
+    check_config(PSERVER, v6, want_v6);
 }
 
 Test(cluster, check_config_malformed_variable_exits_2_naming_it)
@@ -3480,6 +3485,10 @@ Test(cluster, check_config_malformed_variable_exits_2_naming_it)
     check_config_rejects(PSERVER, e5, "PADDLE_PORT");
     const char *e6[] = {"PSTRAIN_PORT=7164", "PSTRAIN_SERVER_THREADS=0", NULL};
     check_config_rejects(PSERVER, e6, "PSTRAIN_SERVER_THREADS");
+    const char *e7[] = {"PSTRAIN_BIND=garbage", NULL};
+    check_config_rejects(PSERVER, e7, "PSTRAIN_BIND");
+    const char *e8[] = {"POD_IP=10.0.0", NULL};
+    check_config_rejects(PSERVER, e8, "POD_IP");
 }
 
 /* The summary's time_split: every part measured and non-negative, and they add up to the

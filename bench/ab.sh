@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Benchmark: one build against another on the synthetic sync step through the real
+# programs (pslaunch, pserver, trainer), alternating A, B, A, B... RUNS times each, so that
+# a change's cost is measured under the same machine state as what it changes. Same job as
+# bench/ps_sync.sh (1 pserver, 2 trainers, 25M parameters, plain SGD) by default.
+# Prints JSON lines: the header, every run, then the medians and B's step over A's.
+# Not a test: it reports, it never gates.
+#
+# usage: [PRECISION=fp32|bf16|fp16] [PSTRAIN_SHM=auto|off] [TRAINERS=2] [PSERVERS=1]
+#        bench/ab.sh BUILD_A BUILD_B [RUNS=5] [PARAMS=25000000] [STEPS=20]
+# e.g. the commit before a change against the working tree:
+#   git worktree add /tmp/before HEAD~1 && make -C /tmp/before build
+#   bench/ab.sh /tmp/before/build build 5
+# BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (bench_blas_core in lib.sh;
+# taken from BUILD_B's trainer, and used for both).
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
+[ $# -ge 2 ] || bench_die "usage: bench/ab.sh BUILD_A BUILD_B [RUNS=5] [PARAMS=25000000] [STEPS=20]"
+a=$1; b=$2; runs=${3:-5}; params=${4:-25000000}; steps=${5:-20}
+precision=${PRECISION:-fp32}; shm=${PSTRAIN_SHM:-auto}
+trainers=${TRAINERS:-2}; pservers=${PSERVERS:-1}
+case $precision in fp32|bf16|fp16) ;;
+  *) bench_die "PRECISION=$precision: expected fp32, bf16 or fp16" ;; esac
+case $shm in auto|off) ;; *) bench_die "PSTRAIN_SHM=$shm: expected auto or off" ;; esac
+bench_need_built "$a" pslaunch pserver trainer
+bench_need_built "$b" pslaunch pserver trainer
+bench_blas_core "$b"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+rev() { git -C "$1/.." rev-parse --short HEAD 2>/dev/null || echo unknown; }
+bench_header ab "\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
+for i in $(seq 1 "$runs"); do
+  for side in a b; do
+    build=$a; [ "$side" = b ] && build=$b
+    PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers "$pservers" --trainers "$trainers" \
+      --timeout 600 -- "$build/bin/trainer" --model synthetic --params "$params" \
+      --steps "$steps" --optimizer sgd --lr 0.01 --precision "$precision" \
+      --log-level warn 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"
+    echo "{\"run\":$i,\"side\":\"$side\",\"result\":$(cat "$tmp/$side$i.json")}"
+  done
+done
+"$BENCH_PY" - "$tmp" "$runs" <<'PY'
+import json, statistics, sys
+d, n = sys.argv[1], int(sys.argv[2])
+med = lambda s: statistics.median(json.load(open("%s/%s%d.json" % (d, s, i)))["step_ms_median"]
+                                  for i in range(1, n + 1))
+ma, mb = med("a"), med("b")
+print(json.dumps({"a_step_ms_median": ma, "b_step_ms_median": mb, "b_over_a": round(mb / ma, 4)}))
+PY
