@@ -439,6 +439,7 @@ static const opt options[] = {
     {"tls-client-cert", "PSTRAIN_TLS_CLIENT_CERT", NULL, NULL, "/tls/client.crt", "mutual TLS: this trainer's certificate (PEM); with --tls-client-key", R_TRAINER, OPT_STR, S(tls_client_cert), 0, 0, NULL},
     {"tls-client-key", "PSTRAIN_TLS_CLIENT_KEY", NULL, NULL, "/tls/client.key", "mutual TLS: this trainer's private key (PEM)", R_TRAINER, OPT_STR, S(tls_client_key), 0, 0, NULL},
     {"max-params", "PSTRAIN_MAX_PARAMS", NULL, NULL, "100000000", "pserver: refuse an Init that would make it hold more parameters than this (before allocating anything)", R_PSERVER, OPT_LONG, F(max_params), 1, 1L << 40, NULL},
+    {"max-memory", "PSTRAIN_MAX_MEMORY", NULL, NULL, "16G", "pserver: refuse an Init whose blocks would take more bytes than this (values, optimizer state and one gradient buffer per trainer in sync), before allocating anything; 0: half of this machine's memory, or of its cgroup's limit", R_PSERVER, OPT_BYTES, F(max_memory), 0, 1099511627776.0, NULL},
     {"max-calls", "PSTRAIN_MAX_CALLS", NULL, NULL, "65536", "pserver: calls alive at once; more are refused RESOURCE_EXHAUSTED", R_PSERVER, OPT_INT, F(max_calls), 16, 1 << 24, NULL},
     {"max-wait-ms", "PSTRAIN_MAX_WAIT_MS", NULL, NULL, "3600000", "pserver: a call (a pull waiting for a step, an Init waiting for trainer 0) unanswered this long is ended DEADLINE_EXCEEDED (Watch excepted)", R_PSERVER, OPT_LONG, F(max_wait_ms), 1000, 86400000, NULL},
     {"on-failure", "PSTRAIN_ON_FAILURE", NULL, NULL, "wait", "when a peer is lost: fail (exit 1 with the reason) or wait (with --checkpoint-dir: every process stays, the lost one is restarted by its supervisor, and the job rolls back to the newest complete checkpoint and goes on)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_on_failure},
@@ -904,8 +905,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     if (cfg->role == PST_ROLE_PSERVER) {
         fprintf(out, ",\"port\":%d,\"pserver_id\":%d,\"server_threads\":%d", cfg->port,
                 cfg->pserver_id, cfg->server_threads);
-        fprintf(out, ",\"max_params\":%ld,\"max_calls\":%d,\"max_wait_ms\":%ld",
-                cfg->max_params, cfg->max_calls, cfg->max_wait_ms);
+        fprintf(out, ",\"max_params\":%ld,\"max_memory\":%zu,\"max_calls\":%d,"
+                "\"max_wait_ms\":%ld", cfg->max_params, cfg->max_memory, cfg->max_calls,
+                cfg->max_wait_ms);
         json_str(out, "bind", cfg->bind_host, &first);
     } else {
         fprintf(out, ",\"trainers\":%d,\"trainer_id\":%d", cfg->trainers, cfg->trainer_id);

@@ -112,6 +112,8 @@ typedef struct pst_config {
                                                     * memory on one host (rpc/shm.h) */
     /* pserver limits (each refusal names its limit; the pserver keeps serving) */
     long max_params;                               /* parameters held (Init refused above) */
+    size_t max_memory;                             /* bytes an Init may make the store hold
+                                                    * (0: half the machine's, at start) */
     int max_calls;                                 /* calls alive at once */
     long max_wait_ms;                              /* longest a call waits unanswered */
     long recovery_timeout_ms;                      /* --on-failure wait: give up after this

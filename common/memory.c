@@ -2,6 +2,8 @@
 #include "common/memory.h"
 
 #include <malloc.h>
+#include <stdio.h>
+#include <unistd.h>
 
 void pst_memory_tune(void)
 {
@@ -21,4 +23,18 @@ void pst_memory_tune_server(void)
      * all free afterwards and all still resident. In the one main arena, malloc_trim gives
      * such memory back (the rpc server calls it after refused calls). */
     mallopt(M_ARENA_MAX, 1);
+}
+
+unsigned long long pst_memory_available(void)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    unsigned long long bytes = pages > 0 && size > 0 ? (unsigned long long)pages * (unsigned long long)size
+                                                      : 0;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* "max" when there is no limit */
+    unsigned long long limit;
+    if (f && fscanf(f, "%llu", &limit) == 1 && limit > 0 && (!bytes || limit < bytes))
+        bytes = limit;
+    if (f)
+        fclose(f);
+    return bytes;
 }

@@ -14,4 +14,8 @@ void pst_memory_tune(void);
  * refused calls left free (see memory.c). For the pserver. */
 void pst_memory_tune_server(void);
 
+/* Bytes of memory this process may use: the machine's physical memory, or its cgroup's
+ * limit (cgroup v2 memory.max, as a pod's) when that is lower. */
+unsigned long long pst_memory_available(void);
+
 #endif /* PST_MEMORY_H */

@@ -105,6 +105,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "pserver: %s\n", pst_error_detail());
         return 2;
     }
+    /* --max-memory 0: half of what this machine (or its cgroup) has, for the blocks. */
+    const uint64_t max_memory = cfg.max_memory ? (uint64_t)cfg.max_memory
+                                               : (uint64_t)(pst_memory_available() / 2);
+    if (!cfg.max_memory)
+        PST_INFO("blocks of at most %.3g GB (--max-memory 0: half of this machine's memory)",
+                 (double)max_memory / 1e9);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -165,7 +171,7 @@ int main(int argc, char **argv)
                  "(start the job again: it resumes from the newest complete checkpoint)",
                  cfg.recovery_timeout_ms, lost);
         ps_service_on_failure(svc, wait, cfg.peer_timeout_ms, init_by, why);
-        ps_service_limits(svc, (uint64_t)cfg.max_params);
+        ps_service_limits(svc, (uint64_t)cfg.max_params, max_memory);
         ps_service_shm(svc, cfg.shm);
         if (prom)
             ps_service_prom(svc, &prom_counters);

@@ -109,6 +109,7 @@ struct ps_service {
     size_t nshm_retired;
     /* limits */
     uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
+    uint64_t max_memory;          /* bytes of blocks, the same (ps_service_limits) */
     size_t max_block;             /* atomic: the largest block's length (after Init) */
 };
 
@@ -371,9 +372,10 @@ void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
     pthread_mutex_unlock(&svc->mu);
 }
 
-void ps_service_limits(ps_service *svc, uint64_t max_params)
+void ps_service_limits(ps_service *svc, uint64_t max_params, uint64_t max_memory)
 {
     svc->max_params = max_params;
+    svc->max_memory = max_memory;
 }
 
 void ps_service_shm(ps_service *svc, int enabled)
@@ -487,6 +489,18 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                              "pserver, at most %llu (--max-params; more pservers share a "
                              "model's parameters)", (unsigned long long)total,
                              (unsigned long long)svc->max_params);
+    /* What a 1 MiB Init can ask for grows with the trainers (a gradient buffer each): the
+     * bytes, not only the parameters, are bounded, before anything is allocated. */
+    const double need = (double)ps_store_bytes(&sc, total) +
+                        (svc->shm_enabled && sc.mode == PST_MODE_SYNC
+                             ? (double)total * pst_dtype_size(sc.lowp) : 0.0);
+    if (svc->max_memory && need > (double)svc->max_memory)
+        return pst_error_set(PST_ERR_LIMIT, "Init from trainer 0: %llu parameters on this "
+                             "pserver for %u trainers (%s, optimizer %s) need %.3g GB, more than "
+                             "--max-memory %.3g GB (more pservers share a model's parameters)",
+                             (unsigned long long)total, req->num_trainers,
+                             pst_mode_name(sc.mode), pst_optim_kind_name(sc.optim.kind),
+                             need / 1e9, (double)svc->max_memory / 1e9);
     total = 0;
     blocks = calloc(req->n_blocks ? req->n_blocks : 1, sizeof *blocks);
     if (!blocks)

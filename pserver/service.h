@@ -53,9 +53,11 @@ const char *ps_service_failure(ps_service *svc);
  * ps_service_failure is `why`. Call before serving. */
 void ps_service_on_failure(ps_service *svc, int wait, long peer_timeout_ms, double init_by,
                            const char *why);
-/* Limits: an Init that would make this pserver hold more than max_params parameters is
- * refused before anything is allocated (0: none). Call before serving. */
-void ps_service_limits(ps_service *svc, uint64_t max_params);
+/* Limits: an Init that would make this pserver hold more than max_params parameters, or
+ * blocks of more than max_memory bytes (ps_store_bytes and the shared values area: the
+ * gradient buffers grow with the trainers), is refused before anything is allocated (0:
+ * none). Call before serving. */
+void ps_service_limits(ps_service *svc, uint64_t max_params, uint64_t max_memory);
 /* Same-host payloads (rpc/shm.h): 1 maps the segment a sync trainer offers in its Init,
  * when it can; 0 never does (payloads stay in the calls). Default 1. Call before serving. */
 void ps_service_shm(ps_service *svc, int enabled);

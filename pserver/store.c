@@ -558,6 +558,15 @@ static pst_status check_disjoint(const ps_block_spec *blocks, int n,
 
 /* ---- public API ---- */
 
+uint64_t ps_store_bytes(const ps_store_config *cfg, uint64_t total_length)
+{
+    const double rows = (cfg->values ? 0 : 1) + pst_optim_state_floats(cfg->optim.kind) +
+                        (cfg->mode == PST_MODE_SYNC ? (double)cfg->num_trainers : 1);
+    const double lowp = cfg->lowp != PST_F32 && !cfg->lowp_at ? pst_dtype_size(cfg->lowp) : 0;
+    const double bytes = (double)total_length * (rows * sizeof(float) + lowp);
+    return bytes >= 0x1p64 ? UINT64_MAX : (uint64_t)bytes;
+}
+
 pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float *initial)
 {
     if (!out)

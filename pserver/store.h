@@ -161,6 +161,13 @@ pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
 /* Floats of optimizer state per parameter (0 for SGD). */
 int ps_store_state_floats(const ps_store *st);
 
+/* Bytes ps_store_init allocates for cfg's blocks of `total_length` elements, at most: the
+ * values (unless cfg->values), the optimizer state, the gradient buffers (one per trainer
+ * in sync, one in async) and the low-precision copy (unless cfg->lowp_at), without the
+ * checkpoint snapshot. Saturates at UINT64_MAX. For a bound checked before the store is
+ * made (a pserver's --max-memory). */
+uint64_t ps_store_bytes(const ps_store_config *cfg, uint64_t total_length);
+
 /* Creates a store for cfg's blocks. `initial` holds the blocks' f32 values concatenated in
  * the order cfg->blocks lists them (ps_store_total_length elements), or is NULL for zeros.
  * Optimizer state starts at zero and every version at 0. cfg and initial are only read

@@ -3690,13 +3690,14 @@ Test(cluster, metrics_are_scraped_during_training, .timeout = 120)
 
 /* ---- hostile trainers on this host (shared memory, rpc/shm.h) ----------------------- */
 
-/* Inits trainer 0 of a sync job of one trainer (SGD, lr) with `nblocks` blocks of `len`
- * elements, offering the segment `name`/`nonce`; *reply_shm gets whether the pserver mapped
- * it, and area_name/area_nonce (optional) the values area it names. */
-static pst_status shm_init(rpc_client *cl, uint32_t nblocks, uint64_t len, float lr,
-                           const float *initial, const char *name, uint64_t nonce,
-                           int *reply_shm, char *area_name, size_t area_size,
-                           uint64_t *area_nonce)
+/* Inits trainer 0 of a sync job of `trainers` trainers (`optimizer`, lr) with `nblocks`
+ * blocks of `len` elements, offering the segment `name`/`nonce` (NULL: none); *reply_shm
+ * gets whether the pserver mapped it, and area_name/area_nonce (optional) the values area
+ * it names. */
+static pst_status blocks_init(rpc_client *cl, uint32_t trainers, const char *optimizer,
+                              uint32_t nblocks, uint64_t len, float lr, const float *initial,
+                              const char *name, uint64_t nonce, int *reply_shm,
+                              char *area_name, size_t area_size, uint64_t *area_nonce)
 {
     Pstrain__BlockSpec *spec = calloc(nblocks, sizeof *spec);
     Pstrain__BlockSpec **specs = calloc(nblocks, sizeof *specs);
@@ -3709,11 +3710,16 @@ static pst_status shm_init(rpc_client *cl, uint32_t nblocks, uint64_t len, float
         specs[b] = &spec[b];
     }
     Pstrain__OptimConfig optim = PSTRAIN__OPTIM_CONFIG__INIT;
-    optim.kind = (char *)"sgd";
+    optim.kind = (char *)optimizer;
     optim.lr = lr;
     optim.schedule = (char *)"constant";
+    if (!strcmp(optimizer, "adam")) {
+        optim.beta1 = 0.9f;
+        optim.beta2 = 0.999f;
+        optim.eps = 1e-8f;
+    }
     Pstrain__InitRequest req = PSTRAIN__INIT_REQUEST__INIT;
-    req.num_trainers = 1;
+    req.num_trainers = trainers;
     req.total_params = nblocks * len;
     req.n_blocks = nblocks;
     req.blocks = specs;
@@ -3757,10 +3763,10 @@ Test(cluster, values_area_offered_as_a_trainers_segment_is_refused, .timeout = 6
     int shm = 0;
     char area[RPC_SHM_NAME_MAX];
     uint64_t area_nonce = 0;
-    EXPECT_STATUS(shm_init(cl, NBLK, 1, 0.5f, initial, seg.name, seg.nonce, &shm, area,
+    EXPECT_STATUS(blocks_init(cl, 1, "sgd", NBLK, 1, 0.5f, initial, seg.name, seg.nonce, &shm, area,
                            sizeof area, &area_nonce), PST_OK);
     cr_assert(shm && area[0] && area_nonce, "the pserver mapped no segment or named no area");
-    EXPECT_STATUS(shm_init(cl, NBLK, 1, 0.5f, initial, area, area_nonce, &shm, NULL, 0, NULL),
+    EXPECT_STATUS(blocks_init(cl, 1, "sgd", NBLK, 1, 0.5f, initial, area, area_nonce, &shm, NULL, 0, NULL),
                   PST_OK);
     cr_assert(!shm, "the pserver mapped its own values area %s as trainer 0's segment", area);
     /* Whatever a Pull in shared memory answers now, it must not write the area. */
@@ -3825,7 +3831,7 @@ Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .time
     float *initial = calloc(LEN, sizeof *initial), *w = malloc(LEN * sizeof *w);
     cr_assert(initial && w);
     int shm = 0;
-    EXPECT_STATUS(shm_init(cl, 1, LEN, 1.0f, initial, seg.name, seg.nonce, &shm, NULL, 0, NULL),
+    EXPECT_STATUS(blocks_init(cl, 1, "sgd", 1, LEN, 1.0f, initial, seg.name, seg.nonce, &shm, NULL, 0, NULL),
                   PST_OK);
     cr_assert(shm, "the pserver did not map the trainer's segment");
     int64_t step = 0;
@@ -3868,4 +3874,31 @@ Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .time
     free(initial);
     free(w);
     rpc_shm_free(&seg);
+}
+
+/* An Init whose blocks would pass --max-memory is refused with LIMIT before anything is
+ * allocated: 2^18 Adam parameters for 4,096 trainers (a gradient buffer each: 4.3 GB from a
+ * 1 MiB request) against 256 MiB. The pserver serves on, and the same blocks for one
+ * trainer are accepted. */
+Test(cluster, init_past_max_memory_is_refused_and_the_pserver_serves_on, .timeout = 60)
+{
+    enum { LEN = 1 << 18 };
+    proc *ps;
+    int port = pserver_start_env(&ps, "warn", "PSTRAIN_MAX_MEMORY=256M");
+    rpc_global_init();
+    rpc_client *cl = client_connect(port, 5000);
+    float *initial = calloc(LEN, sizeof *initial);
+    cr_assert_not_null(initial);
+    int shm = 0;
+    EXPECT_STATUS(blocks_init(cl, 4096, "adam", 1, LEN, 0.1f, initial, NULL, 0, &shm, NULL, 0,
+                              NULL), PST_ERR_LIMIT);
+    cr_assert(strstr(pst_error_detail(), "for 4096 trainers") &&
+              strstr(pst_error_detail(), "--max-memory 0.268 GB"), "%s", pst_error_detail());
+    EXPECT_STATUS(blocks_init(cl, 1, "adam", 1, LEN, 0.1f, initial, NULL, 0, &shm, NULL, 0,
+                              NULL), PST_OK);
+    EXPECT_STATUS(do_finish(cl, 0), PST_OK);
+    rpc_client_free(cl);
+    rpc_global_shutdown();
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit after the Finish");
+    free(initial);
 }
