@@ -426,7 +426,9 @@ pst_status pst_prom_serve(pst_prom *r, const char *host, int port, pst_prom_serv
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)PST_PROM_MAX_CONNECTIONS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)PST_PROM_MAX_CONNECTIONS_PER_IP, MHD_OPTION_END);
     atomic_store(&s->starting, 0);
     if (!s->d) {
         pst_status st = pst_error_set(PST_ERR_IO, "metrics: cannot listen on %s:%d: %s", host,

@@ -51,9 +51,16 @@ void pst_prom_on_scrape(pst_prom *r, void (*fn)(void *arg), void *arg);
  * when out of memory. */
 char *pst_prom_render(pst_prom *r);
 
+/* Connections a /metrics server keeps at once, and from one client address: idle ones
+ * are closed after 10 s, and one address cannot hold them all, so a client that opens
+ * many and sends nothing does not keep a scraper at another address out. */
+#define PST_PROM_MAX_CONNECTIONS 128
+#define PST_PROM_MAX_CONNECTIONS_PER_IP 8
+
 /* Serves GET /metrics (200, text/plain; version=0.0.4; HEAD too, not counted as a scrape)
  * on bind:port (port 0: any free port, pst_prom_server_port tells) from libmicrohttpd's own
- * thread; other paths get 404, other methods 405. Errors: PST_ERR_INVALID for an address
+ * thread, with the connection limits above; other paths get 404, other methods 405.
+ * Errors: PST_ERR_INVALID for an address
  * that is not IPv4 or a port outside 0..65535, PST_ERR_IO naming the address when it cannot
  * listen. */
 pst_status pst_prom_serve(pst_prom *r, const char *bind, int port, pst_prom_server **out);

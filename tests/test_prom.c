@@ -254,15 +254,27 @@ Test(prom, concurrent_updates_are_exact)
 /* ---- HTTP ------------------------------------------------------------------------------ */
 
 /* A request to 127.0.0.1:port; the whole answer (status line, headers, body). */
-static char *http(int port, const char *request)
+/* A socket connected to 127.0.0.1:port from the loopback address `from` (NULL: any). */
+static int connect_from(int port, const char *from)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     cr_assert_geq(fd, 0);
-    struct timeval tv = {.tv_sec = 10};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* a hung server fails */
+    if (from) {
+        struct sockaddr_in src = {.sin_family = AF_INET};
+        cr_assert_eq(inet_pton(AF_INET, from, &src.sin_addr), 1);
+        cr_assert_eq(bind(fd, (struct sockaddr *)&src, sizeof src), 0, "%s", strerror(errno));
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "%s", strerror(errno));
+    return fd;
+}
+
+static char *http_from(int port, const char *request, const char *from)
+{
+    int fd = connect_from(port, from);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv); /* a hung server fails */
     cr_assert_eq(write(fd, request, strlen(request)), (ssize_t)strlen(request));
     size_t len = 0, cap = 1 << 16;
     char *all = malloc(cap);
@@ -278,11 +290,21 @@ static char *http(int port, const char *request)
     return all;
 }
 
-static char *get(int port, const char *path)
+static char *http(int port, const char *request)
+{
+    return http_from(port, request, NULL);
+}
+
+static char *get_from(int port, const char *path, const char *from)
 {
     char req[256];
     snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
-    return http(port, req);
+    return http_from(port, req, from);
+}
+
+static char *get(int port, const char *path)
+{
+    return get_from(port, path, NULL);
 }
 
 /* The body of an answer (after the blank line). */
@@ -571,6 +593,37 @@ Test(prom, prometheus_client_parses_the_scrape, .timeout = 60)
                      "  pstrain_special {v=nan} nan\n"
                      "  pstrain_special {v=tiny} 1e-05\n");
     free(got);
+    pst_prom_server_stop(s);
+    pst_prom_free(r);
+}
+
+/* 100 connections from 127.0.0.1 that send nothing (more than the server keeps in all)
+ * leave room for a scrape from 127.0.0.2: one address holds at most
+ * PST_PROM_MAX_CONNECTIONS_PER_IP of them. The scrape is answered while some of them are
+ * still held (not after the idle timeout has closed them all, as when one address could
+ * take every connection). */
+Test(prom, idle_connections_from_one_address_leave_room_for_a_scrape, .timeout = 60)
+{
+    pst_prom *r = small_registry();
+    pst_prom_server *s;
+    CHECK_OK(pst_prom_serve(r, "0.0.0.0", 0, &s));
+    const int port = pst_prom_server_port(s);
+    int idle[100];
+    for (int i = 0; i < 100; i++)
+        idle[i] = connect_from(port, "127.0.0.1");
+    char *got = get_from(port, "/metrics", "127.0.0.2");
+    cr_expect_eq(status_of(got), 200, "%s", got);
+    cr_expect_str_eq(body_of(got), small_text);
+    free(got);
+    int held = 0;
+    for (int i = 0; i < 100; i++) {
+        char c;
+        held += recv(idle[i], &c, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN;
+    }
+    cr_expect(held >= 1 && held <= PST_PROM_MAX_CONNECTIONS_PER_IP,
+              "%d idle connections still held when the scrape was answered", held);
+    for (int i = 0; i < 100; i++)
+        close(idle[i]);
     pst_prom_server_stop(s);
     pst_prom_free(r);
 }
