@@ -432,6 +432,7 @@ static const opt options[] = {
     {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
     {"token", "PSTRAIN_TOKEN", NULL, NULL, "3f9c0e...", "the job's secret: every call carries it and a pserver with one refuses calls without it (printable ASCII, no spaces; prefer --token-file)", R_ALL, OPT_STR, S(token), 0, 0, NULL},
+    {"trainer-tokens", "PSTRAIN_TRAINER_TOKENS_FILE", NULL, NULL, "/etc/pstrain/trainer-tokens", "pserver: one token per trainer, \"id:token\" lines; each call must carry one, and speaks only for that trainer id (instead of --token)", R_PSERVER, OPT_STR, S(trainer_tokens_file), 0, 0, NULL},
     {"token-file", "PSTRAIN_TOKEN_FILE", NULL, NULL, "/etc/pstrain/token", "read the token from this file (surrounding whitespace ignored), e.g. a mounted Kubernetes Secret", R_ALL, OPT_STR, S(token_file), 0, 0, NULL},
     {"tls-cert", "PSTRAIN_TLS_CERT", NULL, NULL, "/tls/tls.crt", "TLS: this pserver's certificate (PEM, chain allowed); with --tls-key", R_PSERVER, OPT_STR, S(tls_cert), 0, 0, NULL},
     {"tls-key", "PSTRAIN_TLS_KEY", NULL, NULL, "/tls/tls.key", "TLS: this pserver's private key (PEM)", R_PSERVER, OPT_STR, S(tls_key), 0, 0, NULL},
@@ -677,6 +678,89 @@ static pst_status load_token(pst_config *cfg)
                                  "-hex 32)", cfg->token_file[0] ? cfg->token_file : "PSTRAIN_TOKEN",
                                  *p == ' ' ? "space" : "control or non-ASCII byte",
                                  (int)(p - cfg->token));
+    return PST_OK;
+}
+
+void pst_trainer_tokens_free(char **tokens, int n)
+{
+    for (int i = 0; tokens && i < n; i++)
+        free(tokens[i]);
+    free(tokens);
+}
+
+pst_status pst_trainer_tokens_load(const char *path, char ***tokens, int *n)
+{
+    *tokens = NULL;
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s: cannot read it: "
+                             "%s (example line: 3:$(openssl rand -hex 32))", path,
+                             strerror(errno));
+    char **tab = calloc(4096, sizeof *tab);
+    char line[PST_TOKEN_MAX + 64];
+    pst_status st = tab ? PST_OK : pst_error_set(PST_ERR_NOMEM, "trainer tokens: out of memory");
+    int most = 0;
+    for (int ln = 1; st == PST_OK && fgets(line, sizeof line, f); ln++) {
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s line %d: longer "
+                               "than %d bytes", path, ln, (int)sizeof line - 2);
+            break;
+        }
+        while (len && isspace((unsigned char)line[len - 1]))
+            line[--len] = '\0';
+        char *p = line;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (!*p || *p == '#')
+            continue;
+        char *e;
+        errno = 0;
+        const long id = strtol(p, &e, 10);
+        char *tok = e + (*e == ':');
+        while (isspace((unsigned char)*tok))
+            tok++;
+        int bad = e == p || *e != ':' || errno || id < 0 || id > 4095 || !*tok ||
+                  strlen(tok) > PST_TOKEN_MAX;
+        for (const char *c = tok; !bad && *c; c++)
+            bad = *c < 0x21 || *c > 0x7e;
+        if (bad) {
+            st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s line %d: not "
+                               "\"id:token\" with an id in 0..4095 and a token of printable "
+                               "ASCII without spaces (example: 3:$(openssl rand -hex 32))",
+                               path, ln);
+            break;
+        }
+        if (tab[id]) {
+            st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s line %d: trainer "
+                               "%ld listed twice", path, ln, id);
+            break;
+        }
+        for (int t = 0; t < most; t++)
+            if (tab[t] && !strcmp(tab[t], tok)) {
+                st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s line %d: "
+                                   "trainer %ld has trainer %d's token (each needs its own)",
+                                   path, ln, id, t);
+                break;
+            }
+        if (st == PST_OK && !(tab[id] = strdup(tok)))
+            st = pst_error_set(PST_ERR_NOMEM, "trainer tokens: out of memory");
+        most = id + 1 > most ? (int)id + 1 : most;
+    }
+    if (st == PST_OK && ferror(f))
+        st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s: cannot read it",
+                           path);
+    if (st == PST_OK && most == 0)
+        st = pst_error_set(PST_ERR_INVALID, "PSTRAIN_TRAINER_TOKENS_FILE=%s: no \"id:token\" "
+                           "line (example: 0:$(openssl rand -hex 32))", path);
+    fclose(f);
+    if (st != PST_OK) {
+        pst_trainer_tokens_free(tab, 4096);
+        return st;
+    }
+    *tokens = tab;
+    *n = most;
     return PST_OK;
 }
 

@@ -97,6 +97,8 @@ typedef struct pst_config {
     char token[PST_TOKEN_MAX + 1];                 /* "": none (PSTRAIN_TOKEN, or read from
                                                     * token_file at load, trimmed) */
     char token_file[PST_PATH_MAX];
+    char trainer_tokens_file[PST_PATH_MAX];        /* pserver: "id:token" lines (one identity
+                                                    * per trainer; pst_trainer_tokens_load) */
     /* TLS (rpc/transport.h): files, "" when not set */
     char tls_cert[PST_PATH_MAX], tls_key[PST_PATH_MAX];           /* pserver */
     char tls_ca[PST_PATH_MAX];                                    /* both */
@@ -167,6 +169,15 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
 /* The resolved configuration as one JSON object on one line. */
 void pst_config_print(FILE *out, const pst_config *cfg);
+
+/* A pserver's --trainer-tokens file: one "id:token" line per trainer (blank lines and
+ * lines starting with # skipped; whitespace around the token ignored), ids 0..4095 once
+ * each, tokens as --token's (printable ASCII without spaces, at most PST_TOKEN_MAX bytes)
+ * and all different. *tokens (n entries, indexed by trainer id, NULL where none) is freed
+ * with pst_trainer_tokens_free. Errors: PST_ERR_INVALID naming the file, line and what a
+ * good line looks like. */
+pst_status pst_trainer_tokens_load(const char *path, char ***tokens, int *n);
+void pst_trainer_tokens_free(char **tokens, int n);
 /* 1 when cfg->dataset is a text data set (text, kjv: bytes are tokens), 0 for images. */
 int pst_config_text_data(const pst_config *cfg);
 const char *pst_role_name(pst_role r);

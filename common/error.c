@@ -25,6 +25,7 @@ static const char *const names[PST_ERR_COUNT_] = {
     [PST_ERR_RANGE] = "out of range",
     [PST_ERR_AUTH] = "unauthenticated",
     [PST_ERR_LIMIT] = "limit exceeded",
+    [PST_ERR_DENIED] = "permission denied",
 };
 
 const char *pst_strerror(pst_status st)

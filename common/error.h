@@ -26,6 +26,7 @@ typedef enum pst_status {
     PST_ERR_RANGE,       /* a value outside what the state allows (a step too far ahead) */
     PST_ERR_AUTH,        /* a call without the right token (PSTRAIN_TOKEN) */
     PST_ERR_LIMIT,       /* a configured resource limit (--max-params, --max-calls, ...) */
+    PST_ERR_DENIED,      /* a call that speaks for another than its credentials name */
     PST_ERR_COUNT_
 } pst_status;
 

@@ -105,12 +105,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "pserver: %s\n", pst_error_detail());
         return 2;
     }
+    /* One identity per trainer: its own token, from --trainer-tokens. */
+    char **trainer_tokens = NULL;
+    int ntrainer_tokens = 0;
+    if (cfg.trainer_tokens_file[0]) {
+        if (cfg.token[0]) {
+            fprintf(stderr, "pserver: both PSTRAIN_TRAINER_TOKENS_FILE and the job's token "
+                    "(PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE) are set: give one (example: "
+                    "PSTRAIN_TRAINER_TOKENS_FILE=/etc/pstrain/trainer-tokens)\n");
+            return 2;
+        }
+        if (pst_trainer_tokens_load(cfg.trainer_tokens_file, &trainer_tokens,
+                                    &ntrainer_tokens) != PST_OK) {
+            fprintf(stderr, "pserver: %s\n", pst_error_detail());
+            return 2;
+        }
+    }
     /* --max-memory 0: half of what this machine (or its cgroup) has, for the blocks. */
     const uint64_t max_memory = cfg.max_memory ? (uint64_t)cfg.max_memory
                                                : (uint64_t)(pst_memory_available() / 2);
-    if (!cfg.max_memory)
-        PST_INFO("blocks of at most %.3g GB (--max-memory 0: half of this machine's memory)",
-                 (double)max_memory / 1e9);
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -183,6 +196,8 @@ int main(int argc, char **argv)
                                 .on_cancel = ps_service_cancelled,
                                 .keepalive_ms = (int)cfg.peer_timeout_ms,
                                 .token = cfg.token, .transport = transport,
+                                .trainer_tokens = (const char *const *)trainer_tokens,
+                                .ntrainer_tokens = ntrainer_tokens,
                                 .max_calls = cfg.max_calls, .max_wait_ms = (int)cfg.max_wait_ms,
                                 .max_request = ps_service_max_request,
                                 .max_message = (long long)cfg.max_params * 4 + (64LL << 20)};
@@ -198,9 +213,11 @@ int main(int argc, char **argv)
         else
             printf("{\"event\":\"listening\",\"port\":%d}\n", port);
         fflush(stdout);
-        PST_INFO("listening on %s:%d with %d threads (%s)", cfg.bind_host, port,
-                 cfg.server_threads, rpc_transport_name(transport));
-        if (!cfg.token[0])
+        PST_INFO("listening on %s:%d with %d threads (%s); blocks of at most %.3g GB%s",
+                 cfg.bind_host, port, cfg.server_threads, rpc_transport_name(transport),
+                 (double)max_memory / 1e9,
+                 cfg.max_memory ? "" : " (--max-memory 0: half of this machine's memory)");
+        if (!cfg.token[0] && !ntrainer_tokens)
             PST_INFO("no token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE): anyone who can reach "
                      "port %d can train, read or end this job", port);
         const int finished = ps_service_wait(svc, &stop_flag);
@@ -258,5 +275,6 @@ out:
     pst_prom_free(prom);
     rpc_transport_free(transport);
     rpc_global_shutdown();
+    pst_trainer_tokens_free(trainer_tokens, ntrainer_tokens);
     return rc;
 }

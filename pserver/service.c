@@ -1545,9 +1545,35 @@ static void watch_cancelled(ps_service *svc, rpc_call *call)
     trainer_done(svc, (uint32_t)id, 1, why, NULL);
 }
 
+/* The trainer_id a request speaks for (every method has one). */
+static uint32_t claimed_trainer(rpc_call *call)
+{
+    const ProtobufCMessage *m = rpc_call_request(call);
+    switch (rpc_call_method(call)) {
+    case RPC_METHOD_INIT: return ((const Pstrain__InitRequest *)m)->trainer_id;
+    case RPC_METHOD_PUSH: return ((const Pstrain__PushRequest *)m)->trainer_id;
+    case RPC_METHOD_PULL: return ((const Pstrain__PullRequest *)m)->trainer_id;
+    case RPC_METHOD_FINISH: return ((const Pstrain__FinishRequest *)m)->trainer_id;
+    case RPC_METHOD_VOTE: return ((const Pstrain__VoteRequest *)m)->trainer_id;
+    case RPC_METHOD_WATCH: return ((const Pstrain__WatchRequest *)m)->trainer_id;
+    default: return 0;
+    }
+}
+
 void ps_service_handle(void *arg, rpc_call *call)
 {
     ps_service *svc = arg;
+    /* A trainer speaks only for itself once its credentials name it (rpc_call_identity):
+     * a call for another is refused and changes nothing. */
+    const char *by = "";
+    const int id = rpc_call_identity(call, &by);
+    if (id >= 0 && (uint32_t)id != claimed_trainer(call)) {
+        fail(call, pst_error_set(PST_ERR_DENIED, "%s from trainer %d (%s) claims trainer_id %u: "
+                                 "a trainer speaks only for itself",
+                                 rpc_method_name(rpc_call_method(call)), id, by,
+                                 claimed_trainer(call)));
+        return;
+    }
     switch (rpc_call_method(call)) {
     case RPC_METHOD_INIT:
         handle_init(svc, call);

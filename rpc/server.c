@@ -83,6 +83,8 @@ struct rpc_call {
     grpc_byte_buffer *req_bb; /* request body until decoded */
     rpc_message *msg;
     char *peer; /* gpr_malloc'd */
+    int identity;         /* the trainer the call is from (rpc_call_identity), -1: unbound */
+    const char *identity_by;
     int close_cancelled;
     void *_Atomic owner;  /* rpc_call_set_owner */
     atomic_int cancelled;
@@ -118,13 +120,19 @@ struct rpc_server {
     rpc_handler_fn handler;
     void *handler_arg;
     rpc_cancel_fn on_cancel;
-    char *auth;        /* "Bearer TOKEN" every call must carry, or NULL */
+    /* The "Bearer TOKEN" values a call may carry (none: no token asked for): the job's
+     * token (id -1), or each trainer's own (id = its trainer id). */
+    struct srv_key {
+        char *bearer;
+        size_t len;
+        int id;
+    } *keys;
+    int nkeys;
     int max_calls, max_wait_ms;
     size_t (*max_request)(void *arg, rpc_method m, const char **why);
     pthread_t keeper; /* housekeeping: ends calls that waited too long, gives back memory */
     int keeper_started;
     atomic_long rejected; /* calls answered with an error before any handler saw them */
-    size_t auth_len;
     atomic_long refused;       /* calls refused for their token */
     atomic_long refused_logged;
     _Atomic double refused_log_at; /* pst_clock_s() of the last such log line */
@@ -328,22 +336,65 @@ static int arrival(rpc_server *s)
     return repost;
 }
 
-/* Whether the call's metadata has "authorization: <s->auth>": compared in time that
- * depends on the lengths only, never on where the first wrong byte is. */
-static int authorized(const rpc_server *s, const grpc_metadata_array *md)
+#define CALLER_REFUSED (-2)
+
+/* Who the call's "authorization" metadata says it is: CALLER_REFUSED when it carries none
+ * of the server's keys, else the key's id (-1: the job's token). Every key is compared
+ * with every value, each in time that depends on the lengths only, never on where the
+ * first wrong byte is. */
+static int caller_of(const rpc_server *s, const grpc_metadata_array *md)
 {
-    int ok = 0;
+    int who = CALLER_REFUSED;
     for (size_t i = 0; i < md->count; i++) {
         if (grpc_slice_str_cmp(md->metadata[i].key, "authorization"))
             continue;
         const size_t n = GRPC_SLICE_LENGTH(md->metadata[i].value);
         const unsigned char *v = GRPC_SLICE_START_PTR(md->metadata[i].value);
-        unsigned diff = n != s->auth_len;
-        for (size_t k = 0; k < s->auth_len; k++)
-            diff |= (unsigned)(v[k < n ? k : 0] ^ (unsigned char)s->auth[k]);
-        ok |= n > 0 && diff == 0;
+        for (int k = 0; k < s->nkeys; k++) {
+            const struct srv_key *key = &s->keys[k];
+            unsigned diff = n != key->len;
+            for (size_t b = 0; b < key->len; b++)
+                diff |= (unsigned)(v[b < n ? b : 0] ^ (unsigned char)key->bearer[b]);
+            if (n > 0 && diff == 0)
+                who = key->id;
+        }
     }
-    return ok;
+    return who;
+}
+
+/* The trainer id a client certificate names: the first subject alternative name, else
+ * the common name, that holds "trainer-<id>" (e.g. trainer-3, or a pod's
+ * pstrain-trainer-3-x7k2p); -1 when none does or there is no certificate. */
+static int name_id(const char *v, size_t n)
+{
+    static const char key[] = "trainer-";
+    for (size_t i = 0; i + sizeof key - 1 < n; i++) {
+        if (memcmp(v + i, key, sizeof key - 1) != 0 || (i > 0 && v[i - 1] != '-' && v[i - 1] != '.'))
+            continue;
+        size_t j = i + sizeof key - 1;
+        long id = 0;
+        while (j < n && v[j] >= '0' && v[j] <= '9' && id <= 4095)
+            id = id * 10 + (v[j++] - '0');
+        if (j > i + sizeof key - 1 && id <= 4095 && (j == n || v[j] == '-' || v[j] == '.'))
+            return (int)id;
+    }
+    return -1;
+}
+
+static int certificate_id(grpc_call *gcall)
+{
+    grpc_auth_context *ctx = grpc_call_auth_context(gcall);
+    if (!ctx)
+        return -1;
+    int id = -1;
+    const char *names[] = {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME};
+    for (int k = 0; k < 2 && id < 0; k++) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, names[k]);
+        for (const grpc_auth_property *p; id < 0 && (p = grpc_auth_property_iterator_next(&it));)
+            id = name_id(p->value, p->value_length);
+    }
+    grpc_auth_context_release(ctx);
+    return id;
 }
 
 /* One line per second at most, with the count since the last one. */
@@ -377,7 +428,7 @@ static void on_new_generic(struct gen_call *g, int success)
     grpc_status_code code = GRPC_STATUS_UNIMPLEMENTED;
     snprintf(detail, sizeof(detail), "unknown method %s (this server serves /pstrain.PServer/"
              "Init, Push, Pull, Finish)", method);
-    if (s->auth && !authorized(s, &g->md)) {
+    if (s->nkeys && caller_of(s, &g->md) == CALLER_REFUSED) {
         log_refused(s, "a call", NULL);
         code = GRPC_STATUS_UNAUTHENTICATED;
         snprintf(detail, sizeof(detail), "this pserver needs the job's token (PSTRAIN_TOKEN or "
@@ -442,12 +493,24 @@ static void on_new_call(rpc_call *c, int success)
      * before it is decoded (compressed bodies are refused by gRPC: see the channel args). */
     const size_t body = bb ? grpc_byte_buffer_length(bb) : 0; /* NULL: no message came */
     pst_status st = PST_OK;
-    if (s->auth && !authorized(s, &c->req_md)) { /* before anything is decoded */
+    const int by_token = s->nkeys ? caller_of(s, &c->req_md) : -1;
+    const int by_cert = certificate_id(c->gcall);
+    c->identity = by_token >= 0 ? by_token : by_cert;
+    c->identity_by = by_token >= 0 ? "its token" : "its client certificate";
+    if (by_token == CALLER_REFUSED) { /* before anything is decoded */
         grpc_byte_buffer_destroy(bb);
         bb = NULL;
         log_refused(s, rpc_method_name(c->method), c->peer);
-        st = pst_error_set(PST_ERR_AUTH, "this pserver needs the job's token (PSTRAIN_TOKEN "
-                           "or PSTRAIN_TOKEN_FILE): none or another was sent");
+        st = pst_error_set(PST_ERR_AUTH, "this pserver needs %s (PSTRAIN_TOKEN or "
+                           "PSTRAIN_TOKEN_FILE): none or another was sent",
+                           s->keys[0].id < 0 ? "the job's token"
+                                             : "the trainer's own token, one of its "
+                                               "--trainer-tokens");
+    } else if (by_token >= 0 && by_cert >= 0 && by_token != by_cert) {
+        grpc_byte_buffer_destroy(bb);
+        bb = NULL;
+        st = pst_error_set(PST_ERR_DENIED, "a call with trainer %d's token and trainer %d's "
+                           "client certificate", by_token, by_cert);
     } else if (s->max_calls > 0 && live > s->max_calls) {
         grpc_byte_buffer_destroy(bb);
         bb = NULL;
@@ -654,6 +717,13 @@ static void listen_failure(const char *bind_addr, char *why, size_t n)
     freeaddrinfo(ai);
 }
 
+static void keys_free(rpc_server *s)
+{
+    for (int k = 0; s->keys && k < s->nkeys; k++)
+        free(s->keys[k].bearer);
+    free(s->keys);
+}
+
 pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
 {
     *out = NULL;
@@ -676,16 +746,27 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     s->max_calls = cfg->max_calls;
     s->max_wait_ms = cfg->max_wait_ms;
     s->max_request = cfg->max_request;
-    if (cfg->token && cfg->token[0]) {
-        s->auth_len = strlen("Bearer ") + strlen(cfg->token);
-        s->auth = malloc(s->auth_len + 1);
-        if (s->auth == NULL) {
-            free(s->auth);
-    free(s);
+    const int shared = cfg->token && cfg->token[0];
+    for (int t = 0; t < cfg->ntrainer_tokens; t++)
+        s->nkeys += cfg->trainer_tokens[t] != NULL;
+    s->nkeys += shared && !s->nkeys; /* the job's token only without trainers' own */
+    s->keys = s->nkeys ? calloc((size_t)s->nkeys, sizeof *s->keys) : NULL;
+    for (int t = 0, k = 0; s->keys && k < s->nkeys; t++) {
+        const char *token = s->nkeys == shared ? cfg->token : cfg->trainer_tokens[t];
+        if (!token)
+            continue;
+        struct srv_key *key = &s->keys[k++];
+        key->id = s->nkeys == shared ? -1 : t;
+        key->len = strlen("Bearer ") + strlen(token);
+        if ((key->bearer = malloc(key->len + 1)))
+            snprintf(key->bearer, key->len + 1, "Bearer %s", token);
+    }
+    for (int k = 0; k < s->nkeys; k++)
+        if (!s->keys || !s->keys[k].bearer) {
+            keys_free(s);
+            free(s);
             return pst_error_set(PST_ERR_NOMEM, "rpc server");
         }
-        snprintf(s->auth, s->auth_len + 1, "Bearer %s", cfg->token);
-    }
     pst_status st = PST_OK;
 
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
@@ -784,7 +865,7 @@ error:
     grpc_completion_queue_destroy(s->cq);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    free(s->auth);
+    keys_free(s);
     free(s);
     return st;
 }
@@ -882,7 +963,7 @@ void rpc_server_free(rpc_server *s)
     }
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    free(s->auth);
+    keys_free(s);
     free(s);
 }
 
@@ -901,6 +982,13 @@ const ProtobufCMessage *rpc_call_request(const rpc_call *c)
 const rpc_payload *rpc_call_payload(const rpc_call *c)
 {
     return rpc_message_payload(c->msg);
+}
+
+int rpc_call_identity(const rpc_call *c, const char **by)
+{
+    if (by)
+        *by = c->identity >= 0 ? c->identity_by : "";
+    return c->identity;
 }
 
 void rpc_call_set_owner(rpc_call *c, void *owner)

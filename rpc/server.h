@@ -63,6 +63,11 @@ typedef struct rpc_server_config {
     const char *token;     /* non-empty: every call must carry it (rpc_client_config.token);
                             * others are answered UNAUTHENTICATED before their body is
                             * decoded (copied) */
+    /* Each trainer's own token, by trainer id (NULL: none for that id): when any is set,
+     * every call must carry one of them instead of `token`, and that id is the call's
+     * identity (rpc_call_identity). */
+    const char *const *trainer_tokens;
+    int ntrainer_tokens;
 } rpc_server_config;
 
 /* Creates the server, binds cfg->bind, starts serving. *out is NULL on failure.
@@ -100,6 +105,13 @@ rpc_method rpc_call_method(const rpc_call *c);
 const ProtobufCMessage *rpc_call_request(const rpc_call *c);
 /* The request payload (read it with rpc_payload_read / rpc_payload_read_f32). */
 const rpc_payload *rpc_call_payload(const rpc_call *c);
+/* The trainer the call comes from, as its credentials say: the id of the trainer token it
+ * carries (rpc_server_config.trainer_tokens), else the "trainer-<id>" its mutual-TLS client
+ * certificate names (a subject alternative name, else the common name); -1 when neither
+ * binds it to one. *by (optional) gets which ("its token", "its client certificate"). A call
+ * whose token and certificate name two trainers is refused PERMISSION_DENIED before the
+ * handler sees it. */
+int rpc_call_identity(const rpc_call *c, const char **by);
 /* 1 once the client went away or its deadline passed (the reply would be dropped), else
  * 0. A deferred call that is cancelled still needs to be completed by the owner. */
 int rpc_call_cancelled(const rpc_call *c);

@@ -382,6 +382,7 @@ grpc_status_code rpc_status_to_grpc(pst_status st)
     case PST_ERR_RANGE: return GRPC_STATUS_OUT_OF_RANGE;
     case PST_ERR_AUTH: return GRPC_STATUS_UNAUTHENTICATED;
     case PST_ERR_LIMIT: return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    case PST_ERR_DENIED: return GRPC_STATUS_PERMISSION_DENIED;
     case PST_ERR_INTERNAL:
     default: return GRPC_STATUS_INTERNAL;
     }
@@ -392,8 +393,8 @@ pst_status rpc_status_from_grpc(grpc_status_code code)
     switch (code) {
     case GRPC_STATUS_OK: return PST_OK;
     case GRPC_STATUS_OUT_OF_RANGE: return PST_ERR_RANGE;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_PERMISSION_DENIED: return PST_ERR_INVALID;
+    case GRPC_STATUS_INVALID_ARGUMENT: return PST_ERR_INVALID;
+    case GRPC_STATUS_PERMISSION_DENIED: return PST_ERR_DENIED;
     case GRPC_STATUS_UNAUTHENTICATED: return PST_ERR_AUTH;
     case GRPC_STATUS_RESOURCE_EXHAUSTED: return PST_ERR_NOMEM;
     case GRPC_STATUS_DATA_LOSS: return PST_ERR_IO;

@@ -2216,6 +2216,126 @@ Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
     rm_tree(dir);
 }
 
+/* One identity per trainer, by tokens (--trainer-tokens): a call with trainer 1's token
+ * that speaks for trainer 0 is refused PERMISSION_DENIED naming both, before and during a
+ * job whose trainers each carry their own token; the job ends with the bits of a job
+ * without tokens. A bad tokens file, or one beside the job's token, exits 2 naming it. */
+Test(cluster, a_trainer_token_speaks_only_for_its_trainer, .timeout = 120)
+{
+    char dir[64], file[128], env_file[200];
+    temp_dir(dir, sizeof dir);
+    snprintf(file, sizeof file, "%s/trainer-tokens", dir);
+    FILE *f = fopen(file, "w");
+    cr_assert_not_null(f);
+    fputs("# trainer:token\n0:9d2e61aa40c3f7b1\n\n 1:5b07c4e9d8a1f326 \n", f);
+    fclose(f);
+    snprintf(env_file, sizeof env_file, "PSTRAIN_TRAINER_TOKENS_FILE=%s", file);
+
+    char badfile[128], env_bad[200];
+    snprintf(badfile, sizeof badfile, "%s/bad", dir);
+    const char *bad[] = {"0:aa\n1:aa\n", "0 aa\n", "4096:aa\n", "0:aa\n0:bb\n", "# none\n"};
+    const char *says[] = {"line 2: trainer 1 has trainer 0's token", "line 1: not \"id:token\"",
+                          "line 1: not \"id:token\"", "line 2: trainer 0 listed twice",
+                          "no \"id:token\" line"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(badfile, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        snprintf(env_bad, sizeof env_bad, "PSTRAIN_TRAINER_TOKENS_FILE=%s", badfile);
+        const char *argv[] = {PSERVER, NULL};
+        const char *env[] = {"PSTRAIN_PORT=0", env_bad, NULL};
+        char *out, *err;
+        const int rc = run(argv, env, RUN_WAIT_MS, &out, &err);
+        cr_assert(rc == 2 && strstr(err, "PSTRAIN_TRAINER_TOKENS_FILE=") && strstr(err, says[i]),
+                  "%s: exit %d:\n%s", bad[i], rc, err);
+        free(out);
+        free(err);
+    }
+    {
+        const char *argv[] = {PSERVER, NULL};
+        const char *env[] = {"PSTRAIN_PORT=0", env_file, "PSTRAIN_TOKEN=abc", NULL};
+        char *out, *err;
+        const int rc = run(argv, env, RUN_WAIT_MS, &out, &err);
+        cr_assert(rc == 2 && strstr(err, "give one"), "exit %d:\n%s", rc, err);
+        free(out);
+        free(err);
+    }
+
+    proc *ps;
+    const int port = pserver_start_env(&ps, "info", env_file);
+    rpc_global_init(); /* after the fork/exec of the pserver */
+    static char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    const char *servers[] = {addr};
+    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 5000,
+                            .connect_timeout_ms = 5000, .token = "5b07c4e9d8a1f326"};
+    rpc_client *one = NULL;
+    cr_assert_eq(rpc_client_init(&one, &cc), PST_OK, "%s", pst_error_detail());
+    float initial[NB];
+    fill_block(initial, 0.5f, 1.0f);
+    init_args zero = {.trainer = 0, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
+                      .fingerprint = 5, .initial = initial, .ninitial = NB};
+    EXPECT_STATUS(do_init(one, &zero, NULL), PST_ERR_DENIED);
+    cr_assert(strstr(pst_error_detail(), "Init from trainer 1 (its token) claims trainer_id 0"),
+              "%s", pst_error_detail());
+
+    char pservers[64];
+    snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+    const char *plain[] = {PSLAUNCH, "--pservers", "1", "--trainers", "2", "--timeout", "90",
+                           "--", TRAINER, "--hidden", "32", "--steps", "300", "--progress",
+                           "none", "--log-level", "warn", CONNECT_5S, NULL};
+    const param_hash want = summary_hash_of(plain, "cpu:1");
+    const char *job[] = {TRAINER, "--hidden", "32", "--steps", "300", "--progress", "none",
+                         "--log-level", "warn", CONNECT_5S, NULL};
+    const char *env0[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=0",
+                          "PSTRAIN_TOKEN=9d2e61aa40c3f7b1", "PSTRAIN_DEVICES=cpu:1", NULL};
+    const char *env1[] = {pservers, "PSTRAIN_TRAINERS=2", "PSTRAIN_TRAINER_ID=1",
+                          "PSTRAIN_TOKEN=5b07c4e9d8a1f326", "PSTRAIN_DEVICES=cpu:1", NULL};
+    proc *t0 = proc_start(job, env0), *t1 = proc_start(job, env1);
+    Pstrain__PushRequest push = PSTRAIN__PUSH_REQUEST__INIT;
+    push.trainer_id = 0;
+    push.length = NB;
+    static float forged[NB] = {1e3f, 1e3f, 1e3f, 1e3f, 1e3f, 1e3f, 1e3f, 1e3f};
+    long forgeries = 0;
+    while (!proc_wait(t0, 0)) {
+        flood_count fc = {.want = PST_ERR_DENIED};
+        pthread_mutex_init(&fc.mu, NULL);
+        pthread_cond_init(&fc.cv, NULL);
+        for (int k = 0; k < 20; k++) {
+            push.step = forgeries / 20;
+            cr_assert_eq(rpc_client_call_async(one, 0, RPC_METHOD_PUSH, &push.base, forged,
+                                               sizeof forged, NULL, flood_done, &fc), PST_OK);
+        }
+        pthread_mutex_lock(&fc.mu);
+        while (fc.n < 20)
+            pthread_cond_wait(&fc.cv, &fc.mu);
+        pthread_mutex_unlock(&fc.mu);
+        cr_assert_eq(fc.ok, 0, "%d pushes as trainer 0 with trainer 1's token were accepted",
+                     fc.ok);
+        forgeries += 20 - fc.other;
+    }
+    rpc_client_free(one);
+    cr_assert(proc_wait(t1, RUN_WAIT_MS), "the job did not end");
+    char *err0 = slurp(t0->err_path), *err1 = slurp(t1->err_path);
+    cr_assert(WIFEXITED(t0->status) && WEXITSTATUS(t0->status) == 0, "%s", err0);
+    cr_assert(WIFEXITED(t1->status) && WEXITSTATUS(t1->status) == 0, "%s", err1);
+    free(err0);
+    free(err1);
+    char *out = slurp(t0->out_path);
+    const param_hash got = summary_hash(out);
+    free(out);
+    fprintf(stderr, "%ld pushes as trainer 0 with trainer 1's token, refused; the job's bits "
+            "unchanged\n", forgeries);
+    cr_assert_gt(forgeries, 0, "the job ended before any forged push");
+    cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "the forged pushes changed the job's bits");
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "the pserver did not exit after the job");
+    char *err = slurp(ps->err_path);
+    cr_assert(!strstr(err, "9d2e61aa40c3f7b1") && !strstr(err, "5b07c4e9d8a1f326"),
+              "a token is in the pserver's log");
+    free(err);
+    rm_tree(dir);
+}
+
 /* A trainer of a 1-trainer job against the pserver on `port` with `extra` variables (up
  * to 3): its exit status, and its stderr in *err. */
 static int tls_trainer(int port, const char *const *extra, char **err)
@@ -2249,7 +2369,7 @@ Test(cluster, tls_and_mutual_tls_refuse_what_they_should, .timeout = 180)
     temp_dir(dir, sizeof dir);
     snprintf(cmd, sizeof cmd, "bash %s/tests/tls/make_certs.sh '%s'", PST_SOURCE_DIR, dir);
     cr_assert_eq(system(cmd), 0, "%s failed (is the openssl command installed?)", cmd);
-    static char v[16][300];
+    static char v[24][300];
     int nv = 0;
 #define FILEVAR(name, file) (snprintf(v[nv], sizeof v[nv], "%s=%s/%s", name, dir, file), v[nv++])
     const char *cert = FILEVAR("PSTRAIN_TLS_CERT", "server.pem");
@@ -2335,6 +2455,21 @@ Test(cluster, tls_and_mutual_tls_refuse_what_they_should, .timeout = 180)
     err = slurp(ps->err_path);
     cr_assert(strstr(err, "threads (mutual tls)"), "%s", err);
     free(err);
+
+    /* One identity per trainer: trainer 1's certificate cannot speak as trainer 0 (the
+     * trainer of a 1-trainer job is trainer 0); trainer 0's can. */
+    port = pserver_start_envs(&ps, "info", VARS(cert, key, ca));
+    rc = tls_trainer(port, VARS(ca, FILEVAR("PSTRAIN_TLS_CLIENT_CERT", "trainer-1.pem"),
+                                FILEVAR("PSTRAIN_TLS_CLIENT_KEY", "trainer-1.key")), &err);
+    cr_assert(rc != 0 && strstr(err, "Init from trainer 1 (its client certificate) claims "
+                                     "trainer_id 0"),
+              "trainer 1's certificate as trainer 0: exit %d:\n%s", rc, err);
+    free(err);
+    rc = tls_trainer(port, VARS(ca, FILEVAR("PSTRAIN_TLS_CLIENT_CERT", "trainer-0.pem"),
+                                FILEVAR("PSTRAIN_TLS_CLIENT_KEY", "trainer-0.key")), &err);
+    cr_assert_eq(rc, 0, "trainer 0 with its own certificate: exit %d:\n%s", rc, err);
+    free(err);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS));
 #undef FILEVAR
     rm_tree(dir);
 }

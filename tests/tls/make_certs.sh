@@ -2,7 +2,9 @@
 # make_certs.sh DIR — the certificates of the TLS tests, made with the openssl command:
 #   ca, otherca          two CAs
 #   server               signed by ca, for 127.0.0.1 and localhost
-#   client               signed by ca (a trainer's, for mutual TLS)
+#   client               signed by ca (a trainer's, for mutual TLS; names no trainer id)
+#   trainer-0, trainer-1 signed by ca, each naming its trainer (CN trainer-0; a pod's
+#                        name, pstrain-trainer-1-x7k2p, as SAN)
 #   expired              signed by ca, expired yesterday
 #   other                signed by otherca, for 127.0.0.1
 #   wronghost            signed by ca, for pserver.example only
@@ -24,6 +26,8 @@ cert() { # cert NAME CA SAN DAYS
 }
 cert server ca "IP:127.0.0.1,DNS:localhost" 30
 cert client ca "DNS:trainer" 30
+cert trainer-0 ca "DNS:trainer-0" 30
+cert trainer-1 ca "DNS:pstrain-trainer-1-x7k2p" 30
 cert expired ca "IP:127.0.0.1" -1
 cert other otherca "IP:127.0.0.1" 30
 cert wronghost ca "DNS:pserver.example" 30
