@@ -107,6 +107,25 @@ static pst_status parse_bind(pst_config *cfg, const char *v, const char *where, 
     return PST_OK;
 }
 
+int pst_job_id_valid(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!isalnum((unsigned char)s[n]) && s[n] != '.' && s[n] != '_' && s[n] != '-')
+            return 0;
+    return n >= 1 && n <= PST_JOB_ID_MAX && s[0] != '.';
+}
+
+static pst_status parse_job_id(pst_config *cfg, const char *v, const char *where,
+                               const char *ex)
+{
+    if (!pst_job_id_valid(v))
+        return bad(where, v, "expected 1 to 64 letters, digits, '.', '_' or '-', not starting "
+                   "with '.'", ex);
+    snprintf(cfg->job_id, sizeof cfg->job_id, "%s", v);
+    return PST_OK;
+}
+
 static pst_status parse_role(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     pst_role r;
@@ -427,7 +446,8 @@ static const opt options[] = {
     {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
     {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
     {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
-    {"checkpoint-dir", "PSTRAIN_CHECKPOINT_DIR", NULL, NULL, "/ckpt", "write checkpoints here (pserver: its shard in DIR/pserver-ID; trainer 0: the job state in DIR/job) and resume from them; unset: none", R_ALL, OPT_STR, S(checkpoint_dir), 0, 0, NULL},
+    {"checkpoint-dir", "PSTRAIN_CHECKPOINT_DIR", NULL, NULL, "/ckpt", "write checkpoints here, in a subdirectory per job (pserver: its shard in DIR/JOB/pserver-ID; trainer 0: the job state in DIR/JOB/job; JOB: --job-id) and resume from them; unset: none", R_ALL, OPT_STR, S(checkpoint_dir), 0, 0, NULL},
+    {"job-id", "PSTRAIN_JOB_ID", NULL, NULL, "ctr-2026-11", "the job's name: its checkpoints' subdirectory of --checkpoint-dir (unset: job- and a hash of the settings a resumed job must share); resuming checkpoints of other settings under it is refused", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_job_id},
     {"checkpoint-every", "PSTRAIN_CHECKPOINT_EVERY", NULL, NULL, "100", "steps between checkpoints (sync mode; 0: never)", R_TRAINER, OPT_LONG, F(checkpoint_every), 0, 1e12, NULL},
     {"checkpoint-keep", "PSTRAIN_CHECKPOINT_KEEP", NULL, NULL, "2", "checkpoints kept, the newest", R_ALL, OPT_INT, F(checkpoint_keep), 1, 1000, NULL},
     {"resume", "PSTRAIN_RESUME", NULL, NULL, "auto", "with --checkpoint-dir: auto (resume from the newest complete checkpoint if any), never, or require (exit 2 without one)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_resume},
@@ -1040,6 +1060,7 @@ void pst_config_print(FILE *out, const pst_config *cfg)
                                 : cfg->resume == PST_RESUME_REQUIRE ? "require"
                                                                     : "auto", &first);
         fprintf(out, ",\"checkpoint_every\":%ld", cfg->checkpoint_every);
+        json_str(out, "job_id", cfg->job_id, &first);
     }
     fprintf(out, ",\"metrics_port\":%d", cfg->metrics_port);
     json_str(out, "checkpoint_dir", cfg->checkpoint_dir, &first);

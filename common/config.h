@@ -24,6 +24,7 @@
 #define PST_ADDR_MAX 128
 #define PST_PATH_MAX 512
 #define PST_TOKEN_MAX 1024
+#define PST_JOB_ID_MAX 64
 
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
 #define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
@@ -97,6 +98,7 @@ typedef struct pst_config {
     char token[PST_TOKEN_MAX + 1];                 /* "": none (PSTRAIN_TOKEN, or read from
                                                     * token_file at load, trimmed) */
     char token_file[PST_PATH_MAX];
+    char job_id[PST_JOB_ID_MAX + 1];               /* --job-id ("": derived, tr_job_id) */
     char trainer_tokens_file[PST_PATH_MAX];        /* pserver: "id:token" lines (one identity
                                                     * per trainer; pst_trainer_tokens_load) */
     /* TLS (rpc/transport.h): files, "" when not set */
@@ -169,6 +171,10 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
 /* The resolved configuration as one JSON object on one line. */
 void pst_config_print(FILE *out, const pst_config *cfg);
+
+/* Whether s is a job id (--job-id, an Init's job_id): 1 to PST_JOB_ID_MAX letters, digits,
+ * '.', '_' or '-', not starting with '.': a directory name, never a path. */
+int pst_job_id_valid(const char *s);
 
 /* A pserver's --trainer-tokens file: one "id:token" line per trainer (blank lines and
  * lines starting with # skipped; whitespace around the token ignored), ids 0..4095 once

@@ -172,12 +172,12 @@ int main(int argc, char **argv)
             goto out;
         }
         if (cfg.checkpoint_dir[0]) { /* its own directory: pservers may share DIR */
-            char dir[PST_PATH_MAX + 32];
+            char name[64];
             if (cfg.pserver_id >= 0)
-                snprintf(dir, sizeof dir, "%s/pserver-%d", cfg.checkpoint_dir, cfg.pserver_id);
+                snprintf(name, sizeof name, "pserver-%d", cfg.pserver_id);
             else
-                snprintf(dir, sizeof dir, "%s/pserver-port-%d", cfg.checkpoint_dir, cfg.port);
-            ps_service_checkpoints(svc, dir, cfg.checkpoint_keep);
+                snprintf(name, sizeof name, "pserver-port-%d", cfg.port);
+            ps_service_checkpoints(svc, cfg.checkpoint_dir, name, cfg.checkpoint_keep);
         }
         char why[900];
         snprintf(why, sizeof why, "within --recovery-timeout-ms %ld after %s; giving up "

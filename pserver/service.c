@@ -79,7 +79,9 @@ struct ps_service {
     int fatal_set;
     long inits_expired;           /* waiting Inits answered near their deadline */
     /* checkpoints */
-    char ckpt_dir[4200];          /* this pserver's shard directory ("": none) */
+    char ckpt_dir[4200];          /* this pserver's shard directory ("": none), made at Init */
+    char ckpt_root[4096];         /* --checkpoint-dir ("": none) */
+    char ckpt_name[64];           /* this pserver's subdirectory of the job's in it */
     int ckpt_keep;
     int64_t resumed;              /* the checkpoint step the store was restored to (0: none) */
     int ckpt_failed;              /* atomic: a shard could not be written (ckpt_error) */
@@ -294,9 +296,10 @@ static pst_status resume(ps_service *svc, const Pstrain__InitRequest *req, uint6
     return st;
 }
 
-void ps_service_checkpoints(ps_service *svc, const char *dir, int keep)
+void ps_service_checkpoints(ps_service *svc, const char *dir, const char *name, int keep)
 {
-    snprintf(svc->ckpt_dir, sizeof svc->ckpt_dir, "%s", dir ? dir : "");
+    snprintf(svc->ckpt_root, sizeof svc->ckpt_root, "%s", dir ? dir : "");
+    snprintf(svc->ckpt_name, sizeof svc->ckpt_name, "%s", name ? name : "");
     svc->ckpt_keep = keep;
 }
 
@@ -536,6 +539,18 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
             goto out;
         }
     sc.blocks = blocks;
+    /* The shards of this job go in DIR/<job_id>/<name>: another job's in DIR are not its. */
+    if (svc->ckpt_root[0]) {
+        const char *job = req->job_id ? req->job_id : "";
+        if (job[0] && !pst_job_id_valid(job)) {
+            st = pst_error_set(PST_ERR_INVALID, "Init from trainer 0: job_id \"%.80s\" is not "
+                               "1 to %d letters, digits, '.', '_' or '-' (example: "
+                               "job-0123456789abcdef)", job, PST_JOB_ID_MAX);
+            goto out;
+        }
+        snprintf(svc->ckpt_dir, sizeof svc->ckpt_dir, "%s/%s%s%s", svc->ckpt_root, job,
+                 job[0] ? "/" : "", svc->ckpt_name);
+    }
     if (req->checkpoint_every > 0 && sc.mode == PST_MODE_SYNC) {
         if (svc->ckpt_dir[0]) {
             sc.snapshot_every = req->checkpoint_every;

@@ -37,10 +37,11 @@ void ps_service_cancelled(void *arg, rpc_call *call);
  * 100 ms), a checkpoint failed, or (--on-failure wait) the job departed or no Init came in
  * time (ps_service_on_failure). Returns 1 when the trainers finished, 0 otherwise. */
 int ps_service_wait(ps_service *svc, volatile int *stop);
-/* Checkpoints: this pserver's shards go to `dir` (created when missing), the `keep` newest
- * kept; written every N steps when trainer 0's Init asks (sync mode), and loaded when it
- * resumes. Call before serving. */
-void ps_service_checkpoints(ps_service *svc, const char *dir, int keep);
+/* Checkpoints: this pserver's shards go to dir/<job_id>/name (created when missing; the
+ * job_id of trainer 0's Init, none: dir/name), the `keep` newest kept; written every N
+ * steps when trainer 0's Init asks (sync mode), and loaded when it resumes. Call before
+ * serving. */
+void ps_service_checkpoints(ps_service *svc, const char *dir, const char *name, int keep);
 /* Why the pserver must stop (a checkpoint could not be written, or no trainer 0 came back
  * in time after a rollback), or NULL. */
 const char *ps_service_failure(ps_service *svc);

@@ -804,7 +804,8 @@ static int run_ckpt(const char *const argv[], const char *const more[], const ch
     with_args(args, argv, more);
     char env_dir[600];
     snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
-    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+    /* named, so that the tests know where the shards are: DIR/t/pserver-<i> */
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", NULL};
     return run(args, env, RUN_WAIT_MS + 30000, out, err);
 }
 
@@ -832,7 +833,7 @@ static void expect_resumed(const char *const argv[], const char *dir, int step, 
  * pservers) and started again with the same flags resumes from its checkpoint of step 10
  * (2 x 2: or 11, see below)
  * and ends with the bits of the job that never stopped: trained alone, and by 2 trainers x
- * 2 pservers whose shards are in DIR/pserver-0 and -1 (AdamW: values, moments and step
+ * 2 pservers whose shards are in DIR/t/pserver-0 and -1 (AdamW: values, moments and step
  * count all restored). */
 Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
 {
@@ -875,7 +876,7 @@ Test(cluster, sigterm_checkpoints_the_step_it_stops_at, .timeout = 240)
         char dir[64], env_dir[128];
         temp_dir(dir, sizeof dir);
         snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
-        const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+        const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", NULL};
         const char *args[64];
         const char *more[] = {"--checkpoint-every", "1000", "--log-level", "info", NULL};
         with_args(args, jobs[j], more);
@@ -1120,7 +1121,7 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
                            NULL};
     cr_assert_neq(run_ckpt(local, crash, dir, NULL, NULL), 0);
-    snprintf(shard, sizeof shard, "%s/pserver-0/step-000000000010.ckpt", dir);
+    snprintf(shard, sizeof shard, "%s/t/pserver-0/step-000000000010.ckpt", dir);
     FILE *f = fopen(shard, "r+b");
     cr_assert_not_null(f, "%s: %s", shard, strerror(errno));
     cr_assert_eq(fseek(f, 4000, SEEK_SET), 0);
@@ -1159,11 +1160,11 @@ Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240
      * SIGTERM made trainer 0 write one of step 11: the job then falls back to the one
      * before. */
     char other[160];
-    snprintf(shard, sizeof shard, "%s/pserver-1/step-000000000011.ckpt", dir);
-    snprintf(other, sizeof other, "%s/pserver-0/step-000000000011.ckpt", dir);
+    snprintf(shard, sizeof shard, "%s/t/pserver-1/step-000000000011.ckpt", dir);
+    snprintf(other, sizeof other, "%s/t/pserver-0/step-000000000011.ckpt", dir);
     const int newest = access(shard, R_OK) == 0 && access(other, R_OK) == 0 ? 11 : 10;
     const int before = newest == 11 ? 10 : 5;
-    snprintf(shard, sizeof shard, "%s/pserver-1/step-%012d.ckpt", dir, newest);
+    snprintf(shard, sizeof shard, "%s/t/pserver-1/step-%012d.ckpt", dir, newest);
     FILE *f = fopen(shard, "r+b");
     cr_assert_not_null(f, "%s: %s", shard, strerror(errno));
     cr_assert_eq(fseek(f, 3000, SEEK_SET), 0);
@@ -1201,7 +1202,7 @@ Test(cluster, unwritable_checkpoint_stops_the_job, .timeout = 120)
     const char *local[] = {TRAINER, GPT_FLAGS, NULL};
     char dir[64], blocker[200], shard[160];
     temp_dir(dir, sizeof dir);
-    snprintf(blocker, sizeof blocker, "%s/pserver-0/.step-000000000015.ckpt.tmp", dir);
+    snprintf(blocker, sizeof blocker, "%s/t/pserver-0/.step-000000000015.ckpt.tmp", dir);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s'", blocker);
     cr_assert_eq(system(cmd), 0);
@@ -1211,7 +1212,7 @@ Test(cluster, unwritable_checkpoint_stops_the_job, .timeout = 120)
     cr_assert_eq(rc, 1, "exit %d:\n%s", rc, err);
     cr_assert(strstr(err, ".step-000000000015.ckpt.tmp: cannot create"), "%s", err);
     free(err);
-    snprintf(shard, sizeof shard, "%s/pserver-0/step-000000000010.ckpt", dir);
+    snprintf(shard, sizeof shard, "%s/t/pserver-0/step-000000000010.ckpt", dir);
     cr_assert_eq(access(shard, R_OK), 0, "%s is gone", shard);
     rm_tree(blocker); /* the disk is writable again */
     const char *require[] = {"--checkpoint-every", "5", "--resume", "require", "--log-level",
@@ -4036,4 +4037,61 @@ Test(cluster, init_past_max_memory_is_refused_and_the_pserver_serves_on, .timeou
     rpc_global_shutdown();
     cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit after the Finish");
     free(initial);
+}
+
+/* Count of the entries of dir (not . or ..), -1 when it cannot be opened. */
+static int entries_in(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* Two jobs in one --checkpoint-dir (other seeds) keep their own checkpoints, each in its
+ * subdirectory (DIR/job-<hash>), with --checkpoint-keep 1: the second does not prune the
+ * first's, which then resumes from its own. A job named with --job-id whose checkpoints are
+ * of other settings is refused in one line (exit 2). */
+Test(cluster, two_jobs_in_one_checkpoint_dir_keep_their_own, .timeout = 120)
+{
+    char dir[64], env_dir[128];
+    temp_dir(dir, sizeof dir);
+    snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", NULL};
+    const char *a[] = {TRAINER, "--hidden", "32", "--steps", "6", "--seed", "1",
+                       "--checkpoint-every", "2", "--checkpoint-keep", "1", "--progress", "none",
+                       "--log-level", "info", NULL};
+    const char *b[] = {TRAINER, "--hidden", "32", "--steps", "4", "--seed", "2",
+                       "--checkpoint-every", "2", "--checkpoint-keep", "1", "--progress", "none",
+                       "--log-level", "info", NULL};
+    char *out, *err;
+    cr_assert_eq(run(a, env, RUN_WAIT_MS, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(run(b, env, RUN_WAIT_MS, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(entries_in(dir), 2, "%s holds %d entries, not one per job", dir,
+                 entries_in(dir));
+    cr_assert_eq(run(a, env, RUN_WAIT_MS, &out, &err), 0, "%s", err);
+    cr_assert(strstr(err, "resumed from checkpoint step 6"), "job A lost its checkpoint:\n%s",
+              err);
+    free(out);
+    free(err);
+
+    const char *named_env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=ctr-7", NULL};
+    cr_assert_eq(run(a, named_env, RUN_WAIT_MS, &out, &err), 0, "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(run(b, named_env, RUN_WAIT_MS, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "--job-id ctr-7: checkpoint") && strstr(err, "/ctr-7/job/step-") &&
+                  strstr(err, "other settings"),
+              "%s", err);
+    free(out);
+    free(err);
+    rm_tree(dir);
 }

@@ -93,7 +93,9 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
                           .lowp = lk->cfg->precision};
     const pst_config *cfg = lk->cfg;
     if (cfg->checkpoint_dir[0]) { /* the store is this job's one pserver: pserver-0 */
-        snprintf(lk->ckpt_dir, sizeof lk->ckpt_dir, "%s/pserver-0", cfg->checkpoint_dir);
+        char job[PST_JOB_ID_MAX + 24];
+        tr_job_id(p, cfg, job, sizeof job);
+        snprintf(lk->ckpt_dir, sizeof lk->ckpt_dir, "%s/%s/pserver-0", cfg->checkpoint_dir, job);
         lk->layout = (ps_shard_layout){tr_settings_fingerprint(p, cfg), specs, p->nblocks,
                                        p->nparams, 0};
         sc.snapshot_every = l->checkpoint_every;

@@ -109,6 +109,17 @@ uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h)
     return h;
 }
 
+void tr_job_id(const tr_plan *p, const pst_config *c, char *out, size_t size)
+{
+    if (c->job_id[0]) {
+        snprintf(out, size, "%s", c->job_id);
+        return;
+    }
+    const int64_t more[3] = {(int64_t)c->seed, c->trainers, c->batch};
+    snprintf(out, size, "job-%016llx",
+             (unsigned long long)tr_fnv1a(tr_settings_fingerprint(p, c), more, sizeof more));
+}
+
 uint64_t tr_settings_fingerprint(const tr_plan *p, const pst_config *c)
 {
     const pst_optim_config *o = &c->optim;

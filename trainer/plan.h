@@ -65,5 +65,10 @@ uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len);
  * mode, trainers, optimizer and its schedule, precision, micro-batches. */
 struct pst_config;
 uint64_t tr_settings_fingerprint(const tr_plan *p, const struct pst_config *c);
+/* The job's id: --job-id, else "job-" and 16 hex digits of the settings fingerprint with
+ * the seed, trainers and global batch (what a resumed job must share). It names the job's
+ * checkpoint subdirectory, DIR/<id>/job (trainer 0's job state) and DIR/<id>/pserver-<i>
+ * (the shards), so two jobs in one DIR never prune each other's checkpoints. */
+void tr_job_id(const tr_plan *p, const struct pst_config *c, char *out, size_t size);
 
 #endif /* TR_PLAN_H */

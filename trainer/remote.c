@@ -454,6 +454,7 @@ typedef struct init_call {
     Pstrain__BlockSpec **spec_ptrs;
     Pstrain__OptimConfig optim;
     float *initial;
+    char job_id[PST_JOB_ID_MAX + 24]; /* trainer 0's: tr_job_id */
 } init_call;
 
 static void init_released(void *arg)
@@ -534,6 +535,8 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     if (cfg->trainer_id == 0) {
         ic->req.n_resume_steps = (size_t)r->base.nresume;
         ic->req.resume_steps = (int64_t *)r->base.resume_steps;
+        tr_job_id(r->plan, cfg, ic->job_id, sizeof ic->job_id);
+        ic->req.job_id = ic->job_id;
     }
 }
 

@@ -342,7 +342,8 @@ static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const ch
 }
 
 /* The steps of the whole job checkpoints of this job in dir, newest first (a damaged one
- * or one of another job is skipped with one warning line). */
+ * is skipped with one warning line; one of other settings too, except under a --job-id the
+ * user named: -1, with the error set, as that job is not this one). */
 static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char *dir,
                           int64_t *out, int max, long *newest)
 {
@@ -361,9 +362,18 @@ static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char
             continue;
         }
         const job_meta *m = pst_ckpt_find(&c, JOB_META, &bytes);
-        if (!m || bytes != sizeof *m || m->step != steps[i] ||
-            m->fingerprint != want.fingerprint || m->seed != want.seed ||
-            m->trainers != want.trainers || m->batch != want.batch)
+        const int other = m && bytes == sizeof *m && m->step == steps[i] &&
+                          (m->fingerprint != want.fingerprint || m->seed != want.seed ||
+                           m->trainers != want.trainers || m->batch != want.batch);
+        if (other && cfg->job_id[0]) {
+            pst_ckpt_free(&c);
+            pst_error_set(PST_ERR_MISMATCH, "--job-id %s: checkpoint %s/step-%012ld.ckpt is of "
+                          "that job with other settings (plan, optimizer, seed, trainers or "
+                          "batch): resume it with its settings, or name this job another "
+                          "--job-id", cfg->job_id, dir, steps[i]);
+            return -1;
+        }
+        if (!m || bytes != sizeof *m || m->step != steps[i] || other)
             PST_WARN("checkpoint %s/step-%012ld.ckpt: of another job (other plan, seed, "
                      "trainers or batch); trying an older one", dir, steps[i]);
         else
@@ -493,15 +503,21 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     /* Checkpoints: the pservers (or the in-process store) write their shards every
      * --checkpoint-every steps; trainer 0 the job state; a resumed job starts from the
      * newest checkpoint every one of them has whole. */
-    char job_dir[PST_PATH_MAX + 8] = "";
+    char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
     int64_t candidates[64];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
     if (cfg->checkpoint_dir[0]) {
-        snprintf(job_dir, sizeof job_dir, "%s/job", cfg->checkpoint_dir);
+        char job[PST_JOB_ID_MAX + 24];
+        tr_job_id(&plan, cfg, job, sizeof job);
+        snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job);
         link->checkpoint_every = cfg->checkpoint_every;
         if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
             link->nresume = job_candidates(cfg, &plan, job_dir, candidates, 64, &newest);
             link->resume_steps = candidates;
+            if (link->nresume < 0) {
+                st = PST_ERR_MISMATCH;
+                goto error;
+            }
         }
     }
     if (trace_path[0]) {
