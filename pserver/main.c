@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -20,10 +21,17 @@
 #include "rpc/transport.h"
 
 static volatile int stop_flag;
+static volatile sig_atomic_t signals; /* SIGTERM and SIGINT received */
+
+/* Seconds a pserver asked to stop (SIGTERM) serves on for trainer 0 to stop the job at a
+ * step boundary with a checkpoint, before it stops anyway (under Kubernetes' default
+ * terminationGracePeriodSeconds, 30). A second signal stops it at once. */
+#define STOP_GRACE_S 25
 
 static void on_signal(int sig)
 {
-    (void)sig;
+    if (sig != SIGALRM)
+        signals++;
     stop_flag = 1;
 }
 
@@ -127,6 +135,7 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGALRM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     /* /metrics: one registry for the process (counters go on across rollbacks). */
@@ -220,7 +229,20 @@ int main(int argc, char **argv)
         if (!cfg.token[0] && !ntrainer_tokens)
             PST_INFO("no token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE): anyone who can reach "
                      "port %d can train, read or end this job", port);
-        const int finished = ps_service_wait(svc, &stop_flag);
+        int finished = ps_service_wait(svc, &stop_flag);
+        if (!finished && stop_flag && signals == 1 && cfg.checkpoint_dir[0] &&
+            !ps_service_failure(svc) && !ps_service_departed(svc)) {
+            /* The job stops at a step with a checkpoint: trainer 0 learns of it through its
+             * Watch; its Finish and the others' end the wait as at the job's end. */
+            PST_INFO("asked to stop: trainer 0 is to stop the job at the next step, with a "
+                     "checkpoint (this pserver stops anyway in %d s, or at a second signal)",
+                     STOP_GRACE_S);
+            ps_service_request_stop(svc);
+            stop_flag = 0;
+            alarm(STOP_GRACE_S);
+            finished = ps_service_wait(svc, &stop_flag);
+            alarm(0);
+        }
         const char *departed = ps_service_departed(svc);
         const int again = wait && departed && !stop_flag && !ps_service_failure(svc);
         if (again) {

@@ -58,6 +58,8 @@ struct ps_service {
     int casts_logged;             /* the cast report was written (once) */
     unsigned char *finished;      /* (num_trainers) */
     rpc_call **watch;             /* (num_trainers) each trainer's open Watch, or NULL */
+    int stop_asked;               /* trainer 0 is to be told to stop (ps_service_request_stop)
+                                   * when it next watches */
     uint32_t nfinished;
     int all_finished;
     rpc_call *parked[MAX_PARKED]; /* Inits waiting for trainer 0's */
@@ -1502,6 +1504,27 @@ static void handle_finish(ps_service *svc, rpc_call *call)
 
 /* ---- Watch (liveness) ----------------------------------------------------------------- */
 
+/* Trainer 0's open Watch when it is to be told to stop (taken off, stop_asked cleared: it
+ * is told once), or NULL. Called with svc->mu held; answer_stop answers it after. */
+static rpc_call *tell_stop_locked(ps_service *svc)
+{
+    if (!svc->stop_asked || !svc->watch || !svc->watch[0])
+        return NULL;
+    rpc_call *w = svc->watch[0];
+    svc->watch[0] = NULL;
+    svc->stop_asked = 0;
+    return w;
+}
+
+static void answer_stop(rpc_call *watch)
+{
+    if (!watch)
+        return;
+    Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
+    wr.stop = 1;
+    rpc_call_reply(watch, &wr.base, NULL, 0, NULL, NULL);
+}
+
 /* A trainer's Watch stays open until its Finish (answered then) or until its client goes
  * away (ps_service_cancelled): then the trainer is gone. One per trainer: a newer one
  * replaces the older (answered). */
@@ -1528,11 +1551,27 @@ static void handle_watch(ps_service *svc, rpc_call *call)
     }
     rpc_call *old = svc->watch[req->trainer_id];
     svc->watch[req->trainer_id] = call;
+    if (req->stop) {
+        PST_INFO("trainer %u was asked to stop: asking trainer 0 to stop the job at the next "
+                 "step, with a checkpoint", req->trainer_id);
+        svc->stop_asked = 1;
+    }
+    rpc_call *stop = tell_stop_locked(svc);
     pthread_mutex_unlock(&svc->mu);
     if (old) {
         Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
         rpc_call_reply(old, &wr.base, NULL, 0, NULL, NULL);
     }
+    answer_stop(stop);
+}
+
+void ps_service_request_stop(ps_service *svc)
+{
+    pthread_mutex_lock(&svc->mu);
+    svc->stop_asked = 1;
+    rpc_call *stop = tell_stop_locked(svc);
+    pthread_mutex_unlock(&svc->mu);
+    answer_stop(stop);
 }
 
 /* The client of a Watch went away before its Finish: the trainer died, or keepalive pings

@@ -37,6 +37,10 @@ void ps_service_cancelled(void *arg, rpc_call *call);
  * 100 ms), a checkpoint failed, or (--on-failure wait) the job departed or no Init came in
  * time (ps_service_on_failure). Returns 1 when the trainers finished, 0 otherwise. */
 int ps_service_wait(ps_service *svc, volatile int *stop);
+/* This pserver was asked to stop (SIGTERM): trainer 0 is told, through its Watch (now, or
+ * when it next opens one), to stop the job at the next step boundary with a checkpoint of
+ * that step; the trainers' Finish then ends ps_service_wait as usual. Thread safe. */
+void ps_service_request_stop(ps_service *svc);
 /* Checkpoints: this pserver's shards go to dir/<job_id>/name (created when missing; the
  * job_id of trainer 0's Init, none: dir/name), the `keep` newest kept; written every N
  * steps when trainer 0's Init asks (sync mode), and loaded when it resumes. Call before

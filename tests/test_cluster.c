@@ -870,8 +870,11 @@ Test(cluster, sigterm_checkpoints_the_step_it_stops_at, .timeout = 240)
     const char *local[] = {TRAINER, GPT_FLAGS, "--steps", "4000", NULL};
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, "--steps", "1000", NULL};
-    const char *const *jobs[] = {local, dist};
-    for (int j = 0; j < 2; j++) {
+    /* SIGTERM to: the trainer alone; trainer 0, trainer 1 and pserver 1 of 2 x 2 (the
+     * last two ask trainer 0, through a pserver's Watch, to stop at its next step) */
+    const char *const *jobs[] = {local, dist, dist, dist};
+    const char *const victims[] = {"alone", "trainer 0", "trainer 1", "pserver 1"};
+    for (int j = 0; j < 4; j++) {
         const param_hash want = summary_hash_of(jobs[j], "cpu:1"); /* the run not stopped */
         char dir[64], env_dir[128];
         temp_dir(dir, sizeof dir);
@@ -884,16 +887,19 @@ Test(cluster, sigterm_checkpoints_the_step_it_stops_at, .timeout = 240)
         if (j)
             wait_for_text(p->err_path, "joined");
         usleep((j ? 500 : 1000) * 1000); /* some steps on */
-        const pid_t t0 = j ? find_process(p->pid, TRAINER, "PSTRAIN_TRAINER_ID=0") : p->pid;
-        cr_assert_gt(t0, 0, "no trainer 0");
-        cr_assert_eq(kill(t0, SIGTERM), 0);
+        const pid_t victim = j == 0   ? p->pid
+                             : j == 1 ? find_process(p->pid, TRAINER, "PSTRAIN_TRAINER_ID=0")
+                             : j == 2 ? find_process(p->pid, TRAINER, "PSTRAIN_TRAINER_ID=1")
+                                      : find_process(p->pid, PSERVER, "PSTRAIN_PSERVER_ID=1");
+        cr_assert_gt(victim, 0, "no %s", victims[j]);
+        cr_assert_eq(kill(victim, SIGTERM), 0);
         cr_assert(proc_wait(p, RUN_WAIT_MS), "the job did not stop");
         char *err = slurp(p->err_path);
         const char *at = strstr(err, "stopped by signal: checkpoint of step ");
         cr_assert_not_null(at, "%s", err);
         const long step = strtol(at + strlen("stopped by signal: checkpoint of step "), NULL, 10);
         cr_assert(step > 0 && step < (j ? 1000 : 4000), "step %ld:\n%s", step, err);
-        fprintf(stderr, "%s: SIGTERM checkpoint of step %ld\n", j ? "2 x 2" : "alone", step);
+        fprintf(stderr, "SIGTERM to %s: checkpoint of step %ld\n", victims[j], step);
         free(err);
         char text[64];
         const char *resume[] = {"--checkpoint-every", "1000", "--log-level", "info", "--resume",

@@ -75,6 +75,10 @@ typedef struct tr_link_ops {
     double (*take_held)(tr_link *l);
     /* Payload bytes pushed and pulled so far; NULL: none (training alone). Thread safe. */
     void (*traffic)(tr_link *l, uint64_t *pushed, uint64_t *pulled);
+    /* A trainer other than 0 got SIGTERM: asks trainer 0 (through the pservers) to stop the
+     * job at its next step boundary with a checkpoint; this trainer trains on until then.
+     * NULL: not offered (training alone). */
+    pst_status (*ask_stop)(tr_link *l);
     void (*free)(tr_link *l);
 } tr_link_ops;
 
@@ -100,6 +104,10 @@ struct tr_link {
      * oldest of them. */
     int64_t start_version;
     int versions_differ;
+    /* Set (to 1) by the link when a pserver asks trainer 0 to stop the job at the next step
+     * boundary (WatchReply.stop: another process got SIGTERM). Read with
+     * __atomic_load_n. */
+    int stop_asked;
 };
 
 static inline void tr_link_free(tr_link *l)

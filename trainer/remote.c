@@ -131,6 +131,7 @@ struct tr_remote {
      * its own (its long deadline, no retries) */
     rpc_client *watcher;
     Pstrain__WatchRequest watch;
+    Pstrain__WatchRequest stop_watch; /* this trainer's Watch asking the job to stop */
     watch_arg wargs[PST_MAX_PSERVERS];
     atomic_int finishing;
     /* same host, sync: each pserver's segment (rpc/shm.h), used when its Init said so */
@@ -595,9 +596,18 @@ static void watch_start(tr_remote *r, int s);
 static void watch_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                        const rpc_payload *payload)
 {
-    (void)reply;
     (void)payload;
     watch_arg *w = arg;
+    if (st == PST_OK && reply && ((const Pstrain__WatchReply *)reply)->stop &&
+        !atomic_load(&w->r->finishing)) {
+        /* trainer 0: a process of the job was asked to stop; stop at the next step
+         * boundary with a checkpoint, and watch on */
+        PST_INFO("pserver %s asks to stop the job at the next step (a process of the job got "
+                 "SIGTERM)", rpc_client_server(w->r->client, w->server));
+        __atomic_store_n(&w->r->base.stop_asked, 1, __ATOMIC_RELEASE);
+        watch_start(w->r, w->server);
+        return;
+    }
     if (st == PST_ERR_TIMEOUT && !atomic_load(&w->r->finishing)) {
         watch_start(w->r, w->server); /* a day has passed */
         return;
@@ -866,8 +876,21 @@ static void link_free(tr_link *l)
     tr_remote_free((tr_remote *)l);
 }
 
+/* Trainer k > 0 got SIGTERM: its Watch on pserver 0 is replaced by one that asks the job to
+ * stop (WatchRequest.stop); pserver 0 tells trainer 0. */
+static pst_status link_ask_stop(tr_link *l)
+{
+    tr_remote *r = (tr_remote *)l;
+    pstrain__watch_request__init(&r->stop_watch);
+    r->stop_watch.trainer_id = (uint32_t)r->cfg->trainer_id;
+    r->stop_watch.stop = 1; /* wargs[0] is {r, 0} since the start's watch_start */
+    return rpc_client_call_async(r->watcher, 0, RPC_METHOD_WATCH, &r->stop_watch.base, NULL, 0,
+                                 NULL, watch_done, &r->wargs[0]);
+}
+
 static const tr_link_ops remote_ops = {
     .start = link_start,
+    .ask_stop = link_ask_stop,
     .exchange = link_exchange,
     .vote = link_vote,
     .times = link_times,

@@ -553,6 +553,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     if ((st = tr_exec_start(ex, cfg->seed)) != PST_OK)
         goto error;
     started = 1;
+    int asked_stop = 0; /* 1: trainer 0 was asked to stop the job (ask_stop) */
     const long first = (long)link->start_version; /* a resumed job's first step */
     if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
         (first == 0 || first != newest)) {
@@ -611,10 +612,27 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                            * resumed from a checkpoint goes past it) */
             double t0 = pst_clock_s(), loss = 0.0;
             const float step_scale = tr_exec_loss_scale(ex);
-            if (tr_stop_requested()) {
+            /* SIGTERM to a trainer other than 0 of a job with checkpoints: trainer 0 is asked
+             * (through pserver 0) to stop the job at its next step with a checkpoint; this
+             * trainer trains on until then. */
+            if (tr_stop_requested() && !asked_stop && cfg->trainer_id != 0 && job_dir[0] &&
+                cfg->checkpoint_every > 0 && link->ops->ask_stop) {
+                asked_stop = link->ops->ask_stop(link) == PST_OK ? 1 : -1;
+                if (asked_stop > 0)
+                    PST_INFO("asked to stop: trainer 0 stops the job at its next step, with a "
+                             "checkpoint; training on until then");
+                else
+                    PST_WARN("asked to stop: cannot ask trainer 0 to stop the job (%s); "
+                             "leaving it now", pst_error_detail());
+            }
+            const int told = __atomic_load_n(&link->stop_asked, __ATOMIC_ACQUIRE);
+            if ((tr_stop_requested() && asked_stop <= 0) || told) {
                 stop_at_boundary(cfg, &plan, ex, link, job_dir, step, first);
                 started = joining = 0; /* its Finish is sent */
-                st = check_stop();
+                st = tr_stop_requested() ? check_stop()
+                                         : pst_error_set(PST_ERR_STATE, "stopped: a process "
+                                                         "of the job was asked to stop (see "
+                                                         "the pservers' logs)");
                 goto error;
             }
             if ((st = tr_exec_step(ex, step, data ? x : NULL, data ? y : NULL, cnt, len,
