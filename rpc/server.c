@@ -133,6 +133,7 @@ struct rpc_server {
     pthread_t keeper; /* housekeeping: ends calls that waited too long, gives back memory */
     int keeper_started;
     atomic_long rejected; /* calls answered with an error before any handler saw them */
+    atomic_long abandoned; /* calls their client gave up on before the reply */
     atomic_long refused;       /* calls refused for their token */
     atomic_long refused_logged;
     _Atomic double refused_log_at; /* pst_clock_s() of the last such log line */
@@ -258,6 +259,7 @@ static void on_close(rpc_call *c)
         if (!atomic_load(&c->completed)) {
             PST_DEBUG("rpc server: %s call from %s cancelled before its reply",
                       rpc_method_name(c->method), c->peer != NULL ? c->peer : "?");
+            atomic_fetch_add(&c->srv->abandoned, 1); /* the keeper gives their memory back */
             if (c->srv->on_cancel) /* our gRPC reference keeps c alive meanwhile */
                 c->srv->on_cancel(c->srv->handler_arg, c);
         }
@@ -591,8 +593,8 @@ static void *server_thread(void *arg)
  * - max_wait_ms > 0: the calls alive longer than that and not answered (Watch excepted) are
  *   cancelled with DEADLINE_EXCEEDED, which runs on_cancel as a client that gave up would:
  *   the handler withdraws what it keeps for them.
- * - When calls are refused: malloc_trim(0) once a second while they go on, and 0.2, 1, 2,
- *   4 ... 64 s after the last one. pst_memory_tune keeps freed memory in the heap for the next
+ * - When calls are refused or abandoned by their clients: malloc_trim(0) once a second while
+ *   they go on, and 0.2, 1, 2, 4 ... 64 s after the last one. pst_memory_tune keeps freed memory in the heap for the next
  *   step's messages; a flood of refused calls (each body received whole before it is
  *   refused) would otherwise leave the heap at its peak for good. gRPC keeps 10 to 50 MB for
  *   a connection that floods it while the connection stays (10,000 or 30,000 refused 100 KB
@@ -643,7 +645,7 @@ static void *keeper_thread(void *arg)
             return NULL;
         if (s->max_wait_ms > 0 && expire_due(s, detail) == 64)
             continue;
-        const long rejected = atomic_load(&s->rejected);
+        const long rejected = atomic_load(&s->rejected) + atomic_load(&s->abandoned);
         const double now = pst_clock_s();
         if (rejected != seen) {
             seen = rejected;
