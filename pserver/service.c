@@ -1748,18 +1748,27 @@ int ps_service_wait(ps_service *svc, volatile int *stop)
 
 void ps_service_cancel(ps_service *svc)
 {
+    /* The calls still waiting learn why: the failure that stops this pserver (a checkpoint
+     * it could not write, ...), else its shutdown. */
+    char why[1300];
+    const char *failure = ps_service_failure(svc);
+    if (failure)
+        snprintf(why, sizeof why, "pserver shutting down: %s", failure);
+    else
+        snprintf(why, sizeof why, "pserver shutting down");
     pthread_mutex_lock(&svc->mu);
     for (int i = 0; i < svc->nparked; i++)
-        rpc_call_fail(svc->parked[i], PST_ERR_UNAVAILABLE, "pserver shutting down");
+        rpc_call_fail(svc->parked[i], PST_ERR_UNAVAILABLE, "%s", why);
     svc->nparked = 0;
-    fail_votes_locked(svc, PST_ERR_UNAVAILABLE, "pserver shutting down");
+    fail_votes_locked(svc, PST_ERR_UNAVAILABLE, why);
     for (uint32_t t = 0; svc->watch && t < svc->num_trainers; t++)
         if (svc->watch[t]) {
-            rpc_call_fail(svc->watch[t], PST_ERR_UNAVAILABLE, "pserver shutting down");
+            rpc_call_fail(svc->watch[t], PST_ERR_UNAVAILABLE, "%s", why);
             svc->watch[t] = NULL;
         }
     ps_store *store = svc->store;
     pthread_mutex_unlock(&svc->mu);
+    pst_error_set(PST_ERR_UNAVAILABLE, "%s", why); /* the detail the pulls are failed with */
     if (store)
         ps_store_cancel_waiters(store, PST_ERR_UNAVAILABLE);
     log_casts(svc); /* at shutdown, unless every trainer's Finish has written it */

@@ -1230,6 +1230,30 @@ Test(cluster, unwritable_checkpoint_stops_the_job, .timeout = 120)
     free(out);
     free(err);
     rm_tree(dir);
+
+    /* 2 x 2, the shard of pserver 0 unwritable: the trainers' last lines name the cause
+     * (they named the pserver's shutdown alone, or a later error) */
+    temp_dir(dir, sizeof dir);
+    snprintf(blocker, sizeof blocker, "%s/t/pserver-0/.step-000000000015.ckpt.tmp", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", blocker);
+    cr_assert_eq(system(cmd), 0);
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, "--hidden", "32", "--steps", "3000", "--progress", "none",
+                          "--log-level", "warn", NULL};
+    rc = run_ckpt(dist, every, dir, NULL, &err);
+    cr_assert_neq(rc, 0, "%s", err);
+    for (int t = 0; t < 2; t++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "[trainer %d] trainer: ", t);
+        const char *line = strstr(err, tag);
+        cr_assert(line, "no error line of trainer %d:\n%s", t, err);
+        const char *eol = strchr(line, '\n');
+        const char *cause = strstr(line, ".step-000000000015.ckpt.tmp: cannot create");
+        cr_assert(cause && (!eol || cause < eol), "trainer %d does not name the cause:\n%s", t,
+                  err);
+    }
+    free(err);
+    rm_tree(dir);
 }
 
 Test(cluster, injected_delays_lose_no_block)
