@@ -382,6 +382,9 @@ const CERT_KEYS = ['tls.crt', 'tls.key', 'ca.crt'];
  * its spec.secretName, with the keys cert-manager writes. */
 function secretsOf(docs) {
   const secrets = {};
+  /* the issuers, for the certificates of cert-manager's CSI driver (csiCertificateFile) */
+  secrets['\u0000issuers'] = docs.filter((d) => d.doc.kind === 'Issuer' || d.doc.kind === 'ClusterIssuer')
+    .map((d) => ({ kind: d.doc.kind, name: d.doc.metadata && d.doc.metadata.name }));
   for (const d of docs) {
     const { kind, metadata, spec } = d.doc;
     let name, entry;
@@ -401,6 +404,31 @@ function secretsOf(docs) {
   return secrets;
 }
 
+/* A file of a volume of cert-manager's CSI driver (csi.cert-manager.io): each pod gets a key
+ * of its own and a certificate for it from the issuer its volumeAttributes name, as tls.crt,
+ * tls.key and ca.crt (no Secret: no pod can read another's key). Returned as secretFile
+ * does, with a Certificate-like entry (issuerRef, usages) for the checks of one directory;
+ * the issuer must be defined next to it. */
+function csiCertificateFile(w, m, csi, file, secrets) {
+  if (csi.driver !== 'csi.cert-manager.io')
+    throw new Error(`volume ${m.name} is a CSI volume of driver ${csi.driver}: only cert-manager's csi.cert-manager.io provides certificates`);
+  const attrs = csi.volumeAttributes || {};
+  const issuer = attrs['csi.cert-manager.io/issuer-name'];
+  const kind = attrs['csi.cert-manager.io/issuer-kind'] || 'Issuer';
+  if (!issuer) throw new Error(`volume ${m.name}: no csi.cert-manager.io/issuer-name in its volumeAttributes`);
+  const defined = (secrets['\u0000issuers'] || []).some((i) => i.kind === kind && i.name === issuer);
+  if (kind === 'Issuer' && !defined)
+    throw new Error(`volume ${m.name}: Issuer ${issuer} is not defined next to it`);
+  const rel = file.slice(m.mountPath.length).replace(/^\/+/, '');
+  if (!CERT_KEYS.includes(rel))
+    throw new Error(`volume ${m.name} (cert-manager's CSI driver) holds ${CERT_KEYS.join(', ')}, not ${rel}`);
+  const usages = attrs['csi.cert-manager.io/key-usages'];
+  const spec = { issuerRef: { name: issuer, kind }, commonName: attrs['csi.cert-manager.io/common-name'] };
+  if (usages) spec.usages = usages.split(',').map((u) => u.trim());
+  return { name: `csi ${m.name}`, key: rel,
+    secret: { where: `${w.d.where} volume ${m.name}`, kind: 'Certificate', keys: new Set(CERT_KEYS), values: null, doc: { spec } } };
+}
+
 /* Which Secret and key provide `file` in container `c` of workload `w`: { name, key,
  * secret }, or throws an Error that says what is wrong. */
 function secretFile(w, c, file, secrets) {
@@ -410,6 +438,7 @@ function secretFile(w, c, file, secrets) {
     throw new Error(`no volume is mounted there, so the file would not exist; mount the Secret that holds it (a secret volume) at ${path.posix.dirname(file)}`);
   const m = vol.mount;
   if (vol.kind === 'undefined') throw new Error(`volumeMount ${m.name} names no volume of the pod`);
+  if (vol.kind === 'csi') return csiCertificateFile(w, m, vol.volume.csi, file, secrets);
   if (vol.kind !== 'secret')
     throw new Error(`volume ${m.name} mounted at ${m.mountPath} is ${vol.kind === 'claim' ? 'a PersistentVolumeClaim' : vol.kind}, not a Secret: a secret must come from a Secret (a secret volume)`);
   const sv = vol.volume.secret;
