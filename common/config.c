@@ -899,10 +899,6 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
             return pst_error_set(PST_ERR_INVALID, "--checkpoint-dir with --mode async: "
                                  "checkpoints need the common step of sync mode (example: "
                                  "--mode sync)");
-        if (cfg->checkpoint_dir[0] && cfg->precision == PST_F16)
-            return pst_error_set(PST_ERR_INVALID, "--checkpoint-dir with --precision fp16 is "
-                                 "not built yet: the loss scaler's state is not saved "
-                                 "(example: --precision bf16)");
         if (cfg->pipeline == 1 && cfg->micro_batches > 1)
             return pst_error_set(PST_ERR_INVALID, "--micro-batches %d without --pipeline: "
                                  "micro-batches of one device are --acc-steps (example: "

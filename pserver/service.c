@@ -86,6 +86,8 @@ struct ps_service {
     char ckpt_name[64];           /* this pserver's subdirectory of the job's in it */
     int ckpt_keep;
     int64_t resumed;              /* the checkpoint step the store was restored to (0: none) */
+    Pstrain__ResumeState resume_state; /* the trainers' state at it (has_resume_state) */
+    int has_resume_state;
     int ckpt_failed;              /* atomic: a shard could not be written (ckpt_error) */
     char ckpt_error[600];
     uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
@@ -287,6 +289,18 @@ static pst_status resume(ps_service *svc, const Pstrain__InitRequest *req, uint6
     pst_status st = PST_OK;
     if (v >= 0 && (st = ps_store_restore(svc->store, v, values, state)) == PST_OK) {
         svc->resumed = v;
+        /* what every trainer's Init reply says of it: trainer 0's state at that checkpoint */
+        for (size_t i = 0; req->n_resume_states == req->n_resume_steps && i < req->n_resume_steps;
+             i++)
+            if (req->resume_steps[i] == v && req->resume_states[i]) {
+                const Pstrain__ResumeState *r = req->resume_states[i];
+                pstrain__resume_state__init(&svc->resume_state); /* the fields, nothing more */
+                svc->resume_state.next_step = r->next_step;
+                svc->resume_state.loss_scale = r->loss_scale;
+                svc->resume_state.good_steps = r->good_steps;
+                svc->resume_state.skipped = r->skipped;
+                svc->has_resume_state = 1;
+            }
         PST_INFO("resumed from checkpoint step %lld in %s", (long long)v, svc->ckpt_dir);
     } else if (v < 0) {
         PST_WARN("no checkpoint of trainer 0's %zu (newest %lld) is whole here in %s: starting "
@@ -740,6 +754,8 @@ static void answer_init(ps_service *svc, rpc_call *call)
         reply.shm_values_nonce = svc->area.nonce;
         reply.shm_values_dtype = rpc_dtype_to_wire(svc->lowp);
     }
+    if (svc->has_resume_state)
+        reply.resume_state = &svc->resume_state;
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 

@@ -857,6 +857,51 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     }
 }
 
+/* fp16: the loss scaler's state (scale, steps since it last changed) and the steps it
+ * skipped are saved with the job state, so a job whose steps run past the blocks' version
+ * (the first steps overflow at the starting scale, and step 7 is made to) killed at step
+ * 17 resumes from its newest checkpoint, whose version is below the step it resumes at,
+ * and ends with the bits of the run never stopped, alone and 2 x 2. */
+#define FP16_FLAGS "--hidden", "48", "--batch", "64", "--steps", "30", "--seed", "4", \
+                   "--precision", "fp16", "--loss-scale-window", "2", "--test-overflow", "7", \
+                   "--progress", "none"
+Test(cluster, fp16_resumed_job_ends_with_the_same_bits, .timeout = 240)
+{
+    const char *local[] = {TRAINER, FP16_FLAGS, NULL};
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, FP16_FLAGS, NULL};
+    const char *const *jobs[] = {local, dist};
+    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "17", "--log-level", "info",
+                           NULL};
+    for (int j = 0; j < 2; j++) {
+        const param_hash want = summary_hash_of(jobs[j], "cpu:1");
+        char dir[64];
+        temp_dir(dir, sizeof dir);
+        char *out, *err;
+        int rc = run_ckpt(jobs[j], crash, dir, NULL, &err);
+        cr_assert_neq(rc, 0, "the job did not stop at step 17");
+        free(err);
+        const char *every[] = {"--checkpoint-every", "5", "--log-level", "info", NULL};
+        rc = run_ckpt(jobs[j], every, dir, &out, &err);
+        cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+        const char *from = strstr(err, "resumed from checkpoint step ");
+        const char *at = strstr(err, "resuming at step ");
+        cr_assert(from && at, "%s", err);
+        const long version = strtol(from + strlen("resumed from checkpoint step "), NULL, 10);
+        const long step = strtol(at + strlen("resuming at step "), NULL, 10);
+        fprintf(stderr, "fp16 %s: resumed from version %ld at step %ld\n", j ? "2 x 2" : "alone",
+                version, step);
+        cr_assert(version >= 5 && step > version, "version %ld, step %ld:\n%s", version, step,
+                  err);
+        const param_hash got = summary_hash(out);
+        cr_assert_eq(memcmp(&got, &want, sizeof got), 0, "other bits after resuming at %ld",
+                     step);
+        free(out);
+        free(err);
+        rm_tree(dir);
+    }
+}
+
 /* SIGTERM to trainer 0 (the job stopped, its pod evicted): it stops before its next step,
  * every pserver (alone: the in-process store) writes its shard of that step, trainer 0 the
  * job state, and the job started again resumes exactly there: trained alone, and by 2

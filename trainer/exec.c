@@ -787,6 +787,14 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     PST_TRY(ex->c.link->ops->start(ex->c.link, ex->host_params, ex->in_place ? ex->homes : NULL,
                                    ex->devs[0].pool));
     ex->applied = ex->c.link->start_version; /* a resumed job's updates so far */
+    if (ex->c.link->has_start_state) { /* and where the trainers stood then */
+        const tr_resume_state *rs = &ex->c.link->start_state;
+        ex->skipped = rs->skipped;
+        if (ex->scaler) {
+            ex->loss_scale = rs->loss_scale;
+            ex->good_steps = rs->good_steps;
+        }
+    }
     const void *src = ex->host_params;
     if (ex->lowp) { /* the devices start from the master's low-precision copy */
         pst_cast(ex->host_lowp, ex->pdt, ex->host_params, PST_F32, n);
@@ -1294,6 +1302,13 @@ pst_status tr_exec_params(tr_exec *ex, float *dst)
 float tr_exec_loss_scale(const tr_exec *ex)
 {
     return ex->loss_scale;
+}
+
+tr_resume_state tr_exec_state(const tr_exec *ex, long next_step, long *version)
+{
+    if (version)
+        *version = ex->applied;
+    return (tr_resume_state){next_step, ex->loss_scale, ex->good_steps, ex->skipped};
 }
 
 long tr_exec_skipped(const tr_exec *ex, int *last)

@@ -85,6 +85,11 @@ float tr_exec_loss_scale(const tr_exec *ex);
 /* Steps skipped because some trainer's fp16 gradient overflowed (every pserver and trainer
  * skipped them: no block changed); *last (may be NULL): whether the last step was one. */
 long tr_exec_skipped(const tr_exec *ex, int *last);
+/* Where the trainer stands before `next_step` (a checkpoint's tr_resume_state: the loss
+ * scaler's state, steps skipped), and *version (may be NULL) the updates made so far: the
+ * version of the blocks that step computes with. A resumed link's start_state is taken
+ * by tr_exec_start. */
+tr_resume_state tr_exec_state(const tr_exec *ex, long next_step, long *version);
 /* Pipeline (--pipeline > 1): activation and gradient copies between stages so far (the
  * only messages between them: 2 (C - 1) per micro-batch and step); 0 without a pipeline. */
 long tr_exec_stage_messages(const tr_exec *ex);

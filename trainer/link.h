@@ -82,6 +82,16 @@ typedef struct tr_link_ops {
     void (*free)(tr_link *l);
 } tr_link_ops;
 
+/* Where the trainers stand at a checkpoint beyond the blocks' version: fp16 skips steps
+ * without making a version, so the step to run next can be past it, and the loss scaler
+ * has a state (rpc ResumeState). */
+typedef struct tr_resume_state {
+    int64_t next_step;  /* the step to run first */
+    float loss_scale;   /* fp16: the loss scaler's scale and steps since it last changed */
+    int64_t good_steps;
+    int64_t skipped;    /* steps skipped so far */
+} tr_resume_state;
+
 struct tr_link {
     const tr_link_ops *ops;
     const tr_plan *plan;  /* the caller's; outlives the link */
@@ -89,6 +99,7 @@ struct tr_link {
     /* Checkpoints, set by the caller before start: the steps of trainer 0's whole job
      * checkpoints (any order; none: a fresh start) and how often to write them. */
     const int64_t *resume_steps;
+    const tr_resume_state *resume_states; /* for each of resume_steps, or NULL */
     int nresume;
     int64_t checkpoint_every;
     /* Set by the caller before an early finish at a step boundary (SIGTERM, trainer 0):
@@ -104,6 +115,11 @@ struct tr_link {
      * oldest of them. */
     int64_t start_version;
     int versions_differ;
+    /* Set by start when the job resumes from a checkpoint whose resume_states trainer 0 gave
+     * (the one of the checkpoint chosen, the same on every trainer); has_start_state 0:
+     * none (a fresh job: the step is start_version, the scaler as configured). */
+    tr_resume_state start_state;
+    int has_start_state;
     /* Set (to 1) by the link when a pserver asks trainer 0 to stop the job at the next step
      * boundary (WatchReply.stop: another process got SIGTERM). Read with
      * __atomic_load_n. */

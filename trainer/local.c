@@ -69,6 +69,11 @@ static pst_status local_resume(tr_local *lk, float *params)
     if (v >= 0 && (st = ps_store_restore(lk->store, v, values, state)) == PST_OK) {
         memcpy(params, values, sizeof(float) * lay->total); /* the blocks tile the buffer */
         lk->base.start_version = v;
+        for (int i = 0; lk->base.resume_states && i < lk->base.nresume; i++)
+            if (lk->base.resume_steps[i] == v) {
+                lk->base.start_state = lk->base.resume_states[i];
+                lk->base.has_start_state = 1;
+            }
         PST_INFO("resumed from checkpoint step %lld in %s", (long long)v, lk->ckpt_dir);
     }
     free(values);

@@ -456,6 +456,10 @@ typedef struct init_call {
     Pstrain__OptimConfig optim;
     float *initial;
     char job_id[PST_JOB_ID_MAX + 24]; /* trainer 0's: tr_job_id */
+    Pstrain__ResumeState states[64];  /* trainer 0's resume_states, and pointers to them */
+    Pstrain__ResumeState *state_ptrs[64];
+    tr_resume_state state;            /* the reply's (has_state) */
+    int has_state;
 } init_call;
 
 static void init_released(void *arg)
@@ -480,6 +484,11 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
                  ir->shm_values_name ? ir->shm_values_name : "");
         ic->area_nonce = ir->shm_values_nonce;
         ic->area_dtype = ir->shm_values_dtype;
+        if ((ic->has_state = ir->resume_state != NULL))
+            ic->state = (tr_resume_state){ir->resume_state->next_step,
+                                          ir->resume_state->loss_scale,
+                                          ir->resume_state->good_steps,
+                                          ir->resume_state->skipped};
     }
     (void)cfg;
     batch_done(ic->r);
@@ -538,6 +547,20 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
         ic->req.resume_steps = (int64_t *)r->base.resume_steps;
         tr_job_id(r->plan, cfg, ic->job_id, sizeof ic->job_id);
         ic->req.job_id = ic->job_id;
+        const int n = r->base.nresume < 64 ? r->base.nresume : 64;
+        for (int i = 0; r->base.resume_states && i < n; i++) {
+            const tr_resume_state *rs = &r->base.resume_states[i];
+            pstrain__resume_state__init(&ic->states[i]);
+            ic->states[i].next_step = rs->next_step;
+            ic->states[i].loss_scale = rs->loss_scale;
+            ic->states[i].good_steps = rs->good_steps;
+            ic->states[i].skipped = rs->skipped;
+            ic->state_ptrs[i] = &ic->states[i];
+        }
+        if (r->base.resume_states) {
+            ic->req.n_resume_states = (size_t)n;
+            ic->req.resume_states = ic->state_ptrs;
+        }
     }
 }
 
@@ -584,6 +607,12 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
                              "blocks: a finished or running job's pservers; restart them",
                              rpc_client_server(r->client, 0), (long long)v);
     r->base.start_version = v;
+    /* every pserver resumed from v: each says where the trainers stood then */
+    for (int s = 0; s < cfg->num_pservers && !r->base.has_start_state; s++)
+        if (calls[s].has_state) {
+            r->base.start_state = calls[s].state;
+            r->base.has_start_state = 1;
+        }
     return PST_OK;
 }
 

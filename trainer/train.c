@@ -309,7 +309,7 @@ static void split_log(const char *what, const tr_time_split *s, int alone)
 
 /* ---- checkpoints: the job state (trainer 0, DIR/job) ---- */
 
-enum { JOB_META = 1 };
+enum { JOB_META = 1, JOB_RESUME = 2 };
 
 typedef struct job_meta {
     int64_t step;         /* the first step to run after resuming */
@@ -324,15 +324,18 @@ static job_meta job_of(const pst_config *cfg, const tr_plan *plan, long step)
                       cfg->batch};
 }
 
-/* The job state of step `step` (every block's version is `step`: the pservers wrote their
- * shards before answering the pulls this step computes with). */
+/* The job state of version `version` (every block's: the pservers wrote their shards
+ * before answering the pulls a step computes with), and where the trainers stand then,
+ * rs (the step to run next, past the version when fp16 skipped steps, and the scaler). */
 static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const char *dir,
-                            long step)
+                            long version, const tr_resume_state *rs)
 {
-    const job_meta meta = job_of(cfg, plan, step);
+    const job_meta meta = job_of(cfg, plan, version);
     pst_ckpt_writer w;
-    PST_TRY(pst_ckpt_begin(&w, dir, step));
+    PST_TRY(pst_ckpt_begin(&w, dir, version));
     pst_status st = pst_ckpt_section(&w, JOB_META, &meta, sizeof meta);
+    if (st == PST_OK)
+        st = pst_ckpt_section(&w, JOB_RESUME, rs, sizeof *rs);
     if (st != PST_OK) {
         pst_ckpt_abort(&w);
         return st;
@@ -345,7 +348,7 @@ static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const ch
  * is skipped with one warning line; one of other settings too, except under a --job-id the
  * user named: -1, with the error set, as that job is not this one). */
 static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char *dir,
-                          int64_t *out, int max, long *newest)
+                          int64_t *out, tr_resume_state *states, int max, long *newest)
 {
     long steps[64];
     const int n = pst_ckpt_list(dir, steps, 64);
@@ -356,13 +359,15 @@ static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char
         if (resume_limit >= 0 && steps[i] > resume_limit)
             continue;
         pst_ckpt c;
-        uint64_t bytes;
+        uint64_t bytes, rbytes;
         if (pst_ckpt_read(&c, dir, steps[i]) != PST_OK) {
             PST_WARN("%s; trying an older one", pst_error_detail());
             continue;
         }
         const job_meta *m = pst_ckpt_find(&c, JOB_META, &bytes);
-        const int other = m && bytes == sizeof *m && m->step == steps[i] &&
+        const tr_resume_state *rs = pst_ckpt_find(&c, JOB_RESUME, &rbytes);
+        const int ours = m && bytes == sizeof *m && m->step == steps[i];
+        const int other = ours &&
                           (m->fingerprint != want.fingerprint || m->seed != want.seed ||
                            m->trainers != want.trainers || m->batch != want.batch);
         if (other && cfg->job_id[0]) {
@@ -373,11 +378,14 @@ static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char
                           "--job-id", cfg->job_id, dir, steps[i]);
             return -1;
         }
-        if (!m || bytes != sizeof *m || m->step != steps[i] || other)
+        if (!ours || !rs || rbytes != sizeof *rs || other)
             PST_WARN("checkpoint %s/step-%012ld.ckpt: of another job (other plan, seed, "
-                     "trainers or batch); trying an older one", dir, steps[i]);
-        else
+                     "trainers or batch) or of an earlier pstrain; trying an older one", dir,
+                     steps[i]);
+        else {
+            memcpy(&states[k], rs, sizeof *rs); /* the file's bytes may be unaligned */
             out[k++] = steps[i];
+        }
         pst_ckpt_free(&c);
     }
     return k;
@@ -400,13 +408,15 @@ static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec
         link->ops->finish(link, 1, step, why);
         return;
     }
+    long version; /* what the blocks hold: `step`, less the steps fp16 skipped */
+    const tr_resume_state rs = tr_exec_state(ex, step, &version);
     if (ckpt)
-        link->checkpoint_step = step;
+        link->checkpoint_step = version;
     pst_status st = link->ops->finish(link, 1, step, why);
     if (!ckpt)
         return;
     if (st == PST_OK)
-        st = write_job(cfg, plan, job_dir, step);
+        st = write_job(cfg, plan, job_dir, version, &rs);
     if (st == PST_OK)
         PST_INFO("stopped by signal: checkpoint of step %ld written", step);
     else
@@ -505,6 +515,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
      * newest checkpoint every one of them has whole. */
     char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
     int64_t candidates[64];
+    tr_resume_state candidate_states[64];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
     if (cfg->checkpoint_dir[0]) {
         char job[PST_JOB_ID_MAX + 24];
@@ -512,8 +523,10 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job);
         link->checkpoint_every = cfg->checkpoint_every;
         if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
-            link->nresume = job_candidates(cfg, &plan, job_dir, candidates, 64, &newest);
+            link->nresume = job_candidates(cfg, &plan, job_dir, candidates, candidate_states,
+                                           64, &newest);
             link->resume_steps = candidates;
+            link->resume_states = candidate_states;
             if (link->nresume < 0) {
                 st = PST_ERR_MISMATCH;
                 goto error;
@@ -554,9 +567,12 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
         goto error;
     started = 1;
     int asked_stop = 0; /* 1: trainer 0 was asked to stop the job (ask_stop) */
-    const long first = (long)link->start_version; /* a resumed job's first step */
+    /* a resumed job's first step: its version, or past it when fp16 skipped steps before */
+    const long first = link->has_start_state ? (long)link->start_state.next_step
+                                             : (long)link->start_version;
+    long job_version = (long)link->start_version; /* of the newest job state written */
     if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
-        (first == 0 || first != newest)) {
+        (job_version == 0 || job_version != newest)) {
         st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: the newest checkpoint in %s "
                            "(step %ld) %s (see the warnings above and the pservers' logs; "
                            "--resume auto falls back to an older one)", cfg->checkpoint_dir,
@@ -612,6 +628,8 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                            * resumed from a checkpoint goes past it) */
             double t0 = pst_clock_s(), loss = 0.0;
             const float step_scale = tr_exec_loss_scale(ex);
+            long version; /* the blocks' version this step computes with */
+            const tr_resume_state before = tr_exec_state(ex, step, &version);
             /* SIGTERM to a trainer other than 0 of a job with checkpoints: trainer 0 is asked
              * (through pserver 0) to stop the job at its next step with a checkpoint; this
              * trainer trains on until then. */
@@ -641,13 +659,16 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             double busy, held;
             const double t_exec = pst_clock_s();
             tr_exec_time_counters(ex, &busy, &held);
-            /* Step `step` computed with version `step` of every block, whose pulls the
-             * pservers answer only once their shard of it is written: the job's state of
-             * that step completes the checkpoint. */
-            if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && step > first &&
-                step % cfg->checkpoint_every == 0 &&
-                (st = write_job(cfg, &plan, job_dir, step)) != PST_OK)
-                goto error;
+            /* Step `step` computed with `version` of every block (the step itself, less the
+             * steps fp16 skipped), whose pulls the pservers answer only once their shard of
+             * it is written: the job's state before the first step on that version
+             * completes the checkpoint. */
+            if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && version > job_version &&
+                version % cfg->checkpoint_every == 0) {
+                if ((st = write_job(cfg, &plan, job_dir, version, &before)) != PST_OK)
+                    goto error;
+                job_version = version;
+            }
             double t1 = pst_clock_s();
             loss_sum += loss;
             loss_n += cnt;
@@ -716,8 +737,11 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     pst_log_set_step(-1);
     if ((st = tr_exec_sync(ex)) != PST_OK || (st = tr_exec_params(ex, params)) != PST_OK)
         goto error;
-    if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && step > first &&
-        step % cfg->checkpoint_every == 0 && (st = write_job(cfg, &plan, job_dir, step)) != PST_OK)
+    long version;
+    const tr_resume_state end = tr_exec_state(ex, step, &version);
+    if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && version > job_version &&
+        version % cfg->checkpoint_every == 0 &&
+        (st = write_job(cfg, &plan, job_dir, version, &end)) != PST_OK)
         goto error;
     if (is_text && cfg->sample > 0 && rank == 0 && (st = text_sample(ex, &text, cfg)) != PST_OK)
         goto error;
