@@ -1207,9 +1207,17 @@ Test(config, checkpoint_flags)
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--mode",
                       "async"), PST_ERR_INVALID);
     expect_detail_has("--mode async", "--mode sync");
-    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--precision",
-                      "fp16"), PST_ERR_INVALID);
-    expect_detail_has("fp16", "not built yet");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--precision",
+                   "fp16"));
+    /* --job-id: a directory name, never a path */
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--job-id", "ctr-2026.11_a"));
+    cr_expect_str_eq(c.job_id, "ctr-2026.11_a");
+    char bad_ids[][8] = {"../x", "a/b", ".hidden", "x y"};
+    for (size_t i = 0; i < sizeof bad_ids / sizeof bad_ids[0]; i++) {
+        cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--job-id", bad_ids[i]), PST_ERR_INVALID,
+                     "--job-id %s", bad_ids[i]);
+        expect_detail_has("--job-id", "letters, digits");
+    }
 }
 
 Test(config, recovery_flags)
