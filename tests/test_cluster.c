@@ -1985,31 +1985,51 @@ static void abandoned_done(void *arg, pst_status st, const char *detail,
  * pserver to hear of the cancellations. The pserver's resident memory after round
  * `settled` and after the last must differ by under 16 MB (what it keeps per abandoned call
  * was about 14 KB, 82 MB over 6,000 pulls). */
-static void abandon_rounds(int port, pid_t pid, rpc_method m, const ProtobufCMessage *const *reqs,
-                           int rounds, int settled)
+/* A client of the pserver on `port` whose calls give up after timeout_ms. */
+static rpc_client *impatient_client(int port, int timeout_ms)
 {
     static char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     const char *servers[] = {addr};
-    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 50,
-                            .connect_timeout_ms = 5000};
+    rpc_client_config cc = {.servers = servers, .num_servers = 1,
+                            .call_timeout_ms = timeout_ms, .connect_timeout_ms = 5000};
     rpc_client *impatient = NULL;
     cr_assert_eq(rpc_client_init(&impatient, &cc), PST_OK, "%s", pst_error_detail());
+    return impatient;
+}
+
+/* n calls of method m (reqs[k]) at once, each of which must end at its deadline; *peak_rss
+ * (optional) gets pid's resident memory while they wait, when larger. */
+static void abandon_at_once(rpc_client *impatient, rpc_method m,
+                            const ProtobufCMessage *const *reqs, int n, pid_t pid,
+                            long *peak_rss)
+{
+    done_count dc = {.st = PST_OK};
+    pthread_mutex_init(&dc.mu, NULL);
+    pthread_cond_init(&dc.cv, NULL);
+    for (int k = 0; k < n; k++)
+        cr_assert_eq(rpc_client_call_async(impatient, 0, m, reqs[k], NULL, 0, NULL,
+                                           abandoned_done, &dc),
+                     PST_OK, "%s", pst_error_detail());
+    if (peak_rss) {
+        const long rss = rss_kb(pid);
+        *peak_rss = rss > *peak_rss ? rss : *peak_rss;
+    }
+    pthread_mutex_lock(&dc.mu);
+    while (dc.n < n)
+        pthread_cond_wait(&dc.cv, &dc.mu);
+    pthread_mutex_unlock(&dc.mu);
+    cr_assert_eq(dc.st, PST_OK, "a %s ended otherwise than at its deadline: %s",
+                 rpc_method_name(m), pst_strerror(dc.st));
+}
+
+static void abandon_rounds(int port, pid_t pid, rpc_method m, const ProtobufCMessage *const *reqs,
+                           int rounds, int settled)
+{
+    rpc_client *impatient = impatient_client(port, 50);
     long rss_settled = 0;
     for (int round = 0; round < rounds; round++) {
-        done_count dc = {.st = PST_OK};
-        pthread_mutex_init(&dc.mu, NULL);
-        pthread_cond_init(&dc.cv, NULL);
-        for (int k = 0; k < 200; k++)
-            cr_assert_eq(rpc_client_call_async(impatient, 0, m, reqs[k], NULL, 0, NULL,
-                                               abandoned_done, &dc),
-                         PST_OK, "%s", pst_error_detail());
-        pthread_mutex_lock(&dc.mu);
-        while (dc.n < 200)
-            pthread_cond_wait(&dc.cv, &dc.mu);
-        pthread_mutex_unlock(&dc.mu);
-        cr_assert_eq(dc.st, PST_OK, "a %s ended otherwise than at its deadline: %s",
-                     rpc_method_name(m), pst_strerror(dc.st));
+        abandon_at_once(impatient, m, reqs, 200, pid, NULL);
         sleep_ms(100);
         if (round == settled - 1)
             rss_settled = rss_kb(pid);
@@ -4185,32 +4205,16 @@ Test(cluster, abandoned_calls_give_their_memory_back, .timeout = 120)
     init_job(cl, 1, 4);
     sleep_ms(1500);
     const long before = rss_kb(ps->pid);
-    static char addr[32];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *servers[] = {addr};
-    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 300,
-                            .connect_timeout_ms = 5000};
-    rpc_client *impatient = NULL;
-    cr_assert_eq(rpc_client_init(&impatient, &cc), PST_OK, "%s", pst_error_detail());
+    rpc_client *impatient = impatient_client(port, 300);
     Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
     req.version = 1000; /* never */
     req.dtype = PSTRAIN__DTYPE__F32;
+    static const ProtobufCMessage *reqs[1000];
+    for (int k = 0; k < 1000; k++)
+        reqs[k] = &req.base;
     long peak = 0;
-    for (int round = 0; round < 3; round++) {
-        done_count dc = {.st = PST_OK};
-        pthread_mutex_init(&dc.mu, NULL);
-        pthread_cond_init(&dc.cv, NULL);
-        for (int k = 0; k < 1000; k++)
-            cr_assert_eq(rpc_client_call_async(impatient, 0, RPC_METHOD_PULL, &req.base, NULL,
-                                               0, NULL, abandoned_done, &dc),
-                         PST_OK, "%s", pst_error_detail());
-        const long rss = rss_kb(ps->pid);
-        peak = rss > peak ? rss : peak;
-        pthread_mutex_lock(&dc.mu);
-        while (dc.n < 1000)
-            pthread_cond_wait(&dc.cv, &dc.mu);
-        pthread_mutex_unlock(&dc.mu);
-    }
+    for (int round = 0; round < 3; round++)
+        abandon_at_once(impatient, RPC_METHOD_PULL, reqs, 1000, ps->pid, &peak);
     rpc_client_free(impatient);
     sleep_ms(3000);
     const long after = rss_kb(ps->pid);
