@@ -895,10 +895,6 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "trainers' %d micro-batches at least one example (example: "
                                  "--batch %d)", cfg->batch, cfg->trainers, cfg->acc_steps,
                                  cfg->trainers * cfg->acc_steps * 32);
-        if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC)
-            return pst_error_set(PST_ERR_INVALID, "--checkpoint-dir with --mode async: "
-                                 "checkpoints need the common step of sync mode (example: "
-                                 "--mode sync)");
         if (cfg->pipeline == 1 && cfg->micro_batches > 1)
             return pst_error_set(PST_ERR_INVALID, "--micro-batches %d without --pipeline: "
                                  "micro-batches of one device are --acc-steps (example: "

@@ -58,9 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                      .nblocks = 2, .total = 5, .nstate = nstate};
         float values[5], state[10];
         const int64_t candidates[2] = {FUZZ_STEP, 3}; /* step 3: no such file */
-        const int64_t got = ps_shard_pick(fuzz_dir(), candidates, 2, &lay, values, state);
+        const int64_t got = ps_shard_pick(fuzz_dir(), candidates, 2, &lay, values, state,
+                                          NULL);
         FUZZ_CHECK(got == -1 || (got == FUZZ_STEP && st == PST_OK),
                    "a shard is picked only from a whole file");
+        /* an async store's shard: its versions and 2 trainers' steps as well */
+        int64_t versions[2], steps[4];
+        ps_shard_async as = {.ntrainers = 2, .versions = versions, .last_steps = steps};
+        const int64_t got_async = ps_shard_pick(fuzz_dir(), candidates, 2, &lay, values, state,
+                                                &as);
+        FUZZ_CHECK(got_async == -1 || (got_async == FUZZ_STEP && st == PST_OK),
+                   "an async shard is picked only from a whole file");
     }
     return 0;
 }

@@ -386,7 +386,7 @@ static void checkpoint(void)
     for (int nstate = 2; nstate >= 0; nstate -= 2) {
         const ps_shard_layout lay = {.fingerprint = 0x5eedf00dcafe0001ull, .specs = specs,
                                      .nblocks = 2, .total = 5, .nstate = nstate};
-        if (ps_shard_save(dir, 7, &lay, values, state, 0) != PST_OK)
+        if (ps_shard_save(dir, 7, &lay, values, state, NULL, 0) != PST_OK)
             die("ps_shard_save");
         p = slurp(path, &n);
         put("checkpoint", nstate ? "shard-adam" : "shard-sgd", p, n);

@@ -252,7 +252,10 @@ int main(int argc, char **argv)
                      "--recovery-timeout-ms %ld)", lost, port, cfg.recovery_timeout_ms);
             init_by = pst_clock_s() + (double)cfg.recovery_timeout_ms / 1e3;
         } else if (finished) {
-            PST_INFO("every trainer finished; shutting down");
+            int64_t lo, hi;
+            ps_service_versions(svc, &lo, &hi);
+            PST_INFO("every trainer finished, the blocks at versions %lld to %lld; shutting "
+                     "down", (long long)lo, (long long)hi);
         } else if (ps_service_failure(svc)) {
             rc = 1; /* its line is in the log */
         } else {

@@ -88,6 +88,12 @@ struct ps_service {
     int64_t resumed;              /* the checkpoint step the store was restored to (0: none) */
     Pstrain__ResumeState resume_state; /* the trainers' state at it (has_resume_state) */
     int has_resume_state;
+    /* async checkpoints: a shard every async_every pushes applied here (0: none), named by
+     * the pushes applied so far */
+    int64_t async_every;
+    int64_t async_pushes;         /* __atomic */
+    int async_saving;             /* __atomic */
+    int resumed_async;            /* the store was restored from an async shard */
     int ckpt_failed;              /* atomic: a shard could not be written (ckpt_error) */
     char ckpt_error[600];
     uint64_t pull_casts;          /* atomic: elements cast for single pulls (a pull in a
@@ -258,7 +264,8 @@ static void snapshot(void *arg, int64_t version, const float *values, const floa
     const ps_shard_layout lay = {svc->fingerprint, svc->specs, (int)svc->nblock_ids,
                                  ps_store_total_length(svc->store),
                                  ps_store_state_floats(svc->store)};
-    if (ps_shard_save(svc->ckpt_dir, version, &lay, values, state, svc->ckpt_keep) == PST_OK) {
+    if (ps_shard_save(svc->ckpt_dir, version, &lay, values, state, NULL, svc->ckpt_keep) ==
+        PST_OK) {
         PST_INFO("checkpoint: step %lld written to %s", (long long)version, svc->ckpt_dir);
         __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
         return;
@@ -268,6 +275,76 @@ static void snapshot(void *arg, int64_t version, const float *values, const floa
         PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
         __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
     }
+}
+
+/* Async: this pserver's shard, each block as it is now (ps_store_read_async), named by
+ * the pushes applied here so far. One at a time: a push that comes due while one is
+ * written leaves it to the next. A failure stops the pserver as in sync mode. */
+static void async_snapshot(ps_service *svc, ps_store *store, int64_t pushes)
+{
+    if (__atomic_exchange_n(&svc->async_saving, 1, __ATOMIC_ACQ_REL))
+        return;
+    const uint64_t total = ps_store_total_length(store);
+    const int nstate = ps_store_state_floats(store), nb = (int)svc->nblock_ids;
+    float *values = malloc(sizeof(float) * (total ? total : 1));
+    float *state = nstate ? malloc(sizeof(float) * (size_t)nstate * (total ? total : 1)) : NULL;
+    int64_t *versions = malloc(sizeof(int64_t) * (size_t)(nb ? nb : 1));
+    int64_t *steps = malloc(sizeof(int64_t) * (size_t)svc->num_trainers * (size_t)(nb ? nb : 1));
+    pst_status st = values && (!nstate || state) && versions && steps
+                        ? ps_store_read_async(store, values, state, versions, steps)
+                        : pst_error_set(PST_ERR_NOMEM, "checkpoint: out of memory");
+    const ps_shard_layout lay = {svc->fingerprint, svc->specs, nb, total, nstate};
+    const ps_shard_async as = {(int)svc->num_trainers, versions, steps};
+    if (st == PST_OK)
+        st = ps_shard_save(svc->ckpt_dir, pushes, &lay, values, state, &as, svc->ckpt_keep);
+    if (st == PST_OK) {
+        PST_INFO("checkpoint: %lld pushes applied, written to %s", (long long)pushes,
+                 svc->ckpt_dir);
+        __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
+    } else if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
+        snprintf(svc->ckpt_error, sizeof svc->ckpt_error, "%s", pst_error_detail());
+        PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
+        __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
+    }
+    free(values);
+    free(state);
+    free(versions);
+    free(steps);
+    __atomic_store_n(&svc->async_saving, 0, __ATOMIC_RELEASE);
+}
+
+/* Async: the newest whole shard of this job here is loaded, each block's version and each
+ * trainer's last step with it (none: the job starts from trainer 0's values). */
+static pst_status resume_async(ps_service *svc, const Pstrain__InitRequest *req,
+                               uint64_t total)
+{
+    const int nstate = ps_store_state_floats(svc->store), nb = (int)req->n_blocks;
+    float *values = malloc(sizeof(float) * (total ? total : 1));
+    float *state = nstate ? malloc(sizeof(float) * (size_t)nstate * (total ? total : 1)) : NULL;
+    int64_t *versions = malloc(sizeof(int64_t) * (size_t)(nb ? nb : 1));
+    int64_t *steps = malloc(sizeof(int64_t) * req->num_trainers * (size_t)(nb ? nb : 1));
+    pst_status st = PST_OK;
+    if (!values || (nstate && !state) || !versions || !steps)
+        st = pst_error_set(PST_ERR_NOMEM, "Init: out of memory to resume");
+    const ps_shard_layout lay = {req->fingerprint, svc->specs, nb, total, nstate};
+    ps_shard_async as = {(int)req->num_trainers, versions, steps};
+    const int64_t v = st == PST_OK ? ps_shard_pick_newest(svc->ckpt_dir, &lay, values, state, &as)
+                                   : -1;
+    if (v >= 0 && (st = ps_store_restore_async(svc->store, values, state, versions, steps)) ==
+                      PST_OK) {
+        svc->resumed_async = 1;
+        __atomic_store_n(&svc->async_pushes, v, __ATOMIC_RELAXED);
+        PST_INFO("resumed from the async checkpoint of %lld pushes in %s", (long long)v,
+                 svc->ckpt_dir);
+    } else if (v < 0 && st == PST_OK) {
+        PST_WARN("no whole async checkpoint of this job here in %s: starting from trainer 0's "
+                 "values", svc->ckpt_dir);
+    }
+    free(values);
+    free(state);
+    free(versions);
+    free(steps);
+    return st;
 }
 
 /* Trainer 0 resumes: the newest of its job checkpoints whose shard this pserver holds
@@ -285,7 +362,7 @@ static pst_status resume(ps_service *svc, const Pstrain__InitRequest *req, uint6
     const ps_shard_layout lay = {req->fingerprint, svc->specs, (int)req->n_blocks, total,
                                  nstate};
     const int64_t v = ps_shard_pick(svc->ckpt_dir, req->resume_steps, (int)req->n_resume_steps,
-                                    &lay, values, state);
+                                    &lay, values, state, NULL);
     pst_status st = PST_OK;
     if (v >= 0 && (st = ps_store_restore(svc->store, v, values, state)) == PST_OK) {
         svc->resumed = v;
@@ -567,6 +644,10 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         snprintf(svc->ckpt_dir, sizeof svc->ckpt_dir, "%s/%s%s%s", svc->ckpt_root, job,
                  job[0] ? "/" : "", svc->ckpt_name);
     }
+    if (req->checkpoint_every > 0 && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0])
+        /* about every `checkpoint_every` steps of every trainer */
+        svc->async_every = req->checkpoint_every * (int64_t)req->num_trainers *
+                           (int64_t)(req->n_blocks ? req->n_blocks : 1);
     if (req->checkpoint_every > 0 && sc.mode == PST_MODE_SYNC) {
         if (svc->ckpt_dir[0]) {
             sc.snapshot_every = req->checkpoint_every;
@@ -664,6 +745,9 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         svc->specs[i] = blocks[i];
     if (req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK)
         goto out;
+    if (req->resume_newest && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0] &&
+        (st = resume_async(svc, req, total)) != PST_OK)
+        goto out;
     svc->sync = sc.mode == PST_MODE_SYNC;
     svc->lowp = sc.lowp;
     for (size_t i = 0; i < req->n_blocks; i++) {
@@ -754,8 +838,13 @@ static void answer_init(ps_service *svc, rpc_call *call)
         reply.shm_values_nonce = svc->area.nonce;
         reply.shm_values_dtype = rpc_dtype_to_wire(svc->lowp);
     }
-    if (svc->has_resume_state)
+    Pstrain__ResumeState async_at = PSTRAIN__RESUME_STATE__INIT;
+    if (svc->has_resume_state) {
         reply.resume_state = &svc->resume_state;
+    } else if (svc->resumed_async) { /* this trainer's first step not applied everywhere */
+        async_at.next_step = ps_store_first_unapplied(svc->store, req->trainer_id);
+        reply.resume_state = &async_at;
+    }
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 
@@ -934,6 +1023,11 @@ static void handle_push(ps_service *svc, rpc_call *call)
             pst_prom_add(svc->prom->pushes_failed, 1);
         fail(call, st);
         return;
+    }
+    if (svc->async_every > 0 && !dup) {
+        const int64_t n = __atomic_add_fetch(&svc->async_pushes, 1, __ATOMIC_RELAXED);
+        if (n % svc->async_every == 0)
+            async_snapshot(svc, store, n);
     }
     if (svc->prom) {
         pst_prom_add(svc->prom->pushes_ok, 1);
@@ -1579,6 +1673,18 @@ static void handle_watch(ps_service *svc, rpc_call *call)
         rpc_call_reply(old, &wr.base, NULL, 0, NULL, NULL);
     }
     answer_stop(stop);
+}
+
+void ps_service_versions(ps_service *svc, int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = -1;
+    pthread_mutex_lock(&svc->mu);
+    for (size_t i = 0; svc->store && i < svc->nblock_ids; i++) {
+        const int64_t v = ps_store_version(svc->store, svc->block_ids[i]);
+        *lo = *lo < 0 || v < *lo ? v : *lo;
+        *hi = v > *hi ? v : *hi;
+    }
+    pthread_mutex_unlock(&svc->mu);
 }
 
 void ps_service_request_stop(ps_service *svc)

@@ -37,6 +37,9 @@ void ps_service_cancelled(void *arg, rpc_call *call);
  * 100 ms), a checkpoint failed, or (--on-failure wait) the job departed or no Init came in
  * time (ps_service_on_failure). Returns 1 when the trainers finished, 0 otherwise. */
 int ps_service_wait(ps_service *svc, volatile int *stop);
+/* The lowest and highest version of this pserver's blocks (both -1: none yet). Async: a
+ * block's version is the pushes applied to it. Thread safe. */
+void ps_service_versions(ps_service *svc, int64_t *lo, int64_t *hi);
 /* This pserver was asked to stop (SIGTERM): trainer 0 is told, through its Watch (now, or
  * when it next opens one), to stop the job at the next step boundary with a checkpoint of
  * that step; the trainers' Finish then ends ps_service_wait as usual. Thread safe. */

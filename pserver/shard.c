@@ -7,7 +7,8 @@
 #include "common/checkpoint.h"
 #include "common/log.h"
 
-enum { SEC_META = 1, SEC_SPECS = 2, SEC_VALUES = 3, SEC_STATE = 4 };
+enum { SEC_META = 1, SEC_SPECS = 2, SEC_VALUES = 3, SEC_STATE = 4, SEC_VERSIONS = 5,
+       SEC_LAST_STEPS = 6 };
 
 typedef struct shard_meta {
     uint64_t fingerprint;
@@ -22,7 +23,8 @@ typedef struct shard_spec {
 } shard_spec;
 
 pst_status ps_shard_save(const char *dir, int64_t version, const ps_shard_layout *lay,
-                         const float *values, const float *state, int keep)
+                         const float *values, const float *state, const ps_shard_async *as,
+                         int keep)
 {
     shard_meta meta = {lay->fingerprint, lay->total, (uint32_t)lay->nblocks,
                        (uint32_t)lay->nstate, version};
@@ -42,6 +44,12 @@ pst_status ps_shard_save(const char *dir, int64_t version, const ps_shard_layout
     if (st == PST_OK && lay->nstate)
         st = pst_ckpt_section(&w, SEC_STATE, state,
                               sizeof(float) * (size_t)lay->nstate * lay->total);
+    if (st == PST_OK && as)
+        st = pst_ckpt_section(&w, SEC_VERSIONS, as->versions,
+                              sizeof(int64_t) * (size_t)lay->nblocks);
+    if (st == PST_OK && as)
+        st = pst_ckpt_section(&w, SEC_LAST_STEPS, as->last_steps,
+                              sizeof(int64_t) * (size_t)as->ntrainers * (size_t)lay->nblocks);
     if (st == PST_OK)
         st = pst_ckpt_commit(&w);
     else
@@ -54,7 +62,7 @@ pst_status ps_shard_save(const char *dir, int64_t version, const ps_shard_layout
 
 /* Checks c against lay; on success copies its values and state. */
 static pst_status load(const pst_ckpt *c, const char *dir, const ps_shard_layout *lay,
-                       float *values, float *state)
+                       float *values, float *state, ps_shard_async *as)
 {
     uint64_t bytes;
     /* Sections have no alignment in the file (checkpoint.h): the structs are copied out. */
@@ -101,14 +109,26 @@ static pst_status load(const pst_ckpt *c, const char *dir, const ps_shard_layout
     if (lay->nstate && (!s || bytes != sizeof(float) * (size_t)lay->nstate * lay->total))
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: no optimizer "
                              "state", dir, c->step);
+    uint64_t vbytes = 0, lbytes = 0;
+    const void *vs = as ? pst_ckpt_find(c, SEC_VERSIONS, &vbytes) : NULL;
+    const void *ls = as ? pst_ckpt_find(c, SEC_LAST_STEPS, &lbytes) : NULL;
+    if (as && (!vs || vbytes != sizeof(int64_t) * (size_t)lay->nblocks || !ls ||
+               lbytes != sizeof(int64_t) * (size_t)as->ntrainers * (size_t)lay->nblocks))
+        return pst_error_set(PST_ERR_MISMATCH, "checkpoint %s/step-%012ld.ckpt: not an async "
+                             "shard of %d trainers", dir, c->step, as->ntrainers);
     memcpy(values, v, sizeof(float) * lay->total);
     if (s)
         memcpy(state, s, sizeof(float) * (size_t)lay->nstate * lay->total);
+    if (as) {
+        memcpy(as->versions, vs, vbytes);
+        memcpy(as->last_steps, ls, lbytes);
+    }
     return PST_OK;
 }
 
 int64_t ps_shard_pick(const char *dir, const int64_t *candidates, int n,
-                      const ps_shard_layout *lay, float *values, float *state)
+                      const ps_shard_layout *lay, float *values, float *state,
+                      ps_shard_async *as)
 {
     int64_t *order = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     if (!order)
@@ -125,7 +145,7 @@ int64_t ps_shard_pick(const char *dir, const int64_t *candidates, int n,
         pst_ckpt c;
         pst_status st = pst_ckpt_read(&c, dir, (long)order[i]);
         if (st == PST_OK)
-            st = load(&c, dir, lay, values, state);
+            st = load(&c, dir, lay, values, state, as);
         pst_ckpt_free(&c);
         if (st == PST_OK)
             got = order[i];
@@ -134,4 +154,15 @@ int64_t ps_shard_pick(const char *dir, const int64_t *candidates, int n,
     }
     free(order);
     return got;
+}
+
+int64_t ps_shard_pick_newest(const char *dir, const ps_shard_layout *lay, float *values,
+                             float *state, ps_shard_async *as)
+{
+    long steps[64];
+    int64_t candidates[64];
+    const int n = pst_ckpt_list(dir, steps, 64);
+    for (int i = 0; i < n; i++)
+        candidates[i] = steps[i];
+    return n ? ps_shard_pick(dir, candidates, n, lay, values, state, as) : -1;
 }

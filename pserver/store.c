@@ -481,6 +481,61 @@ pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
     return PST_OK;
 }
 
+pst_status ps_store_read_async(ps_store *st, float *values, float *state, int64_t *versions,
+                               int64_t *last_steps)
+{
+    if (st->mode != PST_MODE_ASYNC)
+        return pst_error_set(PST_ERR_STATE, "pserver store: an async read of a sync store");
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        memcpy(values + b->shard_off, b->values, b->length * sizeof(float));
+        if (b->state && state)
+            memcpy(state + (uint64_t)st->nstate * b->shard_off, b->state,
+                   (size_t)st->nstate * b->length * sizeof(float));
+        versions[i] = b->version;
+        for (int t = 0; t < st->num_trainers; t++)
+            last_steps[(size_t)t * (size_t)st->nblocks + (size_t)i] = b->last_step[t];
+        pthread_mutex_unlock(&b->mu);
+    }
+    return PST_OK;
+}
+
+pst_status ps_store_restore_async(ps_store *st, const float *values, const float *state,
+                                  const int64_t *versions, const int64_t *last_steps)
+{
+    if (st->mode != PST_MODE_ASYNC)
+        return pst_error_set(PST_ERR_STATE, "pserver store: an async restore of a sync store");
+    for (int i = 0; i < st->nblocks; i++)
+        if (versions[i] < 0)
+            return pst_error_set(PST_ERR_INVALID, "pserver store: restore block %u to version "
+                                 "%lld", st->blocks[i].id, (long long)versions[i]);
+    PST_TRY(ps_store_restore(st, 0, values, state));
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        b->version = versions[i];
+        for (int t = 0; t < st->num_trainers; t++)
+            b->last_step[t] = last_steps[(size_t)t * (size_t)st->nblocks + (size_t)i];
+        pthread_mutex_unlock(&b->mu);
+    }
+    return PST_OK;
+}
+
+int64_t ps_store_first_unapplied(ps_store *st, uint32_t t)
+{
+    if (st->mode != PST_MODE_ASYNC || t >= (uint32_t)st->num_trainers)
+        return -1;
+    int64_t lo = INT64_MAX;
+    for (int i = 0; i < st->nblocks; i++) {
+        ps_block *b = &st->blocks[i];
+        pthread_mutex_lock(&b->mu);
+        lo = b->last_step[t] < lo ? b->last_step[t] : lo;
+        pthread_mutex_unlock(&b->mu);
+    }
+    return st->nblocks ? lo + 1 : 0;
+}
+
 int ps_store_state_floats(const ps_store *st)
 {
     return st->nstate;

@@ -158,6 +158,23 @@ typedef struct ps_pull_waiter {
  * negative version). */
 pst_status ps_store_restore(ps_store *st, int64_t version, const float *values,
                             const float *state);
+/* Async stores, for checkpoints: each block's values and optimizer state (laid out as
+ * ps_store_restore takes them), its version and each trainer's last step applied to it
+ * (trainer-major, last_steps[t * nblocks + i] for the block at index i; -1: none), each
+ * block copied under its own lock (a block's values, version and steps agree; two blocks
+ * may be some pushes apart). Errors: PST_ERR_STATE for a sync store. */
+pst_status ps_store_read_async(ps_store *st, float *values, float *state, int64_t *versions,
+                               int64_t *last_steps);
+/* Restores what ps_store_read_async gave. A push of a step at or below a trainer's last
+ * step of a block is then a duplicate there, so no push is applied twice. Call before any
+ * push or pull. Errors: PST_ERR_STATE for a sync store, PST_ERR_INVALID for a negative
+ * version. */
+pst_status ps_store_restore_async(ps_store *st, const float *values, const float *state,
+                                  const int64_t *versions, const int64_t *last_steps);
+/* Async: trainer t's first step not applied to every block of this store (the lowest of
+ * its last steps, plus one); 0 for a trainer that pushed nothing, -1 for a sync store or
+ * a trainer out of range. Thread safe. */
+int64_t ps_store_first_unapplied(ps_store *st, uint32_t t);
 /* Floats of optimizer state per parameter (0 for SGD). */
 int ps_store_state_floats(const ps_store *st);
 

@@ -4227,3 +4227,62 @@ Test(cluster, abandoned_calls_give_their_memory_back, .timeout = 120)
     rpc_global_shutdown();
     cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver did not exit");
 }
+
+/* Async checkpoints: each pserver's shard holds its blocks' versions and each trainer's
+ * last step applied to each block. A job of 2 trainers stopped when trainer 0 reaches step
+ * 30 (the other behind it) resumes from the newest shard: each trainer goes on from its own
+ * first step not applied everywhere, its pushes of steps applied already are duplicates,
+ * and the job ends with every block at version 2 x 60, every push applied exactly once
+ * (none twice, none lost), having learned. */
+Test(cluster, async_resumed_job_applies_every_push_once, .timeout = 240)
+{
+    char dir[64], env_dir[128];
+    temp_dir(dir, sizeof dir);
+    snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_LOG_LEVEL=info", NULL};
+    const char *crash[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                           TRAINER, "--mode", "async", "--hidden", "32", "--steps", "60",
+                           "--block-bytes", "16384", "--checkpoint-every", "5", "--test-crash",
+                           "30", "--progress", "none", CONNECT_5S, NULL};
+    char *out, *err;
+    int rc = run(crash, env, RUN_WAIT_MS, &out, &err);
+    cr_assert_neq(rc, 0, "the job did not stop at step 30:\n%s", err);
+    cr_assert(strstr(err, "pushes applied, written to"), "no async checkpoint:\n%s", err);
+    free(out);
+    free(err);
+    const char *resume[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
+                            "--", TRAINER, "--mode", "async", "--hidden", "32", "--steps", "60",
+                            "--block-bytes", "16384", "--checkpoint-every", "5", "--resume",
+                            "require", "--progress", "none", CONNECT_5S, NULL};
+    rc = run(resume, env, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+    for (int s = 0; s < 2; s++) {
+        char text[64];
+        snprintf(text, sizeof text, "[pserver %d]", s);
+        const char *line = strstr(err, text);
+        cr_assert(line && strstr(err, "resumed from the async checkpoint of"), "%s", err);
+    }
+    for (int t = 0; t < 2; t++) {
+        char text[64];
+        snprintf(text, sizeof text, "trainer[%d]: resuming at step ", t);
+        const char *at = strstr(err, text);
+        cr_assert(at, "trainer %d did not resume:\n%s", t, err);
+        const long step = strtol(at + strlen(text), NULL, 10);
+        cr_assert(step > 0 && step <= 30, "trainer %d resumed at step %ld", t, step);
+    }
+    int finished = 0;
+    for (const char *q = err; (q = strstr(q, "every trainer finished, the blocks at versions "));
+         q++, finished++) {
+        long lo = -1, hi = -1;
+        cr_assert_eq(sscanf(q, "every trainer finished, the blocks at versions %ld to %ld", &lo,
+                            &hi), 2);
+        cr_assert(lo == 120 && hi == 120, "blocks at versions %ld to %ld, not 2 x 60:\n%s", lo,
+                  hi, err);
+    }
+    cr_assert_eq(finished, 2, "%s", err);
+    const double acc = summary_value(out, "test_acc");
+    cr_assert(acc > 0.5, "test_acc %g after resuming", acc);
+    free(out);
+    free(err);
+    rm_tree(dir);
+}

@@ -1204,9 +1204,8 @@ Test(config, checkpoint_flags)
     expect_detail_has("--resume=sometimes", "require");
     cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-keep", "0"), PST_ERR_INVALID);
     expect_detail_has("checkpoint-keep", "example");
-    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--mode",
-                      "async"), PST_ERR_INVALID);
-    expect_detail_has("--mode async", "--mode sync");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--mode",
+                   "async"));
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--checkpoint-dir", "/tmp/x", "--precision",
                    "fp16"));
     /* --job-id: a directory name, never a path */

@@ -790,7 +790,7 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
     if (ex->c.link->has_start_state) { /* and where the trainers stood then */
         const tr_resume_state *rs = &ex->c.link->start_state;
         ex->skipped = rs->skipped;
-        if (ex->scaler) {
+        if (ex->scaler) { /* (fp16 is sync only: an async resume has no scaler state) */
             ex->loss_scale = rs->loss_scale;
             ex->good_steps = rs->good_steps;
         }

@@ -101,6 +101,7 @@ struct tr_link {
     const int64_t *resume_steps;
     const tr_resume_state *resume_states; /* for each of resume_steps, or NULL */
     int nresume;
+    int resume_newest; /* async, trainer 0: each pserver resumes from its newest shard */
     int64_t checkpoint_every;
     /* Set by the caller before an early finish at a step boundary (SIGTERM, trainer 0):
      * every pserver (the in-process store) writes its shard of this version before

@@ -39,7 +39,7 @@ typedef struct tr_local {
 static void local_snapshot(void *arg, int64_t version, const float *values, const float *state)
 {
     tr_local *lk = arg;
-    if (ps_shard_save(lk->ckpt_dir, version, &lk->layout, values, state,
+    if (ps_shard_save(lk->ckpt_dir, version, &lk->layout, values, state, NULL,
                       lk->cfg->checkpoint_keep) != PST_OK) {
         if (!__atomic_load_n(&lk->ckpt_failed, __ATOMIC_ACQUIRE)) {
             snprintf(lk->ckpt_error, sizeof lk->ckpt_error, "%s", pst_error_detail());
@@ -64,7 +64,7 @@ static pst_status local_resume(tr_local *lk, float *params)
         return pst_error_set(PST_ERR_NOMEM, "local store: out of memory to resume");
     }
     const int64_t v = ps_shard_pick(lk->ckpt_dir, lk->base.resume_steps, lk->base.nresume,
-                                    lay, values, state);
+                                    lay, values, state, NULL);
     pst_status st = PST_OK;
     if (v >= 0 && (st = ps_store_restore(lk->store, v, values, state)) == PST_OK) {
         memcpy(params, values, sizeof(float) * lay->total); /* the blocks tile the buffer */

@@ -561,6 +561,7 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
             ic->req.n_resume_states = (size_t)n;
             ic->req.resume_states = ic->state_ptrs;
         }
+        ic->req.resume_newest = r->base.resume_newest != 0;
     }
 }
 
@@ -571,8 +572,21 @@ static pst_status start_version(tr_remote *r, const init_call *calls)
     const pst_config *cfg = r->cfg;
     const int64_t v = calls[0].version;
     if (cfg->mode == PST_MODE_ASYNC) {
-        /* No common step (and no checkpoints): a fresh job is at version 0 everywhere, which
-         * only trainer 0 can tell, as a later trainer may join after it has pushed. */
+        /* Resumed: each pserver says this trainer's first step not applied to all its
+         * blocks; the lowest of them is where it goes on (the pushes of steps a pserver has
+         * applied already are duplicates there: none is applied twice). */
+        int64_t next = INT64_MAX;
+        for (int s = 0; s < cfg->num_pservers; s++)
+            if (calls[s].has_state && calls[s].state.next_step < next)
+                next = calls[s].state.next_step;
+        if (next != INT64_MAX) {
+            r->base.start_state = (tr_resume_state){.next_step = next};
+            r->base.has_start_state = 1;
+            r->base.start_version = next; /* the push steps go on from there */
+            return PST_OK;
+        }
+        /* A fresh job is at version 0 everywhere, which only trainer 0 can tell, as a later
+         * trainer may join after it has pushed. */
         for (int s = 0; s < cfg->num_pservers && cfg->trainer_id == 0; s++)
             if (calls[s].version != 0)
                 return pst_error_set(PST_ERR_STATE, "pserver %s already holds version %lld of "

@@ -517,7 +517,12 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     int64_t candidates[64];
     tr_resume_state candidate_states[64];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
-    if (cfg->checkpoint_dir[0]) {
+    if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC) {
+        /* no common step: each pserver's shard holds its blocks' versions and each
+         * trainer's steps applied, and a resumed trainer goes on from those */
+        link->checkpoint_every = cfg->checkpoint_every;
+        link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
+    } else if (cfg->checkpoint_dir[0]) {
         char job[PST_JOB_ID_MAX + 24];
         tr_job_id(&plan, cfg, job, sizeof job);
         snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job);
@@ -572,6 +577,13 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                                              : (long)link->start_version;
     long job_version = (long)link->start_version; /* of the newest job state written */
     if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
+        cfg->mode == PST_MODE_ASYNC && !link->has_start_state) {
+        st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: no pserver holds a whole "
+                           "async checkpoint of this job in its --checkpoint-dir (see their "
+                           "logs; --resume auto starts afresh)");
+        goto error;
+    }
+    if (job_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
         (job_version == 0 || job_version != newest)) {
         st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: the newest checkpoint in %s "
                            "(step %ld) %s (see the warnings above and the pservers' logs; "
