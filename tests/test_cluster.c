@@ -3204,11 +3204,20 @@ Test(cluster, trainer_stopped_by_signal_releases_the_others)
 Test(cluster, pserver_says_why_it_cannot_listen)
 {
     const char *argv[] = {PSERVER, NULL};
+    /* not an address: a configuration error naming the variable */
     const char *garbage[] = {"PSTRAIN_BIND=no-such-host.invalid", "PSTRAIN_PORT=0", NULL};
     char *err;
     int rc = run(argv, garbage, RUN_WAIT_MS, NULL, &err);
+    cr_assert_eq(rc, 2, "exit %d; stderr:\n%s", rc, err);
+    cr_assert(strstr(err, "PSTRAIN_BIND=no-such-host.invalid: expected an IP address"), "%s",
+              err);
+    free(err);
+    /* an address of no interface here (TEST-NET-1, never routed) */
+    const char *elsewhere[] = {"PSTRAIN_BIND=192.0.2.7", "PSTRAIN_PORT=0", NULL};
+    rc = run(argv, elsewhere, RUN_WAIT_MS, NULL, &err);
     cr_assert_eq(rc, 1, "exit %d; stderr:\n%s", rc, err);
-    cr_assert(strstr(err, "no-such-host.invalid does not resolve"), "%s", err);
+    cr_assert(strstr(err, "cannot listen on 192.0.2.7:0: Cannot assign requested address"), "%s",
+              err);
     free(err);
     proc *ps;
     int port = pserver_start(&ps);
@@ -4032,11 +4041,11 @@ Test(cluster, values_area_offered_as_a_trainers_segment_is_refused, .timeout = 6
 }
 
 /* A second process flips one element of trainer 0's push slot between 0.001 and NaN while
- * the trainer pushes step after step in shared memory. Each push is either refused (NaN
+ * the trainer pushes 100 steps in shared memory. Each push is either refused (NaN
  * seen) or applied, and what is applied is what was checked: the values stay finite. */
 Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .timeout = 120)
 {
-    enum { LEN = 1 << 18, ACCEPTED = 40 };
+    enum { LEN = 1 << 18, ACCEPTED = 100 };
     rpc_shm seg;
     cr_assert_eq(rpc_shm_create(&seg, LEN), PST_OK, "%s", pst_error_detail());
     float *slot = rpc_shm_push_slot(&seg, 0, LEN);
@@ -4049,10 +4058,14 @@ Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .time
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, whatever fails in it */
         if (getppid() == 1)
             _exit(0);
+        /* NaN about a quarter of the time: most pushes read it finite and get through (a
+         * flipper descheduled on a busy machine most likely leaves it finite), and an
+         * update that read the slot again would meet NaN in a quarter of them */
         volatile float *x = &slot[LEN / 2 + 7];
         for (;;) {
             *x = NAN;
-            *x = 0.001f;
+            for (int k = 0; k < 3; k++)
+                *x = 0.001f;
         }
     }
     proc *ps;
