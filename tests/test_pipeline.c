@@ -231,7 +231,7 @@ Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
 
 /* The point of the memory work (Paddle PR #34230): at a fixed micro-batch size, a stage's
  * peak bytes do not grow with the number of micro-batches. 1F1B holds min(P - s, M)
- * micro-batches: the same bytes (within 2%) from M = P to M = 16P (the README's table
+ * micro-batches: the same bytes (within 2%) from M = P to M = 16P (docs/benchmarks.md's table
  * goes to 64P). Interleaved holds min(M V, (P - s - 1) 2 + (V - 1) P + 1) chunk
  * activations: its most from M = 2P on (M = P has only M V = P V of them), so flat from
  * 4P to 16P and never more than at 4P. GPipe holds all M: it grows. */
