@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench fuzz clean
+.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench fuzz docs clean
 
 all: build
 
@@ -71,6 +71,11 @@ fuzz: deps
 	cmake -S . -B $(BUILD)-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSTRAIN_FUZZ=ON -DPSTRAIN_WERROR=OFF -DPSTRAIN_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(BUILD)-fuzz -j $(JOBS) --target fuzz_targets
 	scripts/fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+# docs/configuration.md from the option table in common/config.c (the suite's docs_check
+# fails when they disagree).
+docs: build
+	$(BUILD)/bin/trainer --config-reference > docs/configuration.md
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-tsan $(BUILD)-nocuda $(BUILD)-gpu $(BUILD)-fuzz

@@ -500,6 +500,7 @@ static const opt options[] = {
     {"compute-cpus", "PSTRAIN_COMPUTE_CPUS", NULL, NULL, "0-3", "pin the compute threads (every CPU device's compute stream and thread team) to these CPUs, e.g. to keep them apart from the communication's; unset = not pinned", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_cpus},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
     {"help", NULL, NULL, NULL, "", "show this help", R_ALL, OPT_BOOL, F(help), 0, 0, NULL},
+    {"config-reference", NULL, NULL, NULL, "", "print every setting of both programs as a Markdown table (docs/configuration.md) and exit", R_ALL, OPT_BOOL, F(config_reference), 0, 0, NULL},
 };
 #define NOPTIONS ((int)(sizeof options / sizeof options[0]))
 
@@ -837,7 +838,7 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
         PST_TRY(apply(cfg, o, v, where));
         given[o - options] = 1;
     }
-    if (cfg->help)
+    if (cfg->help || cfg->config_reference)
         return PST_OK;
 
     /* The whole. */
@@ -1072,4 +1073,111 @@ void pst_config_print(FILE *out, const pst_config *cfg)
     fprintf(out, ",\"recovery_timeout_ms\":%ld", cfg->recovery_timeout_ms);
     json_str(out, "shm", cfg->shm ? "auto" : "off", &first);
     fputs("}\n", out);
+}
+
+/* A table cell: what v says, with '|' escaped and line breaks folded. */
+static void md_cell(FILE *out, const char *v)
+{
+    fputs("| ", out);
+    for (const char *p = v ? v : ""; *p; p++) {
+        if (*p == '|')
+            fputs("\\|", out);
+        else
+            fputc(*p == '\n' ? ' ' : *p, out);
+    }
+    fputc(' ', out);
+}
+
+/* The value key has in the JSON of pst_config_print (a flag's name with '_' for '-'),
+ * without its quotes, into out ("" when it is not there). */
+static void json_value(const char *json, const char *flag, char *out, size_t size)
+{
+    char key[72];
+    snprintf(key, sizeof key, "\"%s\":", flag);
+    for (char *k = key; *k; k++)
+        *k = *k == '-' ? '_' : *k;
+    out[0] = '\0';
+    const char *at = strstr(json, key);
+    if (!at)
+        return;
+    at += strlen(key);
+    const int quoted = *at == '"';
+    at += quoted;
+    size_t n = 0;
+    while (at[n] && n + 1 < size && (quoted ? at[n] != '"' : at[n] != ',' && at[n] != '}'))
+        n++;
+    memcpy(out, at, n);
+    out[n] = '\0';
+}
+
+void pst_config_print_reference(FILE *out)
+{
+    pst_config d, dp;
+    pst_config_defaults(&d);
+    pst_config_defaults(&dp);
+    d.role = PST_ROLE_TRAINER;
+    dp.role = PST_ROLE_PSERVER;
+    char *json = NULL; /* both programs' defaults, as --check-config prints them */
+    size_t json_len = 0;
+    FILE *m = open_memstream(&json, &json_len);
+    if (m) {
+        pst_config_print(m, &d);
+        pst_config_print(m, &dp);
+        fclose(m);
+    }
+    fputs("# Configuration reference\n\n"
+          "<!-- Written by `build/bin/trainer --config-reference` (`make docs`) from the option "
+          "table in common/config.c; the suite fails when the two disagree. Do not edit. -->\n\n"
+          "Every setting is a flag and an environment variable; a flag wins over its "
+          "variable, a `PSTRAIN_*` variable over Paddle's name. `--help` lists a program's "
+          "settings, `--check-config` prints the configuration a process resolved as JSON "
+          "and exits. A missing or malformed value is one line naming the variable and an "
+          "example of a good value, exit status 2. The token itself never appears in "
+          "`--check-config`. Manifests written for PaddlePaddle's PS mode work as they are: "
+          "its variables are the \"Paddle's name\" column. The other errors a user can "
+          "meet: [troubleshooting.md](troubleshooting.md).\n\n"
+          "| flag | variable | Paddle's name | program | default | range | meaning |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |\n", out);
+    for (int i = 0; i < NOPTIONS; i++) {
+        const opt *o = &options[i];
+        char flag[80], env[80] = "", alias[96] = "", def[256] = "", range[64] = "";
+        snprintf(flag, sizeof flag, "`--%s`", o->flag);
+        if (o->env)
+            snprintf(env, sizeof env, "`%s`", o->env);
+        if (o->alias)
+            snprintf(alias, sizeof alias, "`%s`%s%s%s", o->alias, o->alias2 ? ", `" : "",
+                     o->alias2 ? o->alias2 : "", o->alias2 ? "`" : "");
+        const char *prog = o->roles == R_ALL ? "both" : o->roles == R_TRAINER ? "trainer"
+                                                                                : "pserver";
+        const char *base = (const char *)&d + o->off;
+        switch (o->type) {
+        case OPT_INT: snprintf(def, sizeof def, "%d", *(const int *)base); break;
+        case OPT_LONG: snprintf(def, sizeof def, "%ld", *(const long *)base); break;
+        case OPT_U64:
+            snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)base);
+            break;
+        case OPT_FLOAT: snprintf(def, sizeof def, "%g", (double)*(const float *)base); break;
+        case OPT_BYTES: snprintf(def, sizeof def, "%zu", *(const size_t *)base); break;
+        case OPT_BOOL: snprintf(def, sizeof def, "%d", *(const int *)base); break;
+        case OPT_STR: snprintf(def, sizeof def, "%s", base); break;
+        case OPT_FN: json_value(json ? json : "", o->flag, def, sizeof def); break;
+        }
+        if (o->type == OPT_STR && !strcmp(o->flag, "token"))
+            def[0] = '\0'; /* never printed, even empty */
+        if (o->type == OPT_BOOL)
+            snprintf(range, sizeof range, "0 or 1");
+        else if (o->max > o->min && o->type != OPT_STR && o->type != OPT_FN)
+            snprintf(range, sizeof range, "%.17g .. %.17g", o->min, o->max);
+        char defcell[270];
+        snprintf(defcell, sizeof defcell, def[0] ? "`%s`" : "%s", def);
+        md_cell(out, flag);
+        md_cell(out, env);
+        md_cell(out, alias);
+        md_cell(out, prog);
+        md_cell(out, defcell);
+        md_cell(out, range);
+        md_cell(out, o->help);
+        fputs("|\n", out);
+    }
+    free(json);
 }

@@ -156,6 +156,7 @@ typedef struct pst_config {
                                                     * c % 64 of word c / 64 */
     int check_config;                              /* print the resolved config and exit */
     int help;
+    int config_reference;                          /* print the settings as Markdown, exit */
 } pst_config;
 
 typedef const char *(*pst_getenv_fn)(const char *name);
@@ -171,6 +172,11 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
 /* The resolved configuration as one JSON object on one line. */
 void pst_config_print(FILE *out, const pst_config *cfg);
+/* Every setting of both programs as docs/configuration.md holds it (Markdown: flag,
+ * variable, Paddle's names, program, default, range, meaning), from the option table:
+ * `trainer --config-reference > docs/configuration.md` (make docs) writes it, and the
+ * suite checks that the file and the table agree. */
+void pst_config_print_reference(FILE *out);
 
 /* Whether s is a job id (--job-id, an Init's job_id): 1 to PST_JOB_ID_MAX letters, digits,
  * '.', '_' or '-', not starting with '.': a directory name, never a path. */

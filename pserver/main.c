@@ -101,6 +101,10 @@ int main(int argc, char **argv)
         pst_config_print_help(stdout, PST_ROLE_PSERVER, "pserver");
         return 0;
     }
+    if (cfg.config_reference) {
+        pst_config_print_reference(stdout);
+        return 0;
+    }
     if (cfg.check_config) {
         pst_config_print(stdout, &cfg);
         return 0;
