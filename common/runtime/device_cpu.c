@@ -30,6 +30,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "common/runtime/device.h"
 #include "common/runtime/device_impl.h"
 #include "common/error.h"
@@ -360,9 +361,11 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
     case PST_CPU_ITEM_WAIT: {
         char waited[PST_DEVICE_DETAIL_MAX];
         st = pst_cpu_mark_wait(cs->crt, it->mark, waited);
-        if (st != PST_OK)
-            snprintf(detail, PST_DEVICE_DETAIL_MAX, "%s stream %d waited on a failed event: %s",
-                     cs->pub->dev->name, cs->pub->id, waited);
+        if (st != PST_OK) { /* the cause goes on as it was; where it was seen, to the debug log */
+            PST_DEBUG("%s stream %d waited on a failed event: %s", cs->pub->dev->name,
+                      cs->pub->id, waited);
+            memcpy(detail, waited, PST_DEVICE_DETAIL_MAX);
+        }
         pst_cpu_mark_unref(cs->crt, it->mark);
         break;
     }
@@ -370,9 +373,11 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
         /* Only this stream's worker waits: the other streams run on. */
         char waited[PST_DEVICE_DETAIL_MAX];
         st = pst_flag_wait_host(it->flag, it->flag_value, waited);
-        if (st != PST_OK)
-            snprintf(detail, PST_DEVICE_DETAIL_MAX, "%s stream %d waited on a failed flag: %s",
-                     cs->pub->dev->name, cs->pub->id, waited);
+        if (st != PST_OK) {
+            PST_DEBUG("%s stream %d waited on a failed flag: %s", cs->pub->dev->name,
+                      cs->pub->id, waited);
+            memcpy(detail, waited, PST_DEVICE_DETAIL_MAX);
+        }
         break;
     }
     case PST_CPU_ITEM_RECORD:

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/runtime/cuda/cuda_check.h"
 #include "common/runtime/cuda/cuda_impl.h"
 #include "common/runtime/device.h"
@@ -562,9 +563,11 @@ static void CUDART_CB host_entry(void *p)
         /* The snapshot ran before the event completed, and this item runs after it. */
         pthread_mutex_lock(&crt->mu);
         pst_status mst = it->mark->done ? it->mark->status : PST_OK;
-        if (mst != PST_OK)
-            snprintf(detail, sizeof detail, "%s stream %d waited on a failed event: %s",
-                     cs->pub->dev->name, cs->pub->id, it->mark->detail);
+        if (mst != PST_OK) { /* the cause goes on as it was; where it was seen, to debug */
+            PST_DEBUG("%s stream %d waited on a failed event: %s", cs->pub->dev->name,
+                      cs->pub->id, it->mark->detail);
+            memcpy(detail, it->mark->detail, sizeof detail);
+        }
         pthread_mutex_unlock(&crt->mu);
         if (mst != PST_OK)
             stream_fail(cs, mst, detail);
@@ -1019,7 +1022,7 @@ static pst_status flag_check(void *arg)
     char detail[PST_DEVICE_DETAIL_MAX];
     memcpy(detail, f->detail, sizeof detail);
     pthread_mutex_unlock(&f->mu);
-    return st == PST_OK ? PST_OK : pst_error_set(st, "waited on a failed flag: %s", detail);
+    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail); /* the cause, as it was */
 }
 
 /* The fallback where the driver cannot wait on memory: a host function that blocks (and
@@ -1035,7 +1038,7 @@ static pst_status flag_block(void *arg)
     free(arg);
     char detail[PST_DEVICE_DETAIL_MAX];
     pst_status st = pst_flag_wait_host(a.f, a.value, detail);
-    return st == PST_OK ? PST_OK : pst_error_set(st, "waited on a failed flag: %s", detail);
+    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail); /* the cause, as it was */
 }
 
 static pst_status cuda_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value)
