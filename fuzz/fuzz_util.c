@@ -63,10 +63,7 @@ const char *fuzz_write(const char *name, const void *data, size_t size)
 
 uint64_t fuzz_hash(uint64_t h, const void *p, size_t n)
 {
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
+    return pst_fnv1a(h, p, n);
 }
 
 uint64_t fuzz_hash_u64(uint64_t h, uint64_t v)

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/hash.h"
+
 /* The libFuzzer entry point every target defines: 0 always (bad input is an error status
  * of the code under test, never a crash). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -27,7 +29,7 @@ const char *fuzz_write(const char *name, const void *data, size_t size);
 void fuzz_quiet(void);
 
 /* FNV-1a over n bytes, continuing from h (start with FUZZ_HASH_INIT). */
-#define FUZZ_HASH_INIT 0xcbf29ce484222325ull
+#define FUZZ_HASH_INIT PST_FNV1A_INIT
 uint64_t fuzz_hash(uint64_t h, const void *p, size_t n);
 uint64_t fuzz_hash_u64(uint64_t h, uint64_t v);
 uint64_t fuzz_hash_str(uint64_t h, const char *s); /* NULL hashes as "" */

@@ -1163,12 +1163,6 @@ void ps_service_cancelled(void *arg, rpc_call *call)
         parked_cancelled(svc, call);
 }
 
-static Pstrain__DType dtype_to_wire(pst_dtype t)
-{
-    return t == PST_F16 ? PSTRAIN__DTYPE__F16 : t == PST_BF16 ? PSTRAIN__DTYPE__BF16
-                                                              : PSTRAIN__DTYPE__F32;
-}
-
 /* Runs with the block's lock held (store contract): copy out, then send. */
 static void answer_pull(void *arg, pst_status st, const float *values, const void *lowp,
                         uint64_t length, int64_t version)
@@ -1194,7 +1188,7 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
     Pstrain__PullReply reply = PSTRAIN__PULL_REPLY__INIT;
     reply.block = req->block;
     reply.version = version;
-    reply.dtype = dtype_to_wire(p->dtype);
+    reply.dtype = rpc_dtype_to_wire(p->dtype);
     reply.length = length;
     const double held = pst_clock_s() - p->arrived;
     reply.held_us = held > 0 ? (uint64_t)(held * 1e6) : 0;

@@ -20,6 +20,7 @@
  * store's only state shared between blocks: an atomic, added to once per update. */
 #include "pserver/store.h"
 
+#include "common/hash.h"
 #include "common/clock.h"
 
 #include <math.h>
@@ -1196,24 +1197,16 @@ pst_dtype ps_store_lowp(const ps_store *st)
     return st->lowp;
 }
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ c[i]) * 0x100000001b3ULL;
-    return h;
-}
-
 uint64_t ps_store_state_hash(ps_store *st)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = PST_FNV1A_INIT;
     for (int i = 0; i < st->nblocks; i++) {
         ps_block *b = &st->blocks[i];
         pthread_mutex_lock(&b->mu);
-        h = fnv1a(h, &b->version, sizeof b->version);
-        h = fnv1a(h, b->values, b->length * sizeof(float));
+        h = pst_fnv1a(h, &b->version, sizeof b->version);
+        h = pst_fnv1a(h, b->values, b->length * sizeof(float));
         if (b->state)
-            h = fnv1a(h, b->state, (size_t)st->nstate * b->length * sizeof(float));
+            h = pst_fnv1a(h, b->state, (size_t)st->nstate * b->length * sizeof(float));
         pthread_mutex_unlock(&b->mu);
     }
     return h;

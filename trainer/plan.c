@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/config.h"
 
 static int least_loaded(const size_t *load, int n)
@@ -86,25 +87,13 @@ void tr_plan_free(tr_plan *p)
     memset(p, 0, sizeof *p);
 }
 
-uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *c = data;
-    if (h == 0)
-        h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h ^= c[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
-
 uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h)
 {
     uint64_t head[4] = {p->nparams, p->block_bytes, (uint64_t)p->npservers, (uint64_t)p->nblocks};
-    h = tr_fnv1a(h, head, sizeof head);
+    h = pst_fnv1a(h ? h : PST_FNV1A_INIT, head, sizeof head);
     for (int i = 0; i < p->nblocks; i++) {
         uint64_t b[3] = {p->blocks[i].offset, p->blocks[i].length, (uint64_t)p->blocks[i].pserver};
-        h = tr_fnv1a(h, b, sizeof b);
+        h = pst_fnv1a(h, b, sizeof b);
     }
     return h;
 }
@@ -117,7 +106,7 @@ void tr_job_id(const tr_plan *p, const pst_config *c, char *out, size_t size)
     }
     const int64_t more[3] = {(int64_t)c->seed, c->trainers, c->batch};
     snprintf(out, size, "job-%016llx",
-             (unsigned long long)tr_fnv1a(tr_settings_fingerprint(p, c), more, sizeof more));
+             (unsigned long long)pst_fnv1a(tr_settings_fingerprint(p, c), more, sizeof more));
 }
 
 uint64_t tr_settings_fingerprint(const tr_plan *p, const pst_config *c)
@@ -128,6 +117,6 @@ uint64_t tr_settings_fingerprint(const tr_plan *p, const pst_config *c)
                        o->schedule,     o->warmup_steps,    o->total_steps,
                        c->precision,    c->acc_steps};
     float floats[8] = {o->lr, o->momentum, o->beta1, o->beta2, o->eps, o->weight_decay, o->min_lr, 0};
-    h = tr_fnv1a(h, ints, sizeof ints);
-    return tr_fnv1a(h, floats, sizeof floats);
+    h = pst_fnv1a(h, ints, sizeof ints);
+    return pst_fnv1a(h, floats, sizeof floats);
 }

@@ -59,8 +59,6 @@ void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
 size_t tr_plan_pipelined_bytes(size_t nparams, size_t block_bytes, int npservers);
 /* FNV-1a over the plan's numbers, continuing from `h` (start with 0). */
 uint64_t tr_plan_fingerprint(const tr_plan *p, uint64_t h);
-/* FNV-1a of `len` bytes continuing from `h` (0 = fresh). */
-uint64_t tr_fnv1a(uint64_t h, const void *data, size_t len);
 /* The plan's fingerprint and the settings every trainer (and a checkpoint) must share:
  * mode, trainers, optimizer and its schedule, precision, micro-batches. */
 struct pst_config;

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "common/checkpoint.h"
 #include "common/prom.h"
 #include "common/clock.h"
@@ -177,7 +178,7 @@ static void summarize_params(tr_summary *sum, const float *params, size_t n)
         l2 += (double)params[i] * (double)params[i];
     sum->params = n;
     sum->param_l2 = sqrt(l2);
-    sum->param_hash = tr_fnv1a(0, params, n * sizeof(float));
+    sum->param_hash = pst_fnv1a(PST_FNV1A_INIT, params, n * sizeof(float));
 }
 
 /* ---- where the time went ---- */
