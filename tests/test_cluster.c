@@ -4281,13 +4281,16 @@ Test(cluster, async_resumed_job_applies_every_push_once, .timeout = 240)
         const char *line = strstr(err, text);
         cr_assert(line && strstr(err, "resumed from the async checkpoint of"), "%s", err);
     }
+    /* trainer 0 got to step 30; trainer 1, behind it, may have had no push in the shards
+     * (it then starts at step 0, with no "resuming" line) */
     for (int t = 0; t < 2; t++) {
         char text[64];
         snprintf(text, sizeof text, "trainer[%d]: resuming at step ", t);
         const char *at = strstr(err, text);
-        cr_assert(at, "trainer %d did not resume:\n%s", t, err);
-        const long step = strtol(at + strlen(text), NULL, 10);
-        cr_assert(step > 0 && step <= 30, "trainer %d resumed at step %ld", t, step);
+        cr_assert(at || t == 1, "trainer %d did not resume:\n%s", t, err);
+        const long step = at ? strtol(at + strlen(text), NULL, 10) : 0;
+        cr_assert(step <= 30 && (t == 1 || step > 0), "trainer %d resumed at step %ld", t,
+                  step);
     }
     int finished = 0;
     for (const char *q = err; (q = strstr(q, "every trainer finished, the blocks at versions "));
