@@ -2025,13 +2025,16 @@ static void abandon_at_once(rpc_client *impatient, rpc_method m,
                  rpc_method_name(m), pst_strerror(dc.st));
 }
 
+/* rounds of 200 abandoned calls: reqs[0..200) each round, or with `fresh` reqs[200 r ..
+ * 200 r + 200) in round r (calls that a later one must not meet, such as an Init, which a
+ * newer Init of its trainer id replaces). */
 static void abandon_rounds(int port, pid_t pid, rpc_method m, const ProtobufCMessage *const *reqs,
-                           int rounds, int settled)
+                           int rounds, int settled, int fresh)
 {
     rpc_client *impatient = impatient_client(port, 50);
     long rss_settled = 0;
     for (int round = 0; round < rounds; round++) {
-        abandon_at_once(impatient, m, reqs, 200, pid, NULL);
+        abandon_at_once(impatient, m, reqs + (fresh ? 200 * round : 0), 200, pid, NULL);
         sleep_ms(100);
         if (round == settled - 1)
             rss_settled = rss_kb(pid);
@@ -2703,7 +2706,7 @@ Test(cluster, abandoned_pulls_are_released, .timeout = 120)
     for (int k = 0; k < 200; k++)
         reqs[k] = &req.base;
     /* after 10 rounds gRPC's and the allocator's own growth has settled */
-    abandon_rounds(port, ps->pid, RPC_METHOD_PULL, reqs, 40, 10);
+    abandon_rounds(port, ps->pid, RPC_METHOD_PULL, reqs, 40, 10, 0);
     EXPECT_STATUS(do_finish(cl, 0), PST_OK);
     rpc_client_free(cl);
     rpc_global_shutdown();
@@ -2746,23 +2749,24 @@ Test(cluster, large_and_compressed_requests_are_refused)
 
 /* Inits waiting for a trainer 0 that never comes, whose clients give up after 50 ms: each
  * leaves the waiting list when its client goes (or is answered, its deadline being near,
- * when the pserver looks first); 20 rounds of 200 (trainer ids 1..200 of
- * 4096) leave the pserver's memory flat after the first 5 (under 16 MB more), and it
- * reports all 4000 given up. */
+ * when the pserver looks first); 20 rounds of 200 (trainer ids 1..4000 of 4096, each once:
+ * an Init still waiting when its id came again was replaced, and counted in neither) leave
+ * the pserver's memory flat after the first 5 (under 16 MB more), and it reports all 4000
+ * given up or answered. */
 Test(cluster, abandoned_inits_are_released, .timeout = 120)
 {
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    Pstrain__InitRequest inits[200];
-    const ProtobufCMessage *reqs[200];
-    for (int k = 0; k < 200; k++) {
+    static Pstrain__InitRequest inits[4000];
+    static const ProtobufCMessage *reqs[4000];
+    for (int k = 0; k < 4000; k++) {
         pstrain__init_request__init(&inits[k]);
         inits[k].trainer_id = (uint32_t)k + 1;
         inits[k].num_trainers = 4096;
         reqs[k] = &inits[k].base;
     }
-    abandon_rounds(port, ps->pid, RPC_METHOD_INIT, reqs, 20, 5);
+    abandon_rounds(port, ps->pid, RPC_METHOD_INIT, reqs, 20, 5, 1);
     rpc_global_shutdown();
     pserver_stop(ps);
     /* each one left either when its client went or at the pserver's look at deadlines */
@@ -2798,7 +2802,7 @@ Test(cluster, abandoned_votes_are_released, .timeout = 120)
         votes[k].step = 0;
         reqs[k] = &votes[k].base;
     }
-    abandon_rounds(port, ps->pid, RPC_METHOD_VOTE, reqs, 20, 5);
+    abandon_rounds(port, ps->pid, RPC_METHOD_VOTE, reqs, 20, 5, 0);
     rpc_client_free(cl);
     rpc_global_shutdown();
     pserver_stop(ps);
