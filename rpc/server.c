@@ -128,6 +128,7 @@ struct rpc_server {
         int id;
     } *keys;
     int nkeys;
+    int client_certs;  /* mutual TLS: a call's client certificate may name its trainer */
     int max_calls, max_wait_ms;
     size_t (*max_request)(void *arg, rpc_method m, const char **why);
     pthread_t keeper; /* housekeeping: ends calls that waited too long, gives back memory */
@@ -496,7 +497,7 @@ static void on_new_call(rpc_call *c, int success)
     const size_t body = bb ? grpc_byte_buffer_length(bb) : 0; /* NULL: no message came */
     pst_status st = PST_OK;
     const int by_token = s->nkeys ? caller_of(s, &c->req_md) : -1;
-    const int by_cert = certificate_id(c->gcall);
+    const int by_cert = s->client_certs ? certificate_id(c->gcall) : -1;
     c->identity = by_token >= 0 ? by_token : by_cert;
     c->identity_by = by_token >= 0 ? "its token" : "its client certificate";
     if (by_token == CALLER_REFUSED) { /* before anything is decoded */
@@ -823,6 +824,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
             goto error;
         }
     }
+    s->client_certs = cfg->transport && !strcmp(rpc_transport_name(cfg->transport), "mutual tls");
     grpc_server_credentials *creds = rpc_transport_server_creds(cfg->transport);
     s->port = grpc_server_add_http2_port(s->server, cfg->bind, creds);
     grpc_server_credentials_release(creds);
