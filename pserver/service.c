@@ -253,6 +253,17 @@ static pst_status optim_from_wire(const Pstrain__OptimConfig *w, pst_optim_confi
     return PST_OK;
 }
 
+/* A shard could not be written (the detail set): the first such failure is kept and stops
+ * the pserver (ps_service_wait, ps_service_failure). */
+static void checkpoint_failed(ps_service *svc)
+{
+    if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
+        snprintf(svc->ckpt_error, sizeof svc->ckpt_error, "%s", pst_error_detail());
+        PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
+        __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
+    }
+}
+
 /* Creates the store from trainer 0's Init. Called with svc->mu held. */
 /* The store's snapshot (ps_store_config): this pserver's shard of `version`, written
  * before the last block's pulls are answered. A failure stops the pserver (ps_service_wait
@@ -270,11 +281,7 @@ static void snapshot(void *arg, int64_t version, const float *values, const floa
         __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
         return;
     }
-    if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
-        snprintf(svc->ckpt_error, sizeof svc->ckpt_error, "%s", pst_error_detail());
-        PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
-        __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
-    }
+    checkpoint_failed(svc);
 }
 
 /* Async: this pserver's shard, each block as it is now (ps_store_read_async), named by
@@ -301,10 +308,8 @@ static void async_snapshot(ps_service *svc, ps_store *store, int64_t pushes)
         PST_INFO("checkpoint: %lld pushes applied, written to %s", (long long)pushes,
                  svc->ckpt_dir);
         __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
-    } else if (!__atomic_load_n(&svc->ckpt_failed, __ATOMIC_ACQUIRE)) {
-        snprintf(svc->ckpt_error, sizeof svc->ckpt_error, "%s", pst_error_detail());
-        PST_ERROR("%s; the checkpoints written before are intact", svc->ckpt_error);
-        __atomic_store_n(&svc->ckpt_failed, 1, __ATOMIC_RELEASE);
+    } else {
+        checkpoint_failed(svc);
     }
     free(values);
     free(state);
