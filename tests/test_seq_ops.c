@@ -231,6 +231,12 @@ Test(seq_ops, attention)
         compare("attention out", b, go, out, N * C, 1e-5f);
         compare("attention lse", b, gl, lse, B * H * T, 1e-5f);
         compare("attention dqkv", b, gd, dqkv, N * 3 * C, 1e-4f);
+        /* deterministic: a second backward (over the first's result) gives the same bits */
+        static float gd2[N * 3 * C];
+        cr_assert_eq(pst_op_attention_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        get(b, gd2, d_dqkv, sizeof gd2);
+        cr_assert(memcmp(gd, gd2, sizeof gd) == 0, "%s: attention dqkv differs between runs",
+                  b->spec);
         void *bufs[] = {d_qkv, d_dout, d_out, d_lse, d_dqkv, d_scr};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             pst_device_free(b->dev, bufs[k]);

@@ -477,8 +477,7 @@ static pst_status cuda_cast(pst_stream *s, const pst_cast_args *a)
  * element, row or column, sums in ascending row order (deterministic, no atomics). The
  * transcendental functions (expf, logf, tanhf) and the attention's recomputed scores
  * differ from glibc by rounding: tests/test_seq_ops.c compares with tolerances. Written
- * for parity first, not speed (one thread per (sequence, head) in the attention's
- * backward). */
+ * for parity first, not speed. */
 
 static __global__ void embedding_fwd_kernel(float *out, const int32_t *tok, const float *wte,
                                             const float *wpe, int T, int C, size_t n)
@@ -710,55 +709,82 @@ static __global__ void attention_fwd_kernel(float *out, float *lse, const float 
     lse[((size_t)b * H + h) * T + t] = __fadd_rn(m, logf(sum));
 }
 
-/* One thread per (b, h), queries in order, as the CPU kernel (dk and dv gather over
- * queries). */
-static __global__ void attention_bwd_kernel(float *dqkv, const float *dout, const float *qkv,
-                                            const float *lse, int B, int T, int C, int H)
+/* The backward in two kernels of one thread per (b, h, position), each summing in the CPU
+ * kernel's order, so the result is the one-thread-per-(b, h) loop's bit for bit:
+ * attention_bwd_query_kernel, for query t: D_t = sum_j p_tj g_tj (j ascending, written to
+ * Dbuf), then dq_t = sum_j ds_tj k_j (j ascending); attention_bwd_key_kernel, for key j:
+ * dk_j = sum_t ds_tj q_t and dv_j = sum_t p_tj dout_t (t ascending from j), with
+ * p_tj = exp(s_tj - lse_t), g_tj = dout_t . v_j, ds_tj = p_tj (g_tj - D_t) scale. */
+static __device__ void attention_bwd_pair(const float *q, const float *k, const float *v,
+                                          const float *d, int hs, float scale, float l,
+                                          float *p, float *g)
 {
-    const int bh = blockIdx.x * blockDim.x + threadIdx.x;
-    if (bh >= B * H)
+    float sc = 0.0f, gg = 0.0f;
+    for (int i = 0; i < hs; i++) {
+        sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
+        gg = __fadd_rn(gg, __fmul_rn(d[i], v[i]));
+    }
+    *p = expf(__fsub_rn(__fmul_rn(sc, scale), l));
+    *g = gg;
+}
+
+static __global__ void attention_bwd_query_kernel(float *dqkv, float *Dbuf, const float *dout,
+                                                  const float *qkv, const float *lse, int B,
+                                                  int T, int C, int H)
+{
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * H * T)
         return;
-    const int b = bh / H, h = bh % H, hs = C / H, C3 = 3 * C;
+    const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
+    const int hs = C / H, C3 = 3 * C;
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
+    const float *base = qkv + (size_t)b * T * C3, *q = base + (size_t)t * C3 + h * hs;
+    const float *d = dout + ((size_t)b * T + t) * C + h * hs;
+    const float l = lse[((size_t)b * H + h) * T + t];
+    float D = 0.0f, p, g;
+    for (int j = 0; j <= t; j++) {
+        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
+        attention_bwd_pair(q, k, v, d, hs, scale, l, &p, &g);
+        D = __fadd_rn(D, __fmul_rn(p, g));
+    }
+    Dbuf[((size_t)b * H + h) * T + t] = D;
+    float *dq = dqkv + (size_t)b * T * C3 + (size_t)t * C3 + h * hs;
+    for (int i = 0; i < hs; i++)
+        dq[i] = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
+        attention_bwd_pair(q, k, v, d, hs, scale, l, &p, &g);
+        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), scale);
+        for (int i = 0; i < hs; i++)
+            dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
+    }
+}
+
+static __global__ void attention_bwd_key_kernel(float *dqkv, const float *Dbuf,
+                                                const float *dout, const float *qkv,
+                                                const float *lse, int B, int T, int C, int H)
+{
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * H * T)
+        return;
+    const int j = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
+    const int hs = C / H, C3 = 3 * C;
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
     const float *base = qkv + (size_t)b * T * C3;
-    float *dbase = dqkv + (size_t)b * T * C3;
-    for (int t = 0; t < T; t++)
-        for (int part = 0; part < 3; part++)
-            for (int i = 0; i < hs; i++)
-                dbase[(size_t)t * C3 + part * C + h * hs + i] = 0.0f;
-    for (int t = 0; t < T; t++) {
+    const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
+    float *dk = dqkv + (size_t)b * T * C3 + (size_t)j * C3 + C + h * hs, *dv = dk + C;
+    for (int i = 0; i < hs; i++)
+        dk[i] = dv[i] = 0.0f;
+    for (int t = j; t < T; t++) {
         const float *q = base + (size_t)t * C3 + h * hs;
         const float *d = dout + ((size_t)b * T + t) * C + h * hs;
-        const float l = lse[((size_t)b * H + h) * T + t];
-        float D = 0.0f;
-        for (int j = 0; j <= t; j++) {
-            const float *k = base + (size_t)j * C3 + C + h * hs;
-            const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
-            float sc = 0.0f, g = 0.0f;
-            for (int i = 0; i < hs; i++) {
-                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
-                g = __fadd_rn(g, __fmul_rn(d[i], v[i]));
-            }
-            D = __fadd_rn(D, __fmul_rn(expf(__fsub_rn(__fmul_rn(sc, scale), l)), g));
-        }
-        float *dq = dbase + (size_t)t * C3 + h * hs;
-        for (int j = 0; j <= t; j++) {
-            const float *k = base + (size_t)j * C3 + C + h * hs;
-            const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
-            float *dk = dbase + (size_t)j * C3 + C + h * hs;
-            float *dv = dbase + (size_t)j * C3 + 2 * C + h * hs;
-            float sc = 0.0f, g = 0.0f;
-            for (int i = 0; i < hs; i++) {
-                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
-                g = __fadd_rn(g, __fmul_rn(d[i], v[i]));
-            }
-            const float p = expf(__fsub_rn(__fmul_rn(sc, scale), l));
-            const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), scale);
-            for (int i = 0; i < hs; i++) {
-                dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
-                dk[i] = __fadd_rn(dk[i], __fmul_rn(ds, q[i]));
-                dv[i] = __fadd_rn(dv[i], __fmul_rn(p, d[i]));
-            }
+        const size_t r = ((size_t)b * H + h) * T + t;
+        float p, g;
+        attention_bwd_pair(q, k, v, d, hs, scale, lse[r], &p, &g);
+        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, Dbuf[r])), scale);
+        for (int i = 0; i < hs; i++) {
+            dk[i] = __fadd_rn(dk[i], __fmul_rn(ds, q[i]));
+            dv[i] = __fadd_rn(dv[i], __fmul_rn(p, d[i]));
         }
     }
 }
@@ -783,9 +809,20 @@ static pst_status cuda_attention_backward(pst_stream *s, const pst_attention_arg
     PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
     if (skip || !a->B)
         return PST_OK;
-    attention_bwd_kernel<<<blocks_of(a->B * a->H), PST_CUDA_THREADS, 0, cs>>>(
-        a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
-    PST_CUDA_CHECK(cudaGetLastError());
+    /* D: B*H*T floats, stream-ordered (freed when the key kernel has run) */
+    float *D = NULL;
+    const int n = a->B * a->H * a->T;
+    PST_CUDA_CHECK(cudaMallocAsync((void **)&D, sizeof(float) * (size_t)n, cs));
+    attention_bwd_query_kernel<<<blocks_of(n), PST_CUDA_THREADS, 0, cs>>>(
+        a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+    cudaError_t launched = cudaGetLastError();
+    if (launched == cudaSuccess) {
+        attention_bwd_key_kernel<<<blocks_of(n), PST_CUDA_THREADS, 0, cs>>>(
+            a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+        launched = cudaGetLastError();
+    }
+    PST_CUDA_CHECK(cudaFreeAsync(D, cs));
+    PST_CUDA_CHECK(launched);
     return PST_OK;
 }
 
