@@ -667,8 +667,73 @@ static pst_status cuda_layernorm_backward(pst_stream *s, const pst_layernorm_arg
     return PST_OK;
 }
 
-/* One thread per query (b, h, t): its scores against keys 0..t are recomputed in each of
- * three passes (maximum, sum of exponentials, weighted values), so no T-wide buffer. */
+/* Attention kernels: one thread per (b, h, position), each summing in the CPU kernel's order
+ * (layers.c), so their bits do not depend on how they are split. A head's vectors (hs
+ * floats) that a thread reuses are held in registers when hs <= R (R = 32 or 64, chosen at
+ * launch); with R = 0 (larger heads) they stay in memory. Either way the same operations
+ * run in the same order. */
+
+/* HS_FOR(i): i over the head's hs elements; unrolled over R when the vectors are in
+ * registers (the indices must be constants there). */
+#define HS_FOR(i)                                                                           \
+    _Pragma("unroll") for (int i = 0; i < (R > 0 ? R : hs); i++) if (R == 0 || i < hs)
+
+/* A head vector read many times: R > 0, copied into registers; R == 0, read in memory. */
+template <int R> struct head_in {
+    float r[R > 0 ? R : 1];
+    const float *m;
+    __device__ __forceinline__ head_in(const float *src, int hs) : m(src)
+    {
+        if constexpr (R > 0) {
+            HS_FOR(i) r[i] = src[i];
+        }
+    }
+    __device__ __forceinline__ float operator[](int i) const
+    {
+        if constexpr (R > 0)
+            return r[i];
+        else
+            return m[i];
+    }
+};
+
+/* A head vector summed into: zeroed, added to, then written once to dst (R == 0: summed
+ * in dst itself). */
+template <int R> struct head_acc {
+    float r[R > 0 ? R : 1];
+    float *m;
+    __device__ __forceinline__ head_acc(float *dst, int hs) : m(dst)
+    {
+        HS_FOR(i) (*this)[i] = 0.0f;
+    }
+    __device__ __forceinline__ float &operator[](int i)
+    {
+        if constexpr (R > 0)
+            return r[i];
+        else
+            return m[i];
+    }
+    __device__ __forceinline__ void store(int hs)
+    {
+        if constexpr (R > 0) {
+            HS_FOR(i) m[i] = r[i];
+        }
+    }
+};
+
+/* a . b in element order (a and b: head_in or memory) */
+template <int R, typename A, typename B>
+static __device__ __forceinline__ float head_dot(const A &a, const B &b, int hs)
+{
+    float sc = 0.0f;
+    HS_FOR(i) sc = __fadd_rn(sc, __fmul_rn(a[i], b[i]));
+    return sc;
+}
+
+/* Forward, one thread per query (b, h, t): its scores against keys 0..t are recomputed in
+ * each of three passes (maximum, sum of exponentials, weighted values), so no T-wide
+ * buffer. */
+template <int R>
 static __global__ void attention_fwd_kernel(float *out, float *lse, const float *qkv, int B,
                                             int T, int C, int H)
 {
@@ -678,49 +743,43 @@ static __global__ void attention_fwd_kernel(float *out, float *lse, const float 
     const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
     const int hs = C / H, C3 = 3 * C;
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
-    const float *base = qkv + (size_t)b * T * C3, *q = base + (size_t)t * C3 + h * hs;
+    const float *base = qkv + (size_t)b * T * C3;
+    const head_in<R> q(base + (size_t)t * C3 + h * hs, hs);
     float m = -INFINITY, sum = 0.0f;
     for (int pass = 0; pass < 2; pass++)
         for (int j = 0; j <= t; j++) {
-            const float *k = base + (size_t)j * C3 + C + h * hs;
-            float sc = 0.0f;
-            for (int i = 0; i < hs; i++)
-                sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
-            sc = __fmul_rn(sc, scale);
+            const float sc = __fmul_rn(head_dot<R>(q, base + (size_t)j * C3 + C + h * hs, hs),
+                                       scale);
             if (pass == 0)
                 m = sc > m ? sc : m;
             else
                 sum = __fadd_rn(sum, expf(__fsub_rn(sc, m)));
         }
     const float inv = __fdiv_rn(1.0f, sum);
-    float *o = out + ((size_t)b * T + t) * C + h * hs;
-    for (int i = 0; i < hs; i++)
-        o[i] = 0.0f;
+    head_acc<R> o(out + ((size_t)b * T + t) * C + h * hs, hs);
     for (int j = 0; j <= t; j++) {
-        const float *k = base + (size_t)j * C3 + C + h * hs;
-        const float *v = base + (size_t)j * C3 + 2 * C + h * hs;
-        float sc = 0.0f;
-        for (int i = 0; i < hs; i++)
-            sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
-        const float p = __fmul_rn(expf(__fsub_rn(__fmul_rn(sc, scale), m)), inv);
-        for (int i = 0; i < hs; i++)
-            o[i] = __fadd_rn(o[i], __fmul_rn(p, v[i]));
+        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
+        const float p = __fmul_rn(expf(__fsub_rn(__fmul_rn(head_dot<R>(q, k, hs), scale), m)),
+                                  inv);
+        HS_FOR(i) o[i] = __fadd_rn(o[i], __fmul_rn(p, v[i]));
     }
+    o.store(hs);
     lse[((size_t)b * H + h) * T + t] = __fadd_rn(m, logf(sum));
 }
 
-/* The backward in two kernels of one thread per (b, h, position), each summing in the CPU
- * kernel's order, so the result is the one-thread-per-(b, h) loop's bit for bit:
- * attention_bwd_query_kernel, for query t: D_t = sum_j p_tj g_tj (j ascending, written to
- * Dbuf), then dq_t = sum_j ds_tj k_j (j ascending); attention_bwd_key_kernel, for key j:
- * dk_j = sum_t ds_tj q_t and dv_j = sum_t p_tj dout_t (t ascending from j), with
- * p_tj = exp(s_tj - lse_t), g_tj = dout_t . v_j, ds_tj = p_tj (g_tj - D_t) scale. */
-static __device__ void attention_bwd_pair(const float *q, const float *k, const float *v,
-                                          const float *d, int hs, float scale, float l,
-                                          float *p, float *g)
+/* The backward in two kernels, with p_tj = exp(s_tj - lse_t), g_tj = dout_t . v_j,
+ * ds_tj = p_tj (g_tj - D_t) scale: attention_bwd_query_kernel, for query t: D_t = sum_j
+ * p_tj g_tj (j ascending, written to Dbuf), then dq_t = sum_j ds_tj k_j (j ascending);
+ * attention_bwd_key_kernel, for key j: dk_j = sum_t ds_tj q_t and dv_j = sum_t p_tj dout_t
+ * (t ascending from j). */
+template <int R, typename Q, typename K, typename V, typename D>
+static __device__ __forceinline__ void attention_bwd_pair(const Q &q, const K &k, const V &v,
+                                                          const D &d, int hs, float scale,
+                                                          float l, float *p, float *g)
 {
     float sc = 0.0f, gg = 0.0f;
-    for (int i = 0; i < hs; i++) {
+    HS_FOR(i)
+    {
         sc = __fadd_rn(sc, __fmul_rn(q[i], k[i]));
         gg = __fadd_rn(gg, __fmul_rn(d[i], v[i]));
     }
@@ -728,6 +787,7 @@ static __device__ void attention_bwd_pair(const float *q, const float *k, const 
     *g = gg;
 }
 
+template <int R>
 static __global__ void attention_bwd_query_kernel(float *dqkv, float *Dbuf, const float *dout,
                                                   const float *qkv, const float *lse, int B,
                                                   int T, int C, int H)
@@ -738,28 +798,28 @@ static __global__ void attention_bwd_query_kernel(float *dqkv, float *Dbuf, cons
     const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
     const int hs = C / H, C3 = 3 * C;
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
-    const float *base = qkv + (size_t)b * T * C3, *q = base + (size_t)t * C3 + h * hs;
-    const float *d = dout + ((size_t)b * T + t) * C + h * hs;
+    const float *base = qkv + (size_t)b * T * C3;
+    const head_in<R> q(base + (size_t)t * C3 + h * hs, hs);
+    const head_in<R> d(dout + ((size_t)b * T + t) * C + h * hs, hs);
     const float l = lse[((size_t)b * H + h) * T + t];
     float D = 0.0f, p, g;
     for (int j = 0; j <= t; j++) {
         const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-        attention_bwd_pair(q, k, v, d, hs, scale, l, &p, &g);
+        attention_bwd_pair<R>(q, k, v, d, hs, scale, l, &p, &g);
         D = __fadd_rn(D, __fmul_rn(p, g));
     }
     Dbuf[((size_t)b * H + h) * T + t] = D;
-    float *dq = dqkv + (size_t)b * T * C3 + (size_t)t * C3 + h * hs;
-    for (int i = 0; i < hs; i++)
-        dq[i] = 0.0f;
+    head_acc<R> dq(dqkv + (size_t)b * T * C3 + (size_t)t * C3 + h * hs, hs);
     for (int j = 0; j <= t; j++) {
         const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-        attention_bwd_pair(q, k, v, d, hs, scale, l, &p, &g);
+        attention_bwd_pair<R>(q, k, v, d, hs, scale, l, &p, &g);
         const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), scale);
-        for (int i = 0; i < hs; i++)
-            dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
+        HS_FOR(i) dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
     }
+    dq.store(hs);
 }
 
+template <int R>
 static __global__ void attention_bwd_key_kernel(float *dqkv, const float *Dbuf,
                                                 const float *dout, const float *qkv,
                                                 const float *lse, int B, int T, int C, int H)
@@ -772,21 +832,65 @@ static __global__ void attention_bwd_key_kernel(float *dqkv, const float *Dbuf,
     const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
     const float *base = qkv + (size_t)b * T * C3;
     const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-    float *dk = dqkv + (size_t)b * T * C3 + (size_t)j * C3 + C + h * hs, *dv = dk + C;
-    for (int i = 0; i < hs; i++)
-        dk[i] = dv[i] = 0.0f;
+    float *dkm = dqkv + (size_t)b * T * C3 + (size_t)j * C3 + C + h * hs;
+    head_acc<R> dk(dkm, hs), dv(dkm + C, hs);
     for (int t = j; t < T; t++) {
         const float *q = base + (size_t)t * C3 + h * hs;
         const float *d = dout + ((size_t)b * T + t) * C + h * hs;
         const size_t r = ((size_t)b * H + h) * T + t;
         float p, g;
-        attention_bwd_pair(q, k, v, d, hs, scale, lse[r], &p, &g);
+        attention_bwd_pair<R>(q, k, v, d, hs, scale, lse[r], &p, &g);
         const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, Dbuf[r])), scale);
-        for (int i = 0; i < hs; i++) {
+        HS_FOR(i)
+        {
             dk[i] = __fadd_rn(dk[i], __fmul_rn(ds, q[i]));
             dv[i] = __fadd_rn(dv[i], __fmul_rn(p, d[i]));
         }
     }
+    dk.store(hs);
+    dv.store(hs);
+}
+
+/* Threads per block of the attention kernels: small blocks, so that a few thousand
+ * (b, h, position) threads spread over all the GPU's multiprocessors. */
+#define PST_ATTENTION_THREADS 64
+
+/* The register size for head size hs: 32, 64, or 0 (in memory). */
+static int attention_regs(int hs)
+{
+    return hs <= 32 ? 32 : hs <= 64 ? 64 : 0;
+}
+
+template <int R>
+static cudaError_t launch_attention_fwd(cudaStream_t cs, const pst_attention_args *a)
+{
+    const int n = a->B * a->H * a->T;
+    attention_fwd_kernel<R><<<(n + PST_ATTENTION_THREADS - 1) / PST_ATTENTION_THREADS,
+                              PST_ATTENTION_THREADS, 0, cs>>>(a->out, a->lse, a->qkv, a->B,
+                                                              a->T, a->C, a->H);
+    return cudaGetLastError();
+}
+
+/* D: B*H*T floats, stream-ordered (freed when the key kernel has run) */
+template <int R>
+static cudaError_t launch_attention_bwd(cudaStream_t cs, const pst_attention_args *a)
+{
+    const int n = a->B * a->H * a->T;
+    const unsigned blocks = (n + PST_ATTENTION_THREADS - 1) / PST_ATTENTION_THREADS;
+    float *D = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&D, sizeof(float) * (size_t)n, cs);
+    if (e != cudaSuccess)
+        return e;
+    attention_bwd_query_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(
+        a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        attention_bwd_key_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(
+            a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+        e = cudaGetLastError();
+    }
+    const cudaError_t f = cudaFreeAsync(D, cs);
+    return e != cudaSuccess ? e : f;
 }
 
 static pst_status cuda_attention_forward(pst_stream *s, const pst_attention_args *a)
@@ -796,9 +900,10 @@ static pst_status cuda_attention_forward(pst_stream *s, const pst_attention_args
     PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
     if (skip || !a->B)
         return PST_OK;
-    attention_fwd_kernel<<<blocks_of(a->B * a->H * a->T), PST_CUDA_THREADS, 0, cs>>>(
-        a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H);
-    PST_CUDA_CHECK(cudaGetLastError());
+    const int R = attention_regs(a->C / a->H);
+    PST_CUDA_CHECK(R == 32   ? launch_attention_fwd<32>(cs, a)
+                   : R == 64 ? launch_attention_fwd<64>(cs, a)
+                             : launch_attention_fwd<0>(cs, a));
     return PST_OK;
 }
 
@@ -809,20 +914,10 @@ static pst_status cuda_attention_backward(pst_stream *s, const pst_attention_arg
     PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
     if (skip || !a->B)
         return PST_OK;
-    /* D: B*H*T floats, stream-ordered (freed when the key kernel has run) */
-    float *D = NULL;
-    const int n = a->B * a->H * a->T;
-    PST_CUDA_CHECK(cudaMallocAsync((void **)&D, sizeof(float) * (size_t)n, cs));
-    attention_bwd_query_kernel<<<blocks_of(n), PST_CUDA_THREADS, 0, cs>>>(
-        a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
-    cudaError_t launched = cudaGetLastError();
-    if (launched == cudaSuccess) {
-        attention_bwd_key_kernel<<<blocks_of(n), PST_CUDA_THREADS, 0, cs>>>(
-            a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
-        launched = cudaGetLastError();
-    }
-    PST_CUDA_CHECK(cudaFreeAsync(D, cs));
-    PST_CUDA_CHECK(launched);
+    const int R = attention_regs(a->C / a->H);
+    PST_CUDA_CHECK(R == 32   ? launch_attention_bwd<32>(cs, a)
+                   : R == 64 ? launch_attention_bwd<64>(cs, a)
+                             : launch_attention_bwd<0>(cs, a));
     return PST_OK;
 }
 
