@@ -15,6 +15,7 @@
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -489,7 +490,6 @@ Test(collectives_args, bad_arguments_are_invalid)
 
 /* ---- NCCL (needs CUDA and a GPU) ------------------------------------------------------ */
 
-#ifdef PSTRAIN_HAVE_CUDA
 /* Sum of |x| over the devices: the scale of the rounding error of any summation order. */
 static float abs_sum(float *const in[], int D, size_t i)
 {
@@ -498,7 +498,6 @@ static float abs_sum(float *const in[], int D, size_t i)
         s += fabsf(in[d][i]);
     return s;
 }
-#endif
 
 Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
 {
@@ -571,5 +570,137 @@ Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
     free(want);
     free(got);
     pst_runtime_free(rt);
+#endif
+}
+
+/* ---- two comms of one runtime at once --------------------------------------------------
+ * The executor reduces on its send streams through one comm while it broadcasts on its
+ * receive streams through another. Here one thread runs reduces and another broadcasts, at
+ * the same time, each on its own streams and comm; both must finish (a hang fails the
+ * test at its timeout) with the right values. On NCCL each comm has its own communicators:
+ * two collectives in flight on one communicator set can deadlock. */
+
+typedef struct two_side {
+    pst_runtime *rt;
+    pst_comm *comm;
+    pst_stream *s[MAXD];
+    float *buf[MAXD], *host[MAXD], *got;
+    int D, broadcast, exact, failures;
+    size_t n;
+} two_side;
+
+static void *two_side_run(void *arg)
+{
+    two_side *t = arg;
+    const size_t bytes = t->n * sizeof(float);
+    float *want = host_floats(t->n);
+    for (int k = 0; k < 20 && !t->failures; k++) {
+        const int root = k % t->D;
+        for (int d = 0; d < t->D; d++) {
+            for (size_t i = 0; i < t->n; i++)
+                t->host[d][i] = value_at((uint64_t)k + (t->broadcast ? 500u : 0u), d, i);
+            if (pst_memcpy_async(t->s[d], t->buf[d], t->host[d], bytes,
+                                 PST_COPY_HOST_TO_DEVICE) != PST_OK)
+                t->failures++;
+        }
+        pst_status st = t->broadcast ? pst_comm_broadcast(t->comm, t->buf, t->n, root, t->s)
+                                     : pst_comm_reduce(t->comm, t->buf, t->n, root, t->s);
+        if (st != PST_OK) {
+            t->failures++;
+            break;
+        }
+        if (t->broadcast)
+            memcpy(want, t->host[root], bytes);
+        else
+            device_order_sum(want, t->host, t->D, t->n);
+        for (int d = 0; d < t->D; d++) {
+            if (!t->broadcast && d != root)
+                continue;
+            if (pst_memcpy_async(t->s[d], t->got, t->buf[d], bytes,
+                                 PST_COPY_DEVICE_TO_HOST) != PST_OK ||
+                pst_stream_synchronize(t->s[d]) != PST_OK) {
+                t->failures++;
+                continue;
+            }
+            for (size_t i = 0; i < t->n; i++) {
+                const float tol = t->exact || t->broadcast
+                                      ? 0.0f
+                                      : 4.0f * (float)t->D * FLT_EPSILON *
+                                            abs_sum(t->host, t->D, i);
+                if (!(fabsf(t->got[i] - want[i]) <= tol)) {
+                    t->failures++;
+                    break;
+                }
+            }
+        }
+    }
+    free(want);
+    return NULL;
+}
+
+static void two_comms_concurrently(const char *spec, int exact)
+{
+    pst_runtime *rt = NULL;
+    CHECK_OK(pst_runtime_init(&rt, spec));
+    two_side side[2];
+    for (int k = 0; k < 2; k++) {
+        two_side *t = &side[k];
+        *t = (two_side){.rt = rt, .D = pst_runtime_count(rt), .broadcast = k, .exact = exact,
+                        .n = 3001};
+        cr_assert(t->D <= MAXD);
+        CHECK_OK(pst_comm_init(&t->comm, rt));
+        t->got = host_floats(t->n);
+        for (int d = 0; d < t->D; d++) {
+            void *p = NULL;
+            CHECK_OK(pst_stream_create(pst_runtime_device(rt, d), &t->s[d]));
+            CHECK_OK(pst_device_alloc(pst_runtime_device(rt, d), t->n * sizeof(float), &p));
+            t->buf[d] = p;
+            t->host[d] = host_floats(t->n);
+        }
+    }
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(pthread_create(&th[k], NULL, two_side_run, &side[k]), 0);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        two_side *t = &side[k];
+        cr_expect_eq(t->failures, 0, "%s: the %s side failed %d checks", spec,
+                     t->broadcast ? "broadcast" : "reduce", t->failures);
+        pst_comm_free(t->comm);
+        for (int d = 0; d < t->D; d++) {
+            pst_device_free(pst_runtime_device(rt, d), t->buf[d]);
+            pst_stream_destroy(t->s[d]);
+            free(t->host[d]);
+        }
+        free(t->got);
+    }
+    pst_runtime_free(rt);
+}
+
+Test(collectives, two_comms_at_once_on_cpu, .timeout = 60)
+{
+    two_comms_concurrently("cpu:3", 1);
+}
+
+Test(collectives_nccl, two_comms_at_once_on_gpus, .timeout = 120)
+{
+#ifndef PSTRAIN_HAVE_CUDA
+    fprintf(stderr, "[SKIP] collectives_nccl: skipped: this build has no CUDA backend\n");
+    cr_skip_test("skipped: built without CUDA");
+#else
+    pst_runtime *rt = NULL;
+    if (pst_runtime_init(&rt, "cuda") != PST_OK) {
+        fprintf(stderr, "[SKIP] collectives_nccl: skipped: no GPU (%s)\n", pst_error_detail());
+        cr_skip_test("skipped: no GPU");
+    }
+    char spec[32] = "cuda:0";
+    for (int d = 1; d < pst_runtime_count(rt) && d < MAXD; d++)
+        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", d);
+    pst_runtime_free(rt);
+    if (strcmp(spec, "cuda:0") == 0)
+        fprintf(stderr, "collectives_nccl: one GPU: two comms are made and freed, but one "
+                        "device needs no collective\n");
+    two_comms_concurrently(spec, 0);
 #endif
 }

@@ -1,11 +1,15 @@
 /* collectives_nccl.c — the collectives of collectives.h on a CUDA runtime, through NCCL.
  *
- * Built with PSTRAIN_HAVE_CUDA only. COMPILED AND LINKED HERE, NOT RUN: it needs GPUs
- * (tests/test_collectives.c runs it under `make test-gpu` when one is present).
+ * Built with PSTRAIN_HAVE_CUDA only. Needs GPUs: tests/test_collectives.c runs it under
+ * `make test-gpu` (run on one H200: comm creation only, since one device needs no
+ * collective; several GPUs have not been tried).
  *
  * DESIGN. One process drives every GPU of the runtime, so the communicators come from
- * ncclCommInitAll (one per device, in device order; created once per runtime and shared by
- * its comms, see pst_cuda_nccl_comms). A reduce or broadcast is one NCCL call per device,
+ * ncclCommInitAll (one per device, in device order). Each pst_comm owns its own set: the
+ * executor reduces on the send streams through one comm while it broadcasts on the receive
+ * streams through another, and two NCCL operations in flight on one communicator set can
+ * deadlock (NCCL orders the operations of a communicator; ours are on different streams). A
+ * reduce or broadcast is one NCCL call per device,
  * grouped (ncclGroupStart/End) so a single thread can issue them without deadlock, each on
  * the caller's stream of that device: NCCL work is stream-ordered, which is exactly the
  * ordering collectives.h promises (after the work queued before, before the work queued
@@ -25,24 +29,32 @@
 #include "common/runtime/device_impl.h"
 
 typedef struct nccl_ctx {
-    ncclComm_t *comms; /* (count), owned by the runtime */
+    ncclComm_t comms[PST_DEVICE_MAX_COUNT]; /* (count), this comm's own */
+    int count;
 } nccl_ctx;
 
 static pst_status nccl_init(pst_comm *c)
 {
-    ncclComm_t *comms = NULL;
-    PST_TRY(pst_cuda_nccl_comms(c->rt, &comms));
     nccl_ctx *nc = calloc(1, sizeof *nc);
     if (!nc)
         return pst_error_set(PST_ERR_NOMEM, "pst_comm_init: out of memory");
-    nc->comms = comms;
+    pst_status st = pst_cuda_nccl_comms_create(c->rt, nc->comms);
+    if (st != PST_OK) {
+        free(nc);
+        return st;
+    }
+    nc->count = c->count;
     c->ctx = nc;
     return PST_OK;
 }
 
+/* Teardown errors are not reported (nothing can be done). */
 static void nccl_free(pst_comm *c)
 {
-    free(c->ctx);
+    nccl_ctx *nc = c->ctx;
+    for (int d = 0; nc && d < nc->count; d++)
+        (void)ncclCommDestroy(nc->comms[d]);
+    free(nc);
     c->ctx = NULL;
 }
 

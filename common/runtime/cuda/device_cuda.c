@@ -29,7 +29,7 @@
  * a CUDA call (host functions take it, and a CUDA call may wait for host functions); an
  * event's mu makes "record + publish the mark" and "wait + capture the mark" atomic; a
  * stream's mu guards its status and detail; a device's blas_mu its cuBLAS handle and
- * alloc_mu its allocation table; nccl_mu the lazily created NCCL communicators. */
+ * alloc_mu its allocation table. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -90,8 +90,6 @@ typedef struct pst_cuda_runtime {
     pthread_mutex_t mu;          /* free lists and mark refcounts; no CUDA call under it */
     pst_cuda_mark *free_marks;
     pst_cuda_item *free_items;
-    pthread_mutex_t nccl_mu;     /* guards comms */
-    ncclComm_t *comms;           /* (rt->count) or NULL until first asked for */
 } pst_cuda_runtime;
 
 typedef struct pst_cuda_stream {
@@ -196,23 +194,9 @@ static pst_status cuda_free_checked(void *p)
     return PST_OK;
 }
 
-static pst_status nccl_destroy(ncclComm_t c)
-{
-    PST_CUDA_CHECK(ncclCommDestroy(c));
-    return PST_OK;
-}
-
 static void cuda_runtime_free(pst_runtime *rt)
 {
     pst_cuda_runtime *crt = rt->ctx;
-    /* Teardown errors are not reported (nothing can be done); statuses are ignored. */
-    if (crt && crt->comms) {
-        for (int i = 0; i < rt->count; i++)
-            if (crt->comms[i])
-                (void)nccl_destroy(crt->comms[i]);
-        free(crt->comms);
-        crt->comms = NULL;
-    }
     for (int i = 0; i < rt->count; i++) {
         pst_cuda_device *dc = rt->devices[i].ctx;
         if (!dc)
@@ -243,7 +227,6 @@ static void cuda_runtime_free(pst_runtime *rt)
             crt->free_items = it->next_free;
             free(it);
         }
-        pthread_mutex_destroy(&crt->nccl_mu);
         pthread_mutex_destroy(&crt->mu);
         free(crt);
         rt->ctx = NULL;
@@ -316,11 +299,6 @@ static pst_status cuda_runtime_setup(pst_runtime *rt)
         free(crt);
         return pst_error_set(PST_ERR_INTERNAL, "cuda runtime: pthread_mutex_init failed");
     }
-    if (pthread_mutex_init(&crt->nccl_mu, NULL) != 0) {
-        pthread_mutex_destroy(&crt->mu);
-        free(crt);
-        return pst_error_set(PST_ERR_INTERNAL, "cuda runtime: pthread_mutex_init failed");
-    }
     rt->ctx = crt;
     for (int i = 0; i < rt->count; i++)
         PST_TRY(device_setup(&rt->devices[i], ngpus));
@@ -339,38 +317,16 @@ static pst_status cuda_runtime_init(pst_runtime *rt)
     return PST_OK;
 }
 
-static pst_status nccl_init_all(ncclComm_t *comms, int n, const int *ordinals)
+pst_status pst_cuda_nccl_comms_create(pst_runtime *rt, ncclComm_t *comms)
 {
-    PST_CUDA_CHECK(ncclCommInitAll(comms, n, ordinals));
-    return PST_OK;
-}
-
-pst_status pst_cuda_nccl_comms(pst_runtime *rt, ncclComm_t **comms)
-{
-    pst_cuda_runtime *crt = rt->ctx;
-    pst_status st = PST_OK;
     if (pst_cuda_in_host_fn)
         return pst_error_set(PST_ERR_STATE, "NCCL setup from a host function "
                              "(pst_stream_launch) is not allowed by CUDA");
-    pthread_mutex_lock(&crt->nccl_mu);
-    if (!crt->comms) {
-        int ordinals[PST_DEVICE_MAX_COUNT];
-        ncclComm_t *c = calloc((size_t)rt->count, sizeof *c);
-        if (!c) {
-            st = pst_error_set(PST_ERR_NOMEM, "cuda runtime: out of memory for NCCL");
-        } else {
-            for (int i = 0; i < rt->count; i++)
-                ordinals[i] = pst_cuda_device_ordinal(&rt->devices[i]);
-            st = nccl_init_all(c, rt->count, ordinals);
-            if (st == PST_OK)
-                crt->comms = c;
-            else
-                free(c);
-        }
-    }
-    *comms = crt->comms;
-    pthread_mutex_unlock(&crt->nccl_mu);
-    return st;
+    int ordinals[PST_DEVICE_MAX_COUNT];
+    for (int i = 0; i < rt->count; i++)
+        ordinals[i] = pst_cuda_device_ordinal(&rt->devices[i]);
+    PST_CUDA_CHECK(ncclCommInitAll(comms, rt->count, ordinals));
+    return PST_OK;
 }
 
 /* ---- memory ------------------------------------------------------------------------ */
