@@ -1,6 +1,6 @@
 /* optim_config.h — the optimizer's settings: kinds, learning-rate schedules, their names
  * and defaults. Plain configuration, so the config module (base) can parse them without
- * depending on the network library; the update math is in nn/optim.h. */
+ * depending on the network library; the update math is in optim.h. */
 #ifndef PST_OPTIM_CONFIG_H
 #define PST_OPTIM_CONFIG_H
 

@@ -18,7 +18,7 @@
 #include "common/dtype.h"
 #include "common/prom.h"
 #include "common/log.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "pserver/shard.h"
 #include "pserver/store.h"
 #include "rpc/shm.h"

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 
 #define PS_CACHE_LINE 64
 

@@ -49,7 +49,7 @@
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/error.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 
 struct pst_pool;
 

@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "common/data/data.h"
 #include "common/nn/models/models.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "ref_mlp.h"
 #include "common/runtime/device.h"
 #include "trainer/exec.h"

@@ -16,7 +16,7 @@
 
 #include "common/nn/models/models.h"
 #include "common/runtime/device.h"
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 #include "ref_gpt.h"
 
 static pst_runtime *rt;

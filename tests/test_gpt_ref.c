@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "ref_gpt.h"
 
 typedef struct dump {

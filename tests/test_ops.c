@@ -28,8 +28,8 @@
 #include "common/error.h"
 #include "common/nn/layers.h"
 #include "common/nn/ops.h"
-#include "common/runtime/pool.h"
-#include "common/nn/optim.h"
+#include "common/pool.h"
+#include "common/optim.h"
 #include "common/rng.h"
 #include "tests/check.h"
 

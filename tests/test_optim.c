@@ -1,4 +1,4 @@
-/* test_optim.c — tests for common/nn/optim.c: each optimizer against arithmetic worked out by
+/* test_optim.c — tests for common/optim.c: each optimizer against arithmetic worked out by
  * hand and against numbers produced by PyTorch 1.13, a naive scalar reference compared bit
  * for bit on a large random buffer, range splits giving identical bits, the learning-rate
  * schedules, and the name/parse/state-size helpers. */
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "common/rng.h"
 
 static pst_optim_config make_cfg(pst_optim_kind kind, float lr, float wd)

@@ -17,7 +17,7 @@
 #include "common/nn/seq_layers.h"
 #include "common/rng.h"
 #include "common/runtime/device.h"
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 
 typedef struct backend {
     const char *spec;

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/dtype.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "common/rng.h"
 #include "pserver/store.h"
 
@@ -1219,7 +1219,7 @@ Test(store, multithreaded_async_counts_every_push, .timeout = 20)
 
 /* ---- the in-process store (trainer/local.c): push_f32, caller-owned values, a pool ---- */
 
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 
 /* A one-trainer store whose master values are the caller's arrays (one per block, as a
  * trainer's parameter buffer), updated by f32 pushes read in place, with and without a

@@ -42,7 +42,7 @@
 #include "common/runtime/collectives.h"
 #include "common/log.h"
 #include "common/nn/ops.h"
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 #include "common/rng.h"
 #include "trainer/exec_impl.h"
 

@@ -10,7 +10,7 @@
 #include "common/nn/ops.h"
 #include "common/rng.h"
 #include "common/runtime/collectives.h"
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 #include "trainer/exec.h"
 #include "trainer/trace.h"
 

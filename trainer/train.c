@@ -28,7 +28,7 @@
 #include "common/rng.h"
 #include "common/metrics.h"
 #include "common/nn/models/models.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 #include "trainer/exec.h"
 #include "trainer/plan.h"
 #include "trainer/local.h"

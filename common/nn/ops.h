@@ -20,7 +20,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/nn/layers.h"
-#include "common/nn/optim.h"
+#include "common/optim.h"
 
 struct pst_pool;
 

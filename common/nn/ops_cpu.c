@@ -7,7 +7,7 @@
 #include "common/nn/layers.h"
 #include "common/nn/seq_layers.h"
 #include "common/nn/ops_impl.h"
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 
 /* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
  * parts never write the same line (a forward too narrow for that is cut by rows instead). A part whose slice is empty (a 10-wide output over 2

@@ -34,7 +34,7 @@ extern "C" {
 #include "common/nn/ops_impl.h"
 #include "common/nn/seq_layers.h" /* PST_LN_EPS */
 #include "common/dtype_math.h"
-#include "common/nn/optim_math.h"
+#include "common/optim_math.h"
 }
 
 /* Threads per block of the elementwise kernels; blocks are capped, the loops stride. */

@@ -7,7 +7,7 @@
  * bounded by the clock, not by a count of pauses: a pause takes 10 to 140 cycles depending
  * on the CPU. The mutex still orders every hand-over that ends in a sleep, so no wake-up is
  * lost. */
-#include "common/runtime/pool.h"
+#include "common/pool.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -13,7 +13,7 @@
  * does any split of a buffer into ranges. The order of operations is PyTorch's
  * (torch/optim/{sgd,adam,adamw}.py, single-tensor path), so results agree with
  * torch.optim to float rounding. */
-#include "common/nn/optim.h"
+#include "common/optim.h"
 
 #include <math.h>
 #include <string.h>
@@ -69,7 +69,7 @@ float pst_lr_at(const pst_optim_config *cfg, long t)
 #elif defined(__GNUC__)
 #pragma GCC optimize("vect-cost-model=dynamic", "fp-contract=off")
 #endif
-#include "common/nn/optim_math.h"
+#include "common/optim_math.h"
 
 /* Adam runs over blocks of this many elements, with the square roots in a stack buffer. */
 #define ADAM_BLOCK 256
