@@ -504,6 +504,94 @@ static const opt options[] = {
 };
 #define NOPTIONS ((int)(sizeof options / sizeof options[0]))
 
+/* --help and the reference list the settings by topic, in this order; each option is in
+ * exactly one topic (test_config checks: pst_config_topic_of finds every flag). */
+static const struct {
+    const char *title;
+    const char *flags; /* space-separated, in display order */
+} topics[] = {
+    {"Cluster", "role pservers trainers trainer-id pserver-id port bind mode devices "
+                "server-threads"},
+    {"Model and data", "model hidden params layers heads embd ctx dataset data val-windows "
+                       "sample temperature"},
+    {"Training", "epochs steps batch seed optimizer lr momentum beta1 beta2 eps weight-decay "
+                 "lr-schedule warmup-steps min-lr"},
+    {"Precision", "precision grad-dtype loss-scale loss-scale-window"},
+    {"Accumulation and pipelines", "acc-steps pipeline micro-batches schedule virtual-stages "
+                                   "partition"},
+    {"Communication", "block-bytes send-window overlap shm rpc-timeout-ms connect-timeout-ms"},
+    {"Checkpoints and recovery", "checkpoint-dir job-id checkpoint-every checkpoint-keep resume "
+                                 "on-failure recovery-timeout-ms peer-timeout-ms"},
+    {"Security", "token token-file trainer-tokens tls-cert tls-key tls-ca tls-client-cert "
+                 "tls-client-key"},
+    {"Pserver limits", "max-params max-memory max-calls max-wait-ms"},
+    {"Threads and CPUs", "threads compute-cpus cpu-replicas"},
+    {"Monitoring", "metrics-port metrics log-level progress trace trace-steps"},
+    {"Test hooks (for the project's tests)", "test-crash test-overflow test-jitter"},
+    {"This program", "check-config help config-reference"},
+};
+#define NTOPICS ((int)(sizeof topics / sizeof topics[0]))
+
+/* The option named by the word at flags[0..len), or NULL. */
+static const opt *find_option(const char *flag, size_t len)
+{
+    for (int i = 0; i < NOPTIONS; i++)
+        if (strlen(options[i].flag) == len && !strncmp(options[i].flag, flag, len))
+            return &options[i];
+    return NULL;
+}
+
+/* Calls fn(o, arg) for every option of topic t, in the topic's order. */
+static void topic_each(int t, void (*fn)(const opt *o, void *arg), void *arg)
+{
+    for (const char *p = topics[t].flags; *p;) {
+        size_t n = strcspn(p, " ");
+        const opt *o = find_option(p, n);
+        if (o)
+            fn(o, arg);
+        p += n;
+        p += strspn(p, " ");
+    }
+}
+
+int pst_config_topic_of(const char *flag)
+{
+    for (int t = 0; t < NTOPICS; t++)
+        for (const char *p = topics[t].flags; *p;) {
+            size_t n = strcspn(p, " ");
+            if (strlen(flag) == n && !strncmp(p, flag, n))
+                return t;
+            p += n;
+            p += strspn(p, " ");
+        }
+    return -1;
+}
+
+int pst_config_unlisted_options(char *out, size_t size)
+{
+    int n = 0;
+    if (size)
+        out[0] = '\0';
+    for (int i = 0; i < NOPTIONS; i++)
+        if (pst_config_topic_of(options[i].flag) < 0) {
+            size_t used = strlen(out);
+            snprintf(out + used, size - used, "%s--%s", n ? " " : "", options[i].flag);
+            n++;
+        }
+    for (int t = 0; t < NTOPICS; t++)
+        for (const char *p = topics[t].flags; *p;) {
+            size_t k = strcspn(p, " ");
+            if (!find_option(p, k)) {
+                size_t used = strlen(out);
+                snprintf(out + used, size - used, "%s(topic word %.*s)", n ? " " : "", (int)k, p);
+                n++;
+            }
+            p += k;
+            p += strspn(p, " ");
+        }
+    return n;
+}
+
 static pst_status parse_number(const char *v, double *out, int integer)
 {
     char *e;
@@ -955,22 +1043,36 @@ const char *pst_mode_name(pst_mode m)
     return m == PST_MODE_ASYNC ? "async" : "sync";
 }
 
+typedef struct help_ctx {
+    FILE *out;
+    unsigned rmask;
+    int shown; /* options of this topic printed so far */
+    const char *title;
+} help_ctx;
+
+static void help_line(const opt *o, void *arg)
+{
+    help_ctx *h = arg;
+    if (!(o->roles & h->rmask))
+        return;
+    if (!h->shown++)
+        fprintf(h->out, "\n%s:\n", h->title);
+    char left[64];
+    snprintf(left, sizeof left, "--%s%s%s", o->flag, o->example[0] ? " " : "",
+             o->type == OPT_BOOL ? "" : o->example);
+    fprintf(h->out, "  %-40s %s\n", left, o->help);
+    if (o->env)
+        fprintf(h->out, "  %-40s   env %s%s%s%s%s\n", "", o->env, o->alias ? ", " : "",
+                o->alias ? o->alias : "", o->alias2 ? ", " : "", o->alias2 ? o->alias2 : "");
+}
+
 void pst_config_print_help(FILE *out, pst_role role, const char *prog)
 {
-    unsigned rmask = 1u << role;
     fprintf(out, "usage: %s [--flag value | --flag=value] ...\n", prog);
-    fprintf(out, "Every flag can also be set by its environment variable; flags win.\n\n");
-    for (int i = 0; i < NOPTIONS; i++) {
-        const opt *o = &options[i];
-        if (!(o->roles & rmask))
-            continue;
-        char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", o->flag, o->example[0] ? " " : "",
-                 o->type == OPT_BOOL ? "" : o->example);
-        fprintf(out, "  %-40s %s\n", left, o->help);
-        if (o->env)
-            fprintf(out, "  %-40s   env %s%s%s%s%s\n", "", o->env, o->alias ? ", " : "",
-                    o->alias ? o->alias : "", o->alias2 ? ", " : "", o->alias2 ? o->alias2 : "");
+    fprintf(out, "Every flag can also be set by its environment variable; flags win.\n");
+    for (int t = 0; t < NTOPICS; t++) {
+        help_ctx h = {.out = out, .rmask = 1u << role, .title = topics[t].title};
+        topic_each(t, help_line, &h);
     }
 }
 
@@ -1110,6 +1212,56 @@ static void json_value(const char *json, const char *flag, char *out, size_t siz
     out[n] = '\0';
 }
 
+typedef struct ref_ctx {
+    FILE *out;
+    const pst_config *defaults; /* the trainer's */
+    const char *json;           /* both programs' defaults, as --check-config prints them */
+} ref_ctx;
+
+/* One row of the reference's table for o. */
+static void ref_row(const opt *o, void *arg)
+{
+    const ref_ctx *r = arg;
+    char flag[80], env[80] = "", alias[96] = "", def[256] = "", range[64] = "";
+    snprintf(flag, sizeof flag, "`--%s`", o->flag);
+    if (o->env)
+        snprintf(env, sizeof env, "`%s`", o->env);
+    if (o->alias)
+        snprintf(alias, sizeof alias, "`%s`%s%s%s", o->alias, o->alias2 ? ", `" : "",
+                 o->alias2 ? o->alias2 : "", o->alias2 ? "`" : "");
+    const char *prog = o->roles == R_ALL ? "both" : o->roles == R_TRAINER ? "trainer"
+                                                                            : "pserver";
+    const char *base = (const char *)r->defaults + o->off;
+    switch (o->type) {
+    case OPT_INT: snprintf(def, sizeof def, "%d", *(const int *)base); break;
+    case OPT_LONG: snprintf(def, sizeof def, "%ld", *(const long *)base); break;
+    case OPT_U64:
+        snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)base);
+        break;
+    case OPT_FLOAT: snprintf(def, sizeof def, "%g", (double)*(const float *)base); break;
+    case OPT_BYTES: snprintf(def, sizeof def, "%zu", *(const size_t *)base); break;
+    case OPT_BOOL: snprintf(def, sizeof def, "%d", *(const int *)base); break;
+    case OPT_STR: snprintf(def, sizeof def, "%s", base); break;
+    case OPT_FN: json_value(r->json, o->flag, def, sizeof def); break;
+    }
+    if (o->type == OPT_STR && !strcmp(o->flag, "token"))
+        def[0] = '\0'; /* never printed, even empty */
+    if (o->type == OPT_BOOL)
+        snprintf(range, sizeof range, "0 or 1");
+    else if (o->max > o->min && o->type != OPT_STR && o->type != OPT_FN)
+        snprintf(range, sizeof range, "%.17g .. %.17g", o->min, o->max);
+    char defcell[270];
+    snprintf(defcell, sizeof defcell, def[0] ? "`%s`" : "%s", def);
+    md_cell(r->out, flag);
+    md_cell(r->out, env);
+    md_cell(r->out, alias);
+    md_cell(r->out, prog);
+    md_cell(r->out, defcell);
+    md_cell(r->out, range);
+    md_cell(r->out, o->help);
+    fputs("|\n", r->out);
+}
+
 void pst_config_print_reference(FILE *out)
 {
     pst_config d, dp;
@@ -1136,48 +1288,13 @@ void pst_config_print_reference(FILE *out)
           "`--check-config`. Manifests written for PaddlePaddle's PS mode work as they are: "
           "its variables are the \"Paddle's name\" column. The other errors a user can "
           "meet: [troubleshooting.md](troubleshooting.md).\n\n"
-          "| flag | variable | Paddle's name | program | default | range | meaning |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |\n", out);
-    for (int i = 0; i < NOPTIONS; i++) {
-        const opt *o = &options[i];
-        char flag[80], env[80] = "", alias[96] = "", def[256] = "", range[64] = "";
-        snprintf(flag, sizeof flag, "`--%s`", o->flag);
-        if (o->env)
-            snprintf(env, sizeof env, "`%s`", o->env);
-        if (o->alias)
-            snprintf(alias, sizeof alias, "`%s`%s%s%s", o->alias, o->alias2 ? ", `" : "",
-                     o->alias2 ? o->alias2 : "", o->alias2 ? "`" : "");
-        const char *prog = o->roles == R_ALL ? "both" : o->roles == R_TRAINER ? "trainer"
-                                                                                : "pserver";
-        const char *base = (const char *)&d + o->off;
-        switch (o->type) {
-        case OPT_INT: snprintf(def, sizeof def, "%d", *(const int *)base); break;
-        case OPT_LONG: snprintf(def, sizeof def, "%ld", *(const long *)base); break;
-        case OPT_U64:
-            snprintf(def, sizeof def, "%llu", (unsigned long long)*(const uint64_t *)base);
-            break;
-        case OPT_FLOAT: snprintf(def, sizeof def, "%g", (double)*(const float *)base); break;
-        case OPT_BYTES: snprintf(def, sizeof def, "%zu", *(const size_t *)base); break;
-        case OPT_BOOL: snprintf(def, sizeof def, "%d", *(const int *)base); break;
-        case OPT_STR: snprintf(def, sizeof def, "%s", base); break;
-        case OPT_FN: json_value(json ? json : "", o->flag, def, sizeof def); break;
-        }
-        if (o->type == OPT_STR && !strcmp(o->flag, "token"))
-            def[0] = '\0'; /* never printed, even empty */
-        if (o->type == OPT_BOOL)
-            snprintf(range, sizeof range, "0 or 1");
-        else if (o->max > o->min && o->type != OPT_STR && o->type != OPT_FN)
-            snprintf(range, sizeof range, "%.17g .. %.17g", o->min, o->max);
-        char defcell[270];
-        snprintf(defcell, sizeof defcell, def[0] ? "`%s`" : "%s", def);
-        md_cell(out, flag);
-        md_cell(out, env);
-        md_cell(out, alias);
-        md_cell(out, prog);
-        md_cell(out, defcell);
-        md_cell(out, range);
-        md_cell(out, o->help);
-        fputs("|\n", out);
+          "The settings by topic, in the order `--help` lists them:\n", out);
+    ref_ctx r = {.out = out, .defaults = &d, .json = json ? json : ""};
+    for (int t = 0; t < NTOPICS; t++) {
+        fprintf(out, "\n## %s\n\n", topics[t].title);
+        fputs("| flag | variable | Paddle's name | program | default | range | meaning |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |\n", out);
+        topic_each(t, ref_row, &r);
     }
     free(json);
 }

@@ -170,6 +170,10 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                            pst_getenv_fn getenv_fn);
 /* --help text: every flag with its environment variable, example and meaning. */
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
+/* The topic (an index into the help's list of topics) of the option --flag, or -1. */
+int pst_config_topic_of(const char *flag);
+/* The number of options in no topic plus topic words that name no option, listed in out. */
+int pst_config_unlisted_options(char *out, size_t size);
 /* The resolved configuration as one JSON object on one line. */
 void pst_config_print(FILE *out, const pst_config *cfg);
 /* Every setting of both programs as docs/configuration.md holds it (Markdown: flag,

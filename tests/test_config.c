@@ -1103,6 +1103,33 @@ Test(config, help_lists_variables)
     free(p);
 }
 
+/* --help lists the settings by topic: every option is in exactly one topic, the topics'
+ * headings come in order, and a setting sits under its own topic's heading. */
+Test(config, help_is_grouped_by_topic)
+{
+    char unlisted[512];
+    cr_expect_eq(pst_config_unlisted_options(unlisted, sizeof unlisted), 0,
+                 "options in no topic, or topic words naming no option: %s", unlisted);
+    cr_expect_eq(pst_config_topic_of("checkpoint-every"), pst_config_topic_of("resume"));
+    cr_expect_neq(pst_config_topic_of("checkpoint-every"), pst_config_topic_of("lr"));
+    cr_expect_eq(pst_config_topic_of("no-such-flag"), -1);
+    char *t = help_text(PST_ROLE_TRAINER), *p = help_text(PST_ROLE_PSERVER);
+    const char *cl = strstr(t, "\nCluster:\n"), *tr = strstr(t, "\nTraining:\n");
+    const char *ck = strstr(t, "\nCheckpoints and recovery:\n");
+    cr_assert(cl && tr && ck, "topic headings missing from the trainer's help:\n%s", t);
+    cr_expect(cl < tr && tr < ck, "topics out of order");
+    const char *lr = strstr(t, "  --lr "), *every = strstr(t, "  --checkpoint-every ");
+    cr_assert(lr && every);
+    cr_expect(lr > tr && lr < ck, "--lr is not under Training");
+    cr_expect(every > ck, "--checkpoint-every is not under Checkpoints and recovery");
+    /* a topic with none of a program's settings has no heading in its help */
+    cr_expect_null(strstr(p, "\nTraining:\n"), "the pserver's help shows an empty topic");
+    expect_has(p, "\nPserver limits:\n");
+    cr_expect_null(strstr(t, "\nPserver limits:\n"));
+    free(t);
+    free(p);
+}
+
 Test(config, help_lists_every_variable_config_reads)
 {
     /* Every "PSTRAIN_..." string literal in config.c is a variable the table reads; each
