@@ -1,12 +1,12 @@
 # pstrain: `make` builds into build/ (binaries in build/bin/), `make test` runs the whole
-# suite, `make demo` runs the main job. test and demo install missing Debian packages first.
+# suite, `make demo` runs the main job. test, demo and install install missing Debian packages first.
 # The CUDA backend is compiled whenever the CUDA toolkit is found (PSTRAIN_CUDA=AUTO); pass
 # CMAKE_FLAGS=-DPSTRAIN_CUDA=OFF for a CPU-only build. `make test-gpu` is for GPU machines.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test test-tsan test-nocuda test-gpu demo bench fuzz docs clean
+.PHONY: all deps configure build install test test-tsan test-nocuda test-gpu demo bench fuzz docs clean
 
 all: build
 
@@ -20,6 +20,14 @@ configure: $(BUILD)/CMakeCache.txt
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# trainer, pserver and pslaunch into $(DESTDIR)$(PREFIX)/bin, and their man pages (made from
+# --help by help2man) into $(DESTDIR)$(PREFIX)/share/man/man1 (scripts/install.sh). Fails
+# with one line, without sudo, when PREFIX is not writable: PREFIX=$HOME/.local, or as root.
+PREFIX ?= /usr/local
+install: deps
+	$(MAKE) build
+	scripts/install.sh "$(DESTDIR)$(PREFIX)" $(BUILD)
 
 test: deps
 	$(MAKE) build

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Installs the Debian packages pstrain needs to build, test and run its demo.
+# Installs the Debian packages pstrain needs to build, test, run its demo and install
+# (help2man makes the man pages of make install).
 # Idempotent and quiet when everything is present; uses sudo when not root.
 # usage: scripts/deps.sh [extra-package ...]   (bench/ passes python3-torch, iperf3)
 set -eu
@@ -7,7 +8,7 @@ set -eu
 pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
       dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libssl-dev openssl
       libmicrohttpd-dev python3-prometheus-client python3-matplotlib
-      bible-kjv iproute2 $*"
+      bible-kjv iproute2 help2man $*"
 
 missing=""
 for p in $pkgs; do
