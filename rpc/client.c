@@ -137,6 +137,31 @@ static void attempt_clear(struct cl_call *c)
 /* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_UNAVAILABLE
  * for a server given up (rpc_client_give_up), PST_ERR_INTERNAL
  * when gRPC refuses the batch. */
+/* The detail of an error the pserver answered with: its text first (the cause: "trainer 1
+ * left the job at step 5494 (stopped by signal)"), then where it was seen, in brackets. A
+ * leading "<Method>: " or "<Method> of block N: " of the pserver's text moves into the
+ * brackets: "... [pserver 10.0.0.1:7164 Pull of block 0]". */
+static void server_detail(char *out, size_t size, const char *addr, const char *mname,
+                          const char *text)
+{
+    const char *cause = text;
+    char where[64];
+    snprintf(where, sizeof where, "%s", mname);
+    const size_t m = strlen(mname);
+    if (!strncmp(text, mname, m)) {
+        const char *p = text + m;
+        unsigned block;
+        int used = 0;
+        if (!strncmp(p, ": ", 2)) {
+            cause = p + 2;
+        } else if (sscanf(p, " of block %u: %n", &block, &used) == 1 && used > 0) {
+            cause = p + used;
+            snprintf(where, sizeof where, "%s of block %u", mname, block);
+        }
+    }
+    snprintf(out, size, "%s [pserver %s %s]", cause, addr, where);
+}
+
 static pst_status attempt_start(struct cl_call *c)
 {
     rpc_client *cl = c->cl;
@@ -150,9 +175,10 @@ static pst_status attempt_start(struct cl_call *c)
                              cl->addrs[c->server], rpc_method_name(c->method));
     }
     if (cl->gone[c->server]) { /* rpc_client_give_up: not even tried */
-        pst_status st = pst_error_set(PST_ERR_UNAVAILABLE, "pserver %s %s: %s",
-                                      cl->addrs[c->server], rpc_method_name(c->method),
-                                      cl->gone[c->server]);
+        char detail[CL_DETAIL];
+        server_detail(detail, sizeof detail, cl->addrs[c->server], rpc_method_name(c->method),
+                      cl->gone[c->server]);
+        pst_status st = pst_error_set(PST_ERR_UNAVAILABLE, "%s", detail);
         pthread_mutex_unlock(&cl->mu);
         return st;
     }
@@ -333,8 +359,7 @@ static void on_complete(struct cl_call *c)
             return;
         pthread_mutex_lock(&cl->mu);
         if (cl->gone[c->server]) {
-            snprintf(detail, sizeof(detail), "pserver %s %s: %s", addr, mname,
-                     cl->gone[c->server]);
+            server_detail(detail, sizeof detail, addr, mname, cl->gone[c->server]);
             pthread_mutex_unlock(&cl->mu);
             call_finish(c, st, detail, NULL);
             return;
@@ -366,8 +391,7 @@ static void on_complete(struct cl_call *c)
         return;
     }
     if (st != PST_OK) {
-        snprintf(detail, sizeof(detail), "pserver %s %s: %s", addr, mname,
-                 text[0] ? text : pst_strerror(st));
+        server_detail(detail, sizeof detail, addr, mname, text[0] ? text : pst_strerror(st));
         call_finish(c, st, detail, NULL);
         return;
     }

@@ -212,6 +212,60 @@ static void distributed_vs_local(int S, int T, const char *const flags[])
                   S, T, l2_local, l2_dist, rel);
 }
 
+/* ---- errors lead with the cause ---------------------------------------------------------
+ * The first line a process prints for a failure (the first stderr line that is not an INFO,
+ * DEBUG or WARN log line; pslaunch's "[trainer 0] " prefix and a log line's time and level
+ * taken off, then the program's "name: ") must begin with the cause; where it was seen comes
+ * after it. */
+static const char *skip_prefixes(const char *line)
+{
+    if (line[0] == '[') { /* pslaunch: "[trainer 0] " */
+        const char *e = strstr(line, "] ");
+        if (e)
+            line = e + 2;
+    }
+    int hh, mm, ss, ms, n = 0;
+    char level[8];
+    if (sscanf(line, "%2d:%2d:%2d.%3d %7s %n", &hh, &mm, &ss, &ms, level, &n) == 5 && n > 0)
+        line += n;
+    const char *colon = strstr(line, ": ");
+    const char *space = strchr(line, ' ');
+    if (colon && (!space || colon < space)) /* "trainer: ", "pserver[0]: " */
+        line = colon + 2;
+    return line;
+}
+
+static int is_quiet_log_line(const char *line)
+{
+    if (line[0] == '[') {
+        const char *e = strstr(line, "] ");
+        if (e)
+            line = e + 2;
+    }
+    int hh, mm, ss, ms, n = 0;
+    char level[8];
+    if (sscanf(line, "%2d:%2d:%2d.%3d %7s %n", &hh, &mm, &ss, &ms, level, &n) != 5)
+        return 0;
+    return !strcmp(level, "INFO") || !strcmp(level, "DEBUG") || !strcmp(level, "WARN");
+}
+
+static void expect_cause_first(const char *err, const char *cause)
+{
+    char *copy = strdup(err), *save = NULL;
+    cr_assert_not_null(copy);
+    const char *first = NULL;
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        if (!is_quiet_log_line(line) && line[0]) {
+            first = line;
+            break;
+        }
+    cr_assert(first, "no failure line in:\n%s", err);
+    cr_assert(!strncmp(skip_prefixes(first), cause, strlen(cause)),
+              "the first failure line does not begin with the cause '%s':\n  %s\nstderr:\n%s",
+              cause, first, err);
+    free(copy);
+}
+
 Test(cluster, sync_2_pservers_2_trainers_equals_local)
 {
     const char *flags[] = {"--hidden", "32", "--batch", "64", "--steps", "40", "--seed", "7",
@@ -1188,6 +1242,7 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     cr_assert_eq(rc, 2, "require with a damaged newest checkpoint exited %d:\n%s", rc, err);
     cr_assert(strstr(err, "step-000000000010.ckpt") && strstr(err, "checksum"), "%s", err);
     cr_assert(strstr(err, "--resume require"), "%s", err);
+    expect_cause_first(err, "the newest checkpoint in");
     free(out);
     free(err);
     expect_resumed(local, dir, 5, -1, &want); /* auto falls back */
@@ -2226,6 +2281,7 @@ Test(cluster, token_keeps_out_who_lacks_it, .timeout = 120)
     cr_assert(WIFEXITED(t->status) && WEXITSTATUS(t->status) == 2, "0x%x:\n%s", t->status, err);
     cr_assert(strstr(err, "needs the job's token (PSTRAIN_TOKEN or PSTRAIN_TOKEN_FILE)"), "%s",
               err);
+    expect_cause_first(err, "this pserver needs the job's token");
     cr_assert(!strstr(err, "3f9c0e51b2d84a7"), "the token is in the log:\n%s", err);
     free(err);
 
@@ -2857,6 +2913,7 @@ static void expect_released(proc *t0, const char *reason, const char *also)
               "trainer 0 exit status 0x%x; stderr:\n%s", t0->status, err);
     cr_assert(strstr(err, reason), "no '%s' in:\n%s", reason, err);
     cr_assert(!also || strstr(err, also), "no '%s' in:\n%s", also, err);
+    expect_cause_first(err, reason);
     free(err);
 }
 
@@ -2879,6 +2936,7 @@ Test(cluster, trainer_with_other_flags_exits_2)
               "trainer 1 exit status 0x%x, want exit 2; stderr:\n%s", t1->status, err);
     cr_assert(strstr(err, "differ") || strstr(err, "other blocks") || strstr(err, "block 0 is"),
               "trainer 1 does not say what differs:\n%s", err);
+    expect_cause_first(err, "trainer 1's block plan or settings differ from trainer 0's");
     free(err);
     expect_released(t0, "trainer 1 left the job before step 0", NULL);
     pserver_stop(ps);
@@ -3425,6 +3483,9 @@ Test(cluster, dead_pserver_fails_in_bounded_time_naming_it)
     for (char *line = strtok(err, "\n"); line; line = strtok(NULL, "\n"))
         named |= strstr(line, addr) != NULL;
     cr_assert(named, "no stderr line names %s:\n%s", addr, err);
+    char cause[96];
+    snprintf(cause, sizeof cause, "pserver %s unavailable", addr);
+    expect_cause_first(err, cause);
     free(err);
 }
 

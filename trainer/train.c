@@ -579,17 +579,18 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
     long job_version = (long)link->start_version; /* of the newest job state written */
     if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
         cfg->mode == PST_MODE_ASYNC && !link->has_start_state) {
-        st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: no pserver holds a whole "
-                           "async checkpoint of this job in its --checkpoint-dir (see their "
-                           "logs; --resume auto starts afresh)");
+        st = pst_error_set(PST_ERR_NOT_FOUND, "no pserver holds a whole async checkpoint of "
+                           "this job in its --checkpoint-dir (see their logs), and --resume "
+                           "require does not start afresh (--resume auto does)");
         goto error;
     }
     if (job_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
         (job_version == 0 || job_version != newest)) {
-        st = pst_error_set(PST_ERR_NOT_FOUND, "--resume require: the newest checkpoint in %s "
-                           "(step %ld) %s (see the warnings above and the pservers' logs; "
-                           "--resume auto falls back to an older one)", cfg->checkpoint_dir,
-                           newest, newest ? "is not whole" : "does not exist");
+        st = pst_error_set(PST_ERR_NOT_FOUND, "the newest checkpoint in %s (step %ld) %s "
+                           "(see the warnings above and the pservers' logs), and --resume "
+                           "require does not fall back (--resume auto uses an older one)",
+                           cfg->checkpoint_dir, newest,
+                           newest ? "is not whole" : "does not exist");
         goto error;
     }
     if (first > total) {
