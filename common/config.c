@@ -329,23 +329,6 @@ static pst_status parse_trace_steps(pst_config *cfg, const char *v, const char *
     return PST_OK;
 }
 
-static pst_status parse_jitter(pst_config *cfg, const char *v, const char *where,
-                               const char *ex)
-{
-    char *e;
-    errno = 0;
-    unsigned long long seed = strtoull(v, &e, 10);
-    if (e == v || *e != ':' || errno || v[0] == '-')
-        return bad(where, v, "expected SEED:MAX_MICROSECONDS", ex);
-    const char *p = e + 1;
-    long us = strtol(p, &e, 10);
-    if (e == p || *e || errno || us < 0 || us > 1000000)
-        return bad(where, v, "expected SEED:MAX_MICROSECONDS with 0..1000000 microseconds", ex);
-    cfg->jitter_seed = seed;
-    cfg->jitter_us = (unsigned)us;
-    return PST_OK;
-}
-
 static pst_status parse_model(pst_config *cfg, const char *v, const char *where, const char *ex)
 {
     if (strcmp(v, "mlp") != 0 && strcmp(v, "gpt") != 0 && strcmp(v, "synthetic") != 0)
@@ -467,7 +450,6 @@ static const opt options[] = {
     {"shm", "PSTRAIN_SHM", NULL, NULL, "off", "sync payloads between a trainer and a pserver on the same host: auto (through shared memory when both can map it, else in the calls) or off (always in the calls)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_shm},
     {"recovery-timeout-ms", "PSTRAIN_RECOVERY_TIMEOUT_MS", NULL, NULL, "300000", "--on-failure wait: exit 1 when the job has not gone on this long after a failure", R_ALL, OPT_LONG, F(recovery_timeout_ms), 1000, 86400000, NULL},
     {"peer-timeout-ms", "PSTRAIN_PEER_TIMEOUT_MS", NULL, NULL, "5000", "a peer that stops answering keepalive pings for this long (or whose process dies: at once) is gone: a pserver tells the other trainers, a trainer stops waiting for that pserver", R_ALL, OPT_LONG, F(peer_timeout_ms), 100, 3600000, NULL},
-    {"test-crash", "PSTRAIN_TEST_CRASH", NULL, NULL, "12", "test hook: the trainer dies (_exit(3), no Finish) as it starts this step (-1: never)", R_TRAINER, OPT_LONG, F(test_crash_step), -1, 1e12, NULL},
     {"pipeline", "PSTRAIN_PIPELINE", NULL, NULL, "4", "pipeline stages: the model's layers split over this many of the trainer's devices (PSTRAIN_DEVICES=cpu:P); 1: no pipeline", R_TRAINER, OPT_INT, F(pipeline), 1, 64, NULL},
     {"micro-batches", "PSTRAIN_MICRO_BATCHES", NULL, NULL, "8", "pipeline: micro-batches per step (the trainer's rows split in M)", R_TRAINER, OPT_INT, F(micro_batches), 1, 4096, NULL},
     {"schedule", "PSTRAIN_SCHEDULE", NULL, NULL, "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved (needs --virtual-stages >= 2 and --micro-batches a multiple of --pipeline)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_pipe_schedule},
@@ -475,7 +457,6 @@ static const opt options[] = {
     {"partition", "PSTRAIN_PARTITION", NULL, NULL, "2,3,3,2", "pipeline: layers per model chunk, first to last (default: balanced by compute)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_partition},
     {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two from 2^-24 to 2^24 (PyTorch GradScaler's default 2^16); halved on every overflow, doubled after --loss-scale-window good steps up to 2^24", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p24, NULL},
     {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
-    {"test-overflow", "PSTRAIN_TEST_OVERFLOW", NULL, NULL, "3", "test hook (fp16): this trainer's gradient overflows at this step, as if a value were infinite (-1: never)", R_TRAINER, OPT_LONG, F(test_overflow_step), -1, 1e12, NULL},
     {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
     {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam or adamw", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
     {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 1e6, NULL},
@@ -495,7 +476,6 @@ static const opt options[] = {
     {"cpu-replicas", "PSTRAIN_CPU_REPLICAS", NULL, NULL, "0", "1: every CPU device keeps its own parameter copy and takes the GPU schedule (per-device reduce, staging, broadcast); 0: CPU devices share one copy", R_TRAINER, OPT_BOOL, F(cpu_replicas), 0, 0, NULL},
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
-    {"test-jitter", "PSTRAIN_TEST_JITTER", NULL, NULL, "7:200", "test hook: random delays of 0..US microseconds before every stream item and RPC, SEED:US", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_jitter},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "compute threads, shared by the local CPU devices (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"compute-cpus", "PSTRAIN_COMPUTE_CPUS", NULL, NULL, "0-3", "pin the compute threads (every CPU device's compute stream and thread team) to these CPUs, e.g. to keep them apart from the communication's; unset = not pinned", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_cpus},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
@@ -527,7 +507,6 @@ static const struct {
     {"Pserver limits", "max-params max-memory max-calls max-wait-ms"},
     {"Threads and CPUs", "threads compute-cpus cpu-replicas"},
     {"Monitoring", "metrics-port metrics log-level progress trace trace-steps"},
-    {"Test hooks (for the project's tests)", "test-crash test-overflow test-jitter"},
     {"This program", "check-config help config-reference"},
 };
 #define NTOPICS ((int)(sizeof topics / sizeof topics[0]))
@@ -705,7 +684,6 @@ void pst_config_defaults(pst_config *cfg)
     cfg->grad_dtype = PST_F32;
     cfg->acc_steps = 1;
     cfg->checkpoint_every = 100;
-    cfg->test_crash_step = -1;
     cfg->peer_timeout_ms = 5000;
     cfg->recovery_timeout_ms = 300000;
     cfg->metrics_port = -1;
@@ -719,7 +697,6 @@ void pst_config_defaults(pst_config *cfg)
     cfg->virtual_stages = 1;
     cfg->loss_scale = 65536.0f;
     cfg->loss_scale_window = 2000;
-    cfg->test_overflow_step = -1;
     cfg->trace_first = 10;
     cfg->trace_last = 12;
 }

@@ -122,8 +122,6 @@ typedef struct pst_config {
     long max_wait_ms;                              /* longest a call waits unanswered */
     long recovery_timeout_ms;                      /* --on-failure wait: give up after this
                                                     * long without the job going on */
-    long test_crash_step;                          /* test hook: _exit(3) at this step, as
-                                                    * if killed (-1: never) */
     /* pipeline parallelism inside the trainer (trainer/pipe_sched.h, exec.h) */
     int pipeline;                                  /* stages P (1: none) */
     int micro_batches;                             /* M: micro-batches per step, pipelined */
@@ -135,8 +133,6 @@ typedef struct pst_config {
     float loss_scale;                              /* fp16: initial dynamic loss scale */
     long loss_scale_window;                        /* fp16: steps without overflow before
                                                     * the scale doubles */
-    long test_overflow_step;                       /* test hook: fp16 overflow forced at this
-                                                    * step (-1: none) */
     /* output */
     char metrics_path[PST_PATH_MAX];
     int metrics_port;                              /* /metrics (common/prom.h); -1: off */
@@ -146,8 +142,6 @@ typedef struct pst_config {
     int cpu_replicas;                              /* 1: each CPU device its own parameter copy */
     char trace_path[PST_PATH_MAX];                 /* Chrome trace file, "" = none */
     long trace_first, trace_last;                  /* steps traced (inclusive) */
-    uint64_t jitter_seed;                          /* test hook: random delays in streams */
-    unsigned jitter_us;                            /* and before RPCs, 0..jitter_us each */
     int threads;                                   /* compute threads, shared by the CPU
                                                     * devices; 0 = one per core */
     char compute_cpus[128];                        /* CPU list the compute threads are pinned

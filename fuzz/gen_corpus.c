@@ -330,7 +330,7 @@ static void config(void)
     config_input("trainer-gpt-pipeline", 0, gpt, NULL);
     const char *const fp16[] = {"--precision=fp16", "--loss-scale", "1024",
                                 "--loss-scale-window", "100", "--overlap", "false",
-                                "--trace-steps", "2:4", "--test-jitter", "7:200",
+                                "--trace-steps", "2:4",
                                 "--send-window=8M", "--lr-schedule", "warmup_cosine",
                                 "--check-config", NULL};
     config_input("trainer-fp16", 0, fp16, NULL);

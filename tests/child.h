@@ -55,16 +55,23 @@ static int controlled_var(const char *kv)
            strncmp(kv, "NETLAB_NAME=", 12) == 0;
 }
 
-/* Ours minus the controlled variables, plus `env`; built before fork. Free only the array. */
+/* "PSTRAIN_TEST_HOOKS=..." (trainer/test_hooks.h: the faults a test injects) for the
+ * children started while it is set; NULL: none. A PSTRAIN_TEST_HOOKS entry of the call's own
+ * env wins. */
+static const char *child_hooks;
+
+/* Ours minus the controlled variables, plus `env` (and child_hooks); built before fork.
+ * Free only the array. */
 static char **child_environment(const char *const env[])
 {
     extern char **environ;
     size_t n = 0, k = 0;
+    int own_hooks = 0;
     for (char **e = environ; *e; e++)
         n++;
-    for (int i = 0; env && env[i]; i++)
-        n++;
-    char **envp = calloc(n + 1, sizeof *envp);
+    for (int i = 0; env && env[i]; i++, n++)
+        own_hooks |= strncmp(env[i], "PSTRAIN_TEST_HOOKS=", 19) == 0;
+    char **envp = calloc(n + 2, sizeof *envp);
     if (!envp)
         return NULL;
     for (char **e = environ; *e; e++)
@@ -72,6 +79,8 @@ static char **child_environment(const char *const env[])
             envp[k++] = *e;
     for (int i = 0; env && env[i]; i++)
         envp[k++] = (char *)env[i];
+    if (child_hooks && !own_hooks)
+        envp[k++] = (char *)child_hooks;
     envp[k] = NULL;
     return envp;
 }

@@ -294,7 +294,7 @@ Test(cluster, sync_many_small_blocks_adam_equals_local)
 /* Multi-device trainers (issue: the executor): the same global batch on cpu:1, cpu:2 and
  * cpu:4 devices per trainer, local and with 2 pservers x 2 trainers, gives the same
  * param_l2 (relative 1e-6); and random delays injected in every stream and before every
- * RPC (the --test-jitter hook) over several seeds neither deadlock nor lose a block: the
+ * RPC (the jitter test hook, trainer/test_hooks.h) over several seeds neither deadlock nor lose a block: the
  * result equals the undelayed run's bits. */
 /* Runs argv on `devices` (PSTRAIN_DEVICES), which must exit 0; returns its stdout. */
 static char *stdout_of(const char *const argv[], const char *devices)
@@ -616,7 +616,8 @@ Test(cluster, fp16_overflow_skips_the_step_everywhere, .timeout = 240)
         proc *tr[2];
         for (int t = 0; t < 2; t++) {
             snprintf(ids[t], sizeof ids[t], "PSTRAIN_TRAINER_ID=%d", t);
-            snprintf(ovf[t], sizeof ovf[t], "PSTRAIN_TEST_OVERFLOW=%d", round < 2 && t == 1 ? 3 : -1);
+            snprintf(ovf[t], sizeof ovf[t], "PSTRAIN_TEST_HOOKS=%s",
+                     round < 2 && t == 1 ? "overflow=3" : "");
             snprintf(met[t], sizeof met[t], "PSTRAIN_METRICS=%s", metrics[t]);
             const char *env[] = {pservers, "PSTRAIN_TRAINERS=2", ids[t], ovf[t], met[t], NULL};
             tr[t] = proc_start(argv, env);
@@ -854,12 +855,21 @@ static void with_args(const char **out, const char *const argv[], const char *co
 static int run_ckpt(const char *const argv[], const char *const more[], const char *dir,
                     char **out, char **err)
 {
-    const char *args[64];
-    with_args(args, argv, more);
+    /* an item "PSTRAIN_TEST_HOOKS=..." of `more` goes into the environment */
+    const char *args[64], *flags[32], *hooks = NULL;
+    int nf = 0;
+    for (int i = 0; more[i]; i++) {
+        if (!strncmp(more[i], "PSTRAIN_TEST_HOOKS=", 19))
+            hooks = more[i];
+        else if (nf < 31)
+            flags[nf++] = more[i];
+    }
+    flags[nf] = NULL;
+    with_args(args, argv, flags);
     char env_dir[600];
     snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
     /* named, so that the tests know where the shards are: DIR/t/pserver-<i> */
-    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", NULL};
+    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", hooks, NULL};
     return run(args, env, RUN_WAIT_MS + 30000, out, err);
 }
 
@@ -895,7 +905,7 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, NULL};
     const char *const *jobs[] = {local, dist};
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", "--log-level", "info",
                            NULL};
     for (int j = 0; j < 2; j++) {
         const param_hash want = summary_hash_of(jobs[j], "cpu:1");
@@ -917,15 +927,15 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
  * 17 resumes from its newest checkpoint, whose version is below the step it resumes at,
  * and ends with the bits of the run never stopped, alone and 2 x 2. */
 #define FP16_FLAGS "--hidden", "48", "--batch", "64", "--steps", "30", "--seed", "4", \
-                   "--precision", "fp16", "--loss-scale-window", "2", "--test-overflow", "7", \
-                   "--progress", "none"
+                   "--precision", "fp16", "--loss-scale-window", "2", "--progress", "none"
 Test(cluster, fp16_resumed_job_ends_with_the_same_bits, .timeout = 240)
 {
+    child_hooks = "PSTRAIN_TEST_HOOKS=overflow=7"; /* every run (the crash run adds crash=17) */
     const char *local[] = {TRAINER, FP16_FLAGS, NULL};
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, FP16_FLAGS, NULL};
     const char *const *jobs[] = {local, dist};
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "17", "--log-level", "info",
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=overflow=7,crash=17", "--log-level", "info",
                            NULL};
     for (int j = 0; j < 2; j++) {
         const param_hash want = summary_hash_of(jobs[j], "cpu:1");
@@ -1225,7 +1235,7 @@ Test(cluster, damaged_checkpoint_falls_back_or_is_refused, .timeout = 240)
     const param_hash want = summary_hash_of(local, "cpu:1");
     char dir[64], shard[160];
     temp_dir(dir, sizeof dir);
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", "--log-level", "info",
                            NULL};
     cr_assert_neq(run_ckpt(local, crash, dir, NULL, NULL), 0);
     snprintf(shard, sizeof shard, "%s/t/pserver-0/step-000000000010.ckpt", dir);
@@ -1261,7 +1271,7 @@ Test(cluster, damaged_shard_on_one_pserver_falls_back_everywhere, .timeout = 240
     const param_hash want = summary_hash_of(dist, "cpu:1");
     char dir[64], shard[160];
     temp_dir(dir, sizeof dir);
-    const char *crash[] = {"--checkpoint-every", "5", "--test-crash", "12", "--log-level", "info",
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", "--log-level", "info",
                            NULL};
     cr_assert_neq(run_ckpt(dist, crash, dir, NULL, NULL), 0);
     /* The newest checkpoint is 10, or 11 when trainer 1 crashed first and pslaunch's
@@ -1364,11 +1374,13 @@ Test(cluster, injected_delays_lose_no_block)
                            TRAINER, DEVICE_FLAGS, NULL};
     param_hash ref = summary_hash_of(plain, "cpu:2");
     for (int seed = 1; seed <= 3; seed++) {
-        char jitter[32];
-        snprintf(jitter, sizeof jitter, "%d:400", seed);
+        char jitter[64];
+        snprintf(jitter, sizeof jitter, "PSTRAIN_TEST_HOOKS=jitter=%d:400", seed);
         const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
-                              "--", TRAINER, DEVICE_FLAGS, "--test-jitter", jitter, NULL};
+                              "--", TRAINER, DEVICE_FLAGS, NULL};
+        child_hooks = jitter;
         param_hash h = summary_hash_of(argv, "cpu:2");
+        child_hooks = NULL;
         cr_assert_str_eq(h.hex, ref.hex, "seed %d: param_hash %s vs %s undelayed", seed, h.hex,
                          ref.hex);
     }
@@ -1383,12 +1395,14 @@ Test(cluster, replicas_equal_shared_under_delays, .timeout = 240)
                            TRAINER, DEVICE_FLAGS, NULL};
     param_hash ref = summary_hash_of(plain, "cpu:4");
     for (int seed = 0; seed <= 8; seed++) {
-        char jitter[32];
-        snprintf(jitter, sizeof jitter, "%d:%d", seed, seed ? 300 : 0);
+        char jitter[64];
+        snprintf(jitter, sizeof jitter, "PSTRAIN_TEST_HOOKS=jitter=%d:%d", seed,
+                 seed ? 300 : 0);
         const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
-                              "--", TRAINER, DEVICE_FLAGS, "--cpu-replicas", "1",
-                              "--test-jitter", jitter, NULL};
+                              "--", TRAINER, DEVICE_FLAGS, "--cpu-replicas", "1", NULL};
+        child_hooks = jitter;
         param_hash h = summary_hash_of(argv, "cpu:4");
+        child_hooks = NULL;
         cr_assert_str_eq(h.hex, ref.hex, "replicas, jitter %s: param_hash %s vs shared %s",
                          jitter, h.hex, ref.hex);
     }
@@ -1403,13 +1417,14 @@ Test(cluster, send_window_sizes_give_the_same_bits)
     param_hash ref = summary_hash_of(plain, "cpu:2");
     const char *windows[] = {"0", "8K", "20K", "8K"};
     for (int i = 0; i < 4; i++) {
-        const char *jitter = i == 3 ? "5:400" : "0:0";
+        const char *jitter = i == 3 ? "PSTRAIN_TEST_HOOKS=jitter=5:400" : NULL;
         const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
-                              "--", TRAINER, DEVICE_FLAGS, "--send-window", windows[i],
-                              "--test-jitter", jitter, NULL};
+                              "--", TRAINER, DEVICE_FLAGS, "--send-window", windows[i], NULL};
+        child_hooks = jitter;
         param_hash h = summary_hash_of(argv, "cpu:2");
+        child_hooks = NULL;
         cr_assert_str_eq(h.hex, ref.hex, "--send-window %s (jitter %s): param_hash %s vs %s",
-                         windows[i], jitter, h.hex, ref.hex);
+                         windows[i], jitter ? jitter : "none", h.hex, ref.hex);
     }
 }
 
@@ -4335,10 +4350,12 @@ Test(cluster, async_resumed_job_applies_every_push_once, .timeout = 240)
     const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_LOG_LEVEL=info", NULL};
     const char *crash[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                            TRAINER, "--mode", "async", "--hidden", "32", "--steps", "60",
-                           "--block-bytes", "16384", "--checkpoint-every", "5", "--test-crash",
-                           "30", "--progress", "none", CONNECT_5S, NULL};
+                           "--block-bytes", "16384", "--checkpoint-every", "5",
+                           "--progress", "none", CONNECT_5S, NULL};
     char *out, *err;
-    int rc = run(crash, env, RUN_WAIT_MS, &out, &err);
+    const char *crash_env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_LOG_LEVEL=info",
+                               "PSTRAIN_TEST_HOOKS=crash=30", NULL};
+    int rc = run(crash, crash_env, RUN_WAIT_MS, &out, &err);
     cr_assert_neq(rc, 0, "the job did not stop at step 30:\n%s", err);
     cr_assert(strstr(err, "pushes applied, written to"), "no async checkpoint:\n%s", err);
     free(out);

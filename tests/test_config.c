@@ -973,7 +973,6 @@ Test(config, precision_micro_batches_and_loss_scale)
     cr_expect_eq(c.acc_steps, 1);
     cr_expect_eq(c.loss_scale, 65536.0f);
     cr_expect_eq(c.loss_scale_window, 2000);
-    cr_expect_eq(c.test_overflow_step, -1);
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_PRECISION", "bf16")));
     cr_expect_eq(c.precision, PST_BF16);
     cr_expect_eq(c.grad_dtype, PST_BF16);
@@ -1218,7 +1217,6 @@ Test(config, checkpoint_flags)
     cr_expect_eq(c.checkpoint_every, 100);
     cr_expect_eq(c.checkpoint_keep, 2);
     cr_expect_eq(c.resume, PST_RESUME_AUTO);
-    cr_expect_eq(c.test_crash_step, -1);
     EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, ENV("PSTRAIN_CHECKPOINT_DIR", "/tmp/x"),
                    "--checkpoint-every", "5", "--checkpoint-keep", "3", "--resume", "Require"));
     cr_expect_str_eq(c.checkpoint_dir, "/tmp/x");

@@ -65,6 +65,9 @@ typedef struct local_run {
     tr_exec *ex;
 } local_run;
 
+/* The jitter test hook of the runs local_run_open starts (train_b sets it). */
+static tr_test_hooks run_hooks = {.crash_step = -1, .overflow_step = -1};
+
 static void local_run_open(local_run *r, const pst_config *cfg, const char *devices,
                            int nhidden, const int *hidden, int max_rows, int eval_rows,
                            int overlap, int threads)
@@ -77,7 +80,7 @@ static void local_run_open(local_run *r, const pst_config *cfg, const char *devi
     cr_assert_eq(tr_local_init(&r->link, cfg, &r->plan), PST_OK);
     tr_exec_config ec = {.cfg = cfg, .rt = r->rt, .model = &r->model, .max_rows = max_rows,
                          .eval_rows = eval_rows, .link = r->link, .overlap = overlap,
-                         .threads = threads};
+                         .threads = threads, .hooks = &run_hooks};
     r->ex = NULL;
     cr_assert_eq(tr_exec_init(&r->ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(r->ex, 3), PST_OK, "%s", pst_error_detail());
@@ -101,8 +104,8 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cfg.block_bytes = 2048; /* many blocks over the devices */
     cfg.optim.kind = PST_OPTIM_MOMENTUM;
     cfg.optim.lr = 0.05f;
-    cfg.jitter_seed = jitter_seed;
-    cfg.jitter_us = jitter_us;
+    run_hooks.jitter_seed = jitter_seed;
+    run_hooks.jitter_us = jitter_us;
     cfg.cpu_replicas = cpu_replicas;
     cfg.precision = cfg.grad_dtype = precision;
     cfg.acc_steps = acc_steps;
@@ -494,8 +497,8 @@ static float *train_gpt(const char *devices, int overlap, uint64_t jitter_seed, 
     cfg.optim.lr = 3e-3f;
     cfg.optim.beta2 = 0.99f;
     cfg.optim.weight_decay = 0.0f;
-    cfg.jitter_seed = jitter_seed;
-    cfg.jitter_us = jitter_seed ? 300 : 0;
+    const tr_test_hooks hooks = {.crash_step = -1, .overflow_step = -1,
+                                 .jitter_seed = jitter_seed, .jitter_us = jitter_seed ? 300 : 0};
     cfg.cpu_replicas = replicas;
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
@@ -508,7 +511,7 @@ static float *train_gpt(const char *devices, int overlap, uint64_t jitter_seed, 
     cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = GPT_B,
                          .eval_rows = GPT_B, .link = link, .overlap = overlap,
-                         .threads = threads};
+                         .threads = threads, .hooks = &hooks};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_exec_start(ex, 5), PST_OK, "%s", pst_error_detail());

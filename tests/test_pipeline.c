@@ -77,8 +77,8 @@ static pst_status train(const run *r, result *res)
     cfg.schedule = r->sched;
     cfg.cpu_replicas = r->replicas;
     cfg.precision = r->precision;
-    cfg.jitter_seed = r->jitter;
-    cfg.jitter_us = r->jitter ? 300 : 0;
+    const tr_test_hooks hooks = {.crash_step = -1, .overflow_step = -1,
+                                 .jitter_seed = r->jitter, .jitter_us = r->jitter ? 300 : 0};
     for (const char *q = r->partition; q && *q; q += *q == ',') {
         char *e;
         cfg.partition[cfg.npartition++] = (int)strtol(q, &e, 10);
@@ -97,7 +97,8 @@ static pst_status train(const run *r, result *res)
     tr_link *link;
     cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
     tr_exec_config ec = {.cfg = &cfg, .rt = rt, .model = &model, .max_rows = B,
-                         .eval_rows = B, .link = link, .overlap = r->overlap, .threads = 1};
+                         .eval_rows = B, .link = link, .overlap = r->overlap, .threads = 1,
+                         .hooks = &hooks};
     tr_exec *ex = NULL;
     pst_status st = tr_exec_init(&ex, &ec);
     if (st == PST_OK) {

@@ -550,7 +550,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         eb->ex = ex;
         eb->index = b;
         eb->b = &ex->plan->blocks[b];
-        pst_rng_seed(&eb->jitter, c->cfg->jitter_seed, 7000 + (uint64_t)b);
+        pst_rng_seed(&eb->jitter, c->hooks ? c->hooks->jitter_seed : 0, 7000 + (uint64_t)b);
         eb->gbufs = calloc((size_t)ex->D, sizeof(float *));
         eb->pbufs = calloc((size_t)ex->D, sizeof(void *));
         if (!eb->gbufs || !eb->pbufs) {
@@ -584,8 +584,8 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         goto error;
     if (c->cfg->pipeline > 1 && (st = exec_pipe_init(ex)) != PST_OK)
         goto error;
-    if (c->cfg->jitter_us)
-        pst_runtime_set_jitter(c->rt, c->cfg->jitter_seed, c->cfg->jitter_us);
+    if (c->hooks && c->hooks->jitter_us)
+        pst_runtime_set_jitter(c->rt, c->hooks->jitter_seed, c->hooks->jitter_us);
     if (c->trace) {
         char name[48];
         for (int i = 0; i < ex->D; i++) {
@@ -914,8 +914,8 @@ static pst_status issue_exchange(void *arg)
     exec_block *eb = slot->eb;
     tr_exec *ex = eb->ex;
     eb->step = slot->step;
-    if (ex->c.cfg->jitter_us)
-        usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.cfg->jitter_us + 1));
+    if (ex->c.hooks && ex->c.hooks->jitter_us)
+        usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.hooks->jitter_us + 1));
     exec_dev *owner = &ex->devs[eb->b->owner_device];
     const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
     atomic_fetch_add(&ex->exchanges, 1);
@@ -1125,7 +1125,8 @@ pst_status tr_exec_step(tr_exec *ex, long step, const void *x, const int32_t *y,
     if (ex->scaler) {
         PST_TRY(sync_streams(ex, 1));
         const int overflow =
-            atomic_exchange(&ex->overflow, 0) || step == ex->c.cfg->test_overflow_step;
+            atomic_exchange(&ex->overflow, 0) ||
+            (ex->c.hooks && step == ex->c.hooks->overflow_step);
         PST_TRY(ex->c.link->ops->vote(ex->c.link, step, overflow, &skip));
         for (int i = 0; i < nb; i++)
             if (skip) /* nothing leaves: close the spans send_reduce opened */

@@ -25,6 +25,7 @@
 #include "common/runtime/device.h"
 #include "common/nn/model.h"
 #include "trainer/link.h"
+#include "trainer/test_hooks.h"
 #include "trainer/trace.h"
 
 typedef struct tr_exec tr_exec;
@@ -39,6 +40,7 @@ typedef struct tr_exec_config {
     int overlap;            /* 0: serialized schedule */
     int threads;            /* CPU threads per device: its layers and optimizer (0: 1) */
     tr_trace *trace;        /* may be NULL */
+    const tr_test_hooks *hooks; /* the tests' faults (overflow, jitter); NULL: none */
 } tr_exec_config;
 
 /* Allocates everything a step needs, for the link's block plan (built for this model's

@@ -50,12 +50,13 @@ static int exit_code(pst_status st)
  * complete checkpoint, so the survivors and the restarted peer go on from the same step
  * and, training being deterministic, end with the bits of a run without the fault. Gives
  * up when no run has gone past its first step for --recovery-timeout-ms. */
-static pst_status recover_or_fail(const pst_config *cfg, tr_summary *sum)
+static pst_status recover_or_fail(const pst_config *cfg, const tr_test_hooks *hooks,
+                                  tr_summary *sum)
 {
     pst_config run = *cfg;
     double give_up = 0; /* set at the first failure, moved on when a run makes progress */
     for (int attempt = 0;; attempt++) {
-        pst_status st = tr_train(&run, sum);
+        pst_status st = tr_train(&run, hooks, sum);
         if (st == PST_OK || cfg->on_failure != PST_ON_FAILURE_WAIT || !tr_recoverable(st))
             return st;
         const double now = pst_clock_s();
@@ -110,6 +111,11 @@ int main(int argc, char **argv)
         pst_config_print(stdout, &cfg);
         return 0;
     }
+    tr_test_hooks hooks; /* the tests' faults: never set in production (test_hooks.h) */
+    if (tr_test_hooks_from_env(&hooks) != PST_OK) {
+        fprintf(stderr, "trainer: %s\n", pst_error_detail());
+        return 2;
+    }
     pst_log_init(cfg.log_level, "trainer", cfg.num_pservers ? cfg.trainer_id : -1);
     tr_cpu_features cpu;
     char advice[512];
@@ -138,7 +144,7 @@ int main(int argc, char **argv)
         PST_INFO("serving metrics on port %d (GET /metrics)", pst_prom_server_port(prom_srv));
     }
     tr_summary sum;
-    st = recover_or_fail(&cfg, &sum);
+    st = recover_or_fail(&cfg, &hooks, &sum);
     pst_prom_server_stop(prom_srv);
     pst_prom_free(prom);
     if (st != PST_OK) {

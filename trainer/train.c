@@ -436,7 +436,7 @@ static void own_path(char *out, size_t size, const char *path, const pst_config 
         snprintf(out, size, "%s", path);
 }
 
-pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
+pst_status tr_train(const pst_config *user_cfg, const tr_test_hooks *hooks, tr_summary *sum)
 {
     pst_status st;
     pst_config run_cfg = *user_cfg; /* gets the run's length, below */
@@ -555,7 +555,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
                          .eval_rows = is_text ? max_part : 256, .link = link,
                          .overlap = cfg->overlap,
                          .threads = threads_per_device,
-                         .trace = trace};
+                         .trace = trace, .hooks = hooks};
     if ((st = tr_exec_init(&ex, &ec)) != PST_OK)
         goto error;
 
@@ -637,7 +637,7 @@ pst_status tr_train(const pst_config *user_cfg, tr_summary *sum)
             else if (is_text)
                 pst_text_train_rows(&text, cfg->ctx, cfg->seed, step, B, lo, hi, x, y);
             const double t_data = pst_clock_s(); /* the batch is gathered */
-            if (step == cfg->test_crash_step && first == 0)
+            if (hooks && step == hooks->crash_step && first == 0)
                 _exit(3); /* the test hook: as if killed, nothing flushed, no Finish (a run
                            * resumed from a checkpoint goes past it) */
             double t0 = pst_clock_s(), loss = 0.0;

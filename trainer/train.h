@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/runtime/device.h"
+#include "trainer/test_hooks.h"
 
 /* Where the time of the training steps went (means per step, ms; see tr_time_split). */
 typedef struct tr_time_split {
@@ -56,9 +57,9 @@ typedef struct tr_summary {
  * the configured data set, --epochs over it (or --steps) and a test accuracy per epoch (a
  * text data set: --steps of windows drawn at random, then the validation loss); the
  * synthetic model runs --steps (or 20 per epoch) steps of --batch rows and no evaluation.
- * Prints progress on stderr and fills *sum. Errors: device, data, allocation or pserver
- * failures, with their detail. */
-pst_status tr_train(const pst_config *cfg, tr_summary *sum);
+ * Prints progress on stderr and fills *sum. hooks: the tests' faults (test_hooks.h), NULL:
+ * none. Errors: device, data, allocation or pserver failures, with their detail. */
+pst_status tr_train(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum);
 
 /* Asks a running tr_train to stop after the current step (it then
  * returns PST_ERR_STATE "stopped by signal"). Async-signal-safe: main() calls it from its
