@@ -31,12 +31,6 @@
 
 #define MAXD 4
 
-/* The ThreadSanitizer build's runner (tests/tsan/) has no skip: there a skipped test
- * passes after printing why. */
-#ifndef cr_skip_test
-#define cr_skip_test(...) return
-#endif
-
 static void sleep_us(unsigned us)
 {
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (long)(us % 1000000) * 1000};
@@ -490,6 +484,24 @@ Test(collectives_args, bad_arguments_are_invalid)
 
 /* ---- NCCL (needs CUDA and a GPU) ------------------------------------------------------ */
 
+#ifdef PSTRAIN_HAVE_CUDA
+/* "cuda:0,1,..." naming the machine's GPUs (at most MAXD); 0 (after one [SKIP] line) when
+ * there is none. */
+static int gpus_spec(char *spec, size_t size)
+{
+    pst_runtime *rt = NULL;
+    if (pst_runtime_init(&rt, "cuda") != PST_OK) {
+        fprintf(stderr, "[SKIP] collectives_nccl: skipped: no GPU (%s)\n", pst_error_detail());
+        return 0;
+    }
+    snprintf(spec, size, "cuda:0");
+    for (int d = 1; d < pst_runtime_count(rt) && d < MAXD; d++)
+        snprintf(spec + strlen(spec), size - strlen(spec), ",%d", d);
+    pst_runtime_free(rt);
+    return 1;
+}
+#endif
+
 /* Sum of |x| over the devices: the scale of the rounding error of any summation order. */
 static float abs_sum(float *const in[], int D, size_t i)
 {
@@ -505,17 +517,10 @@ Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
     fprintf(stderr, "[SKIP] collectives_nccl: skipped: this build has no CUDA backend\n");
     cr_skip_test("skipped: built without CUDA");
 #else
-    pst_runtime *rt = NULL;
-    if (pst_runtime_init(&rt, "cuda") != PST_OK) {
-        fprintf(stderr, "[SKIP] collectives_nccl: skipped: no GPU (%s)\n", pst_error_detail());
+    char spec[32];
+    if (!gpus_spec(spec, sizeof spec))
         cr_skip_test("skipped: no GPU");
-    }
-    /* At most MAXD GPUs: cuda:0,1,... */
-    char spec[32] = "cuda:0";
-    for (int d = 1; d < pst_runtime_count(rt) && d < MAXD; d++)
-        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", d);
-    pst_runtime_free(rt);
-    rt = NULL;
+    pst_runtime *rt = NULL;
 
     const size_t n = 4099;
     CHECK_OK(pst_runtime_init(&rt, spec));
@@ -689,15 +694,9 @@ Test(collectives_nccl, two_comms_at_once_on_gpus, .timeout = 120)
     fprintf(stderr, "[SKIP] collectives_nccl: skipped: this build has no CUDA backend\n");
     cr_skip_test("skipped: built without CUDA");
 #else
-    pst_runtime *rt = NULL;
-    if (pst_runtime_init(&rt, "cuda") != PST_OK) {
-        fprintf(stderr, "[SKIP] collectives_nccl: skipped: no GPU (%s)\n", pst_error_detail());
+    char spec[32];
+    if (!gpus_spec(spec, sizeof spec))
         cr_skip_test("skipped: no GPU");
-    }
-    char spec[32] = "cuda:0";
-    for (int d = 1; d < pst_runtime_count(rt) && d < MAXD; d++)
-        snprintf(spec + strlen(spec), sizeof spec - strlen(spec), ",%d", d);
-    pst_runtime_free(rt);
     if (strcmp(spec, "cuda:0") == 0)
         fprintf(stderr, "collectives_nccl: one GPU: two comms are made and freed, but one "
                         "device needs no collective\n");

@@ -4,9 +4,10 @@
  * Why: libcriterion maps its shared arena at fixed random addresses, which TSan's shadow
  * memory occupies on this machine, so criterion aborts at start-up under TSan ("Could not
  * initialize inheritable arena"; Criterion issue #274). The same test sources compile
- * against this header instead: Test() registers a function, each test runs in a forked
- * child with a 120 s alarm like criterion's, the cr_assert_* / cr_expect_* subset the
- * suites use is provided, and the run ends with "N passed, N failed". */
+ * against this header instead: Test() registers a function (every one: the table grows),
+ * each test runs in a forked child under an alarm of its .timeout (120 s when it sets
+ * none), the cr_assert_* / cr_expect_* subset the suites use is provided, a skipped test
+ * counts as skipped, and the run ends with "T tests: N passed, N failed, N skipped". */
 #ifndef PST_TSAN_CRITERION_H
 #define PST_TSAN_CRITERION_H
 
@@ -24,20 +25,38 @@ typedef struct tsan_test {
     void (*fn)(void);
     void (*init)(void);
     void (*fini)(void);
+    double timeout; /* seconds; 0: the default, TSAN_DEFAULT_TIMEOUT */
 } tsan_test;
 
-static tsan_test tsan_tests[512];
-static int tsan_ntests;
+/* criterion's default has no limit; ours is ctest's per-suite --timeout's business, but a
+ * hung test must not hide the others: each gets this alarm unless it sets .timeout. */
+#define TSAN_DEFAULT_TIMEOUT 120
+/* A skipped test's exit status (cr_skip_test): counted as skipped, not passed. */
+#define TSAN_SKIP_STATUS 77
+
+static tsan_test *tsan_tests;
+static int tsan_ntests, tsan_cap;
 static int tsan_expect_failed;
 
+/* Every Test() is registered (the table grows); out of memory ends the run, so that no test
+ * is silently dropped. */
 static void tsan_register(const char *s, const char *n, void (*fn)(void), void (*init)(void),
-                          void (*fini)(void))
+                          void (*fini)(void), double timeout)
 {
-    if (tsan_ntests < 512)
-        tsan_tests[tsan_ntests++] = (tsan_test){s, n, fn, init, fini};
+    if (tsan_ntests == tsan_cap) {
+        int cap = tsan_cap ? 2 * tsan_cap : 64;
+        tsan_test *t = realloc(tsan_tests, (size_t)cap * sizeof *t);
+        if (!t) {
+            fprintf(stderr, "tsan runner: out of memory registering %s::%s\n", s, n);
+            abort();
+        }
+        tsan_tests = t;
+        tsan_cap = cap;
+    }
+    tsan_tests[tsan_ntests++] = (tsan_test){s, n, fn, init, fini, timeout};
 }
 
-__attribute__((format(printf, 5, 6))) static void
+__attribute__((format(printf, 5, 6), unused)) static void
 tsan_report(int fatal, const char *file, int line, const char *expr, const char *fmt, ...)
 {
     va_list ap;
@@ -54,7 +73,7 @@ tsan_report(int fatal, const char *file, int line, const char *expr, const char 
 struct criterion_test_extra_data {
     void (*init)(void);
     void (*fini)(void);
-    double timeout; /* accepted; the runner's alarm covers every test */
+    double timeout; /* seconds: the test's alarm (0: TSAN_DEFAULT_TIMEOUT) */
 };
 
 #define TSAN_CAT_(a, b) a##b
@@ -64,7 +83,7 @@ struct criterion_test_extra_data {
     {                                                                                      \
         struct criterion_test_extra_data x = {__VA_ARGS__};                                \
         (void)x;                                                                           \
-        tsan_register(#suite, #name, suite##_##name, x.init, x.fini);                      \
+        tsan_register(#suite, #name, suite##_##name, x.init, x.fini, x.timeout);           \
     }                                                                                      \
     static void suite##_##name(void)
 /* Test(suite, name, .init = f, .fini = g) works because the extra arguments are
@@ -102,7 +121,7 @@ struct criterion_test_extra_data {
     do {                                                                                   \
         fprintf(stderr, "skipped: " __VA_ARGS__);                                          \
         fputc('\n', stderr);                                                              \
-        _exit(0);                                                                          \
+        _exit(TSAN_SKIP_STATUS);                                                           \
     } while (0)
 #define cr_log_info(...) fprintf(stderr, __VA_ARGS__)
 #define cr_log_warn(...) fprintf(stderr, __VA_ARGS__)
@@ -114,12 +133,13 @@ int main(int argc, char **argv)
     /* OpenBLAS's threads synchronize through spin flags TSan cannot see: run its GEMMs on
      * the calling (stream) thread, as OPENBLAS_NUM_THREADS=1 in ctest does too. */
     openblas_set_num_threads(1);
-    int pass = 0, fail = 0;
+    int pass = 0, fail = 0, skip = 0;
     for (int i = 0; i < tsan_ntests; i++) {
         fflush(NULL);
         pid_t p = fork();
         if (p == 0) {
-            alarm(120);
+            const double t = tsan_tests[i].timeout;
+            alarm(t > 0 ? (unsigned)ceil(t) : TSAN_DEFAULT_TIMEOUT);
             if (tsan_tests[i].init)
                 tsan_tests[i].init();
             tsan_tests[i].fn();
@@ -131,13 +151,17 @@ int main(int argc, char **argv)
         waitpid(p, &st, 0);
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
             pass++;
+        } else if (WIFEXITED(st) && WEXITSTATUS(st) == TSAN_SKIP_STATUS) {
+            skip++;
+            fprintf(stderr, "[SKIP] %s::%s\n", tsan_tests[i].suite, tsan_tests[i].name);
         } else {
             fail++;
             fprintf(stderr, "[FAIL] %s::%s (status %d)\n", tsan_tests[i].suite,
                     tsan_tests[i].name, st);
         }
     }
-    printf("%d passed, %d failed\n", pass, fail);
+    printf("%d tests: %d passed, %d failed, %d skipped\n", tsan_ntests, pass, fail, skip);
+    free(tsan_tests);
     return fail != 0;
 }
 
