@@ -459,15 +459,15 @@ static const opt options[] = {
     {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
     {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
     {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam or adamw", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
-    {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 1e6, NULL},
-    {"momentum", "PSTRAIN_MOMENTUM", NULL, NULL, "0.9", "momentum factor (optimizer momentum)", R_TRAINER, OPT_FLOAT, F(optim.momentum), 0, 1, NULL},
-    {"beta1", "PSTRAIN_BETA1", NULL, NULL, "0.9", "Adam beta1", R_TRAINER, OPT_FLOAT, F(optim.beta1), 0, 1, NULL},
-    {"beta2", "PSTRAIN_BETA2", NULL, NULL, "0.999", "Adam beta2", R_TRAINER, OPT_FLOAT, F(optim.beta2), 0, 1, NULL},
-    {"eps", "PSTRAIN_EPS", NULL, NULL, "1e-8", "Adam epsilon", R_TRAINER, OPT_FLOAT, F(optim.eps), 0, 1, NULL},
-    {"weight-decay", "PSTRAIN_WEIGHT_DECAY", NULL, NULL, "0.0001", "weight decay (L2 for sgd/momentum/adam, decoupled for adamw)", R_TRAINER, OPT_FLOAT, F(optim.weight_decay), 0, 1e3, NULL},
+    {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 0, NULL},
+    {"momentum", "PSTRAIN_MOMENTUM", NULL, NULL, "0.9", "momentum factor (optimizer momentum)", R_TRAINER, OPT_FLOAT, F(optim.momentum), 0, 0, NULL},
+    {"beta1", "PSTRAIN_BETA1", NULL, NULL, "0.9", "Adam beta1", R_TRAINER, OPT_FLOAT, F(optim.beta1), 0, 0, NULL},
+    {"beta2", "PSTRAIN_BETA2", NULL, NULL, "0.999", "Adam beta2", R_TRAINER, OPT_FLOAT, F(optim.beta2), 0, 0, NULL},
+    {"eps", "PSTRAIN_EPS", NULL, NULL, "1e-8", "Adam epsilon", R_TRAINER, OPT_FLOAT, F(optim.eps), 0, 0, NULL},
+    {"weight-decay", "PSTRAIN_WEIGHT_DECAY", NULL, NULL, "0.0001", "weight decay (L2 for sgd/momentum/adam, decoupled for adamw)", R_TRAINER, OPT_FLOAT, F(optim.weight_decay), 0, 0, NULL},
     {"lr-schedule", "PSTRAIN_LR_SCHEDULE", NULL, NULL, "constant", "constant or warmup_cosine", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_schedule},
     {"warmup-steps", "PSTRAIN_WARMUP_STEPS", NULL, NULL, "100", "warmup_cosine: steps of linear warmup", R_TRAINER, OPT_LONG, F(optim.warmup_steps), 0, 1e12, NULL},
-    {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 1e6, NULL},
+    {"min-lr", "PSTRAIN_MIN_LR", NULL, NULL, "0", "warmup_cosine: final learning rate", R_TRAINER, OPT_FLOAT, F(optim.min_lr), 0, 0, NULL},
     {"metrics-port", "PSTRAIN_METRICS_PORT", NULL, NULL, "9464", "serve Prometheus metrics on GET /metrics at this port (0: any free port, logged; unset: off)", R_ALL, OPT_INT, F(metrics_port), 0, 65535, NULL},
     {"metrics", "PSTRAIN_METRICS", NULL, NULL, "metrics.jsonl", "append metrics as JSON lines to this file (trainer: per step and epoch; pserver: one record at exit: casts, optimizer steps, state hash)", R_ALL, OPT_STR, S(metrics_path), 0, 0, NULL},
     {"log-level", "PSTRAIN_LOG_LEVEL", NULL, NULL, "info", "debug, info, warn, error or off", R_ALL, OPT_FN, 0, 0, 0, 0, parse_log_level},
@@ -611,11 +611,19 @@ static pst_status apply(pst_config *cfg, const opt *o, const char *v, const char
         *(uint64_t *)(base + o->off) = u;
         return PST_OK;
     }
-    case OPT_FLOAT:
-        if (parse_number(v, &d, 0) || d < o->min || d > o->max)
+    case OPT_FLOAT: {
+        /* the optimizer's settings: their one table of ranges (optim_config.h) */
+        const pst_optim_range *r = pst_optim_range_of(o->flag);
+        if (parse_number(v, &d, 0) || (r ? !pst_optim_in_range(r, d) : d < o->min || d > o->max)) {
+            char text[64];
+            if (r)
+                snprintf(range, sizeof range, "expected a number in %s",
+                         pst_optim_range_text(r, text, sizeof text));
             return bad(where, v, range, example);
+        }
         *(float *)(base + o->off) = (float)d;
         return PST_OK;
+    }
     case OPT_STR:
         if (strlen(v) >= o->size && !strcmp(o->env, "PSTRAIN_TOKEN")) /* never in a log */
             return pst_error_set(PST_ERR_INVALID, "%s: longer than %zu bytes", where,
@@ -945,6 +953,9 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
             return pst_error_set(PST_ERR_INVALID,
                                  "PSTRAIN_TRAINER_ID=%d: must be below PSTRAIN_TRAINERS=%d "
                                  "(example: PSTRAIN_TRAINER_ID=0)", cfg->trainer_id, cfg->trainers);
+        if (pst_optim_check(&cfg->optim) != PST_OK) /* Adam's eps > 0: a pserver checks too */
+            return pst_error_set(PST_ERR_INVALID, "--optimizer %s: %s",
+                                 pst_optim_kind_name(cfg->optim.kind), pst_error_detail());
         if (!cfg->grad_dtype_set)
             cfg->grad_dtype = cfg->precision;
         if (cfg->precision == PST_F16 && cfg->mode == PST_MODE_ASYNC)
@@ -1223,8 +1234,11 @@ static void ref_row(const opt *o, void *arg)
     }
     if (o->type == OPT_STR && !strcmp(o->flag, "token"))
         def[0] = '\0'; /* never printed, even empty */
+    const pst_optim_range *orange = pst_optim_range_of(o->flag);
     if (o->type == OPT_BOOL)
         snprintf(range, sizeof range, "0 or 1");
+    else if (orange)
+        pst_optim_range_text(orange, range, sizeof range);
     else if (o->max > o->min && o->type != OPT_STR && o->type != OPT_FN)
         snprintf(range, sizeof range, "%.17g .. %.17g", o->min, o->max);
     char defcell[270];

@@ -4,6 +4,10 @@
 #ifndef PST_OPTIM_CONFIG_H
 #define PST_OPTIM_CONFIG_H
 
+#include <stddef.h>
+
+#include "common/error.h"
+
 typedef enum pst_optim_kind {
     PST_OPTIM_SGD = 0,
     PST_OPTIM_MOMENTUM,
@@ -42,5 +46,26 @@ const char *pst_optim_kind_name(pst_optim_kind k);
 int pst_optim_kind_parse(const char *s, pst_optim_kind *out);
 const char *pst_lr_schedule_name(pst_lr_schedule s);
 int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out); /* "constant", "warmup_cosine" */
+
+/* The range of one float setting: lo <= v, and v <= hi (v < hi when hi_open). */
+typedef struct pst_optim_range {
+    const char *name; /* the flag's name: "lr", "momentum", "beta1", "beta2", "eps",
+                       * "weight-decay", "min-lr" */
+    float lo, hi;
+    int hi_open;
+} pst_optim_range;
+
+/* The range of the setting `name` (a flag's name), or NULL when it has none. The one table
+ * of ranges: the trainer's flags (config.c) and a pserver's Init (service.c) are checked
+ * against it. */
+const pst_optim_range *pst_optim_range_of(const char *name);
+/* 1 when v is inside r. */
+int pst_optim_in_range(const pst_optim_range *r, double v);
+/* "[0, 1)"-style text of r, into buf. */
+const char *pst_optim_range_text(const pst_optim_range *r, char *buf, size_t size);
+/* Every setting of o in its range, Adam's eps > 0, warmup and total steps not negative:
+ * PST_OK, or PST_ERR_INVALID with a detail naming the setting, its value and the range
+ * ("optimizer beta1 1 out of range [0, 1)"). */
+pst_status pst_optim_check(const pst_optim_config *o);
 
 #endif /* PST_OPTIM_CONFIG_H */

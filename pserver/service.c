@@ -219,28 +219,6 @@ static pst_status optim_from_wire(const Pstrain__OptimConfig *w, pst_optim_confi
     if (pst_lr_schedule_parse(w->schedule, &o->schedule) != 0)
         return pst_error_set(PST_ERR_INVALID, "Init: lr schedule \"%s\" unknown (example: constant)",
                              w->schedule);
-    /* Settings that cannot train are refused: the pserver does not trust its clients. */
-    const struct {
-        const char *name;
-        float v, lo, hi;
-        int hi_open;
-    } f[] = {{"lr", w->lr, 0.0f, INFINITY, 1},      {"momentum", w->momentum, 0.0f, 1.0f, 0},
-             {"beta1", w->beta1, 0.0f, 1.0f, 1},    {"beta2", w->beta2, 0.0f, 1.0f, 1},
-             {"eps", w->eps, 0.0f, INFINITY, 1},    {"weight_decay", w->weight_decay, 0.0f,
-                                                      INFINITY, 1},
-             {"min_lr", w->min_lr, 0.0f, INFINITY, 1}};
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (!(f[i].v >= f[i].lo) || !(f[i].hi_open ? f[i].v < f[i].hi : f[i].v <= f[i].hi))
-            return pst_error_set(PST_ERR_INVALID, "Init: optimizer %s %g out of range [%g, %g%s",
-                                 f[i].name, (double)f[i].v, (double)f[i].lo, (double)f[i].hi,
-                                 f[i].hi_open ? ")" : "]");
-    if ((o->kind == PST_OPTIM_ADAM || o->kind == PST_OPTIM_ADAMW) && !(w->eps > 0.0f))
-        return pst_error_set(PST_ERR_INVALID, "Init: optimizer eps %g: Adam needs eps > 0 "
-                             "(example: 1e-8)", (double)w->eps);
-    if (w->warmup_steps < 0 || w->total_steps < 0)
-        return pst_error_set(PST_ERR_INVALID, "Init: warmup_steps %lld and total_steps %lld "
-                             "must not be negative", (long long)w->warmup_steps,
-                             (long long)w->total_steps);
     o->lr = w->lr;
     o->momentum = w->momentum;
     o->beta1 = w->beta1;
@@ -250,6 +228,10 @@ static pst_status optim_from_wire(const Pstrain__OptimConfig *w, pst_optim_confi
     o->warmup_steps = w->warmup_steps;
     o->total_steps = w->total_steps;
     o->min_lr = w->min_lr;
+    /* Settings that cannot train are refused: the pserver does not trust its clients (the
+     * trainer's flags are checked against the same ranges, optim_config.h). */
+    if (pst_optim_check(o) != PST_OK)
+        return pst_error_set(PST_ERR_INVALID, "Init: %s", pst_error_detail());
     return PST_OK;
 }
 

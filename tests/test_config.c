@@ -1302,3 +1302,31 @@ Test(config, token_from_the_environment_or_a_file)
     expect_detail_has("PSTRAIN_TOKEN", "longer than");
     cr_expect(!strstr(pst_error_detail(), "kkkkkkkk"), "%s", pst_error_detail());
 }
+
+/* The optimizer's ranges are one table (optim_config.h): the trainer's flags and a
+ * pserver's Init (service.c, pst_optim_check) refuse the same values. */
+Test(config, optimizer_ranges_are_one_table)
+{
+    pst_config c;
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--beta1", "1"), PST_ERR_INVALID);
+    expect_detail_has("--beta1=1", "[0, 1)");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--beta1", "0.999"));
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--lr", "1e7"), PST_ERR_INVALID);
+    expect_detail_has("--lr=1e7", "[0, 1e+06]");
+    cr_expect_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--optimizer", "adam", "--eps", "0"),
+                 PST_ERR_INVALID);
+    expect_detail_has("--optimizer adam", "needs eps > 0");
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--optimizer", "sgd", "--eps", "0"));
+    /* the same table behind pst_optim_check, which a pserver's Init runs */
+    EXPECT_OK(LOAD(&c, PST_ROLE_TRAINER, NOENV));
+    cr_expect_eq(pst_optim_check(&c.optim), PST_OK);
+    c.optim.beta1 = 1.0f;
+    cr_expect_eq(pst_optim_check(&c.optim), PST_ERR_INVALID);
+    cr_expect(strstr(pst_error_detail(), "beta1 1 out of range [0, 1)"), "%s",
+              pst_error_detail());
+    const pst_optim_range *r = pst_optim_range_of("weight-decay");
+    cr_assert_not_null(r);
+    cr_expect(pst_optim_in_range(r, 1e3) && !pst_optim_in_range(r, 1001) &&
+              !pst_optim_in_range(r, -1e-9));
+    cr_expect_null(pst_optim_range_of("batch"));
+}
