@@ -32,5 +32,10 @@ check "common/data/*" "$base|^common/data/"
 check "common/nn/*.c common/nn/*.h" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/[a-z_]+\.h$"
 check "common/nn/layers/* common/nn/models/*" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/"
 check "common/nn/cuda/*" "$base|^common/runtime/|^common/nn/"
-[ "$bad" = 0 ] && echo "layout: every include in common/ points the right way"
+# The executor runs models through the model interface: trainer/ names no layer class
+# (a class tells what the executor needs through its fields: rows_updatable, cost, ...).
+while IFS= read -r hit; do
+  echo "layout: $hit names a layer class (use the class's fields instead)"; bad=1
+done < <(grep -nE '&pst_layer_[a-z_]+|pst_layer_(linear|embedding|transformer_block|lm_head|softmax_xent|fixed_grad)\b' trainer/*.c trainer/*.h 2>/dev/null)
+[ "$bad" = 0 ] && echo "layout: every include in common/ points the right way; trainer/ names no layer class"
 exit "$bad"

@@ -141,7 +141,7 @@ static void rows_final(void *arg, int r0, int r1)
  * gradient before its weight gradient (the update changes the weights it reads), and the
  * block's exchange only completes the update. The same arithmetic on the same elements:
  * the same bits (tests: training alone equals one trainer with pservers). Only when every
- * layer with parameters is linear (the MLP), one micro-batch, no pipeline, no loss scaling,
+ * layer with parameters has rows_updatable (linear: the MLP), one micro-batch, no pipeline, no loss scaling,
  * f32 gradients. */
 static pst_status plan_sliced(tr_exec *ex, const tr_exec_config *c)
 {
@@ -151,7 +151,7 @@ static pst_status plan_sliced(tr_exec *ex, const tr_exec_config *c)
              ex->host_memory;
     for (int l = 0; ok && l < ex->L; l++)
         ok = !m->layers[l].ntensors ||
-             (m->layers[l].cls == &pst_layer_linear && m->layers[l].ntensors == 2);
+             (m->layers[l].cls->rows_updatable && m->layers[l].ntensors == 2);
     if (!ok)
         return PST_OK;
     ex->rows = calloc((size_t)ex->L, sizeof *ex->rows);

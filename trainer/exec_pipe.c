@@ -115,22 +115,16 @@ static inline size_t at(const exec_pipe *p, int m, int k)
 
 /* ---- partition ------------------------------------------------------------------------ */
 
-/* A layer's compute per row, in multiply-adds (what the balance weighs; the classes do
- * not report it, so it is worked out from their shapes). */
+/* A layer's compute per row, in multiply-adds (what the balance weighs): its class's cost,
+ * or its parameter count (its input width when it has none). */
 static double layer_cost(const pst_model *m, int l)
 {
     const pst_layer *ly = &m->layers[l];
+    if (ly->cls->cost)
+        return ly->cls->cost(m, l);
     double numel = 0.0;
     for (int k = 0; k < ly->ntensors; k++)
         numel += (double)m->tensors[ly->tensor[k]].numel;
-    if (ly->cls == &pst_layer_embedding)
-        return (double)ly->out_width; /* a lookup and an add per value */
-    if (ly->cls == &pst_layer_transformer_block || ly->cls == &pst_layer_lm_head) {
-        const double C = (double)m->tensors[ly->tensor[0]].numel, T = ly->in_width / C;
-        if (ly->cls == &pst_layer_lm_head) /* the projection: V x C per position */
-            return T * (double)m->tensors[ly->tensor[2]].numel;
-        return T * numel + 2.0 * T * T * C; /* the weights, and attention's scores */
-    }
     return numel > 0.0 ? numel : (double)ly->in_width;
 }
 

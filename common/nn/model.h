@@ -112,6 +112,13 @@ typedef struct pst_layer_class {
     /* 1: no op reads the tensors' values (io->w unused): with bf16/fp16 parameters the
      * executor casts nothing for this layer. */
     int weights_unread;
+    /* 1: tensor[0] is a weight whose gradient rows wgrad computes by range and tensor[1]
+     * its bias, so the executor may update a range of rows while backward goes on (the
+     * linear layer). */
+    int rows_updatable;
+    /* Compute per row in multiply-adds, for the pipeline's balance of stages. NULL: the
+     * layer's parameter count (or its input width when it has none). */
+    double (*cost)(const struct pst_model *m, int layer);
 } pst_layer_class;
 
 typedef struct pst_layer {

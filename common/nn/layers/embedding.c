@@ -46,10 +46,17 @@ static pst_status embedding_wgrad(void *inst, void *chunk, pst_stream *s, int B,
     return pst_op_embedding_backward(s, &e->bwd);
 }
 
+/* a lookup and an add per value */
+static double embedding_cost(const pst_model *m, int layer)
+{
+    return (double)m->layers[layer].out_width;
+}
+
 const pst_layer_class pst_layer_embedding = {
     .name = "embedding",
     .inst_bytes = sizeof(embedding_inst),
     .bind = embedding_bind,
     .forward = embedding_forward,
     .wgrad = embedding_wgrad,
+    .cost = embedding_cost,
 };

@@ -70,4 +70,5 @@ const pst_layer_class pst_layer_linear = {
     .forward = linear_forward,
     .wgrad = linear_wgrad,
     .igrad = linear_igrad,
+    .rows_updatable = 1,
 };

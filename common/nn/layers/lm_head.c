@@ -93,6 +93,14 @@ static const float *lm_head_probs(void *inst)
     return ((lm_head_inst *)inst)->xent.dlogits; /* scale 0 writes the softmax there */
 }
 
+/* the projection: V x C per position */
+static double lm_head_cost(const pst_model *m, int layer)
+{
+    const pst_layer *ly = &m->layers[layer];
+    const double C = (double)m->tensors[ly->tensor[0]].numel, T = ly->in_width / C;
+    return T * (double)m->tensors[ly->tensor[2]].numel;
+}
+
 const pst_layer_class pst_layer_lm_head = {
     .name = "lm_head",
     .inst_bytes = sizeof(lm_head_inst),
@@ -101,4 +109,5 @@ const pst_layer_class pst_layer_lm_head = {
     .wgrad = lm_head_wgrad,
     .igrad = lm_head_igrad,
     .probs = lm_head_probs,
+    .cost = lm_head_cost,
 };

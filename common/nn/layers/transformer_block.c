@@ -157,6 +157,17 @@ static pst_status block_igrad(void *inst, pst_stream *s, int B)
     return pst_op_add(s, &k->din);
 }
 
+/* the weights per position, and attention's scores */
+static double block_cost(const pst_model *m, int layer)
+{
+    const pst_layer *ly = &m->layers[layer];
+    double numel = 0.0;
+    for (int k = 0; k < ly->ntensors; k++)
+        numel += (double)m->tensors[ly->tensor[k]].numel;
+    const double C = (double)m->tensors[ly->tensor[0]].numel, T = ly->in_width / C;
+    return T * numel + 2.0 * T * T * C;
+}
+
 const pst_layer_class pst_layer_transformer_block = {
     .name = "transformer_block",
     .inst_bytes = sizeof(block_inst),
@@ -164,4 +175,5 @@ const pst_layer_class pst_layer_transformer_block = {
     .forward = block_forward,
     .wgrad = block_wgrad,
     .igrad = block_igrad,
+    .cost = block_cost,
 };
