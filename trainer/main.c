@@ -50,13 +50,13 @@ static int exit_code(pst_status st)
  * complete checkpoint, so the survivors and the restarted peer go on from the same step
  * and, training being deterministic, end with the bits of a run without the fault. Gives
  * up when no run has gone past its first step for --recovery-timeout-ms. */
-static pst_status recover_or_fail(const pst_config *cfg, const tr_test_hooks *hooks,
-                                  tr_summary *sum)
+static pst_status recover_or_fail(tr_job *job, const pst_config *cfg,
+                                  const tr_test_hooks *hooks, tr_summary *sum)
 {
     pst_config run = *cfg;
     double give_up = 0; /* set at the first failure, moved on when a run makes progress */
     for (int attempt = 0;; attempt++) {
-        pst_status st = tr_train(&run, hooks, sum);
+        pst_status st = tr_train(job, &run, hooks, sum);
         if (st == PST_OK || cfg->on_failure != PST_ON_FAILURE_WAIT || !tr_recoverable(st))
             return st;
         const double now = pst_clock_s();
@@ -129,12 +129,14 @@ int main(int argc, char **argv)
      * OpenBLAS's own threads would only compete with the team for the same cores. */
     openblas_set_num_threads(1);
 
+    tr_job job;
+    tr_job_init(&job);
     /* /metrics: served from its own thread for the whole process (recoveries included). */
     pst_prom *prom = NULL;
     pst_prom_server *prom_srv = NULL;
     if (cfg.metrics_port >= 0) {
         if ((st = pst_prom_init(&prom)) != PST_OK ||
-            (tr_train_prom(prom), st = pst_prom_serve(prom, "0.0.0.0", cfg.metrics_port,
+            (tr_train_prom(&job, prom), st = pst_prom_serve(prom, "0.0.0.0", cfg.metrics_port,
                                                       &prom_srv)) != PST_OK) {
             fprintf(stderr, "trainer: --metrics-port %d: %s\n", cfg.metrics_port,
                     pst_error_detail());
@@ -144,7 +146,7 @@ int main(int argc, char **argv)
         PST_INFO("serving metrics on port %d (GET /metrics)", pst_prom_server_port(prom_srv));
     }
     tr_summary sum;
-    st = recover_or_fail(&cfg, &hooks, &sum);
+    st = recover_or_fail(&job, &cfg, &hooks, &sum);
     pst_prom_server_stop(prom_srv);
     pst_prom_free(prom);
     if (st != PST_OK) {

@@ -35,11 +35,9 @@
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
+/* The one global: a signal handler (main.c) can reach nothing else. What else outlives a
+ * run is in the caller's tr_job. */
 static volatile sig_atomic_t stop_requested;
-/* Trainer 0 offers no job checkpoint newer than this (-1: any): the pservers of a run of
- * this process disagreed on the newest one they hold whole (tr_link.versions_differ), and
- * the next run (--on-failure wait) falls back to what they all have. */
-static long resume_limit = -1;
 
 void tr_request_stop(void)
 {
@@ -211,57 +209,59 @@ static void split_seconds(const time_totals *t, double out[5])
 
 /* ---- /metrics ---- */
 
-static struct {
-    pst_prom_metric *steps, *samples_per_s, *loss, *parts[5], *pushed, *pulled;
-    double published[5];       /* the parts' seconds already added (counters only rise) */
-    uint64_t pushed_at, pulled_at; /* the current run's traffic already added */
-} prom_m;
-
-void tr_train_prom(pst_prom *r)
+void tr_job_init(tr_job *job)
 {
+    memset(job, 0, sizeof *job);
+    job->resume_limit = -1;
+}
+
+void tr_train_prom(tr_job *job, pst_prom *r)
+{
+    tr_job_metrics *m = &job->metrics;
     static const char *const part[5] = {"compute", "communication", "waiting", "data",
                                         "other"};
     const char *help = "Training step time by where it went: compute, communication not "
                        "hidden by compute, waiting for the other trainers, data loading, other";
-    prom_m.steps = pst_prom_counter(r, "pstrain_trainer_steps_total", "Training steps run",
+    m->steps = pst_prom_counter(r, "pstrain_trainer_steps_total", "Training steps run",
                                     NULL);
-    prom_m.samples_per_s = pst_prom_gauge(r, "pstrain_trainer_samples_per_second",
+    m->samples_per_s = pst_prom_gauge(r, "pstrain_trainer_samples_per_second",
                                           "Global-batch samples per second in this epoch", NULL);
-    prom_m.loss = pst_prom_gauge(r, "pstrain_trainer_loss",
+    m->loss = pst_prom_gauge(r, "pstrain_trainer_loss",
                                  "Mean loss of this trainer's examples in the last step", NULL);
     for (int k = 0; k < 5; k++) {
         char labels[32];
         snprintf(labels, sizeof labels, "part=\"%s\"", part[k]);
-        prom_m.parts[k] = pst_prom_counter(r, "pstrain_trainer_step_seconds_total", help, labels);
+        m->parts[k] = pst_prom_counter(r, "pstrain_trainer_step_seconds_total", help, labels);
     }
-    prom_m.pushed = pst_prom_counter(r, "pstrain_trainer_pushed_bytes_total",
+    m->pushed = pst_prom_counter(r, "pstrain_trainer_pushed_bytes_total",
                                      "Gradient payload bytes pushed to the pservers", NULL);
-    prom_m.pulled = pst_prom_counter(r, "pstrain_trainer_pulled_bytes_total",
+    m->pulled = pst_prom_counter(r, "pstrain_trainer_pulled_bytes_total",
                                      "Parameter payload bytes pulled from the pservers", NULL);
 }
 
 /* After a step: the run's totals so far (`run` from its start) into the counters. */
-static void prom_step(const time_totals *run, double loss, double samples_per_s, tr_link *link)
+static void prom_step(tr_job_metrics *m, const time_totals *run, double loss,
+                      double samples_per_s, tr_link *link)
 {
-    if (!prom_m.steps)
+    if (!m->steps)
         return;
-    pst_prom_add(prom_m.steps, 1);
-    pst_prom_set(prom_m.loss, loss);
-    pst_prom_set(prom_m.samples_per_s, samples_per_s);
+    pst_prom_add(m->steps, 1);
+    pst_prom_set(m->loss, loss);
+    pst_prom_set(m->samples_per_s, samples_per_s);
     double now[5];
     split_seconds(run, now);
     for (int k = 0; k < 5; k++)
-        if (now[k] > prom_m.published[k]) {
-            pst_prom_add(prom_m.parts[k], now[k] - prom_m.published[k]);
-            prom_m.published[k] = now[k];
+        if (now[k] > m->published[k]) {
+            pst_prom_add(m->parts[k], now[k] - m->published[k]);
+            m->published[k] = now[k];
         }
     if (link->ops->traffic) {
         uint64_t pushed, pulled;
         link->ops->traffic(link, &pushed, &pulled);
-        pst_prom_add(prom_m.pushed, (double)(pushed - prom_m.pushed_at));
-        pst_prom_add(prom_m.pulled, (double)(pulled - prom_m.pulled_at));
-        prom_m.pushed_at = pushed;
-        prom_m.pulled_at = pulled;
+        pst_prom_add(m->pushed, (double)(pushed - m->pushed_at));
+        pst_prom_add(m->pulled, (double)(pulled - m->pulled_at));
+        m->pushed_at = pushed;
+        m->pulled_at = pulled;
     }
 }
 
@@ -349,7 +349,8 @@ static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const ch
  * is skipped with one warning line; one of other settings too, except under a --job-id the
  * user named: -1, with the error set, as that job is not this one). */
 static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char *dir,
-                          int64_t *out, tr_resume_state *states, int max, long *newest)
+                          long resume_limit, int64_t *out, tr_resume_state *states, int max,
+                          long *newest)
 {
     long steps[64];
     const int n = pst_ckpt_list(dir, steps, 64);
@@ -436,7 +437,8 @@ static void own_path(char *out, size_t size, const char *path, const pst_config 
         snprintf(out, size, "%s", path);
 }
 
-pst_status tr_train(const pst_config *user_cfg, const tr_test_hooks *hooks, tr_summary *sum)
+pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks *hooks,
+                    tr_summary *sum)
 {
     pst_status st;
     pst_config run_cfg = *user_cfg; /* gets the run's length, below */
@@ -524,13 +526,13 @@ pst_status tr_train(const pst_config *user_cfg, const tr_test_hooks *hooks, tr_s
         link->checkpoint_every = cfg->checkpoint_every;
         link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
     } else if (cfg->checkpoint_dir[0]) {
-        char job[PST_JOB_ID_MAX + 24];
-        tr_job_id(&plan, cfg, job, sizeof job);
-        snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job);
+        char job_id[PST_JOB_ID_MAX + 24];
+        tr_job_id(&plan, cfg, job_id, sizeof job_id);
+        snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job_id);
         link->checkpoint_every = cfg->checkpoint_every;
         if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
-            link->nresume = job_candidates(cfg, &plan, job_dir, candidates, candidate_states,
-                                           64, &newest);
+            link->nresume = job_candidates(cfg, &plan, job_dir, job->resume_limit, candidates,
+                                           candidate_states, 64, &newest);
             link->resume_steps = candidates;
             link->resume_states = candidate_states;
             if (link->nresume < 0) {
@@ -606,8 +608,8 @@ pst_status tr_train(const pst_config *user_cfg, const tr_test_hooks *hooks, tr_s
     time_totals run_time = {0};
     /* A new run (a recovery's): its totals and traffic start from 0, the counters go on. */
     for (int k = 0; k < 5; k++)
-        prom_m.published[k] = 0;
-    prom_m.pushed_at = prom_m.pulled_at = 0;
+        job->metrics.published[k] = 0;
+    job->metrics.pushed_at = job->metrics.pulled_at = 0;
     {
         double held;
         tr_exec_time_counters(ex, &run_time.busy0, &held); /* the start's pulls: not a step */
@@ -716,7 +718,7 @@ pst_status tr_train(const pst_config *user_cfg, const tr_test_hooks *hooks, tr_s
                 tt->busy = busy;
             }
             t_step = t_end;
-            prom_step(&run_time, cnt ? loss / cnt : 0.0,
+            prom_step(&job->metrics, &run_time, cnt ? loss / cnt : 0.0,
                       (double)epoch_samples / (t_end - t_epoch), link);
         }
         if ((st = tr_exec_sync(ex)) != PST_OK)
@@ -792,8 +794,9 @@ error:
     if (st != PST_OK)
         sum->steps = step;
     if (link && link->versions_differ && cfg->trainer_id == 0) {
-        resume_limit = (long)link->start_version;
-        PST_WARN("the next run offers the pservers checkpoints up to step %ld", resume_limit);
+        job->resume_limit = (long)link->start_version;
+        PST_WARN("the next run offers the pservers checkpoints up to step %ld",
+                 job->resume_limit);
     }
     /* (A start that failed for want of a pserver has no one to tell, except, when this
      * process starts again at once, the pservers it did join: tr_remote_finish.) */

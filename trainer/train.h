@@ -52,14 +52,36 @@ typedef struct tr_summary {
                             * the start) */
 } tr_summary;
 
+struct pst_prom_metric;
+
+/* The trainer's /metrics (tr_train_prom), and how much of the current run they hold. */
+typedef struct tr_job_metrics {
+    struct pst_prom_metric *steps, *samples_per_s, *loss, *parts[5], *pushed, *pulled;
+    double published[5];           /* the parts' seconds already added (counters only rise) */
+    uint64_t pushed_at, pulled_at; /* the current run's traffic already added */
+} tr_job_metrics;
+
+/* What outlives one tr_train: a process's runs are attempts at one job (--on-failure wait
+ * starts it again, main.c). Owned by the caller; tr_job_init before the first run. */
+typedef struct tr_job {
+    /* Trainer 0 offers no job checkpoint newer than this (-1: any): the pservers of a run
+     * disagreed on the newest one they hold whole (tr_link.versions_differ), and the next
+     * run falls back to what they all have. */
+    long resume_limit;
+    tr_job_metrics metrics; /* zero: no /metrics */
+} tr_job;
+
+void tr_job_init(tr_job *job);
+
 /* Trains the model the config names (models.h) on the trainer's devices through the
  * executor (exec.h), alone or with the configured pservers. A model that reads data gets
  * the configured data set, --epochs over it (or --steps) and a test accuracy per epoch (a
  * text data set: --steps of windows drawn at random, then the validation loss); the
  * synthetic model runs --steps (or 20 per epoch) steps of --batch rows and no evaluation.
- * Prints progress on stderr and fills *sum. hooks: the tests' faults (test_hooks.h), NULL:
- * none. Errors: device, data, allocation or pserver failures, with their detail. */
-pst_status tr_train(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum);
+ * Prints progress on stderr and fills *sum. job: what outlives the run (tr_job); hooks:
+ * the tests' faults (test_hooks.h), NULL: none. Errors: device, data, allocation or pserver failures, with their detail. */
+pst_status tr_train(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
+                    tr_summary *sum);
 
 /* Asks a running tr_train to stop after the current step (it then
  * returns PST_ERR_STATE "stopped by signal"). Async-signal-safe: main() calls it from its
@@ -73,11 +95,11 @@ int tr_stop_requested(void);
  * written, a signal. */
 int tr_recoverable(pst_status st);
 
-/* /metrics (common/prom.h): registers the trainer's metrics in r, which every later
- * tr_train updates as it trains (steps, loss, samples/s, the time split, bytes pushed and
+/* /metrics (common/prom.h): registers the trainer's metrics in r and job, which every later
+ * tr_train of job updates as it trains (steps, loss, samples/s, the time split, bytes pushed and
  * pulled). Call once, before tr_train. */
 struct pst_prom;
-void tr_train_prom(struct pst_prom *r);
+void tr_train_prom(tr_job *job, struct pst_prom *r);
 
 /* One JSON line: {"event":"summary",...}. */
 void tr_summary_print(FILE *out, const tr_summary *s);
