@@ -134,9 +134,6 @@ static void attempt_clear(struct cl_call *c)
     }
 }
 
-/* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_UNAVAILABLE
- * for a server given up (rpc_client_give_up), PST_ERR_INTERNAL
- * when gRPC refuses the batch. */
 /* The detail of an error the pserver answered with: its text first (the cause: "trainer 1
  * left the job at step 5494 (stopped by signal)"), then where it was seen, in brackets. A
  * leading "<Method>: " or "<Method> of block N: " of the pserver's text moves into the
@@ -162,6 +159,9 @@ static void server_detail(char *out, size_t size, const char *addr, const char *
     snprintf(out, size, "%s [pserver %s %s]", cause, addr, where);
 }
 
+/* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_UNAVAILABLE
+ * for a server given up (rpc_client_give_up), PST_ERR_INTERNAL
+ * when gRPC refuses the batch. */
 static pst_status attempt_start(struct cl_call *c)
 {
     rpc_client *cl = c->cl;
