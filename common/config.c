@@ -474,6 +474,7 @@ static const opt options[] = {
     {"progress", "PSTRAIN_PROGRESS", NULL, NULL, "auto", "auto (bar on a TTY, lines otherwise), bar, lines or none", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_progress},
     {"overlap", "PSTRAIN_OVERLAP", NULL, NULL, "1", "1: send gradient blocks during backward and start the next forward per block; 0: serialized (backward, all sends, all pulls)", R_TRAINER, OPT_BOOL, F(overlap), 0, 0, NULL},
     {"cpu-replicas", "PSTRAIN_CPU_REPLICAS", NULL, NULL, "0", "1: every CPU device keeps its own parameter copy and takes the GPU schedule (per-device reduce, staging, broadcast); 0: CPU devices share one copy", R_TRAINER, OPT_BOOL, F(cpu_replicas), 0, 0, NULL},
+    {"save-params", "PSTRAIN_SAVE_PARAMS", NULL, NULL, "model-%t.f32", "at the end, write the final parameters to this file: raw little-endian fp32, the model's flat buffer in its tensors' order (the GPT: llm.c's layout); %t: the trainer id", R_TRAINER, OPT_STR, S(save_params_path), 0, 0, NULL},
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "compute threads, shared by the local CPU devices (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
@@ -501,7 +502,7 @@ static const struct {
                                    "partition"},
     {"Communication", "block-bytes send-window overlap shm rpc-timeout-ms connect-timeout-ms"},
     {"Checkpoints and recovery", "checkpoint-dir job-id checkpoint-every checkpoint-keep resume "
-                                 "on-failure recovery-timeout-ms peer-timeout-ms"},
+                                 "on-failure recovery-timeout-ms peer-timeout-ms save-params"},
     {"Security", "token token-file trainer-tokens tls-cert tls-key tls-ca tls-client-cert "
                  "tls-client-key"},
     {"Pserver limits", "max-params max-memory max-calls max-wait-ms"},

@@ -141,6 +141,7 @@ typedef struct pst_config {
     int overlap;                                   /* 1: communication overlaps compute */
     int cpu_replicas;                              /* 1: each CPU device its own parameter copy */
     char trace_path[PST_PATH_MAX];                 /* Chrome trace file, "" = none */
+    char save_params_path[PST_PATH_MAX];           /* final parameters, raw f32; "" = none */
     long trace_first, trace_last;                  /* steps traced (inclusive) */
     int threads;                                   /* compute threads, shared by the CPU
                                                     * devices; 0 = one per core */

@@ -48,6 +48,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
 #include "rpc/shm.h"
@@ -175,11 +176,36 @@ TestSuite(cluster, .fini = suite_fini, .timeout = 120);
  * the gradient of their slice of the batch and the pserver sums the T results, while the
  * local run's GEMM sums over all the batch's rows at once, so the float additions happen
  * in another order (one trainer is bit-equal: see one_trainer_equals_local_by_hash). */
+/* The n floats of a --save-params file (asserted whole); *n set. Free the result. */
+static float *read_params(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    const long bytes = ftell(f);
+    cr_assert(bytes > 0 && bytes % 4 == 0, "%s: %ld bytes", path, bytes);
+    rewind(f);
+    float *p = malloc((size_t)bytes);
+    cr_assert_not_null(p);
+    cr_assert_eq(fread(p, 1, (size_t)bytes, f), (size_t)bytes);
+    fclose(f);
+    *n = (size_t)bytes / 4;
+    return p;
+}
+
 static void distributed_vs_local(int S, int T, const char *const flags[])
 {
+    /* each run saves its final parameters: compared element by element below */
+    char local_path[96], dist_path[96], dist_t0[96];
+    snprintf(local_path, sizeof local_path, "/tmp/pst_dvl_%d_local.f32", (int)getpid());
+    snprintf(dist_path, sizeof dist_path, "/tmp/pst_dvl_%d_t%%t.f32", (int)getpid());
+    snprintf(dist_t0, sizeof dist_t0, "/tmp/pst_dvl_%d_t0.f32", (int)getpid());
+    const char *save_local[] = {"--save-params", local_path, NULL};
+    const char *save_dist[] = {"--save-params", dist_path, NULL};
     const char *head_local[] = {TRAINER, NULL};
-    const char *argv[64];
-    join_argv(argv, 64, head_local, flags);
+    const char *argv[64], *all[64];
+    join_argv(all, 64, head_local, flags);
+    join_argv(argv, 64, all, save_local);
     char *out, *err;
     int rc = run(argv, NULL, RUN_WAIT_MS, &out, &err);
     cr_assert_eq(rc, 0, "local trainer exited %d; stderr:\n%s", rc, err);
@@ -194,7 +220,8 @@ static void distributed_vs_local(int S, int T, const char *const flags[])
     snprintf(t, sizeof t, "%d", T);
     const char *head[] = {PSLAUNCH, "--pservers", s, "--trainers", t, "--timeout", "90", "--",
                           TRAINER, NULL};
-    join_argv(argv, 64, head, flags);
+    join_argv(all, 64, head, flags);
+    join_argv(argv, 64, all, save_dist);
     rc = run(argv, NULL, RUN_WAIT_MS + 30000, &out, &err);
     cr_assert_eq(rc, 0, "pslaunch (S=%d T=%d) exited %d; stderr:\n%s", S, T, rc, err);
     double l2_dist = summary_value(out, "param_l2");
@@ -210,6 +237,31 @@ static void distributed_vs_local(int S, int T, const char *const flags[])
             S, T, l2_local, l2_dist, rel, acc_local, acc_dist);
     cr_assert_leq(rel, 1e-6, "S=%d T=%d: param_l2 local %.9g vs distributed %.9g (rel %.3g)",
                   S, T, l2_local, l2_dist, rel);
+    /* element by element: each parameter within float rounding of the local run's */
+    size_t nl, nd;
+    float *pl = read_params(local_path, &nl), *pd = read_params(dist_t0, &nd);
+    cr_assert_eq(nl, nd, "local %zu parameters, distributed %zu", nl, nd);
+    double worst = 0.0, scale = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < nl; i++)
+        scale = fmax(scale, fabs((double)pl[i]));
+    for (size_t i = 0; i < nl; i++) {
+        const double d = fabs((double)pl[i] - (double)pd[i]);
+        if (d > worst)
+            worst = d, at = i;
+    }
+    fprintf(stderr, "exactness S=%d T=%d: largest parameter difference %.3g (element %zu of "
+                    "%zu; largest |value| %.3g)\n", S, T, worst, at, nl, scale);
+    cr_assert_leq(worst, 1e-5 * scale, "S=%d T=%d: parameter %zu is %.9g locally, %.9g "
+                  "distributed", S, T, at, (double)pl[at], (double)pd[at]);
+    free(pl);
+    free(pd);
+    unlink(local_path);
+    for (int k = 0; k < T; k++) {
+        char pk[96];
+        snprintf(pk, sizeof pk, "/tmp/pst_dvl_%d_t%d.f32", (int)getpid(), k);
+        unlink(pk);
+    }
 }
 
 /* ---- errors lead with the cause ---------------------------------------------------------
@@ -4409,4 +4461,39 @@ Test(cluster, async_resumed_job_applies_every_push_once, .timeout = 240)
     free(out);
     free(err);
     rm_tree(dir);
+}
+
+/* --save-params: the file holds the summary's parameters (their hash is param_hash); a path
+ * it cannot write is one line naming it, exit 1. */
+Test(cluster, save_params_writes_what_param_hash_hashes)
+{
+    char path[96], bad[] = "/nonexistent-pstrain-dir/m.f32";
+    snprintf(path, sizeof path, "/tmp/pst_save_%d_%%t.f32", (int)getpid());
+    const char *argv[] = {TRAINER, "--hidden", "16", "--steps", "3", "--progress", "none",
+                          "--save-params", path, NULL};
+    char *out, *err;
+    cr_assert_eq(run(argv, NULL, RUN_WAIT_MS, &out, &err), 0, "%s", err);
+    const param_hash want = summary_hash(out);
+    char file[96];
+    snprintf(file, sizeof file, "/tmp/pst_save_%d_-1.f32", (int)getpid());
+    if (access(file, R_OK) != 0) /* alone the trainer id is 0 */
+        snprintf(file, sizeof file, "/tmp/pst_save_%d_0.f32", (int)getpid());
+    size_t n;
+    float *p = read_params(file, &n);
+    cr_assert_eq((double)n, summary_value(out, "params"));
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx",
+             (unsigned long long)pst_fnv1a(PST_FNV1A_INIT, p, n * sizeof(float)));
+    cr_assert_str_eq(hex, want.hex, "the file's hash %s, param_hash %s", hex, want.hex);
+    free(p);
+    unlink(file);
+    free(out);
+    free(err);
+    const char *argv_bad[] = {TRAINER, "--hidden", "16", "--steps", "3", "--progress", "none",
+                              "--save-params", bad, NULL};
+    const int rc = run(argv_bad, NULL, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 1, "exit %d:\n%s", rc, err);
+    expect_cause_first(err, "--save-params /nonexistent-pstrain-dir/m.f32: cannot create");
+    free(out);
+    free(err);
 }

@@ -10,6 +10,7 @@
  * the whole training loop including batch gathering, not evaluation. */
 #include "trainer/train.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -425,7 +426,28 @@ static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec
         PST_WARN("stopped by signal: no checkpoint of step %ld: %s", step, pst_error_detail());
 }
 
-/* "%t" in a --metrics or --trace path is the trainer id: the trainers of a job are often
+/* --save-params: the n final parameters, raw f32, written to path.tmp then renamed, so that
+ * path is whole or absent. */
+static pst_status save_params(const char *path, const float *params, size_t n)
+{
+    char tmp[PST_PATH_MAX + 40];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return pst_error_set(PST_ERR_IO, "--save-params %s: cannot create %s: %s", path, tmp,
+                             strerror(errno));
+    const int ok = fwrite(params, sizeof(float), n, f) == n;
+    const int e = errno;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+        const int e2 = ok ? errno : e;
+        unlink(tmp);
+        return pst_error_set(PST_ERR_IO, "--save-params %s: cannot write it: %s", path,
+                             strerror(e2));
+    }
+    return PST_OK;
+}
+
+/* "%t" in a --metrics, --trace or --save-params path is the trainer id: the trainers of a job are often
  * started with the same flags (pslaunch, one Job template) and each gets a file of its own
  * (a shared metrics file still holds whole lines: pst_metrics_write appends each at once). */
 static void own_path(char *out, size_t size, const char *path, const pst_config *cfg)
@@ -772,6 +794,12 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
         split_log("the run's time", &sum->time_split, cfg->num_pservers == 0);
     sum->steps = step;
     summarize_params(sum, params, tr_exec_nparams(ex));
+    if (cfg->save_params_path[0]) {
+        char path[PST_PATH_MAX + 32];
+        own_path(path, sizeof path, cfg->save_params_path, cfg);
+        if ((st = save_params(path, params, tr_exec_nparams(ex))) != PST_OK)
+            goto error;
+    }
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
     for (int i = 0; i < sum->ndevices; i++)
         sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
