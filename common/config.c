@@ -512,64 +512,61 @@ static const struct {
 };
 #define NTOPICS ((int)(sizeof topics / sizeof topics[0]))
 
-/* The option named by the word at flags[0..len), or NULL. */
-static const opt *find_option(const char *flag, size_t len)
+static const opt *find_flag(const char *name, size_t len, unsigned role);
+
+/* The next word of a topic's flag list: its start (*len bytes), NULL at the end; *p moves
+ * past it. */
+static const char *topic_word(const char **p, size_t *len)
 {
-    for (int i = 0; i < NOPTIONS; i++)
-        if (strlen(options[i].flag) == len && !strncmp(options[i].flag, flag, len))
-            return &options[i];
-    return NULL;
+    *p += strspn(*p, " ");
+    if (!**p)
+        return NULL;
+    const char *w = *p;
+    *len = strcspn(w, " ");
+    *p += *len;
+    return w;
 }
 
 /* Calls fn(o, arg) for every option of topic t, in the topic's order. */
 static void topic_each(int t, void (*fn)(const opt *o, void *arg), void *arg)
 {
-    for (const char *p = topics[t].flags; *p;) {
-        size_t n = strcspn(p, " ");
-        const opt *o = find_option(p, n);
+    size_t n;
+    for (const char *p = topics[t].flags, *w; (w = topic_word(&p, &n));) {
+        const opt *o = find_flag(w, n, R_ALL);
         if (o)
             fn(o, arg);
-        p += n;
-        p += strspn(p, " ");
     }
 }
 
 int pst_config_topic_of(const char *flag)
 {
+    size_t n;
     for (int t = 0; t < NTOPICS; t++)
-        for (const char *p = topics[t].flags; *p;) {
-            size_t n = strcspn(p, " ");
-            if (strlen(flag) == n && !strncmp(p, flag, n))
+        for (const char *p = topics[t].flags, *w; (w = topic_word(&p, &n));)
+            if (strlen(flag) == n && !strncmp(w, flag, n))
                 return t;
-            p += n;
-            p += strspn(p, " ");
-        }
     return -1;
 }
 
 int pst_config_unlisted_options(char *out, size_t size)
 {
-    int n = 0;
+    int bad = 0;
+    size_t n;
     if (size)
         out[0] = '\0';
     for (int i = 0; i < NOPTIONS; i++)
         if (pst_config_topic_of(options[i].flag) < 0) {
             size_t used = strlen(out);
-            snprintf(out + used, size - used, "%s--%s", n ? " " : "", options[i].flag);
-            n++;
+            snprintf(out + used, size - used, "%s--%s", bad++ ? " " : "", options[i].flag);
         }
     for (int t = 0; t < NTOPICS; t++)
-        for (const char *p = topics[t].flags; *p;) {
-            size_t k = strcspn(p, " ");
-            if (!find_option(p, k)) {
+        for (const char *p = topics[t].flags, *w; (w = topic_word(&p, &n));)
+            if (!find_flag(w, n, R_ALL)) {
                 size_t used = strlen(out);
-                snprintf(out + used, size - used, "%s(topic word %.*s)", n ? " " : "", (int)k, p);
-                n++;
+                snprintf(out + used, size - used, "%s(topic word %.*s)", bad++ ? " " : "",
+                         (int)n, w);
             }
-            p += k;
-            p += strspn(p, " ");
-        }
-    return n;
+    return bad;
 }
 
 static pst_status parse_number(const char *v, double *out, int integer)
