@@ -4035,6 +4035,17 @@ Test(cluster, metrics_are_scraped_during_training, .timeout = 120)
     char *text;
     cr_assert_eq(http_get(ps_metrics, "/nothing", &text), 404);
     free(text);
+    /* the scrapes below start once the first step is done (a loaded machine took over
+     * 300 ms to finish it) */
+    for (int waited = 0;; waited += 100) {
+        cr_assert_eq(http_get(ps_metrics, "/metrics", &text), 200);
+        const double v = scraped(text, "pstrain_pserver_version");
+        free(text);
+        if (v > 0)
+            break;
+        cr_assert_lt(waited, 30000, "the pserver's version is still 0 after 30 s");
+        sleep_ms(100);
+    }
     double last_steps = -1;
     for (int round = 0; round < 3; round++) {
         sleep_ms(300);
