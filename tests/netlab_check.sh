@@ -192,10 +192,12 @@ check "down leaves nothing" lab_gone
 check "a second down exits 0" test $? = 0
 
 set -m # a background job of a script ignores SIGINT unless job control is on
-"$netlab" up --hosts 8 >"$tmp/up8.out" 2>"$tmp/up8.err" &
+# NETLAB_TEST_PAUSE=1 holds up after host h1 until the signal comes: the SIGINT lands in the
+# middle of up however loaded the machine is (CI once saw all 8 hosts made before it landed)
+NETLAB_TEST_PAUSE=1 "$netlab" up --hosts 8 >"$tmp/up8.out" 2>"$tmp/up8.err" &
 uppid=$!
 set +m
-for _ in $(seq 1000); do ip netns list | grep -q '^nlchk-h1' && break; sleep 0.01; done # past the lock
+for _ in $(seq 3000); do [ -e /run/netlab/nlchk/test-paused ] && break; sleep 0.01; done
 kill -INT "$uppid"
 wait "$uppid"
 rc=$?
