@@ -1,5 +1,8 @@
 /* exec_impl.h — the executor's insides (private to trainer/exec*.c): the per-device and
- * per-block state exec.c builds, shared with the pipeline schedule's runner (exec_pipe.c).
+ * per-block state exec.c builds, and the helpers (exec_impl.c) that exec.c, the step
+ * (exec_step.c), evaluation (exec_eval.c) and the pipeline schedule's runner (exec_pipe.c)
+ * share. Calls go one way: exec.c -> exec_step.c -> exec_pipe.c -> exec_impl.c and
+ * exec_layout.c; nothing here calls back up.
  * Not for: anything outside the executor (use exec.h). */
 #ifndef TR_EXEC_IMPL_H
 #define TR_EXEC_IMPL_H
@@ -12,6 +15,7 @@
 #include "common/runtime/collectives.h"
 #include "common/pool.h"
 #include "trainer/exec.h"
+#include "trainer/exec_layout.h"
 #include "trainer/trace.h"
 
 typedef struct exec_pipe exec_pipe; /* exec_pipe.c: --pipeline > 1 */
@@ -74,14 +78,14 @@ struct exec_block {
     tr_span *send_span, *recv_span;
 };
 
-/* Rows [row0, row1) of layer `layer`'s weight gradient (row1 0: the whole layer);
- * afterwards the nblk blocks chunk_blocks[blk0 ..] are final, ascending. A list, not a
- * range: a layer's tensors need not be contiguous (a transformer block's lie between the
- * other blocks' in llm.c's layout), so the blocks it finishes need not be either. */
-typedef struct exec_chunk {
-    int layer, row0, row1;
-    int blk0, nblk;
-} exec_chunk;
+/* The update made during backward (training alone, fp32, one CPU device): a linear layer's
+ * rows_done argument, where its weight and bias lie in the flat buffer (exec_bind_layers
+ * installs rows_final, which hands the finished rows to the link's update_slice). */
+typedef struct exec_rows {
+    tr_exec *ex;
+    size_t w_off, b_off;
+    int IC;
+} exec_rows;
 
 struct tr_exec {
     tr_exec_config c;
@@ -90,7 +94,7 @@ struct tr_exec {
                                     * (training alone on CPU), after backward read them */
     int in_place;                  /* the link updates the shared weights itself (direct,
                                     * fp32) */
-    struct exec_rows *rows;        /* (L) or NULL: the update in place is made during
+    exec_rows *rows;               /* (L) or NULL: the update in place is made during
                                     * backward, tile by tile, as each tile of weight-gradient
                                     * rows is final (rows_final); the layers' arguments */
     pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
@@ -115,15 +119,9 @@ struct tr_exec {
     exec_dev *devs;
     const tr_plan *plan;
     exec_block *blocks;
-    int *chunk_blocks;             /* (nblocks) the blocks each chunk finishes (exec_chunk) */
-    int *send_order;               /* (nblocks) the order backward finishes the blocks: the
-                                    * top layer first, each layer's chunks by ascending rows */
     size_t wbuf_floats;            /* bf16/fp16: the widest layer's tensors (its scratch) */
-    int *layer_blocks;             /* the blocks layer l reads, ascending: */
-    int *layer_blocks0;            /* (L + 1) [layer_blocks0[l], layer_blocks0[l + 1]) */
-    exec_chunk *chunks;            /* (nchunks) by layer, rows ascending */
-    int nchunks;
-    int *layer_chunk0;             /* (L + 1) layer l's chunks: [layer_chunk0[l], [l + 1]) */
+    exec_layout lay;               /* which blocks each layer reads, the weight-gradient
+                                    * chunks, the send order (exec_layout.c) */
     /* Reduce (send streams) and broadcast (recv streams) run concurrently: each has a
      * communicator of its own (NCCL orders the kernels of one communicator). */
     pst_comm *reduce_comm, *bcast_comm;
@@ -139,7 +137,7 @@ struct tr_exec {
     exec_pipe *pipe;               /* --pipeline > 1: the stages' state (exec_pipe.c) */
 };
 
-/* ---- shared by exec.c and exec_pipe.c ---- */
+/* ---- exec_impl.c: shared by the executor's files ---- */
 
 /* Device memory of at least one byte (bytes 0 allowed). */
 pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
@@ -148,25 +146,9 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
 tr_span *exec_mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
                          long arg);
 void exec_mark_end(pst_stream *s, tr_span *sp);
-
-/* exec_pipe.c. Init (after the blocks, their layers and the devices' gradient buffers
- * exist): the schedule, the partition, the slots and the layer instances bound to them;
- * errors: PST_ERR_INVALID (devices != stages, a bad --partition, invalid schedule
- * parameters), PST_ERR_UNSUPPORTED (bf16/fp16), PST_ERR_NOMEM. Free accepts ex->pipe NULL
- * (call after the streams are idle). */
-pst_status exec_pipe_init(tr_exec *ex);
-void exec_pipe_free(tr_exec *ex);
-/* Rebinds every slot's layers to the devices' current parameter buffers. */
-void exec_pipe_bind(tr_exec *ex);
-/* Queues a step's compute over `rows` host rows on every device (the lists of the
- * schedule), gradients zeroed first; grad_done and x_done are recorded as in exec.c. */
-pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *y, int rows,
-                          float scale);
-/* The step's loss sum (call after the compute streams are synchronized). */
-double exec_pipe_loss(const tr_exec *ex, int rows);
-/* Evaluation forward (blocking): per-row losses, optional probabilities, correct count. */
-pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int rows,
-                             float *losses, float *probs, long *correct);
-
+/* Points every layer instance of device d at its buffers (pipeline off). */
+void exec_bind_layers(tr_exec *ex, exec_dev *d);
+/* bf16/fp16: queues on s the casts of layer l's tensors into d's fp32 scratch. */
+pst_status exec_enqueue_weights(tr_exec *ex, exec_dev *d, pst_stream *s, int l);
 
 #endif /* TR_EXEC_IMPL_H */

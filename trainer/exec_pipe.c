@@ -1,4 +1,4 @@
-/* exec_pipe.c — the executor's pipeline mode (--pipeline P > 1; see exec.h, exec_impl.h).
+/* exec_pipe.c — the executor's pipeline mode (--pipeline P > 1; see exec_pipe.h).
  *
  * The model's layers are cut into C = P x V contiguous model chunks (balanced by compute,
  * or --partition); chunk k runs on device k % P (V chunks per device: the interleaved
@@ -43,7 +43,7 @@
  *   slot after each forward; logits and labels are kept only in the slot, until backward.
  * Evaluation runs the chunks one after another with micro-batch 0's instances and slots,
  * in pieces of a micro-batch. */
-#include "trainer/exec_impl.h"
+#include "trainer/exec_pipe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -371,8 +371,8 @@ static void record_points(tr_exec *ex, int s)
         const pipe_chunk *pc = &p->chunks[in->chunk];
         for (int l = pc->first; l <= pc->last; l++) {
             pd->layer_pos[l] = i;
-            for (int q = ex->layer_blocks0[l]; q < ex->layer_blocks0[l + 1]; q++)
-                pd->blk_pos[ex->layer_blocks[q]] = i;
+            for (int q = ex->lay.layer_blocks0[l]; q < ex->lay.layer_blocks0[l + 1]; q++)
+                pd->blk_pos[ex->lay.layer_blocks[q]] = i;
         }
     }
 }
@@ -622,8 +622,8 @@ static pst_status enqueue_forward(tr_exec *ex, long step, int m, int k, const vo
     tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "forward", step,
                                   1000L * k + m);
     for (int l = pc->first; rows && l <= pc->last; l++) {
-        for (int q = ex->layer_blocks0[l]; q < ex->layer_blocks0[l + 1]; q++) {
-            const int b = ex->layer_blocks[q];
+        for (int q = ex->lay.layer_blocks0[l]; q < ex->lay.layer_blocks0[l + 1]; q++) {
+            const int b = ex->lay.layer_blocks[q];
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
