@@ -6,8 +6,12 @@
 # Prints JSON lines: the header, every run, then the medians and B's step over A's.
 # Not a test: it reports, it never gates.
 #
-# usage: [PRECISION=fp32|bf16|fp16] [PSTRAIN_SHM=auto|off] [TRAINERS=2] [PSERVERS=1]
-#        bench/ab.sh BUILD_A BUILD_B [RUNS=5] [PARAMS=25000000] [STEPS=20]
+# JOB=mlp or JOB=gpt instead runs bench/mlp.sh's or bench/gpt.sh's pstrain job (trained
+# alone; gpt on DEVICES, default cpu:2) for STEPS steps (PARAMS is then ignored): the same
+# comparison for the compute path.
+#
+# usage: [JOB=synthetic|mlp|gpt] [PRECISION=fp32|bf16|fp16] [PSTRAIN_SHM=auto|off]
+#        [TRAINERS=2] [PSERVERS=1] bench/ab.sh BUILD_A BUILD_B [RUNS=5] [PARAMS=25000000] [STEPS=20]
 # e.g. the commit before a change against the working tree:
 #   git worktree add /tmp/before HEAD~1 && make -C /tmp/before build
 #   bench/ab.sh /tmp/before/build build 5
@@ -20,6 +24,9 @@ set -euo pipefail
 a=$1; b=$2; runs=${3:-5}; params=${4:-25000000}; steps=${5:-20}
 precision=${PRECISION:-fp32}; shm=${PSTRAIN_SHM:-auto}
 trainers=${TRAINERS:-2}; pservers=${PSERVERS:-1}
+job=${JOB:-synthetic}; devices=${DEVICES:-cpu:2}
+case $job in synthetic|mlp|gpt) ;;
+  *) bench_die "JOB=$job: expected synthetic, mlp or gpt" ;; esac
 case $precision in fp32|bf16|fp16) ;;
   *) bench_die "PRECISION=$precision: expected fp32, bf16 or fp16" ;; esac
 case $shm in auto|off) ;; *) bench_die "PSTRAIN_SHM=$shm: expected auto or off" ;; esac
@@ -28,14 +35,27 @@ bench_need_built "$b" pslaunch pserver trainer
 bench_blas_core "$b"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 rev() { git -C "$1/.." rev-parse --short HEAD 2>/dev/null || echo unknown; }
-bench_header ab "\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
+bench_header ab "\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"job\":\"$job\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
   for side in a b; do
     build=$a; [ "$side" = b ] && build=$b
-    PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers "$pservers" --trainers "$trainers" \
-      --timeout 600 -- "$build/bin/trainer" --model synthetic --params "$params" \
-      --steps "$steps" --optimizer sgd --lr 0.01 --precision "$precision" \
-      --log-level warn 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"
+    case $job in
+      synthetic)
+        PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers "$pservers" --trainers "$trainers" \
+          --timeout 600 -- "$build/bin/trainer" --model synthetic --params "$params" \
+          --steps "$steps" --optimizer sgd --lr 0.01 --precision "$precision" \
+          --log-level warn ;;
+      mlp) # bench/mlp.sh's job
+        "$build/bin/trainer" --model mlp --hidden 1024,1024 --dataset fashion-mnist \
+          --steps "$steps" --batch 128 --optimizer momentum --lr 0.05 --momentum 0.9 \
+          --seed 0 --threads 2 --precision "$precision" --progress none --metrics "" ;;
+      gpt) # bench/gpt.sh's job
+        PSTRAIN_DEVICES=$devices "$build/bin/trainer" --model gpt --dataset kjv --layers 4 \
+          --heads 4 --embd 128 --ctx 128 --batch 16 --steps "$steps" --optimizer adamw \
+          --lr 1e-3 --beta1 0.9 --beta2 0.99 --eps 1e-8 --weight-decay 0 --seed 0 \
+          --threads 2 --val-windows 8 --sample 0 --precision "$precision" --progress none \
+          --metrics "" ;;
+    esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"
     echo "{\"run\":$i,\"side\":\"$side\",\"result\":$(cat "$tmp/$side$i.json")}"
   done
 done

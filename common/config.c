@@ -1287,3 +1287,25 @@ void pst_config_print_reference(FILE *out)
     }
     free(json);
 }
+
+static const char *process_env(const char *name)
+{
+    return getenv(name);
+}
+
+int pst_config_main(pst_config *cfg, pst_role role, const char *prog, int argc, char **argv)
+{
+    if (pst_config_load(cfg, role, argc, argv, process_env) != PST_OK) {
+        fprintf(stderr, "%s: %s\n", prog, pst_error_detail());
+        return 2;
+    }
+    if (cfg->help)
+        pst_config_print_help(stdout, role, prog);
+    else if (cfg->config_reference)
+        pst_config_print_reference(stdout);
+    else if (cfg->check_config)
+        pst_config_print(stdout, cfg);
+    else
+        return -1;
+    return 0;
+}

@@ -163,6 +163,11 @@ void pst_config_defaults(pst_config *cfg);
  * when set, must agree with it. */
 pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv,
                            pst_getenv_fn getenv_fn);
+/* A program's start: pst_config_load from argv and the process environment, then what
+ * needs no job (--help, --config-reference, --check-config) printed to stdout. Returns -1
+ * when the program goes on with cfg, else its exit status: 0 after printing, 2 after a
+ * bad setting (one line "PROG: <detail>" on stderr). */
+int pst_config_main(pst_config *cfg, pst_role role, const char *prog, int argc, char **argv);
 /* --help text: every flag with its environment variable, example and meaning. */
 void pst_config_print_help(FILE *out, pst_role role, const char *prog);
 /* The topic (an index into the help's list of topics) of the option --flag, or -1. */

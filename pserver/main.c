@@ -84,31 +84,13 @@ static void register_gauges(scrape_view *v, pst_prom *r, int checkpoints)
     pst_prom_on_scrape(r, on_scrape, v);
 }
 
-static const char *env_lookup(const char *name)
-{
-    return getenv(name);
-}
-
 int main(int argc, char **argv)
 {
     pst_memory_tune_server();
     pst_config cfg;
-    if (pst_config_load(&cfg, PST_ROLE_PSERVER, argc, argv, env_lookup) != PST_OK) {
-        fprintf(stderr, "pserver: %s\n", pst_error_detail());
-        return 2;
-    }
-    if (cfg.help) {
-        pst_config_print_help(stdout, PST_ROLE_PSERVER, "pserver");
-        return 0;
-    }
-    if (cfg.config_reference) {
-        pst_config_print_reference(stdout);
-        return 0;
-    }
-    if (cfg.check_config) {
-        pst_config_print(stdout, &cfg);
-        return 0;
-    }
+    const int done = pst_config_main(&cfg, PST_ROLE_PSERVER, "pserver", argc, argv);
+    if (done >= 0)
+        return done;
     pst_log_init(cfg.log_level, "pserver", cfg.pserver_id);
     /* --metrics: one record at exit (what the service reports); opened now, so a bad path
      * is a configuration error before serving. */

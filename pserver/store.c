@@ -173,6 +173,17 @@ static float bf16_value(uint16_t h)
     return x;
 }
 
+/* acc = h (row 0 of the sum) or acc += h (a later row), h bf16. */
+static void add_bf16(float *acc, const uint16_t *h, size_t n, int first)
+{
+    if (first)
+        for (size_t i = 0; i < n; i++)
+            acc[i] = bf16_value(h[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            acc[i] += bf16_value(h[i]);
+}
+
 /* find_nonfinite over g[0..n) split across the store's pool: a gradient read in place is
  * scanned in one pass before anything changes, and on a team of cores that pass costs a
  * part of the update's time instead of a serial pass of its own. */
@@ -305,12 +316,7 @@ static void add_row(float *acc, const update_job *j, int r, size_t t0, size_t n)
     if (r == d->row && d->raw) {
         uint16_t h[UPDATE_TILE];
         (void)d->raw(d->arg, h, t0, n);
-        if (r == 0)
-            for (size_t i = 0; i < n; i++)
-                acc[i] = bf16_value(h[i]);
-        else
-            for (size_t i = 0; i < n; i++)
-                acc[i] += bf16_value(h[i]);
+        add_bf16(acc, h, n, r == 0);
         return;
     }
     if (r == d->row) {
@@ -325,13 +331,7 @@ static void add_row(float *acc, const update_job *j, int r, size_t t0, size_t n)
         return;
     }
     if (j->bf16[r]) {
-        const uint16_t *h = (const uint16_t *)row + t0;
-        if (r == 0)
-            for (size_t i = 0; i < n; i++)
-                acc[i] = bf16_value(h[i]);
-        else
-            for (size_t i = 0; i < n; i++)
-                acc[i] += bf16_value(h[i]);
+        add_bf16(acc, (const uint16_t *)row + t0, n, r == 0);
     } else if (r == 0) {
         memcpy(acc, row + t0, n * sizeof(float));
     } else {

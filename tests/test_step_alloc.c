@@ -80,7 +80,8 @@ static long count_step_allocations(pst_config *cfg, const pst_model *model, cons
                  PST_OK);
     tr_link *link;
     cr_assert_eq(tr_local_init(&link, cfg, &plan), PST_OK, "%s", pst_error_detail());
-    tr_exec_config ec = {.cfg = cfg, .rt = rt, .model = model, .max_rows = rows,
+    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg),
+                         .rt = rt, .model = model, .max_rows = rows,
                          .eval_rows = rows, .link = link, .overlap = 1, .threads = 2};
     tr_exec *ex = NULL;
     cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());

@@ -47,7 +47,7 @@
  * gaps inside a step (tens to a few hundred microseconds), far shorter than a step. */
 #define EXEC_ALONE_SPIN_NS 500000L
 
-static void cpu_set_of(const pst_config *cfg, cpu_set_t *set);
+static void cpu_set_of(const tr_exec_settings *cfg, cpu_set_t *set);
 
 /* Training alone in fp32 on one CPU device (the update in place), the optimizer runs inside
  * backward: each tile of a linear layer's weight-gradient rows is updated by the thread
@@ -61,8 +61,8 @@ static void cpu_set_of(const pst_config *cfg, cpu_set_t *set);
 static pst_status plan_sliced(tr_exec *ex, const tr_exec_config *c)
 {
     const pst_model *m = ex->model;
-    int ok = ex->in_place && ex->D == 1 && ex->K == 1 && c->cfg->pipeline <= 1 &&
-             !ex->scaler && c->cfg->grad_dtype == PST_F32 && c->link->ops->update_slice &&
+    int ok = ex->in_place && ex->D == 1 && ex->K == 1 && c->cfg.pipeline <= 1 &&
+             !ex->scaler && c->cfg.grad_dtype == PST_F32 && c->link->ops->update_slice &&
              ex->host_memory;
     for (int l = 0; ok && l < ex->L; l++)
         ok = !m->layers[l].ntensors ||
@@ -108,7 +108,7 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
-    if (ex->c.cfg->pipeline > 1)
+    if (ex->c.cfg.pipeline > 1)
         return PST_OK; /* activations and layer instances: per slot (exec_pipe.c) */
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[1]));
@@ -144,9 +144,9 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
 {
     ex->c = *c;
     ex->model = c->model;
-    if (c->cfg->compute_cpus[0]) {
+    if (c->cfg.compute_cpus && c->cfg.compute_cpus[0]) {
         ex->pin_compute = 1;
-        cpu_set_of(c->cfg, &ex->compute_cpus);
+        cpu_set_of(&c->cfg, &ex->compute_cpus);
     }
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->model->nlayers;
@@ -154,13 +154,13 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", ex->D,
                              PST_DEVICE_MAX_COUNT);
     ex->host_memory = pst_runtime_host_memory(c->rt);
-    ex->shared = ex->host_memory && !c->cfg->cpu_replicas;
-    ex->pdt = c->cfg->precision;
+    ex->shared = ex->host_memory && !c->cfg.cpu_replicas;
+    ex->pdt = c->cfg.precision;
     ex->psize = pst_dtype_size(ex->pdt);
     ex->lowp = ex->pdt != PST_F32;
-    ex->K = c->cfg->acc_steps > 0 ? c->cfg->acc_steps : 1;
+    ex->K = c->cfg.acc_steps > 0 ? c->cfg.acc_steps : 1;
     ex->scaler = ex->pdt == PST_F16;
-    ex->loss_scale = ex->scaler ? c->cfg->loss_scale : 1.0f;
+    ex->loss_scale = ex->scaler ? c->cfg.loss_scale : 1.0f;
     /* In place only on the shared CPU copy in fp32: with replicas (--cpu-replicas 1, as on
      * GPUs) the new values go through host staging, are copied to the owner and broadcast;
      * in bf16/fp16 the store's master is fp32 and the devices hold its low-precision copy. */
@@ -179,7 +179,7 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
     const int per_micro = (c->max_rows + ex->K - 1) / ex->K; /* rows of one micro-batch */
     int per_dev = (per_micro + ex->D - 1) / ex->D;
     ex->max_batch = per_dev > c->eval_rows ? per_dev : c->eval_rows;
-    if (c->cfg->pipeline > 1) /* the evaluation's bound; a step's rows go through slots */
+    if (c->cfg.pipeline > 1) /* the evaluation's bound; a step's rows go through slots */
         ex->max_batch = c->eval_rows > 0 ? c->eval_rows : 1;
     return PST_OK;
 }
@@ -219,7 +219,7 @@ static pst_status init_devices(tr_exec *ex)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         for (int l = 0; l < ex->L; l++)
             PST_TRY(pst_event_create(d->dev, &d->x_done[l]));
-        if (c->cfg->pipeline <= 1)
+        if (c->cfg.pipeline <= 1)
             exec_bind_layers(ex, d);
     }
     return PST_OK;
@@ -349,7 +349,7 @@ pst_status tr_exec_init(tr_exec **out, const tr_exec_config *c)
         (st = init_shared(ex)) != PST_OK ||
         (st = exec_layout_build(&ex->lay, ex->model, ex->plan, !c->link->in_process)) != PST_OK ||
         (st = init_blocks(ex)) != PST_OK || (st = alloc_chunk_args(ex)) != PST_OK ||
-        (c->cfg->pipeline > 1 && (st = exec_pipe_init(ex)) != PST_OK)) {
+        (c->cfg.pipeline > 1 && (st = exec_pipe_init(ex)) != PST_OK)) {
         tr_exec_free(ex);
         return st;
     }
@@ -491,8 +491,21 @@ pst_status tr_exec_sync(tr_exec *ex)
     return first;
 }
 
+tr_exec_settings tr_exec_settings_of(const pst_config *cfg)
+{
+    return (tr_exec_settings){
+        .precision = cfg->precision, .grad_dtype = cfg->grad_dtype, .acc_steps = cfg->acc_steps,
+        .cpu_replicas = cfg->cpu_replicas, .loss_scale = cfg->loss_scale,
+        .loss_scale_window = cfg->loss_scale_window, .compute_cpus = cfg->compute_cpus,
+        .compute_cpu_mask = cfg->compute_cpu_mask, .pipeline = cfg->pipeline,
+        .micro_batches = cfg->micro_batches, .virtual_stages = cfg->virtual_stages,
+        .schedule = cfg->schedule, .partition = cfg->partition, .npartition = cfg->npartition};
+}
+
+/* ---- start: pinning, the first values ----------------------------------------------- */
+
 /* --compute-cpus as the config parsed it into a CPU set. */
-static void cpu_set_of(const pst_config *cfg, cpu_set_t *set)
+static void cpu_set_of(const tr_exec_settings *cfg, cpu_set_t *set)
 {
     CPU_ZERO(set);
     for (int c = 0; c < PST_CPU_MASK_WORDS * 64 && c < CPU_SETSIZE; c++)
@@ -519,7 +532,7 @@ static pst_status pin_compute(void *arg)
     if (rc != 0)
         return pst_error_set(PST_ERR_INVALID, "--compute-cpus=%s: cannot pin the compute "
                              "threads there (%s); name CPUs this process may use (see "
-                             "taskset -p %d)", ex->c.cfg->compute_cpus, strerror(rc),
+                             "taskset -p %d)", ex->c.cfg.compute_cpus, strerror(rc),
                              (int)getpid());
     pst_pool_run(d->pool, pin_part, ex);
     return PST_OK;

@@ -30,8 +30,30 @@
 
 typedef struct tr_exec tr_exec;
 
+/* The job's settings the executor reads, and only those (tr_exec_settings_of takes them
+ * from the job's pst_config; the pointers point into it). */
+typedef struct tr_exec_settings {
+    pst_dtype precision;        /* the devices' parameters: f32, bf16 or f16 */
+    pst_dtype grad_dtype;       /* the pushed gradients (fp16: the overflow bound) */
+    int acc_steps;              /* micro-batches per step without a pipeline (0: 1) */
+    int cpu_replicas;           /* 1: a parameter copy per CPU device (the GPU schedule) */
+    float loss_scale;           /* fp16: the first dynamic loss scale */
+    long loss_scale_window;     /* fp16: steps without overflow before it doubles */
+    const char *compute_cpus;   /* --compute-cpus as given ("": the threads are not pinned) */
+    const uint64_t *compute_cpu_mask; /* (PST_CPU_MASK_WORDS) the same CPUs as bits */
+    int pipeline;               /* stages P (1: none) */
+    int micro_batches;          /* M, pipelined */
+    int virtual_stages;         /* V: model chunks per device */
+    pst_schedule schedule;
+    const int *partition;       /* (npartition) layers per model chunk by hand; 0: balanced */
+    int npartition;
+} tr_exec_settings;
+
+/* The executor's settings of a job. */
+tr_exec_settings tr_exec_settings_of(const pst_config *cfg);
+
 typedef struct tr_exec_config {
-    const pst_config *cfg;  /* optimizer, mode, block bytes, overlap */
+    tr_exec_settings cfg;   /* what the executor reads of the job's settings */
     pst_runtime *rt;        /* the trainer's devices */
     const pst_model *model; /* what to train (outlives the executor) */
     int max_rows;           /* most rows of one step on this trainer */

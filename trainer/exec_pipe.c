@@ -130,7 +130,7 @@ static double layer_cost(const pst_model *m, int l)
 
 /* first[k], k = 0..C: chunk k is layers [first[k], first[k+1]). By hand (--partition) or
  * the contiguous split that makes the costliest chunk cheapest (dynamic programming). */
-static pst_status partition(const pst_model *m, const pst_config *cfg, int C, int *first)
+static pst_status partition(const pst_model *m, const tr_exec_settings *cfg, int C, int *first)
 {
     const int L = m->nlayers;
     if (cfg->npartition) {
@@ -379,7 +379,7 @@ static void record_points(tr_exec *ex, int s)
 
 pst_status exec_pipe_init(tr_exec *ex)
 {
-    const pst_config *cfg = ex->c.cfg;
+    const tr_exec_settings *cfg = &ex->c.cfg;
     const int P = cfg->pipeline, V = cfg->virtual_stages, M = cfg->micro_batches;
     if (ex->D != P)
         return pst_error_set(PST_ERR_INVALID, "--pipeline %d needs %d devices, one per stage "
@@ -756,7 +756,7 @@ pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *
         if (left && !moved)
             return pst_error_set(PST_ERR_INTERNAL, "pipeline: the %s schedule's lists wait "
                                  "on each other (P %d, M %d, V %d)",
-                                 pst_schedule_name(ex->c.cfg->schedule), P, p->M, p->V);
+                                 pst_schedule_name(ex->c.cfg.schedule), P, p->M, p->V);
     }
     return PST_OK;
 }

@@ -253,7 +253,7 @@ static pst_status check_overflow(void *arg)
     exec_block *eb = arg;
     tr_exec *ex = eb->ex;
     const float *g = eb->hgrad ? eb->hgrad : ex->devs[eb->b->owner_device].grads + eb->b->offset;
-    const float most = ex->c.cfg->grad_dtype == PST_F16 ? 65504.0f : INFINITY;
+    const float most = ex->c.cfg.grad_dtype == PST_F16 ? 65504.0f : INFINITY;
     int bad = 0;
     for (size_t i = 0; i < eb->b->length; i++)
         bad |= !(fabsf(g[i]) <= most); /* NaN fails too */
@@ -406,7 +406,7 @@ static pst_status end_step(tr_exec *ex, long step, int rows, int skip, double *l
         return PST_OK;
     }
     ex->applied++;
-    if (ex->scaler && ++ex->good_steps == ex->c.cfg->loss_scale_window) {
+    if (ex->scaler && ++ex->good_steps == ex->c.cfg.loss_scale_window) {
         ex->good_steps = 0;
         if (ex->loss_scale < PST_LOSS_SCALE_MAX) /* GradScaler's growth, bounded */
             ex->loss_scale *= 2.0f;

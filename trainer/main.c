@@ -23,11 +23,6 @@ static void on_signal(int sig)
     tr_request_stop();
 }
 
-static const char *env_lookup(const char *name)
-{
-    return getenv(name);
-}
-
 static int exit_code(pst_status st)
 {
     switch (st) {
@@ -94,23 +89,9 @@ int main(int argc, char **argv)
     tr_blas_core_reexec(argv);
     pst_memory_tune();
     pst_config cfg;
-    pst_status st = pst_config_load(&cfg, PST_ROLE_TRAINER, argc, argv, env_lookup);
-    if (st != PST_OK) {
-        fprintf(stderr, "trainer: %s\n", pst_error_detail());
-        return 2;
-    }
-    if (cfg.help) {
-        pst_config_print_help(stdout, PST_ROLE_TRAINER, "trainer");
-        return 0;
-    }
-    if (cfg.config_reference) {
-        pst_config_print_reference(stdout);
-        return 0;
-    }
-    if (cfg.check_config) {
-        pst_config_print(stdout, &cfg);
-        return 0;
-    }
+    const int done = pst_config_main(&cfg, PST_ROLE_TRAINER, "trainer", argc, argv);
+    if (done >= 0)
+        return done;
     tr_test_hooks hooks; /* the tests' faults: never set in production (test_hooks.h) */
     if (tr_test_hooks_from_env(&hooks) != PST_OK) {
         fprintf(stderr, "trainer: %s\n", pst_error_detail());
@@ -129,6 +110,7 @@ int main(int argc, char **argv)
      * OpenBLAS's own threads would only compete with the team for the same cores. */
     openblas_set_num_threads(1);
 
+    pst_status st;
     tr_job job;
     tr_job_init(&job);
     /* /metrics: served from its own thread for the whole process (recoveries included). */

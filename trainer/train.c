@@ -575,7 +575,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
     /* a sequence model's rows are large: evaluate in batches of the training rows */
-    tr_exec_config ec = {.cfg = cfg, .rt = rt, .model = &model, .max_rows = max_part,
+    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg), .rt = rt, .model = &model, .max_rows = max_part,
                          .eval_rows = is_text ? max_part : 256, .link = link,
                          .overlap = cfg->overlap,
                          .threads = threads_per_device,

@@ -109,14 +109,9 @@ static pst_status gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t
     return PST_OK;
 }
 
-static pst_status cuda_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
+static pst_status run_linear_forward(pst_stream *s, cudaStream_t cs, const pst_linear_fwd_args *a)
 {
-    cudaStream_t cs;
     cublasHandle_t h;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     PST_TRY(pst_cuda_blas_acquire(s, &h));
     /* Row-major out (B, OC) = inp (B, IC) @ w^T, w (OC, IC).
      * Column-major: out^T (OC, B) = w (OC, IC) @ inp^T (IC, B), where
@@ -135,14 +130,9 @@ static pst_status cuda_linear_forward(pst_stream *s, const pst_linear_fwd_args *
 static cudaError_t launch_relu_backward(cudaStream_t s, float *dinp, const float *dout,
                                         const float *out, size_t n);
 
-static pst_status cuda_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
+static pst_status run_linear_backward(pst_stream *s, cudaStream_t cs, const pst_linear_bwd_args *a)
 {
-    cudaStream_t cs;
     cublasHandle_t h;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     /* Weight-gradient rows [r0, r1): columns r0.. of dout, rows r0.. of dw and db. */
     const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
     if (a->db)
@@ -206,24 +196,14 @@ static cudaError_t launch_add(cudaStream_t s, float *dst, const float *src, size
     return cudaGetLastError();
 }
 
-static pst_status cuda_relu_backward(pst_stream *s, const pst_relu_bwd_args *a)
+static pst_status run_relu_backward(pst_stream *, cudaStream_t cs, const pst_relu_bwd_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     PST_CUDA_CHECK(launch_relu_backward(cs, a->dinp, a->dout, a->out, (size_t)a->n));
     return PST_OK;
 }
 
-static pst_status cuda_add(pst_stream *s, const pst_add_args *a)
+static pst_status run_add(pst_stream *, cudaStream_t cs, const pst_add_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     /* src on another GPU is read through peer access (enabled at runtime init). */
     PST_CUDA_CHECK(launch_add(cs, a->dst, a->src, a->n));
     return PST_OK;
@@ -327,13 +307,8 @@ static cudaError_t launch_xent(cudaStream_t s, const pst_xent_args *a)
     return cudaGetLastError();
 }
 
-static pst_status cuda_softmax_xent(pst_stream *s, const pst_xent_args *a)
+static pst_status run_softmax_xent(pst_stream *, cudaStream_t cs, const pst_xent_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     PST_CUDA_CHECK(launch_xent(cs, a));
     return PST_OK;
 }
@@ -401,13 +376,8 @@ static cudaError_t launch_optim(cudaStream_t st, const pst_optim_args *a,
     return cudaGetLastError();
 }
 
-static pst_status cuda_optim_apply(pst_stream *s, const pst_optim_args *a)
+static pst_status run_optim_apply(pst_stream *, cudaStream_t cs, const pst_optim_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     /* The config is host memory, read now (ops.h: CUDA reads arguments when queued). */
     const pst_optim_config *cfg = a->cfg;
     pst_optim_scalars sc;
@@ -461,13 +431,8 @@ static cudaError_t launch_cast(cudaStream_t s, const pst_cast_args *a)
     return cudaGetLastError();
 }
 
-static pst_status cuda_cast(pst_stream *s, const pst_cast_args *a)
+static pst_status run_cast(pst_stream *, cudaStream_t cs, const pst_cast_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     PST_CUDA_CHECK(launch_cast(cs, a));
     return PST_OK;
 }
@@ -516,12 +481,10 @@ static __global__ void embedding_bwd_wpe_kernel(float *dwpe, const float *dout, 
     }
 }
 
-static pst_status cuda_embedding_forward(pst_stream *s, const pst_embedding_fwd_args *a)
+static pst_status run_embedding_forward(pst_stream *, cudaStream_t cs,
+                                        const pst_embedding_fwd_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->B)
+    if (!a->B)
         return PST_OK;
     const size_t n = (size_t)a->B * a->T * a->C;
     embedding_fwd_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->tokens, a->wte,
@@ -530,13 +493,9 @@ static pst_status cuda_embedding_forward(pst_stream *s, const pst_embedding_fwd_
     return PST_OK;
 }
 
-static pst_status cuda_embedding_backward(pst_stream *s, const pst_embedding_bwd_args *a)
+static pst_status run_embedding_backward(pst_stream *, cudaStream_t cs,
+                                         const pst_embedding_bwd_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     if (a->dwte) {
         if (!a->wte_accumulate)
             PST_CUDA_CHECK(cudaMemsetAsync(a->dwte, 0, sizeof(float) * (size_t)a->V * a->C, cs));
@@ -632,12 +591,9 @@ static unsigned blocks_of(int n)
     return (unsigned)((n + PST_CUDA_THREADS - 1) / PST_CUDA_THREADS);
 }
 
-static pst_status cuda_layernorm_forward(pst_stream *s, const pst_layernorm_args *a)
+static pst_status run_layernorm_forward(pst_stream *, cudaStream_t cs, const pst_layernorm_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->N)
+    if (!a->N)
         return PST_OK;
     layernorm_fwd_kernel<<<blocks_of(a->N), PST_CUDA_THREADS, 0, cs>>>(
         a->out, a->mean, a->rstd, a->inp, a->w, a->b, a->N, a->C);
@@ -645,13 +601,8 @@ static pst_status cuda_layernorm_forward(pst_stream *s, const pst_layernorm_args
     return PST_OK;
 }
 
-static pst_status cuda_layernorm_backward(pst_stream *s, const pst_layernorm_args *a)
+static pst_status run_layernorm_backward(pst_stream *, cudaStream_t cs, const pst_layernorm_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip)
-        return PST_OK;
     if (a->dinp && a->N) {
         layernorm_bwd_input_kernel<<<blocks_of(a->N), PST_CUDA_THREADS, 0, cs>>>(
             a->dinp, a->dout, a->inp, a->w, a->saved_mean, a->saved_rstd, a->N, a->C,
@@ -893,12 +844,9 @@ static cudaError_t launch_attention_bwd(cudaStream_t cs, const pst_attention_arg
     return e != cudaSuccess ? e : f;
 }
 
-static pst_status cuda_attention_forward(pst_stream *s, const pst_attention_args *a)
+static pst_status run_attention_forward(pst_stream *, cudaStream_t cs, const pst_attention_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->B)
+    if (!a->B)
         return PST_OK;
     const int R = attention_regs(a->C / a->H);
     PST_CUDA_CHECK(R == 32   ? launch_attention_fwd<32>(cs, a)
@@ -907,12 +855,9 @@ static pst_status cuda_attention_forward(pst_stream *s, const pst_attention_args
     return PST_OK;
 }
 
-static pst_status cuda_attention_backward(pst_stream *s, const pst_attention_args *a)
+static pst_status run_attention_backward(pst_stream *, cudaStream_t cs, const pst_attention_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->B)
+    if (!a->B)
         return PST_OK;
     const int R = attention_regs(a->C / a->H);
     PST_CUDA_CHECK(R == 32   ? launch_attention_bwd<32>(cs, a)
@@ -950,12 +895,9 @@ static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const floa
     }
 }
 
-static pst_status cuda_gelu_forward(pst_stream *s, const pst_gelu_args *a)
+static pst_status run_gelu_forward(pst_stream *, cudaStream_t cs, const pst_gelu_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->n)
+    if (!a->n)
         return PST_OK;
     gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
                                                                            (size_t)a->n);
@@ -963,18 +905,42 @@ static pst_status cuda_gelu_forward(pst_stream *s, const pst_gelu_args *a)
     return PST_OK;
 }
 
-static pst_status cuda_gelu_backward(pst_stream *s, const pst_gelu_args *a)
+static pst_status run_gelu_backward(pst_stream *, cudaStream_t cs, const pst_gelu_args *a)
 {
-    cudaStream_t cs;
-    int skip;
-    PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));
-    if (skip || !a->n)
+    if (!a->n)
         return PST_OK;
     gelu_bwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
                                                                            a->dout, (size_t)a->n);
     PST_CUDA_CHECK(cudaGetLastError());
     return PST_OK;
 }
+
+/* ---- the op table ---------------------------------------------------------------------
+ * Every op begins its stream's work the same way (nothing is queued on a stream that failed
+ * before: skip), then runs; as CPU_OP in ops_cpu.c. */
+#define CUDA_OP(name, type, run)                                                              \
+    static pst_status name(pst_stream *s, const type *a)                                      \
+    {                                                                                         \
+        cudaStream_t cs;                                                                      \
+        int skip;                                                                             \
+        PST_TRY(pst_cuda_stream_begin(s, &cs, &skip));                                        \
+        return skip ? PST_OK : run(s, cs, a);                                                 \
+    }
+CUDA_OP(cuda_linear_forward, pst_linear_fwd_args, run_linear_forward)
+CUDA_OP(cuda_linear_backward, pst_linear_bwd_args, run_linear_backward)
+CUDA_OP(cuda_relu_backward, pst_relu_bwd_args, run_relu_backward)
+CUDA_OP(cuda_add, pst_add_args, run_add)
+CUDA_OP(cuda_softmax_xent, pst_xent_args, run_softmax_xent)
+CUDA_OP(cuda_optim_apply, pst_optim_args, run_optim_apply)
+CUDA_OP(cuda_cast, pst_cast_args, run_cast)
+CUDA_OP(cuda_embedding_forward, pst_embedding_fwd_args, run_embedding_forward)
+CUDA_OP(cuda_embedding_backward, pst_embedding_bwd_args, run_embedding_backward)
+CUDA_OP(cuda_layernorm_forward, pst_layernorm_args, run_layernorm_forward)
+CUDA_OP(cuda_layernorm_backward, pst_layernorm_args, run_layernorm_backward)
+CUDA_OP(cuda_attention_forward, pst_attention_args, run_attention_forward)
+CUDA_OP(cuda_attention_backward, pst_attention_args, run_attention_backward)
+CUDA_OP(cuda_gelu_forward, pst_gelu_args, run_gelu_forward)
+CUDA_OP(cuda_gelu_backward, pst_gelu_args, run_gelu_backward)
 
 extern "C" const pst_ops_iface pst_cuda_ops_iface = {
     cuda_linear_forward, cuda_linear_backward, cuda_relu_backward, cuda_softmax_xent,
