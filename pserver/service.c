@@ -1057,6 +1057,15 @@ static pull_ctx *pull_get(ps_service *svc, rpc_call *call)
     return p;
 }
 
+/* Under pull_mu: p goes back to the free list (pull_get's other half). */
+static void pull_put_locked(ps_service *svc, pull_ctx *p)
+{
+    p->inflight = 0;
+    p->next = svc->pull_free;
+    svc->pull_free = p;
+    svc->pulls_live--;
+}
+
 /* The payload release of a Pull reply (or the end of a failed pull): back to the list. */
 static void release_pull(void *arg)
 {
@@ -1066,10 +1075,7 @@ static void release_pull(void *arg)
     if (p->cancelling) {
         p->release_pending = 1; /* pull_cancelled puts it back */
     } else {
-        p->inflight = 0;
-        p->next = svc->pull_free;
-        svc->pull_free = p;
-        svc->pulls_live--;
+        pull_put_locked(svc, p);
     }
     pthread_mutex_unlock(&svc->pull_mu);
 }
@@ -1102,10 +1108,7 @@ static void pull_cancelled(ps_service *svc, rpc_call *call)
     p->cancelling = 0;
     if (withdrawn || p->release_pending) {
         p->release_pending = 0;
-        p->inflight = 0;
-        p->next = svc->pull_free;
-        svc->pull_free = p;
-        svc->pulls_live--;
+        pull_put_locked(svc, p);
     }
     pthread_mutex_unlock(&svc->pull_mu);
 }

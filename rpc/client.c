@@ -532,10 +532,7 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
 
     grpc_arg args[16]; /* ours, the keepalive ones, RPC_BULK_ARGS and the lane */
     memset(args, 0, sizeof(args));
-    static const struct {
-        const char *key;
-        int value;
-    } iargs[7] = {
+    static const rpc_int_arg iargs[7] = {
         {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1},
         {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1},
         {GRPC_ARG_ENABLE_RETRIES, 0},
@@ -544,24 +541,12 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
         {GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, CL_BACKOFF_MAX_MS},
         {GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1},
     };
-    for (int i = 0; i < 7; i++) {
-        args[i].type = GRPC_ARG_INTEGER;
-        args[i].key = (char *)iargs[i].key;
-        args[i].value.integer = iargs[i].value;
-    }
-    size_t nargs = 7;
+    size_t nargs = rpc_int_args(args, iargs, 7);
     if (cfg->keepalive_ms > 0) { /* a server that stops answering is found by its pings */
-        const struct {
-            const char *key;
-            int value;
-        } ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
-                  {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
-                  {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1}};
-        for (size_t i = 0; i < 3; i++, nargs++) {
-            args[nargs].type = GRPC_ARG_INTEGER;
-            args[nargs].key = (char *)ka[i].key;
-            args[nargs].value.integer = ka[i].value;
-        }
+        const rpc_int_arg ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
+                                  {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
+                                  {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1}};
+        nargs += rpc_int_args(args + nargs, ka, 3);
     }
     nargs += rpc_bulk_args(args + nargs);
     grpc_channel_credentials *creds = rpc_transport_channel_creds(cfg->transport);

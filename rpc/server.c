@@ -775,39 +775,26 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     /* No SO_REUSEPORT: a second pserver on a taken port must fail, not share it. */
     grpc_arg args[16]; /* ours, the keepalive ones and RPC_BULK_ARGS */
     memset(args, 0, sizeof(args));
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = cfg->max_message > 0 && cfg->max_message < INT_MAX
-                                ? (int)cfg->max_message : INT_MAX;
-    args[1].type = GRPC_ARG_INTEGER;
-    args[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
-    args[1].value.integer = -1;
-    args[2].type = GRPC_ARG_INTEGER;
-    args[2].key = (char *)GRPC_ARG_ALLOW_REUSEPORT;
-    args[2].value.integer = 0;
-    /* Identity only: a compressed request is refused by gRPC, so a body's size on the wire
-     * is its size in memory (64 MiB of zeros gzip to a few KiB). */
-    args[3].type = GRPC_ARG_INTEGER;
-    args[3].key = (char *)GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET;
-    args[3].value.integer = 1 << GRPC_COMPRESS_NONE;
-    size_t nargs = 4;
+    const rpc_int_arg own[] = {
+        {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         cfg->max_message > 0 && cfg->max_message < INT_MAX ? (int)cfg->max_message : INT_MAX},
+        {GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1},
+        {GRPC_ARG_ALLOW_REUSEPORT, 0},
+        /* Identity only: a compressed request is refused by gRPC, so a body's size on the
+         * wire is its size in memory (64 MiB of zeros gzip to a few KiB). */
+        {GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET, 1 << GRPC_COMPRESS_NONE}};
+    size_t nargs = rpc_int_args(args, own, 4);
     if (cfg->keepalive_ms > 0) { /* a client that stops answering is found by its pings */
-        const struct {
-            const char *key;
-            int value;
-        } ka[] = {{GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
-                  {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
-                  {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
-                  {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
-                  /* and the clients' pings as often (a trainer watches its pservers
-                   * the same way): no strike for pinging "too often" */
-                  {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, cfg->keepalive_ms / 2},
-                  {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0}};
-        for (size_t i = 0; i < 6; i++, nargs++) {
-            args[nargs].type = GRPC_ARG_INTEGER;
-            args[nargs].key = (char *)ka[i].key;
-            args[nargs].value.integer = ka[i].value;
-        }
+        const rpc_int_arg ka[] = {
+            {GRPC_ARG_KEEPALIVE_TIME_MS, cfg->keepalive_ms},
+            {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, cfg->keepalive_ms},
+            {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+            {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+            /* and the clients' pings as often (a trainer watches its pservers the same
+             * way): no strike for pinging "too often" */
+            {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, cfg->keepalive_ms / 2},
+            {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0}};
+        nargs += rpc_int_args(args + nargs, ka, 6);
     }
     nargs += rpc_bulk_args(args + nargs);
     grpc_channel_args cargs = {nargs, args};

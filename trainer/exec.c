@@ -215,10 +215,7 @@ static pst_status init_devices(tr_exec *ex)
         PST_TRY(pst_stream_create(d->dev, &d->recv));
         ex->send_streams[i] = d->send;
         ex->recv_streams[i] = d->recv;
-        if (!(d->x_done = calloc((size_t)ex->L, sizeof *d->x_done)))
-            return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
-        for (int l = 0; l < ex->L; l++)
-            PST_TRY(pst_event_create(d->dev, &d->x_done[l]));
+        PST_TRY(exec_events_create(d->dev, (size_t)ex->L, &d->x_done));
         if (c->cfg.pipeline <= 1)
             exec_bind_layers(ex, d);
     }
@@ -259,15 +256,8 @@ static pst_status init_blocks(tr_exec *ex)
     if (!ex->blocks || !ex->homes)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     for (int i = 0; i < ex->D; i++) {
-        exec_dev *d = &ex->devs[i];
-        d->ready = calloc((size_t)nb, sizeof *d->ready);
-        d->grad_done = calloc((size_t)nb, sizeof *d->grad_done);
-        if (!d->ready || !d->grad_done)
-            return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
-        for (int b = 0; b < nb; b++) {
-            PST_TRY(pst_event_create(d->dev, &d->ready[b]));
-            PST_TRY(pst_event_create(d->dev, &d->grad_done[b]));
-        }
+        PST_TRY(exec_events_create(ex->devs[i].dev, (size_t)nb, &ex->devs[i].ready));
+        PST_TRY(exec_events_create(ex->devs[i].dev, (size_t)nb, &ex->devs[i].grad_done));
     }
     for (int b = 0; b < nb; b++) {
         exec_block *eb = &ex->blocks[b];
@@ -390,21 +380,15 @@ void tr_exec_free(tr_exec *ex)
         pst_stream_destroy(d->compute);
         pst_stream_destroy(d->send);
         pst_stream_destroy(d->recv);
-        for (int l = 0; d->x_done && l < ex->L; l++)
-            pst_event_destroy(d->x_done[l]);
-        free(d->x_done);
-        for (int b = 0; d->ready && ex->plan && b < ex->plan->nblocks; b++)
-            pst_event_destroy(d->ready[b]);
-        for (int b = 0; d->grad_done && ex->plan && b < ex->plan->nblocks; b++)
-            pst_event_destroy(d->grad_done[b]);
+        exec_events_free(d->x_done, (size_t)ex->L);
+        exec_events_free(d->ready, ex->plan ? (size_t)ex->plan->nblocks : 0);
+        exec_events_free(d->grad_done, ex->plan ? (size_t)ex->plan->nblocks : 0);
         for (int c = 0; d->chunk && c < ex->lay.nchunks; c++)
             free(d->chunk[c]);
         free(d->chunk);
         for (int l = 0; d->inst && l < ex->L; l++)
             free(d->inst[l]);
         free(d->inst);
-        free(d->grad_done);
-        free(d->ready);
         if (d->dev) {
             pst_device_free(d->dev, d->x);
             pst_device_free(d->dev, d->y);

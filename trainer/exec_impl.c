@@ -45,6 +45,22 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p)
     return pst_device_alloc(dev, bytes ? bytes : 1, p);
 }
 
+pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out)
+{
+    if (!(*out = calloc(n ? n : 1, sizeof **out)))
+        return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
+    for (size_t i = 0; i < n; i++)
+        PST_TRY(pst_event_create(dev, &(*out)[i]));
+    return PST_OK;
+}
+
+void exec_events_free(pst_event **evs, size_t n)
+{
+    for (size_t i = 0; evs && i < n; i++)
+        pst_event_destroy(evs[i]);
+    free(evs);
+}
+
 /* ---- the update made during backward (training alone) -------------------------------- */
 
 /* Hands elements [off, off + n) of the flat gradient to the link's update, cut at blocks. */

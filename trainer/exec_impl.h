@@ -146,6 +146,11 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
 tr_span *exec_mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,
                          long arg);
 void exec_mark_end(pst_stream *s, tr_span *sp);
+/* n events of dev in a new array *out (n 0: an empty one). On error *out holds what was
+ * made, for exec_events_free. */
+pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out);
+/* Destroys the n events of evs (NULL entries allowed) and frees the array (NULL allowed). */
+void exec_events_free(pst_event **evs, size_t n);
 /* Points every layer instance of device d at its buffers (pipeline off). */
 void exec_bind_layers(tr_exec *ex, exec_dev *d);
 /* bf16/fp16: queues on s the casts of layer l's tensors into d's fp32 scratch. */

@@ -330,13 +330,11 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     pd->wchunk = calloc(ninst, sizeof(void *));
     pd->blk_pos = malloc(sizeof(int) * (size_t)(ex->plan->nblocks ? ex->plan->nblocks : 1));
     pd->layer_pos = malloc(sizeof(int) * (size_t)ex->L);
-    pd->slot_free = calloc((size_t)pd->nslots, sizeof(pst_event *));
-    if (!pd->inst || !pd->wchunk || !pd->blk_pos || !pd->layer_pos || !pd->slot_free)
+    if (!pd->inst || !pd->wchunk || !pd->blk_pos || !pd->layer_pos)
         return nomem();
+    PST_TRY(exec_events_create(d->dev, (size_t)pd->nslots, &pd->slot_free));
     PST_TRY(pst_stream_create(d->dev, &pd->xfer));
     PST_TRY(pst_event_create(d->dev, &pd->gin_free));
-    for (int j = 0; j < pd->nslots; j++)
-        PST_TRY(pst_event_create(d->dev, &pd->slot_free[j]));
     if (ex->c.trace) {
         char name[48];
         snprintf(name, sizeof name, "%s stage transfers", pst_device_name(d->dev));
@@ -470,14 +468,11 @@ void exec_pipe_free(tr_exec *ex)
     const size_t n = (size_t)p->M * (size_t)p->C;
     for (int s = 0; p->pd && s < p->P; s++) /* its queue is done: the compute waited */
         pst_stream_destroy(p->pd[s].xfer);
-    for (size_t i = 0; p->act_ev && i < n; i++) {
-        pst_event_destroy(p->act_ev[i]);
-        pst_event_destroy(p->grad_ev[i]);
-        pst_event_destroy(p->in_ev[i]);
-        pst_event_destroy(p->gin_ev[i]);
-    }
-    for (int k = 0; p->eval_ev && k < p->C; k++)
-        pst_event_destroy(p->eval_ev[k]);
+    exec_events_free(p->act_ev, n);
+    exec_events_free(p->grad_ev, n);
+    exec_events_free(p->in_ev, n);
+    exec_events_free(p->gin_ev, n);
+    exec_events_free(p->eval_ev, (size_t)p->C);
     for (int s = 0; p->pd && s < p->P; s++) {
         pipe_dev *pd = &p->pd[s];
         pst_device *dev = ex->devs[s].dev;
@@ -489,9 +484,7 @@ void exec_pipe_free(tr_exec *ex)
         free(pd->wchunk);
         free(pd->blk_pos);
         free(pd->layer_pos);
-        for (int j = 0; pd->slot_free && j < pd->nslots; j++)
-            pst_event_destroy(pd->slot_free[j]);
-        free(pd->slot_free);
+        exec_events_free(pd->slot_free, (size_t)pd->nslots);
         pst_event_destroy(pd->gin_free);
         pst_device_free(dev, pd->slots);
         pst_device_free(dev, pd->dbuf[0]);
@@ -509,11 +502,6 @@ void exec_pipe_free(tr_exec *ex)
     free(p->chunks);
     free(p->pd);
     free(p->fwd_slot);
-    free(p->act_ev);
-    free(p->grad_ev);
-    free(p->in_ev);
-    free(p->gin_ev);
-    free(p->eval_ev);
     free(p->fwd_enq);
     free(p->bwd_enq);
     free(p->rows);
