@@ -25,6 +25,7 @@
  * refused, one created just before is cancelled by free and completes CANCELLED. */
 #include "rpc/client.h"
 #include "rpc/bulk.h"
+#include "rpc/tsan.h"
 #include "rpc/transport.h"
 
 #include <ctype.h>
@@ -216,6 +217,7 @@ static pst_status attempt_start(struct cl_call *c)
     ops[5].data.recv_status_on_client.status = &c->status;
     ops[5].data.recv_status_on_client.status_details = &c->details;
     c->attempts++;
+    RPC_TSAN_RELEASE(c);
     grpc_call_error err = grpc_call_start_batch(g, ops, 6, c, NULL);
     if (err != GRPC_CALL_OK) {
         pthread_mutex_lock(&cl->mu);
@@ -456,8 +458,10 @@ static void *client_thread(void *arg)
         grpc_event ev = grpc_completion_queue_next(cl->cq, deadline, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
-        if (ev.type == GRPC_OP_COMPLETE)
+        if (ev.type == GRPC_OP_COMPLETE) {
+            RPC_TSAN_ACQUIRE(ev.tag);
             on_complete(ev.tag);
+        }
         next = retries_run(cl);
     }
     return NULL;

@@ -27,6 +27,7 @@
  * server, shut the queue down and join the threads once it is drained. */
 #include "rpc/server.h"
 #include "rpc/bulk.h"
+#include "rpc/tsan.h"
 #include "rpc/transport.h"
 
 #include <limits.h>
@@ -237,7 +238,9 @@ static void call_send(rpc_call *c, pst_status st, const char *detail, grpc_byte_
         ops[n].data.send_status_from_server.status_details = &c->status_details;
     }
     n++;
-    grpc_call_error err = grpc_call_start_batch(c->gcall, ops, n, &c->t_send, NULL);
+    grpc_call *gc = c->gcall; /* c may be gone once the batch is started */
+    RPC_TSAN_RELEASE(&c->t_send);
+    grpc_call_error err = grpc_call_start_batch(gc, ops, n, &c->t_send, NULL);
     if (err != GRPC_CALL_OK) {
         PST_DEBUG("rpc server: %s reply not sent: %s", rpc_method_name(c->method),
                   grpc_call_error_to_string(err));
@@ -284,6 +287,7 @@ static void request_registered(rpc_server *s, rpc_method m)
     c->t_send = (struct srv_tag){TAG_SEND, c};
     c->status_details = grpc_empty_slice();
     grpc_metadata_array_init(&c->req_md);
+    RPC_TSAN_RELEASE(&c->t_new);
     grpc_call_error err = grpc_server_request_registered_call(
         s->server, s->methods[m], &c->gcall, &c->deadline, &c->req_md, &c->req_bb, s->cq,
         s->cq, &c->t_new);
@@ -307,6 +311,7 @@ static void request_generic(rpc_server *s)
     g->status_details = grpc_empty_slice();
     grpc_call_details_init(&g->details);
     grpc_metadata_array_init(&g->md);
+    RPC_TSAN_RELEASE(&g->t_new);
     grpc_call_error err =
         grpc_server_request_call(s->server, &g->gcall, &g->details, &g->md, s->cq, s->cq,
                                  &g->t_new);
@@ -448,7 +453,9 @@ static void on_new_generic(struct gen_call *g, int success)
     ops[2].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[2].data.send_status_from_server.status = code;
     ops[2].data.send_status_from_server.status_details = &g->status_details;
-    grpc_call_error err = grpc_call_start_batch(g->gcall, ops, 3, &g->t_done, NULL);
+    grpc_call *gc = g->gcall;
+    RPC_TSAN_RELEASE(&g->t_done);
+    grpc_call_error err = grpc_call_start_batch(gc, ops, 3, &g->t_done, NULL);
     if (err != GRPC_CALL_OK) {
         PST_DEBUG("rpc server: cannot answer %s: %s", method, grpc_call_error_to_string(err));
         gen_destroy(g);
@@ -483,7 +490,9 @@ static void on_new_call(rpc_call *c, int success)
     memset(&op, 0, sizeof(op));
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-    grpc_call_error err = grpc_call_start_batch(c->gcall, &op, 1, &c->t_close, NULL);
+    grpc_call *gc = c->gcall;
+    RPC_TSAN_RELEASE(&c->t_close);
+    grpc_call_error err = grpc_call_start_batch(gc, &op, 1, &c->t_close, NULL);
     if (err != GRPC_CALL_OK) {
         PST_DEBUG("rpc server: cannot watch %s call for cancellation: %s",
                   rpc_method_name(c->method), grpc_call_error_to_string(err));
@@ -562,6 +571,7 @@ static void *server_thread(void *arg)
         if (ev.type != GRPC_OP_COMPLETE)
             continue;
         struct srv_tag *t = ev.tag;
+        RPC_TSAN_ACQUIRE(t);
         switch (t->kind) {
         case TAG_NEW_CALL:
             on_new_call(t->obj, ev.success);
@@ -902,6 +912,7 @@ void rpc_server_shutdown(rpc_server *s, int fail)
     if (s->keeper_started) /* it sees `shutting` within 100 ms */
         pthread_join(s->keeper, NULL);
     s->keeper_started = 0;
+    RPC_TSAN_RELEASE(&s->t_shutdown);
     grpc_server_shutdown_and_notify(s->server, s->cq, &s->t_shutdown);
     if (fail)
         fail_pending(s);
