@@ -126,17 +126,23 @@ static void check_layout(const pst_model *m, size_t bytes, int cut)
     tr_plan_free(&p);
 }
 
+/* check_layout over plans of each block size, cut at blocks and not; frees m. */
+static void check_block_sizes(pst_model *m, const size_t *bytes, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        check_layout(m, bytes[i], 1);
+        check_layout(m, bytes[i], 0);
+    }
+    pst_model_free(m);
+}
+
 Test(exec_layout, mlp_over_many_block_sizes)
 {
     pst_model m = {0};
     const int hidden[] = {256, 128};
     cr_assert_eq(pst_model_mlp(&m, 784, 10, 2, hidden), PST_OK);
     const size_t bytes[] = {4096, 65536, 100000, 1u << 20, 64u << 20};
-    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++) {
-        check_layout(&m, bytes[i], 1);
-        check_layout(&m, bytes[i], 0);
-    }
-    pst_model_free(&m);
+    check_block_sizes(&m, bytes, sizeof bytes / sizeof *bytes);
 }
 
 Test(exec_layout, gpt_tied_embedding_and_scattered_tensors)
@@ -144,11 +150,7 @@ Test(exec_layout, gpt_tied_embedding_and_scattered_tensors)
     pst_model m = {0};
     cr_assert_eq(pst_model_gpt(&m, 96, 32, 2, 2, 32), PST_OK, "%s", pst_error_detail());
     const size_t bytes[] = {1024, 4096, 30000, 1u << 20};
-    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++) {
-        check_layout(&m, bytes[i], 1);
-        check_layout(&m, bytes[i], 0);
-    }
-    pst_model_free(&m);
+    check_block_sizes(&m, bytes, sizeof bytes / sizeof *bytes);
 }
 
 Test(exec_layout, cuts_an_mlp_layer_where_its_blocks_end)

@@ -9,8 +9,8 @@
  * A step only fills in row counts and queues work; the host waits for the compute
  * streams (to read the losses), never for the communication, unless overlap is off.
  * Hazards are closed by events alone: a block is reduced after every device recorded
- * its grad_done (see the weight-gradient chunks below); a device's next forward of layer l waits on
- * ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
+ * its grad_done (the weight-gradient chunks: exec_layout.c); a device's next forward of
+ * layer l waits on ready[b] of every block over l, and ready[b] comes after block b's reduce, push (its
  * payload released) and pull, so the next backward can never overwrite a gradient that is
  * still being read.
  * On CPU runtimes the devices share one set of parameters (device memory is host memory,

@@ -17,7 +17,8 @@ static pst_status map_blocks(exec_layout *lay, const pst_model *m, const tr_plan
             int reads = 0;
             for (int t = 0; t < ly->ntensors && !reads; t++) {
                 const pst_tensor *ts = &m->tensors[ly->tensor[t]];
-                reads = blk->offset < ts->offset + ts->numel && blk->offset + blk->length > ts->offset;
+                reads = blk->offset < ts->offset + ts->numel &&
+                        blk->offset + blk->length > ts->offset;
             }
             if (!reads)
                 continue;
