@@ -459,6 +459,88 @@ static void own_path(char *out, size_t size, const char *path, const pst_config 
         snprintf(out, size, "%s", path);
 }
 
+/* The summary's devices: peak memory of each, the precision and its loss scaling, and the
+ * bytes of parameters and optimizer state each device's process holds. */
+static void summarize_devices(tr_summary *sum, const pst_config *cfg, const tr_exec *ex, int D)
+{
+    sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
+    for (int i = 0; i < sum->ndevices; i++)
+        sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
+    sum->precision = cfg->precision;
+    sum->loss_scale = tr_exec_loss_scale(ex);
+    sum->skipped_steps = tr_exec_skipped(ex, NULL);
+    sum->param_bytes_per_device = tr_exec_param_bytes(ex);
+    /* Alone, the in-process store holds the optimizer state, and in bf16/fp16 the fp32
+     * master beside the devices' copy; with pservers the trainer holds neither. */
+    sum->optimizer_bytes_per_device =
+        cfg->num_pservers ? 0
+                          : tr_exec_nparams(ex) * sizeof(float) *
+                                ((size_t)pst_optim_state_floats(cfg->optim.kind) +
+                                 (cfg->precision != PST_F32));
+}
+
+/* How many job checkpoints trainer 0 offers the pservers to resume from, newest first. */
+#define RESUME_CANDIDATES 64
+
+/* Checkpoints: the pservers (or the in-process store) write their shards every
+ * --checkpoint-every steps; trainer 0 the job state into job_dir (set here: empty without
+ * --checkpoint-dir, or in async mode); a resumed job starts from the newest checkpoint
+ * every one of them has whole. Trainer 0 lists the candidates (candidates and states, which
+ * the link keeps pointers to: they must outlive it) and *newest, the newest job
+ * checkpoint's step, whole or not. Errors: PST_ERR_MISMATCH (job_candidates said why). */
+static pst_status setup_checkpoints(tr_job *job, const pst_config *cfg, const tr_plan *plan,
+                                    tr_link *link, char *job_dir, size_t dir_size,
+                                    int64_t *candidates, tr_resume_state *states,
+                                    long *newest)
+{
+    const int rank = cfg->trainer_id;
+    if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC) {
+        /* no common step: each pserver's shard holds its blocks' versions and each
+         * trainer's steps applied, and a resumed trainer goes on from those */
+        link->checkpoint_every = cfg->checkpoint_every;
+        link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
+    } else if (cfg->checkpoint_dir[0]) {
+        char job_id[PST_JOB_ID_MAX + 24];
+        tr_job_id(plan, cfg, job_id, sizeof job_id);
+        snprintf(job_dir, dir_size, "%s/%s/job", cfg->checkpoint_dir, job_id);
+        link->checkpoint_every = cfg->checkpoint_every;
+        if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
+            link->nresume = job_candidates(cfg, plan, job_dir, job->resume_limit, candidates,
+                                           states, RESUME_CANDIDATES, newest);
+            link->resume_steps = candidates;
+            link->resume_states = states;
+            if (link->nresume < 0)
+                return PST_ERR_MISMATCH;
+        }
+    }
+    return PST_OK;
+}
+
+/* Whether the job may start at step `first` of `total`: --resume require wants the
+ * checkpoint it names (trainer 0), and a resumed job cannot start past its end. */
+static pst_status check_resume(const pst_config *cfg, const tr_link *link, const char *job_dir,
+                               long newest, long first, long total)
+{
+    const int rank = cfg->trainer_id;
+    const long job_version = (long)link->start_version;
+    if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
+        cfg->mode == PST_MODE_ASYNC && !link->has_start_state)
+        return pst_error_set(PST_ERR_NOT_FOUND, "no pserver holds a whole async checkpoint of "
+                             "this job in its --checkpoint-dir (see their logs), and --resume "
+                             "require does not start afresh (--resume auto does)");
+    if (job_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
+        (job_version == 0 || job_version != newest))
+        return pst_error_set(PST_ERR_NOT_FOUND, "the newest checkpoint in %s (step %ld) %s "
+                             "(see the warnings above and the pservers' logs), and --resume "
+                             "require does not fall back (--resume auto uses an older one)",
+                             cfg->checkpoint_dir, newest,
+                             newest ? "is not whole" : "does not exist");
+    if (first > total)
+        return pst_error_set(PST_ERR_INVALID, "the job resumes at step %ld, past its %ld steps "
+                             "(example: --steps %ld)", first, total, first + 1);
+    return PST_OK;
+}
+
 pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks *hooks,
                     tr_summary *sum)
 {
@@ -535,34 +617,13 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     } else if ((st = tr_local_init(&link, cfg, &plan)) != PST_OK) {
         goto error;
     }
-    /* Checkpoints: the pservers (or the in-process store) write their shards every
-     * --checkpoint-every steps; trainer 0 the job state; a resumed job starts from the
-     * newest checkpoint every one of them has whole. */
     char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
-    int64_t candidates[64];
-    tr_resume_state candidate_states[64];
+    int64_t candidates[RESUME_CANDIDATES];
+    tr_resume_state candidate_states[RESUME_CANDIDATES];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
-    if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC) {
-        /* no common step: each pserver's shard holds its blocks' versions and each
-         * trainer's steps applied, and a resumed trainer goes on from those */
-        link->checkpoint_every = cfg->checkpoint_every;
-        link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
-    } else if (cfg->checkpoint_dir[0]) {
-        char job_id[PST_JOB_ID_MAX + 24];
-        tr_job_id(&plan, cfg, job_id, sizeof job_id);
-        snprintf(job_dir, sizeof job_dir, "%s/%s/job", cfg->checkpoint_dir, job_id);
-        link->checkpoint_every = cfg->checkpoint_every;
-        if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
-            link->nresume = job_candidates(cfg, &plan, job_dir, job->resume_limit, candidates,
-                                           candidate_states, 64, &newest);
-            link->resume_steps = candidates;
-            link->resume_states = candidate_states;
-            if (link->nresume < 0) {
-                st = PST_ERR_MISMATCH;
-                goto error;
-            }
-        }
-    }
+    if ((st = setup_checkpoints(job, cfg, &plan, link, job_dir, sizeof job_dir, candidates,
+                                candidate_states, &newest)) != PST_OK)
+        goto error;
     if (trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
         size_t per_step = (size_t)(D * 2 * model.nlayers + 4 * 1024 + 64);
@@ -575,7 +636,8 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
     /* a sequence model's rows are large: evaluate in batches of the training rows */
-    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg), .rt = rt, .model = &model, .max_rows = max_part,
+    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg), .rt = rt, .model = &model,
+                         .max_rows = max_part,
                          .eval_rows = is_text ? max_part : 256, .link = link,
                          .overlap = cfg->overlap,
                          .threads = threads_per_device,
@@ -601,27 +663,8 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     const long first = link->has_start_state ? (long)link->start_state.next_step
                                              : (long)link->start_version;
     long job_version = (long)link->start_version; /* of the newest job state written */
-    if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
-        cfg->mode == PST_MODE_ASYNC && !link->has_start_state) {
-        st = pst_error_set(PST_ERR_NOT_FOUND, "no pserver holds a whole async checkpoint of "
-                           "this job in its --checkpoint-dir (see their logs), and --resume "
-                           "require does not start afresh (--resume auto does)");
+    if ((st = check_resume(cfg, link, job_dir, newest, first, total)) != PST_OK)
         goto error;
-    }
-    if (job_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
-        (job_version == 0 || job_version != newest)) {
-        st = pst_error_set(PST_ERR_NOT_FOUND, "the newest checkpoint in %s (step %ld) %s "
-                           "(see the warnings above and the pservers' logs), and --resume "
-                           "require does not fall back (--resume auto uses an older one)",
-                           cfg->checkpoint_dir, newest,
-                           newest ? "is not whole" : "does not exist");
-        goto error;
-    }
-    if (first > total) {
-        st = pst_error_set(PST_ERR_INVALID, "the job resumes at step %ld, past its %ld steps "
-                           "(example: --steps %ld)", first, total, first + 1);
-        goto error;
-    }
     if (first > 0)
         PST_INFO("resuming at step %ld of %ld", first, total);
     step = first;
@@ -800,20 +843,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
         if ((st = save_params(path, params, tr_exec_nparams(ex))) != PST_OK)
             goto error;
     }
-    sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
-    for (int i = 0; i < sum->ndevices; i++)
-        sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
-    sum->precision = cfg->precision;
-    sum->loss_scale = tr_exec_loss_scale(ex);
-    sum->skipped_steps = tr_exec_skipped(ex, NULL);
-    sum->param_bytes_per_device = tr_exec_param_bytes(ex);
-    /* Alone, the in-process store holds the optimizer state, and in bf16/fp16 the fp32
-     * master beside the devices' copy; with pservers the trainer holds neither. */
-    sum->optimizer_bytes_per_device =
-        cfg->num_pservers ? 0
-                          : tr_exec_nparams(ex) * sizeof(float) *
-                                ((size_t)pst_optim_state_floats(cfg->optim.kind) +
-                                 (cfg->precision != PST_F32));
+    summarize_devices(sum, cfg, ex, D);
     if (trace && (st = tr_trace_write(trace)) != PST_OK)
         goto error;
     st = link->ops->finish(link, 0, step, NULL);
@@ -836,7 +866,13 @@ error:
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
         link->rejoins = rejoins;
         link->ops->finish(link, 1, started ? step : -1, keep);
-        pst_error_set(st, "%s", keep);
+        /* A call gRPC cancelled says nothing of why (a pserver shutting down cancels the
+         * calls in transfer): the pserver's reason, which its Watch brought, comes first.
+         * finish has waited for the pservers, so a Watch that ended has been heard. */
+        if (!strncmp(keep, "CANCELLED", 9) && __atomic_load_n(&link->lost_set, __ATOMIC_ACQUIRE))
+            pst_error_set(st, "%s (then: %s)", link->lost, keep);
+        else
+            pst_error_set(st, "%s", keep);
     }
     tr_exec_free(ex);
     tr_link_free(link);
