@@ -540,25 +540,24 @@ const char *ps_service_departed(ps_service *svc)
     return __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE) ? svc->departed : NULL;
 }
 
-static pst_status create_store(ps_service *svc, rpc_call *call)
+/* Init's settings from the wire into sc, and the bounds an Init must keep before anything
+ * is allocated: trainers, mode, optimizer, precision, blocks, --max-params and
+ * --max-memory (what a 1 MiB Init can ask for grows with the trainers: a gradient buffer
+ * each). */
+static pst_status init_settings(ps_service *svc, const Pstrain__InitRequest *req,
+                                ps_store_config *sc)
 {
-    const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
-    const rpc_payload *pl = rpc_call_payload(call);
-    ps_block_spec *blocks = NULL;
-    float *initial = NULL;
-    pst_status st;
     if (req->num_trainers < 1 || req->num_trainers > 4096)
         return pst_error_set(PST_ERR_INVALID, "Init: num_trainers %u out of range 1..4096",
                              req->num_trainers);
     if (req->mode != PSTRAIN__MODE__SYNC && req->mode != PSTRAIN__MODE__ASYNC)
         return pst_error_set(PST_ERR_INVALID, "Init: mode %d unknown (SYNC = 0 or ASYNC = 1)",
                              (int)req->mode);
-    ps_store_config sc = {.mode = req->mode == PSTRAIN__MODE__ASYNC ? PST_MODE_ASYNC : PST_MODE_SYNC,
-                          .num_trainers = (int)req->num_trainers,
-                          .nblocks = (int)req->n_blocks};
-    if ((st = optim_from_wire(req->optim, &sc.optim)) != PST_OK)
-        return st;
-    if (rpc_dtype_from_wire(req->precision, &sc.lowp) != PST_OK)
+    *sc = (ps_store_config){
+        .mode = req->mode == PSTRAIN__MODE__ASYNC ? PST_MODE_ASYNC : PST_MODE_SYNC,
+        .num_trainers = (int)req->num_trainers, .nblocks = (int)req->n_blocks};
+    PST_TRY(optim_from_wire(req->optim, &sc->optim));
+    if (rpc_dtype_from_wire(req->precision, &sc->lowp) != PST_OK)
         return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: precision %d is not F32, "
                              "F16 or BF16", (int)req->precision);
     uint64_t total = 0;
@@ -572,120 +571,154 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                              "pserver, at most %llu (--max-params; more pservers share a "
                              "model's parameters)", (unsigned long long)total,
                              (unsigned long long)svc->max_params);
-    /* What a 1 MiB Init can ask for grows with the trainers (a gradient buffer each): the
-     * bytes, not only the parameters, are bounded, before anything is allocated. */
-    const double need = (double)ps_store_bytes(&sc, total) +
-                        (svc->shm_enabled && sc.mode == PST_MODE_SYNC
-                             ? (double)total * pst_dtype_size(sc.lowp) : 0.0);
+    const double need = (double)ps_store_bytes(sc, total) +
+                        (svc->shm_enabled && sc->mode == PST_MODE_SYNC
+                             ? (double)total * pst_dtype_size(sc->lowp) : 0.0);
     if (svc->max_memory && need > (double)svc->max_memory)
         return pst_error_set(PST_ERR_LIMIT, "Init from trainer 0: %llu parameters on this "
                              "pserver for %u trainers (%s, optimizer %s) need %.3g GB, more than "
                              "--max-memory %.3g GB (more pservers share a model's parameters)",
                              (unsigned long long)total, req->num_trainers,
-                             pst_mode_name(sc.mode), pst_optim_kind_name(sc.optim.kind),
+                             pst_mode_name(sc->mode), pst_optim_kind_name(sc->optim.kind),
                              need / 1e9, (double)svc->max_memory / 1e9);
-    total = 0;
-    blocks = calloc(req->n_blocks ? req->n_blocks : 1, sizeof *blocks);
-    if (!blocks)
+    return PST_OK;
+}
+
+/* Init's blocks (*blocks) and their initial values (*initial, *total of them), checked:
+ * every block inside the model, the values finite. The caller frees both, also on error. */
+static pst_status init_blocks_and_values(const Pstrain__InitRequest *req, const rpc_payload *pl,
+                                         ps_block_spec **blocks, float **initial,
+                                         uint64_t *total)
+{
+    *total = 0;
+    *blocks = calloc(req->n_blocks ? req->n_blocks : 1, sizeof **blocks);
+    if (!*blocks)
         return pst_error_set(PST_ERR_NOMEM, "Init: out of memory for %zu blocks", req->n_blocks);
     for (size_t i = 0; i < req->n_blocks; i++) {
         const Pstrain__BlockSpec *b = req->blocks[i];
-        if (b->length == 0 || b->length > (1ull << 32) || b->offset + b->length > req->total_params) {
-            st = pst_error_set(PST_ERR_INVALID, "Init: block %u [%llu, +%llu) outside the %llu "
-                               "parameters", b->id, (unsigned long long)b->offset,
-                               (unsigned long long)b->length, (unsigned long long)req->total_params);
-            goto out;
-        }
-        blocks[i] = (ps_block_spec){.id = b->id, .offset = b->offset, .length = b->length};
-        total += b->length;
+        if (b->length == 0 || b->length > (1ull << 32) || b->offset + b->length > req->total_params)
+            return pst_error_set(PST_ERR_INVALID, "Init: block %u [%llu, +%llu) outside the %llu "
+                                 "parameters", b->id, (unsigned long long)b->offset,
+                                 (unsigned long long)b->length,
+                                 (unsigned long long)req->total_params);
+        (*blocks)[i] = (ps_block_spec){.id = b->id, .offset = b->offset, .length = b->length};
+        *total += b->length;
     }
-    if ((st = rpc_payload_check(pl, PST_F32, total)) != PST_OK) {
-        st = pst_error_wrap(st, "Init from trainer 0: initial values");
-        goto out;
-    }
-    initial = malloc(sizeof(float) * (total ? total : 1));
-    if (!initial) {
-        st = pst_error_set(PST_ERR_NOMEM, "Init: out of memory for %llu values",
-                           (unsigned long long)total);
-        goto out;
-    }
-    if (total && (st = rpc_payload_read_f32(pl, PST_F32, 0, initial, total)) != PST_OK)
-        goto out;
-    for (uint64_t i = 0; i < total; i++)
-        if (!isfinite(initial[i])) {
-            st = pst_error_set(PST_ERR_INVALID, "Init from trainer 0: initial value %llu is %s; "
-                               "the values must be finite", (unsigned long long)i,
-                               isnan(initial[i]) ? "NaN" : "infinite");
-            goto out;
-        }
-    sc.blocks = blocks;
-    /* The shards of this job go in DIR/<job_id>/<name>: another job's in DIR are not its. */
+    pst_status st = rpc_payload_check(pl, PST_F32, *total);
+    if (st != PST_OK)
+        return pst_error_wrap(st, "Init from trainer 0: initial values");
+    *initial = malloc(sizeof(float) * (*total ? *total : 1));
+    if (!*initial)
+        return pst_error_set(PST_ERR_NOMEM, "Init: out of memory for %llu values",
+                             (unsigned long long)*total);
+    if (*total)
+        PST_TRY(rpc_payload_read_f32(pl, PST_F32, 0, *initial, *total));
+    for (uint64_t i = 0; i < *total; i++)
+        if (!isfinite((*initial)[i]))
+            return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: initial value %llu is "
+                                 "%s; the values must be finite", (unsigned long long)i,
+                                 isnan((*initial)[i]) ? "NaN" : "infinite");
+    return PST_OK;
+}
+
+/* Checkpoints of this job: its directory (DIR/<job_id>/<name>: another job's in DIR are
+ * not its), how often (sync: snapshots every checkpoint_every steps; async: about every
+ * checkpoint_every steps of every trainer), and the update hook of /metrics. */
+static pst_status init_checkpoints(ps_service *svc, const Pstrain__InitRequest *req,
+                                   ps_store_config *sc)
+{
     if (svc->ckpt_root[0]) {
         const char *job = req->job_id ? req->job_id : "";
-        if (job[0] && !pst_job_id_valid(job)) {
-            st = pst_error_set(PST_ERR_INVALID, "Init from trainer 0: job_id \"%.80s\" is not "
-                               "1 to %d letters, digits, '.', '_' or '-' (example: "
-                               "job-0123456789abcdef)", job, PST_JOB_ID_MAX);
-            goto out;
-        }
+        if (job[0] && !pst_job_id_valid(job))
+            return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: job_id \"%.80s\" is not "
+                                 "1 to %d letters, digits, '.', '_' or '-' (example: "
+                                 "job-0123456789abcdef)", job, PST_JOB_ID_MAX);
         snprintf(svc->ckpt_dir, sizeof svc->ckpt_dir, "%s/%s%s%s", svc->ckpt_root, job,
                  job[0] ? "/" : "", svc->ckpt_name);
     }
-    if (req->checkpoint_every > 0 && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0])
-        /* about every `checkpoint_every` steps of every trainer */
+    if (req->checkpoint_every > 0 && sc->mode == PST_MODE_ASYNC && svc->ckpt_dir[0])
         svc->async_every = req->checkpoint_every * (int64_t)req->num_trainers *
                            (int64_t)(req->n_blocks ? req->n_blocks : 1);
-    if (req->checkpoint_every > 0 && sc.mode == PST_MODE_SYNC) {
+    if (req->checkpoint_every > 0 && sc->mode == PST_MODE_SYNC) {
         if (svc->ckpt_dir[0]) {
-            sc.snapshot_every = req->checkpoint_every;
-            sc.snapshot = snapshot;
-            sc.snapshot_arg = svc;
+            sc->snapshot_every = req->checkpoint_every;
+            sc->snapshot = snapshot;
+            sc->snapshot_arg = svc;
         } else {
             PST_WARN("trainer 0 asks for a checkpoint every %lld steps, but this pserver has "
                      "no --checkpoint-dir: it writes none", (long long)req->checkpoint_every);
         }
     }
     if (svc->prom) {
-        sc.on_update = on_update;
-        sc.on_update_arg = svc;
+        sc->on_update = on_update;
+        sc->on_update_arg = svc;
     }
-    /* Sync: the values pulls are served from (the lowp copy, else the f32 master) in a
-     * shared area, so a trainer on this host can read its pulls there (rpc/shm.h). */
-    void **lowp_at = NULL;
-    float **values_at = NULL;
+    return PST_OK;
+}
+
+/* Sync: the values pulls are served from (the lowp copy, else the f32 master) in a shared
+ * area, so a trainer on this host can read its pulls there (rpc/shm.h). Points sc->values
+ * or sc->lowp_at at *values_at or *lowp_at, arrays the caller frees after ps_store_init
+ * (the store keeps the pointers it needs); without an area (off, async, or it could not be
+ * made) pulls are copied. */
+static void init_values_area(ps_service *svc, const Pstrain__InitRequest *req,
+                             const ps_block_spec *blocks, ps_store_config *sc,
+                             float ***values_out, void ***lowp_out)
+{
     rpc_shm_free(&svc->area); /* an earlier Init's, refused after the area was made */
-    if (svc->shm_enabled && sc.mode == PST_MODE_SYNC && req->n_blocks) {
-        const size_t esize = pst_dtype_size(sc.lowp);
-        size_t bytes = 0;
-        for (size_t i = 0; i < req->n_blocks; i++)
-            bytes += rpc_shm_area_span(blocks[i].length, esize);
-        if (sc.lowp == PST_F32)
-            values_at = malloc(req->n_blocks * sizeof *values_at);
-        else
-            lowp_at = malloc(req->n_blocks * sizeof *lowp_at);
-        if ((values_at || lowp_at) && rpc_shm_create_area(&svc->area, bytes) == PST_OK) {
-            char *at = rpc_shm_area(&svc->area);
-            for (size_t i = 0; i < req->n_blocks; i++) {
-                if (values_at)
-                    values_at[i] = (float *)at;
-                else
-                    lowp_at[i] = at;
-                at += rpc_shm_area_span(blocks[i].length, esize);
-            }
-            sc.values = values_at;
-            sc.lowp_at = lowp_at;
-        } else {
-            PST_INFO("no shared values area: pulls are copied: %s", pst_error_detail());
+    if (!svc->shm_enabled || sc->mode != PST_MODE_SYNC || !req->n_blocks)
+        return;
+    const size_t esize = pst_dtype_size(sc->lowp);
+    size_t bytes = 0;
+    for (size_t i = 0; i < req->n_blocks; i++)
+        bytes += rpc_shm_area_span(blocks[i].length, esize);
+    float **values_at = NULL;
+    void **lowp_at = NULL;
+    if (sc->lowp == PST_F32)
+        values_at = malloc(req->n_blocks * sizeof *values_at);
+    else
+        lowp_at = malloc(req->n_blocks * sizeof *lowp_at);
+    if ((values_at || lowp_at) && rpc_shm_create_area(&svc->area, bytes) == PST_OK) {
+        char *at = rpc_shm_area(&svc->area);
+        for (size_t i = 0; i < req->n_blocks; i++) {
+            if (values_at)
+                values_at[i] = (float *)at;
+            else
+                lowp_at[i] = at;
+            at += rpc_shm_area_span(blocks[i].length, esize);
         }
+        sc->values = *values_out = values_at;
+        sc->lowp_at = *lowp_out = lowp_at;
+        return;
     }
-    st = ps_store_init(&svc->store, &sc, initial);
-    free(values_at); /* the store keeps the pointers it needs */
+    PST_INFO("no shared values area: pulls are copied: %s", pst_error_detail());
+    free(values_at);
     free(lowp_at);
-    if (st != PST_OK) {
-        rpc_shm_free(&svc->area);
-        goto out;
+}
+
+/* Frees the membership tables (init_membership's), leaving them NULL. */
+static void free_membership(ps_service *svc)
+{
+    for (int k = 0; k < 2; k++) {
+        free(svc->votes[k].voted);
+        free(svc->votes[k].calls);
+        svc->votes[k] = (vote_slot){0};
     }
-    __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
+    free(svc->specs);
+    free(svc->finished);
+    free(svc->watch);
+    free(svc->joined);
+    free(svc->block_ids);
+    svc->specs = NULL;
+    svc->joined = NULL;
+    svc->watch = NULL;
+    svc->finished = NULL;
+    svc->block_ids = NULL;
+}
+
+/* Who has finished, watches, joined and voted, per trainer; the block ids and specs. */
+static pst_status init_membership(ps_service *svc, const Pstrain__InitRequest *req)
+{
     svc->finished = calloc(req->num_trainers, 1);
     svc->watch = calloc(req->num_trainers, sizeof *svc->watch);
     svc->joined = calloc(req->num_trainers, 1);
@@ -699,27 +732,45 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         v->calls = calloc(2 * (size_t)req->num_trainers, sizeof *v->calls);
         votes_ok &= v->voted && v->calls;
     }
-    if (!svc->finished || !svc->watch || !svc->joined || !svc->block_ids || !svc->specs ||
-        !votes_ok) {
-        free(svc->specs);
-        svc->specs = NULL;
-        for (int k = 0; k < 2; k++) {
-            free(svc->votes[k].voted);
-            free(svc->votes[k].calls);
-            svc->votes[k] = (vote_slot){0};
-        }
-        free(svc->finished);
-        free(svc->watch);
-        free(svc->joined);
-        free(svc->block_ids);
-        svc->joined = NULL;
-        svc->watch = NULL;
-        svc->finished = NULL;
-        svc->block_ids = NULL;
+    if (svc->finished && svc->watch && svc->joined && svc->block_ids && svc->specs && votes_ok)
+        return PST_OK;
+    free_membership(svc);
+    return pst_error_set(PST_ERR_NOMEM, "Init: out of memory");
+}
+
+/* Trainer 0's Init makes the store: its settings checked, its blocks and initial values,
+ * the checkpoints, the shared values area, the store, the membership tables, then the
+ * resume from a checkpoint when trainer 0 offers one. */
+static pst_status create_store(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+    ps_store_config sc;
+    ps_block_spec *blocks = NULL;
+    float *initial = NULL;
+    uint64_t total = 0;
+    pst_status st;
+    if ((st = init_settings(svc, req, &sc)) != PST_OK ||
+        (st = init_blocks_and_values(req, rpc_call_payload(call), &blocks, &initial,
+                                     &total)) != PST_OK)
+        goto out;
+    sc.blocks = blocks;
+    if ((st = init_checkpoints(svc, req, &sc)) != PST_OK)
+        goto out;
+    float **values_at = NULL;
+    void **lowp_at = NULL;
+    init_values_area(svc, req, blocks, &sc, &values_at, &lowp_at);
+    st = ps_store_init(&svc->store, &sc, initial);
+    free(values_at); /* the store keeps the pointers it needs */
+    free(lowp_at);
+    if (st != PST_OK) {
+        rpc_shm_free(&svc->area);
+        goto out;
+    }
+    __atomic_store_n(&svc->ckpt_at_us, (int64_t)(pst_clock_s() * 1e6), __ATOMIC_RELAXED);
+    if ((st = init_membership(svc, req)) != PST_OK) {
         ps_store_free(svc->store);
         svc->store = NULL;
         rpc_shm_free(&svc->area);
-        st = pst_error_set(PST_ERR_NOMEM, "Init: out of memory");
         goto out;
     }
     svc->fingerprint = req->fingerprint;
