@@ -343,6 +343,12 @@ static void on_complete(struct cl_call *c)
     char detail[CL_DETAIL];
     int from_server;
     pst_status st = attempt_status(c, &from_server);
+    /* Cancelled by the server's side (a pserver shutting down cancels the calls still in
+     * transfer): it could not answer, so the call is unavailable: retried, and ended with
+     * the reason once the server is known gone (rpc_client_give_up, from its Watch). This
+     * client itself cancels only when closing (below) or giving up (UNAVAILABLE). */
+    if (c->status == GRPC_STATUS_CANCELLED && !from_server && !closing)
+        st = PST_ERR_UNAVAILABLE;
     if (st == PST_ERR_UNAVAILABLE && !closing &&
         (strstr(text, "andshake failed") || strstr(text, "is not in peer certificate"))) {
         /* A TLS handshake that fails fails again: no retry (a wrong CA, a certificate that

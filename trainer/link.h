@@ -125,11 +125,6 @@ struct tr_link {
      * boundary (WatchReply.stop: another process got SIGTERM). Read with
      * __atomic_load_n. */
     int stop_asked;
-    /* Set by the remote link, once: why a pserver was lost during the job (its Watch ended
-     * with this), published by lost_set (__atomic_store_n) after the text. A failure that
-     * names no cause of its own (a call gRPC cancelled) names this one (tr_train). */
-    char lost[640];
-    int lost_claimed, lost_set;
 };
 
 static inline void tr_link_free(tr_link *l)

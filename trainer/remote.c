@@ -662,11 +662,6 @@ static void watch_done(void *arg, pst_status st, const char *detail, const Proto
         snprintf(why, sizeof why, "pserver %s stopped answering (its watch of this trainer "
                  "ended: %s)", rpc_client_server(w->r->client, w->server), detail);
         PST_WARN("%s", why);
-        tr_link *l = &w->r->base;
-        if (!__atomic_exchange_n(&l->lost_claimed, 1, __ATOMIC_ACQ_REL)) {
-            snprintf(l->lost, sizeof l->lost, "%s", why);
-            __atomic_store_n(&l->lost_set, 1, __ATOMIC_RELEASE);
-        }
         /* Sync: no step completes without every pserver, so the calls to the others (a
          * pull waiting for a step) fail now too. */
         const int all = w->r->cfg->mode == PST_MODE_SYNC;

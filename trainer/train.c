@@ -866,13 +866,7 @@ error:
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
         link->rejoins = rejoins;
         link->ops->finish(link, 1, started ? step : -1, keep);
-        /* A call gRPC cancelled says nothing of why (a pserver shutting down cancels the
-         * calls in transfer): the pserver's reason, which its Watch brought, comes first.
-         * finish has waited for the pservers, so a Watch that ended has been heard. */
-        if (!strncmp(keep, "CANCELLED", 9) && __atomic_load_n(&link->lost_set, __ATOMIC_ACQUIRE))
-            pst_error_set(st, "%s (then: %s)", link->lost, keep);
-        else
-            pst_error_set(st, "%s", keep);
+        pst_error_set(st, "%s", keep);
     }
     tr_exec_free(ex);
     tr_link_free(link);
