@@ -568,7 +568,7 @@ pst_status pst_flag_create(pst_device *dev, pst_flag **out)
     if (!f)
         return pst_error_set(PST_ERR_NOMEM, "pst_flag_create: out of memory on %s", dev->name);
     f->dev = dev;
-    f->status = PST_OK;
+    pst_sticky_reset(&f->sticky);
     if (pthread_mutex_init(&f->mu, NULL) != 0) {
         free(f);
         return pst_error_set(PST_ERR_INTERNAL, "pst_flag_create: pthread_mutex_init failed");
@@ -622,10 +622,7 @@ void pst_flag_signal(pst_flag *f, uint64_t value, pst_status st, const char *det
     pthread_mutex_lock(&f->mu);
     if (value > f->value)
         f->value = value;
-    if (st != PST_OK && f->status == PST_OK) {
-        f->status = st;
-        snprintf(f->detail, sizeof f->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
-    }
+    pst_sticky_fail(&f->sticky, st, detail);
     pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
     const pst_backend_iface *iface = f->dev->rt->iface;
@@ -636,11 +633,9 @@ void pst_flag_signal(pst_flag *f, uint64_t value, pst_status st, const char *det
 pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_DEVICE_DETAIL_MAX])
 {
     pthread_mutex_lock(&f->mu);
-    while (f->value < value && f->status == PST_OK)
+    while (f->value < value && f->sticky.status == PST_OK)
         pthread_cond_wait(&f->cv, &f->mu);
-    pst_status st = f->status;
-    if (st != PST_OK)
-        memcpy(detail, f->detail, PST_DEVICE_DETAIL_MAX);
+    pst_status st = pst_sticky_read(&f->sticky, detail);
     pthread_mutex_unlock(&f->mu);
     return st;
 }

@@ -54,8 +54,7 @@ _Static_assert(sizeof(pst_cpu_alloc_header) <= PST_DEVICE_ALIGN,
 typedef struct pst_cpu_mark {
     int refs;       /* the event (while current) + the queued record item + waiters */
     int done;       /* the recording stream's worker reached it */
-    pst_status status; /* the recording stream's sticky status at that point */
-    char detail[PST_DEVICE_DETAIL_MAX];
+    pst_sticky sticky; /* the recording stream's sticky status at that point */
     pthread_cond_t cv; /* signalled when done is set */
     struct pst_cpu_mark *next_free;
 } pst_cpu_mark;
@@ -96,7 +95,7 @@ typedef struct pst_cpu_stream {
     pst_stream *pub;
     pst_cpu_runtime *crt;
     pthread_t thread;
-    pthread_mutex_t mu;          /* guards everything below down to `detail` */
+    pthread_mutex_t mu;          /* guards everything below down to `sticky` */
     pthread_cond_t work_cv;      /* worker: an item was queued or stopping was set */
     pthread_cond_t done_cv;      /* synchronize: an item completed */
     pst_cpu_item *head, *tail;   /* the FIFO */
@@ -104,8 +103,7 @@ typedef struct pst_cpu_stream {
     uint64_t submitted;          /* items queued so far */
     uint64_t completed;          /* items run or skipped so far */
     int stopping;                /* stream_free: exit once the queue is empty */
-    pst_status status;           /* sticky; written only by the worker */
-    char detail[PST_DEVICE_DETAIL_MAX];
+    pst_sticky sticky;           /* written only by the worker */
     _Atomic uint64_t busy_ns;    /* time in HOST/COPY/SET items (pst_stream_busy_seconds) */
     /* Worker-only state. */
     pst_rng rng;
@@ -239,8 +237,7 @@ static pst_cpu_mark *pst_cpu_mark_get(pst_cpu_runtime *crt, int refs)
     if (m) {
         m->refs = refs;
         m->done = 0;
-        m->status = PST_OK;
-        m->detail[0] = '\0';
+        pst_sticky_reset(&m->sticky);
         m->next_free = NULL;
     }
     pthread_mutex_unlock(&crt->mark_mu);
@@ -263,15 +260,12 @@ static void pst_cpu_mark_unref(pst_cpu_runtime *crt, pst_cpu_mark *m)
     pthread_mutex_unlock(&crt->mark_mu);
 }
 
-/* Marks m reached with the recording stream's sticky status and detail. */
-static void pst_cpu_mark_reach(pst_cpu_runtime *crt, pst_cpu_mark *m, pst_status status,
-                               const char *detail)
+/* Marks m reached with the recording stream's sticky status. */
+static void pst_cpu_mark_reach(pst_cpu_runtime *crt, pst_cpu_mark *m, const pst_sticky *from)
 {
     pthread_mutex_lock(&crt->mark_mu);
     m->done = 1;
-    m->status = status;
-    if (status != PST_OK)
-        snprintf(m->detail, sizeof m->detail, "%s", detail);
+    pst_sticky_fail(&m->sticky, from->status, from->detail);
     pthread_cond_broadcast(&m->cv);
     pthread_mutex_unlock(&crt->mark_mu);
 }
@@ -284,9 +278,7 @@ static pst_status pst_cpu_mark_wait(pst_cpu_runtime *crt, pst_cpu_mark *m,
     pthread_mutex_lock(&crt->mark_mu);
     while (!m->done)
         pthread_cond_wait(&m->cv, &crt->mark_mu);
-    pst_status st = m->status;
-    if (st != PST_OK)
-        memcpy(detail, m->detail, PST_DEVICE_DETAIL_MAX);
+    pst_status st = pst_sticky_read(&m->sticky, detail);
     pthread_mutex_unlock(&crt->mark_mu);
     return st;
 }
@@ -322,10 +314,10 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
 
     if (it->kind == PST_CPU_ITEM_RECORD) {
         /* Marks are reached even on a failed stream, so waiters never hang; only the
-         * worker writes cs->status and cs->detail, so reading them here is safe. */
+         * worker writes cs->sticky, so reading it here is safe. */
         if (sticky == PST_OK)
             pst_cpu_jitter(cs);
-        pst_cpu_mark_reach(cs->crt, it->mark, sticky, cs->detail);
+        pst_cpu_mark_reach(cs->crt, it->mark, &cs->sticky);
         pst_cpu_mark_unref(cs->crt, it->mark);
         return PST_OK;
     }
@@ -409,16 +401,13 @@ static void *pst_cpu_worker(void *arg)
         cs->head = it->next;
         if (!cs->head)
             cs->tail = NULL;
-        pst_status sticky = cs->status;
+        pst_status sticky = cs->sticky.status;
         pthread_mutex_unlock(&cs->mu);
 
         pst_status st = pst_cpu_run_item(cs, it, sticky, detail);
 
         pthread_mutex_lock(&cs->mu);
-        if (st != PST_OK && cs->status == PST_OK) {
-            cs->status = st;
-            memcpy(cs->detail, detail, sizeof cs->detail);
-        }
+        pst_sticky_fail(&cs->sticky, st, detail);
         cs->completed++;
         it->next = cs->free_items;
         cs->free_items = it;
@@ -440,7 +429,7 @@ static pst_status pst_cpu_stream_init(pst_stream *s)
         return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a stream", s->dev->name);
     cs->pub = s;
     cs->crt = s->dev->rt->ctx;
-    cs->status = PST_OK;
+    pst_sticky_reset(&cs->sticky);
     if (pthread_mutex_init(&cs->mu, NULL) != 0)
         goto error_mu;
     if (pthread_cond_init(&cs->work_cv, NULL) != 0)
@@ -568,13 +557,9 @@ static pst_status pst_cpu_stream_synchronize(pst_stream *s)
     uint64_t target = cs->submitted;
     while (cs->completed < target)
         pthread_cond_wait(&cs->done_cv, &cs->mu);
-    pst_status st = cs->status;
-    if (st != PST_OK)
-        memcpy(detail, cs->detail, sizeof detail);
+    pst_status st = pst_sticky_read(&cs->sticky, detail);
     pthread_mutex_unlock(&cs->mu);
-    if (st != PST_OK)
-        return pst_error_set(st, "%s", detail);
-    return PST_OK;
+    return pst_sticky_raise(st, detail);
 }
 
 /* ---- events ------------------------------------------------------------------------ */
@@ -672,9 +657,7 @@ static pst_status pst_cpu_event_synchronize(pst_event *ev)
     pthread_mutex_unlock(&crt->mark_mu);
     pst_status st = pst_cpu_mark_wait(crt, m, detail);
     pst_cpu_mark_unref(crt, m);
-    if (st != PST_OK)
-        return pst_error_set(st, "%s", detail);
-    return PST_OK;
+    return pst_sticky_raise(st, detail);
 }
 
 static int pst_cpu_event_query(pst_event *ev)

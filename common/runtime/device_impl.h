@@ -15,12 +15,55 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "common/runtime/device.h"
 #include "common/error.h"
 
 #define PST_DEVICE_ALIGN 64     /* alignment of every device and host allocation */
 #define PST_DEVICE_DETAIL_MAX 512 /* error detail carried across threads (as error.c) */
+
+/* A sticky status: the first failure of a stream, a mark or a flag with its message,
+ * carried from the thread that failed to the threads that wait on it. Both backends and the
+ * flags keep theirs in one; the owner's lock guards it. */
+typedef struct pst_sticky {
+    pst_status status; /* PST_OK until the first failure, then failed for good */
+    char detail[PST_DEVICE_DETAIL_MAX];
+} pst_sticky;
+
+/* Not failed (a recycled mark starts again here). */
+static inline void pst_sticky_reset(pst_sticky *s)
+{
+    s->status = PST_OK;
+    s->detail[0] = '\0';
+}
+
+/* Records the failure st with its detail (NULL or "": st's name) unless s has failed
+ * already: the first failure is the one kept. */
+static inline void pst_sticky_fail(pst_sticky *s, pst_status st, const char *detail)
+{
+    if (st == PST_OK || s->status != PST_OK)
+        return;
+    s->status = st;
+    snprintf(s->detail, sizeof s->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
+}
+
+/* s's status; when failed, its detail is copied into `out`, to be reported after the
+ * owner's lock is let go (pst_sticky_raise). */
+static inline pst_status pst_sticky_read(const pst_sticky *s, char out[PST_DEVICE_DETAIL_MAX])
+{
+    if (s->status != PST_OK)
+        memcpy(out, s->detail, PST_DEVICE_DETAIL_MAX);
+    return s->status;
+}
+
+/* PST_OK, or st with `detail` (from pst_sticky_read) set as the calling thread's error:
+ * the cause as it was, unprefixed. */
+static inline pst_status pst_sticky_raise(pst_status st, const char detail[PST_DEVICE_DETAIL_MAX])
+{
+    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail);
+}
 
 typedef struct pst_backend_iface pst_backend_iface;
 
@@ -48,11 +91,10 @@ struct pst_event {
 
 struct pst_flag {
     pst_device *dev;
-    pthread_mutex_t mu;            /* guards value, status, detail */
+    pthread_mutex_t mu;            /* guards value, sticky */
     pthread_cond_t cv;             /* broadcast on every signal */
     uint64_t value;
-    pst_status status;             /* != PST_OK: failed for good */
-    char detail[PST_DEVICE_DETAIL_MAX];
+    pst_sticky sticky;             /* failed: for good */
     void *ctx;                     /* backend state */
 };
 

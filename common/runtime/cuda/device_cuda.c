@@ -63,8 +63,7 @@ typedef struct pst_cuda_device {
 typedef struct pst_cuda_mark {
     int refs;                  /* the event while current + the snapshot item + adopters */
     int done;                  /* the snapshot ran */
-    pst_status status;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    pst_sticky sticky;
     struct pst_cuda_mark *next_free;
 } pst_cuda_mark;
 
@@ -96,11 +95,10 @@ typedef struct pst_cuda_stream {
     pst_stream *pub;
     pst_cuda_runtime *crt;
     cudaStream_t stream;
-    atomic_int failed;           /* status != PST_OK, readable without the lock */
+    atomic_int failed;           /* sticky.status != PST_OK, readable without the lock */
     atomic_int host_items;       /* user + adopt host functions ever queued */
-    pthread_mutex_t mu;          /* guards status, detail */
-    pst_status status;           /* sticky; set by host functions only */
-    char detail[PST_DEVICE_DETAIL_MAX];
+    pthread_mutex_t mu;          /* guards sticky */
+    pst_sticky sticky;           /* set by host functions only */
 } pst_cuda_stream;
 
 typedef struct pst_cuda_event {
@@ -146,11 +144,8 @@ int pst_cuda_device_ordinal(const pst_device *dev)
 static void stream_fail(pst_cuda_stream *cs, pst_status st, const char *detail)
 {
     pthread_mutex_lock(&cs->mu);
-    if (cs->status == PST_OK) {
-        cs->status = st;
-        snprintf(cs->detail, sizeof cs->detail, "%s", detail);
-        atomic_store(&cs->failed, 1);
-    }
+    pst_sticky_fail(&cs->sticky, st, detail);
+    atomic_store(&cs->failed, cs->sticky.status != PST_OK);
     pthread_mutex_unlock(&cs->mu);
 }
 
@@ -444,8 +439,7 @@ static pst_cuda_mark *mark_get(pst_cuda_runtime *crt, int refs)
     if (m) {
         m->refs = refs;
         m->done = 0;
-        m->status = PST_OK;
-        m->detail[0] = '\0';
+        pst_sticky_reset(&m->sticky);
         m->next_free = NULL;
     }
     return m;
@@ -503,13 +497,10 @@ static void CUDART_CB host_entry(void *p)
         break;
     case PST_CUDA_ITEM_SNAPSHOT: {
         pthread_mutex_lock(&cs->mu);
-        pst_status st = cs->status;
-        snprintf(detail, sizeof detail, "%s", cs->detail);
+        pst_status st = pst_sticky_read(&cs->sticky, detail);
         pthread_mutex_unlock(&cs->mu);
         pthread_mutex_lock(&crt->mu);
-        it->mark->status = st;
-        if (st != PST_OK)
-            memcpy(it->mark->detail, detail, sizeof detail);
+        pst_sticky_fail(&it->mark->sticky, st, detail);
         it->mark->done = 1;
         pthread_mutex_unlock(&crt->mu);
         mark_unref(crt, it->mark);
@@ -518,12 +509,10 @@ static void CUDART_CB host_entry(void *p)
     case PST_CUDA_ITEM_ADOPT: {
         /* The snapshot ran before the event completed, and this item runs after it. */
         pthread_mutex_lock(&crt->mu);
-        pst_status mst = it->mark->done ? it->mark->status : PST_OK;
-        if (mst != PST_OK) { /* the cause goes on as it was; where it was seen, to debug */
+        pst_status mst = it->mark->done ? pst_sticky_read(&it->mark->sticky, detail) : PST_OK;
+        if (mst != PST_OK) /* the cause goes on as it was; where it was seen, to debug */
             PST_DEBUG("%s stream %d waited on a failed event: %s", cs->pub->dev->name,
-                      cs->pub->id, it->mark->detail);
-            memcpy(detail, it->mark->detail, sizeof detail);
-        }
+                      cs->pub->id, detail);
         pthread_mutex_unlock(&crt->mu);
         if (mst != PST_OK)
             stream_fail(cs, mst, detail);
@@ -573,7 +562,7 @@ static pst_status cuda_stream_init(pst_stream *s)
         return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a stream", s->dev->name);
     cs->pub = s;
     cs->crt = s->dev->rt->ctx;
-    cs->status = PST_OK;
+    pst_sticky_reset(&cs->sticky);
     atomic_init(&cs->failed, 0);
     atomic_init(&cs->host_items, 0);
     if (pthread_mutex_init(&cs->mu, NULL) != 0) {
@@ -699,13 +688,9 @@ static pst_status cuda_stream_synchronize(pst_stream *s)
     PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
     PST_TRY(stream_sync(cs->stream));
     pthread_mutex_lock(&cs->mu);
-    pst_status st = cs->status;
-    if (st != PST_OK)
-        memcpy(detail, cs->detail, sizeof detail);
+    pst_status st = pst_sticky_read(&cs->sticky, detail);
     pthread_mutex_unlock(&cs->mu);
-    if (st != PST_OK)
-        return pst_error_set(st, "%s", detail);
-    return PST_OK;
+    return pst_sticky_raise(st, detail);
 }
 
 /* ---- events ------------------------------------------------------------------------ */
@@ -860,13 +845,10 @@ static pst_status cuda_event_synchronize(pst_event *ev)
         pthread_mutex_lock(&crt->mu);
         /* done: the snapshot precedes the event in its stream (a concurrent re-record on
          * another stream may leave an older mark not yet reached: counted as PST_OK). */
-        if (m->done && m->status != PST_OK) {
-            st = m->status;
-            memcpy(detail, m->detail, sizeof detail);
-        }
+        if (m->done)
+            st = pst_sticky_read(&m->sticky, detail);
         pthread_mutex_unlock(&crt->mu);
-        if (st != PST_OK)
-            pst_error_set(st, "%s", detail);
+        st = pst_sticky_raise(st, detail);
     }
     if (m)
         mark_unref(crt, m);
@@ -964,7 +946,7 @@ static void cuda_flag_signal(pst_flag *f)
 {
     pst_cuda_flag *cf = f->ctx;
     pthread_mutex_lock(&f->mu);
-    uint64_t v = f->status != PST_OK ? (uint64_t)INT64_MAX : f->value;
+    uint64_t v = f->sticky.status != PST_OK ? (uint64_t)INT64_MAX : f->value;
     pthread_mutex_unlock(&f->mu);
     __atomic_store_n(cf->host, v, __ATOMIC_RELEASE);
 }
@@ -973,12 +955,11 @@ static void cuda_flag_signal(pst_flag *f)
 static pst_status flag_check(void *arg)
 {
     pst_flag *f = arg;
-    pthread_mutex_lock(&f->mu);
-    pst_status st = f->status;
     char detail[PST_DEVICE_DETAIL_MAX];
-    memcpy(detail, f->detail, sizeof detail);
+    pthread_mutex_lock(&f->mu);
+    pst_status st = pst_sticky_read(&f->sticky, detail);
     pthread_mutex_unlock(&f->mu);
-    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail); /* the cause, as it was */
+    return pst_sticky_raise(st, detail); /* the cause, as it was */
 }
 
 /* The fallback where the driver cannot wait on memory: a host function that blocks (and
@@ -993,8 +974,7 @@ static pst_status flag_block(void *arg)
     flag_block_arg a = *(flag_block_arg *)arg;
     free(arg);
     char detail[PST_DEVICE_DETAIL_MAX];
-    pst_status st = pst_flag_wait_host(a.f, a.value, detail);
-    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail); /* the cause, as it was */
+    return pst_sticky_raise(pst_flag_wait_host(a.f, a.value, detail), detail); /* as it was */
 }
 
 static pst_status cuda_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t value)
