@@ -34,44 +34,47 @@ void pst_optim_defaults(pst_optim_config *cfg)
     cfg->min_lr = 0.0f;
 }
 
+/* names[i] for 0 <= i < n, else "unknown". */
+static const char *name_of(const char *const *names, int n, int i)
+{
+    return i >= 0 && i < n ? names[i] : "unknown";
+}
+
+/* The i with names[i] equal to s, or -1 (also for NULL). */
+static int index_of(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; s && i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 const char *pst_optim_kind_name(pst_optim_kind k)
 {
-    if ((unsigned)k >= PST_OPTIM_KIND_COUNT_)
-        return "unknown";
-    return kind_names[k];
+    return name_of(kind_names, PST_OPTIM_KIND_COUNT_, (int)k);
 }
 
 int pst_optim_kind_parse(const char *s, pst_optim_kind *out)
 {
-    if (s == NULL)
+    const int i = index_of(kind_names, PST_OPTIM_KIND_COUNT_, s);
+    if (i < 0)
         return -1;
-    for (int k = 0; k < PST_OPTIM_KIND_COUNT_; k++) {
-        if (strcmp(s, kind_names[k]) == 0) {
-            *out = (pst_optim_kind)k;
-            return 0;
-        }
-    }
-    return -1;
+    *out = (pst_optim_kind)i;
+    return 0;
 }
 
 const char *pst_lr_schedule_name(pst_lr_schedule s)
 {
-    if ((unsigned)s >= PST_LR_SCHEDULE_COUNT_)
-        return "unknown";
-    return schedule_names[s];
+    return name_of(schedule_names, PST_LR_SCHEDULE_COUNT_, (int)s);
 }
 
 int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out)
 {
-    if (s == NULL)
+    const int i = index_of(schedule_names, PST_LR_SCHEDULE_COUNT_, s);
+    if (i < 0)
         return -1;
-    for (int k = 0; k < PST_LR_SCHEDULE_COUNT_; k++) {
-        if (strcmp(s, schedule_names[k]) == 0) {
-            *out = (pst_lr_schedule)k;
-            return 0;
-        }
-    }
-    return -1;
+    *out = (pst_lr_schedule)i;
+    return 0;
 }
 
 /* ---- ranges ---------------------------------------------------------------------------- */

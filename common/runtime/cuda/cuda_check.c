@@ -16,26 +16,51 @@ static const char *base_name(const char *file)
     return b;
 }
 
+/* A library's result code and the status it is reported as; codes not listed are
+ * PST_ERR_INTERNAL. One table a library. */
+typedef struct code_status {
+    int code;
+    pst_status st;
+} code_status;
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+static pst_status status_of(const code_status *map, size_t n, int code)
+{
+    for (size_t i = 0; i < n; i++)
+        if (map[i].code == code)
+            return map[i].st;
+    return PST_ERR_INTERNAL;
+}
+
+static const code_status rt_codes[] = {
+    {cudaErrorMemoryAllocation, PST_ERR_NOMEM},
+    {cudaErrorNoDevice, PST_ERR_UNSUPPORTED},
+    {cudaErrorInsufficientDriver, PST_ERR_UNSUPPORTED},
+    {cudaErrorNotSupported, PST_ERR_UNSUPPORTED},
+    {cudaErrorInvalidDevice, PST_ERR_UNSUPPORTED},
+};
+
+static const code_status blas_codes[] = {
+    {CUBLAS_STATUS_ALLOC_FAILED, PST_ERR_NOMEM},
+    {CUBLAS_STATUS_NOT_INITIALIZED, PST_ERR_UNSUPPORTED},
+    {CUBLAS_STATUS_NOT_SUPPORTED, PST_ERR_UNSUPPORTED},
+    {CUBLAS_STATUS_ARCH_MISMATCH, PST_ERR_UNSUPPORTED},
+};
+
+static const code_status nccl_codes[] = {
+    {ncclInvalidArgument, PST_ERR_INVALID},
+    {ncclInvalidUsage, PST_ERR_INVALID},
+    {ncclSystemError, PST_ERR_IO},
+    {ncclRemoteError, PST_ERR_UNAVAILABLE},
+};
+
 pst_status pst_cuda_check_rt(cudaError_t r, const char *call, const char *file, int line)
 {
     if (r == cudaSuccess)
         return PST_OK;
-    pst_status st;
-    switch (r) {
-    case cudaErrorMemoryAllocation:
-        st = PST_ERR_NOMEM;
-        break;
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNotSupported:
-    case cudaErrorInvalidDevice:
-        st = PST_ERR_UNSUPPORTED;
-        break;
-    default:
-        st = PST_ERR_INTERNAL;
-        break;
-    }
-    return pst_error_set(st, "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
+    return pst_error_set(status_of(rt_codes, COUNT(rt_codes), (int)r),
+                         "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
                          cudaGetErrorString(r), cudaGetErrorName(r));
 }
 
@@ -43,21 +68,8 @@ pst_status pst_cuda_check_blas(cublasStatus_t r, const char *call, const char *f
 {
     if (r == CUBLAS_STATUS_SUCCESS)
         return PST_OK;
-    pst_status st;
-    switch (r) {
-    case CUBLAS_STATUS_ALLOC_FAILED:
-        st = PST_ERR_NOMEM;
-        break;
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-        st = PST_ERR_UNSUPPORTED;
-        break;
-    default:
-        st = PST_ERR_INTERNAL;
-        break;
-    }
-    return pst_error_set(st, "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
+    return pst_error_set(status_of(blas_codes, COUNT(blas_codes), (int)r),
+                         "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
                          cublasGetStatusString(r), cublasGetStatusName(r));
 }
 
@@ -80,22 +92,7 @@ pst_status pst_cuda_check_nccl(ncclResult_t r, const char *call, const char *fil
 {
     if (r == ncclSuccess)
         return PST_OK;
-    pst_status st;
-    switch (r) {
-    case ncclInvalidArgument:
-    case ncclInvalidUsage:
-        st = PST_ERR_INVALID;
-        break;
-    case ncclSystemError:
-        st = PST_ERR_IO;
-        break;
-    case ncclRemoteError:
-        st = PST_ERR_UNAVAILABLE;
-        break;
-    default:
-        st = PST_ERR_INTERNAL;
-        break;
-    }
+    const pst_status st = status_of(nccl_codes, COUNT(nccl_codes), (int)r);
     /* NCCL keeps a longer explanation of the last failure on this thread. */
     const char *last = ncclGetLastError(NULL);
     return pst_error_set(st, "%s failed at %s:%d: %s (%s)%s%s", call, base_name(file), line,
