@@ -1524,7 +1524,8 @@ Test(cluster, refused_push_ends_the_exchange_at_once, .timeout = 40)
     tr_plan plan;
     cr_assert_eq(tr_plan_build(&plan, LEN, cfg.block_bytes, 1, 1), PST_OK);
     tr_remote *r;
-    cr_assert_eq(tr_remote_init(&r, &cfg, &plan), PST_OK, "%s", pst_error_detail());
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_remote_init(&r, &ls, &plan), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
     done_count dc = {.st = PST_OK};
     pthread_mutex_init(&dc.mu, NULL);
@@ -1566,7 +1567,8 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
     cr_assert_eq(tr_plan_build(&plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
     cr_assert_eq(plan.nblocks, WNB);
     tr_remote *r;
-    cr_assert_eq(tr_remote_init(&r, &cfg, &plan), PST_OK, "%s", pst_error_detail());
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_remote_init(&r, &ls, &plan), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
     done_count dc = {.st = PST_OK};
     pthread_mutex_init(&dc.mu, NULL);

@@ -77,7 +77,8 @@ static void local_run_open(local_run *r, const pst_config *cfg, const char *devi
     cr_assert_eq(pst_model_mlp(&r->model, train_set.dim, 10, nhidden, hidden), PST_OK);
     cr_assert_eq(tr_plan_build(&r->plan, r->model.nparams, cfg->block_bytes, 1,
                                pst_runtime_count(r->rt)), PST_OK);
-    cr_assert_eq(tr_local_init(&r->link, cfg, &r->plan), PST_OK);
+    const tr_link_settings ls = tr_link_settings_of(cfg, &r->plan);
+    cr_assert_eq(tr_local_init(&r->link, &ls, &r->plan), PST_OK);
     tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg),
                          .rt = r->rt, .model = &r->model, .max_rows = max_rows,
                          .eval_rows = eval_rows, .link = r->link, .overlap = overlap,
@@ -355,7 +356,8 @@ Test(exec, compute_threads_pinned)
     tr_plan plan;
     cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, 1), PST_OK);
     tr_link *link;
-    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK);
     tr_exec_config ec = {.cfg = tr_exec_settings_of(&cfg),
                          .rt = rt, .model = &model, .max_rows = 4, .eval_rows = 4,
                          .link = link,
@@ -510,7 +512,8 @@ static float *train_gpt(const char *devices, int overlap, uint64_t jitter_seed, 
     cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, pst_runtime_count(rt)),
                  PST_OK);
     tr_link *link;
-    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK);
     tr_exec_config ec = {.cfg = tr_exec_settings_of(&cfg),
                          .rt = rt, .model = &model, .max_rows = GPT_B,
                          .eval_rows = GPT_B, .link = link, .overlap = overlap,

@@ -95,7 +95,8 @@ static pst_status train(const run *r, result *res)
     tr_plan plan;
     cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, D), PST_OK);
     tr_link *link;
-    cr_assert_eq(tr_local_init(&link, &cfg, &plan), PST_OK);
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK);
     tr_exec_config ec = {.cfg = tr_exec_settings_of(&cfg),
                          .rt = rt, .model = &model, .max_rows = B,
                          .eval_rows = B, .link = link, .overlap = r->overlap, .threads = 1,

@@ -79,7 +79,8 @@ static long count_step_allocations(pst_config *cfg, const pst_model *model, cons
     cr_assert_eq(tr_plan_build(&plan, model->nparams, cfg->block_bytes, 1, pst_runtime_count(rt)),
                  PST_OK);
     tr_link *link;
-    cr_assert_eq(tr_local_init(&link, cfg, &plan), PST_OK, "%s", pst_error_detail());
+    const tr_link_settings ls = tr_link_settings_of(cfg, &plan);
+    cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK, "%s", pst_error_detail());
     tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg),
                          .rt = rt, .model = model, .max_rows = rows,
                          .eval_rows = rows, .link = link, .overlap = 1, .threads = 2};

@@ -16,11 +16,37 @@
 
 #include <stdint.h>
 
+#include "common/config.h"
 #include "common/error.h"
 #include "trainer/plan.h"
 
 struct pst_pool;
 typedef struct tr_link tr_link;
+
+/* The job's settings a link reads, and only those (tr_link_settings_of takes them from
+ * the job's pst_config and the plan; the strings point into the configuration, which
+ * outlives the link). */
+typedef struct tr_link_settings {
+    int trainer_id, trainers;           /* this trainer, of T */
+    pst_mode mode;
+    pst_dtype precision, grad_dtype;    /* the job's parameters; the pushed gradients */
+    pst_optim_config optim;
+    uint64_t settings_fingerprint;      /* tr_settings_fingerprint: what a resume shares */
+    char job_id[PST_JOB_ID_MAX + 24];   /* tr_job_id: names the job's checkpoints */
+    /* The pservers (remote.c). */
+    int num_pservers;
+    const char (*pservers)[PST_ADDR_MAX];
+    size_t send_window;
+    int shm;                            /* sync payloads through shared memory on one host */
+    long rpc_timeout_ms, connect_timeout_ms, peer_timeout_ms;
+    const char *token, *tls_ca, *tls_client_cert, *tls_client_key;
+    /* Checkpoints of the in-process store (local.c; the pservers write their own). */
+    const char *checkpoint_dir;         /* "": none */
+    int checkpoint_keep;
+} tr_link_settings;
+
+/* A link's settings from the job's configuration and its block plan. */
+tr_link_settings tr_link_settings_of(const pst_config *cfg, const tr_plan *plan);
 
 /* Called once per exchange when it has finished; `detail` describes a failure. */
 typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);

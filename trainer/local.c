@@ -23,7 +23,7 @@ typedef struct local_block {
 
 typedef struct tr_local {
     tr_link base;             /* first: a tr_link * is a tr_local * */
-    const pst_config *cfg;
+    tr_link_settings cfg;  /* what it reads of the job's settings */
     ps_store *store;
     local_block *blocks;      /* (nblocks) */
     /* checkpoints (--checkpoint-dir): the store is the job's only shard */
@@ -40,7 +40,7 @@ static void local_snapshot(void *arg, int64_t version, const float *values, cons
 {
     tr_local *lk = arg;
     if (ps_shard_save(lk->ckpt_dir, version, &lk->layout, values, state, NULL,
-                      lk->cfg->checkpoint_keep) != PST_OK) {
+                      lk->cfg.checkpoint_keep) != PST_OK) {
         if (!__atomic_load_n(&lk->ckpt_failed, __ATOMIC_ACQUIRE)) {
             snprintf(lk->ckpt_error, sizeof lk->ckpt_error, "%s", pst_error_detail());
             __atomic_store_n(&lk->ckpt_failed, 1, __ATOMIC_RELEASE);
@@ -93,15 +93,14 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
         specs[b] = (ps_block_spec){.id = p->blocks[b].id, .offset = p->blocks[b].offset,
                                    .length = p->blocks[b].length};
     ps_store_config sc = {.mode = PST_MODE_SYNC, .num_trainers = 1,
-                          .optim = lk->cfg->optim, .blocks = specs,
+                          .optim = lk->cfg.optim, .blocks = specs,
                           .nblocks = p->nblocks, .values = homes, .pool = pool,
-                          .lowp = lk->cfg->precision};
-    const pst_config *cfg = lk->cfg;
+                          .lowp = lk->cfg.precision};
+    const tr_link_settings *cfg = &lk->cfg;
     if (cfg->checkpoint_dir[0]) { /* the store is this job's one pserver: pserver-0 */
-        char job[PST_JOB_ID_MAX + 24];
-        tr_job_id(p, cfg, job, sizeof job);
-        snprintf(lk->ckpt_dir, sizeof lk->ckpt_dir, "%s/%s/pserver-0", cfg->checkpoint_dir, job);
-        lk->layout = (ps_shard_layout){tr_settings_fingerprint(p, cfg), specs, p->nblocks,
+        snprintf(lk->ckpt_dir, sizeof lk->ckpt_dir, "%s/%s/pserver-0", cfg->checkpoint_dir,
+                 cfg->job_id);
+        lk->layout = (ps_shard_layout){cfg->settings_fingerprint, specs, p->nblocks,
                                        p->nparams, 0};
         sc.snapshot_every = l->checkpoint_every;
         sc.snapshot = local_snapshot;
@@ -163,10 +162,10 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
     if (atomic_exchange(&lb->sliced, 0)) {
         /* local_update_slice made the update during backward: only its completion here */
         st = ps_store_commit_slices(lk->store, step, blk->id);
-    } else if (lk->cfg->grad_dtype != PST_F32 || scale != 1.0f) {
+    } else if (lk->cfg.grad_dtype != PST_F32 || scale != 1.0f) {
         /* Rounded to --grad-dtype as the wire would, so training alone equals one trainer
          * with pservers bit for bit. */
-        rounding_fill f = {.grad = grad, .dtype = lk->cfg->grad_dtype};
+        rounding_fill f = {.grad = grad, .dtype = lk->cfg.grad_dtype};
         st = ps_store_push_scaled(lk->store, 0, step, blk->id, blk->length, scale,
                                   fill_rounded, &f, 0, &duplicate);
     } else {
@@ -242,7 +241,7 @@ static const tr_link_ops local_ops = {
     .free = local_free,
 };
 
-pst_status tr_local_init(tr_link **out, const pst_config *cfg, const tr_plan *plan)
+pst_status tr_local_init(tr_link **out, const tr_link_settings *cfg, const tr_plan *plan)
 {
     *out = NULL;
     tr_local *lk = calloc(1, sizeof *lk);
@@ -251,7 +250,7 @@ pst_status tr_local_init(tr_link **out, const pst_config *cfg, const tr_plan *pl
         return pst_error_set(PST_ERR_NOMEM, "local store: out of memory");
     }
     lk->base = (tr_link){.ops = &local_ops, .plan = plan, .in_process = 1};
-    lk->cfg = cfg;
+    lk->cfg = *cfg;
     for (int b = 0; b < plan->nblocks; b++)
         lk->blocks[b].elem = pst_dtype_size(cfg->precision);
     *out = &lk->base;

@@ -15,6 +15,6 @@
 
 /* cfg's optimizer (with total_steps set) over the plan's blocks; cfg and plan must outlive
  * the link. Errors: PST_ERR_NOMEM. */
-pst_status tr_local_init(tr_link **out, const pst_config *cfg, const tr_plan *plan);
+pst_status tr_local_init(tr_link **out, const tr_link_settings *cfg, const tr_plan *plan);
 
 #endif /* TR_LOCAL_H */

@@ -111,7 +111,7 @@ typedef struct watch_arg {
 
 struct tr_remote {
     tr_link base;      /* first: the link interface (link.h) */
-    const pst_config *cfg;
+    tr_link_settings cfg;  /* what it reads of the job's settings */
     const tr_plan *plan; /* the caller's */
     rpc_client *client;
     rpc_transport *transport; /* insecure or TLS, for both clients */
@@ -205,7 +205,7 @@ static void window_release(block_ctx *c)
 {
     link_sched *ls = &c->r->sched;
     pthread_mutex_lock(&ls->mu);
-    ls->inflight -= c->b->length * pst_dtype_size(c->r->cfg->grad_dtype);
+    ls->inflight -= c->b->length * pst_dtype_size(c->r->cfg.grad_dtype);
     pthread_mutex_unlock(&ls->mu);
     link_pump(c->r);
 }
@@ -326,11 +326,11 @@ static void leave_on_push_failure(block_ctx *c, const char *detail)
     snprintf(r->leave_reason, sizeof r->leave_reason, "push of block %u failed: %s", c->b->id,
              detail);
     pstrain__finish_request__init(&r->leave);
-    r->leave.trainer_id = (uint32_t)r->cfg->trainer_id;
+    r->leave.trainer_id = (uint32_t)r->cfg.trainer_id;
     r->leave.early = 1;
     r->leave.step = c->step;
     r->leave.reason = r->leave_reason;
-    for (int s = 0; s < r->cfg->num_pservers; s++)
+    for (int s = 0; s < r->cfg.num_pservers; s++)
         if (rpc_client_call_async(r->client, s, RPC_METHOD_FINISH, &r->leave.base, NULL, 0, NULL,
                                   leave_done, r) != PST_OK)
             PST_DEBUG("early Finish to pserver %d: %s", s, pst_error_detail());
@@ -346,11 +346,11 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     window_release(c);
     if (st != PST_OK) {
         exchange_error(c, st, detail);
-        if (c->r->cfg->mode == PST_MODE_ASYNC)
+        if (c->r->cfg.mode == PST_MODE_ASYNC)
             exchange_step_done(c); /* the pull that would have followed */
         else
             leave_on_push_failure(c, detail);
-    } else if (c->r->cfg->mode == PST_MODE_ASYNC) {
+    } else if (c->r->cfg.mode == PST_MODE_ASYNC) {
         start_pull(c, 0);
     }
     exchange_step_done(c);
@@ -360,13 +360,13 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
 static void exchange_start(block_ctx *c)
 {
     tr_remote *r = c->r;
-    const int sync = r->cfg->mode == PST_MODE_SYNC;
+    const int sync = r->cfg.mode == PST_MODE_SYNC;
     const long step = c->step;
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     c->times.push_start = pst_clock_s();
-    const size_t bytes = c->b->length * pst_dtype_size(r->cfg->grad_dtype);
+    const size_t bytes = c->b->length * pst_dtype_size(r->cfg.grad_dtype);
     atomic_fetch_add(&r->pushed_bytes, bytes);
     const void *payload = c->grad;
     void *slot = r->shm_on[c->b->pserver]
@@ -374,10 +374,10 @@ static void exchange_start(block_ctx *c)
                      : NULL;
     c->push.shm = slot != NULL;
     if (slot) { /* the pserver reads it before it answers; the next write is the next step */
-        pst_cast(slot, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
+        pst_cast(slot, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
         payload = NULL;
     } else if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
-        pst_cast(c->wire_grad, r->cfg->grad_dtype, c->grad, PST_F32, c->b->length);
+        pst_cast(c->wire_grad, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
         payload = c->wire_grad;
     }
     pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
@@ -405,7 +405,7 @@ static void link_pump(tr_remote *r)
         block_ctx *next = NULL;
         pthread_mutex_lock(&ls->mu);
         if (ls->nwaiting > 0) {
-            size_t bytes = ls->waiting[0]->b->length * pst_dtype_size(r->cfg->grad_dtype);
+            size_t bytes = ls->waiting[0]->b->length * pst_dtype_size(r->cfg.grad_dtype);
             if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
                 next = ls->waiting[0];
                 heap_pop(ls);
@@ -426,7 +426,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
         return pst_error_set(PST_ERR_INTERNAL, "exchange of block %d of %d", b, r->plan->nblocks);
     block_ctx *c = &r->blocks[b];
     c->dst = dst;
-    c->dst_dtype = r->cfg->precision;
+    c->dst_dtype = r->cfg.precision;
     c->done = done;
     c->done_arg = arg;
     c->step = step;
@@ -472,7 +472,7 @@ static void init_done(void *arg, pst_status st, const char *detail, const Protob
 {
     init_call *ic = arg;
     (void)payload;
-    const pst_config *cfg = ic->r->cfg;
+    const tr_link_settings *cfg = &ic->r->cfg;
     if (st != PST_OK)
         batch_error(ic->r, st, detail);
     else {
@@ -503,7 +503,7 @@ static void start_pull_done(void *arg, pst_status st, const char *detail)
 
 static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, uint64_t fp)
 {
-    const pst_config *cfg = r->cfg;
+    const tr_link_settings *cfg = &r->cfg;
     size_t k = 0, total = 0;
     for (int i = 0; i < r->plan->nblocks; i++) {
         const tr_block *b = &r->plan->blocks[i];
@@ -545,7 +545,7 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     if (cfg->trainer_id == 0) {
         ic->req.n_resume_steps = (size_t)r->base.nresume;
         ic->req.resume_steps = (int64_t *)r->base.resume_steps;
-        tr_job_id(r->plan, cfg, ic->job_id, sizeof ic->job_id);
+        snprintf(ic->job_id, sizeof ic->job_id, "%s", cfg->job_id);
         ic->req.job_id = ic->job_id;
         const int n = r->base.nresume < 64 ? r->base.nresume : 64;
         for (int i = 0; r->base.resume_states && i < n; i++) {
@@ -569,7 +569,7 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
  * which is 0 for a fresh job and a checkpoint's step for a resumed one. */
 static pst_status start_version(tr_remote *r, const init_call *calls)
 {
-    const pst_config *cfg = r->cfg;
+    const tr_link_settings *cfg = &r->cfg;
     const int64_t v = calls[0].version;
     if (cfg->mode == PST_MODE_ASYNC) {
         /* Resumed: each pserver says this trainer's first step not applied to all its
@@ -664,8 +664,8 @@ static void watch_done(void *arg, pst_status st, const char *detail, const Proto
         PST_WARN("%s", why);
         /* Sync: no step completes without every pserver, so the calls to the others (a
          * pull waiting for a step) fail now too. */
-        const int all = w->r->cfg->mode == PST_MODE_SYNC;
-        for (int s = 0; st == PST_ERR_UNAVAILABLE && s < w->r->cfg->num_pservers; s++)
+        const int all = w->r->cfg.mode == PST_MODE_SYNC;
+        for (int s = 0; st == PST_ERR_UNAVAILABLE && s < w->r->cfg.num_pservers; s++)
             if (all || s == w->server)
                 rpc_client_give_up(w->r->client, s, why);
     }
@@ -708,13 +708,13 @@ static void attach_area(tr_remote *r, int s, const init_call *ic)
 
 pst_status tr_remote_start(tr_remote *r, float *params)
 {
-    const pst_config *cfg = r->cfg;
+    const tr_link_settings *cfg = &r->cfg;
     const int S = cfg->num_pservers;
     pst_status st = PST_OK;
     init_call *calls = calloc((size_t)S, sizeof *calls);
     if (!calls)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for Init");
-    uint64_t fp = tr_settings_fingerprint(r->plan, r->cfg);
+    uint64_t fp = r->cfg.settings_fingerprint;
     /* Sync: a segment per pserver, offered in the Init; a pserver on this host maps it. */
     for (int s = 0; s < S && cfg->shm && cfg->mode == PST_MODE_SYNC; s++) {
         rpc_shm_free(&r->shm[s]); /* (a start again after a failed one) */
@@ -826,13 +826,13 @@ pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reas
 {
     atomic_store(&r->finishing, 1); /* the pservers answer the watches now */
     Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
-    req.trainer_id = (uint32_t)r->cfg->trainer_id;
+    req.trainer_id = (uint32_t)r->cfg.trainer_id;
     req.early = early != 0;
     req.step = step;
     req.reason = (char *)(reason ? reason : "");
     req.checkpoint_step = r->base.checkpoint_step;
     req.rejoins = early && step < 0 && r->base.rejoins;
-    for (int s = 0; s < r->cfg->num_pservers; s++) {
+    for (int s = 0; s < r->cfg.num_pservers; s++) {
         /* A trainer that starts again at once tells only the pservers it joined: one it
          * could not reach would hold it for the whole connect timeout. */
         if (req.rejoins && !r->joined[s])
@@ -888,7 +888,7 @@ static pst_status link_vote(tr_link *l, long step, int overflow, int *skip)
 {
     tr_remote *r = (tr_remote *)l;
     Pstrain__VoteRequest req = PSTRAIN__VOTE_REQUEST__INIT;
-    req.trainer_id = (uint32_t)r->cfg->trainer_id;
+    req.trainer_id = (uint32_t)r->cfg.trainer_id;
     req.step = step;
     req.overflow = overflow != 0;
     rpc_message *rep = NULL;
@@ -925,7 +925,7 @@ static pst_status link_ask_stop(tr_link *l)
 {
     tr_remote *r = (tr_remote *)l;
     pstrain__watch_request__init(&r->stop_watch);
-    r->stop_watch.trainer_id = (uint32_t)r->cfg->trainer_id;
+    r->stop_watch.trainer_id = (uint32_t)r->cfg.trainer_id;
     r->stop_watch.stop = 1; /* wargs[0] is {r, 0} since the start's watch_start */
     return rpc_client_call_async(r->watcher, 0, RPC_METHOD_WATCH, &r->stop_watch.base, NULL, 0,
                                  NULL, watch_done, &r->wargs[0]);
@@ -959,14 +959,15 @@ tr_link *tr_remote_link(tr_remote *r)
     return &r->base;
 }
 
-pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan *plan)
+pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
+                          const tr_plan *plan)
 {
     *out = NULL;
     tr_remote *r = calloc(1, sizeof *r);
     if (!r)
         return pst_error_set(PST_ERR_NOMEM, "trainer: out of memory");
     r->base = (tr_link){.ops = &remote_ops, .plan = plan};
-    r->cfg = cfg;
+    r->cfg = *cfg;
     r->plan = plan;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);

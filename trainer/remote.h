@@ -25,7 +25,8 @@ typedef struct tr_remote tr_remote;
 
 /* A link over cfg's pservers for the caller's plan (built for cfg->num_pservers); connects
  * lazily. The config and the plan must outlive the link. */
-pst_status tr_remote_init(tr_remote **out, const pst_config *cfg, const tr_plan *plan);
+pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
+                          const tr_plan *plan);
 void tr_remote_free(tr_remote *r); /* accepts NULL */
 /* The bytes of pushes a trainer keeps in flight (remote.c's scheduling): send_window as
  * configured, or for PST_SEND_WINDOW_AUTO one round of the plan's largest block (in

@@ -610,11 +610,12 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     if ((st = tr_plan_build(&plan, model.nparams, block_bytes,
                             cfg->num_pservers ? cfg->num_pservers : 1, D)) != PST_OK)
         goto error;
+    const tr_link_settings link_settings = tr_link_settings_of(cfg, &plan);
     if (cfg->num_pservers) {
-        if ((st = tr_remote_init(&remote, cfg, &plan)) != PST_OK)
+        if ((st = tr_remote_init(&remote, &link_settings, &plan)) != PST_OK)
             goto error;
         link = tr_remote_link(remote);
-    } else if ((st = tr_local_init(&link, cfg, &plan)) != PST_OK) {
+    } else if ((st = tr_local_init(&link, &link_settings, &plan)) != PST_OK) {
         goto error;
     }
     char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
