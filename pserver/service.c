@@ -804,70 +804,73 @@ out:
     return st;
 }
 
-/* Answers an Init once the store exists. Called with svc->mu held. */
-static void answer_init(ps_service *svc, rpc_call *call)
+/* Whether a joining trainer's Init agrees with trainer 0's: its id, its precision (checked
+ * before the fingerprint, which may cover the precision too: this names the cause), the
+ * fingerprint and the number of trainers. Called with svc->mu held, the store made. */
+static pst_status check_joining_trainer(const ps_service *svc, const Pstrain__InitRequest *req)
 {
-    const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
-    if (req->trainer_id >= svc->num_trainers) {
-        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer id %u but trainer 0 said there "
-                                 "are %u trainers", req->trainer_id, svc->num_trainers));
-        return;
-    }
-    /* Before the fingerprint, which may cover the precision too: this names the cause. */
+    if (req->trainer_id >= svc->num_trainers)
+        return pst_error_set(PST_ERR_INVALID, "Init: trainer id %u but trainer 0 said there "
+                             "are %u trainers", req->trainer_id, svc->num_trainers);
     pst_dtype precision;
-    if (rpc_dtype_from_wire(req->precision, &precision) != PST_OK) {
-        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %d is not F32, "
-                                 "F16 or BF16", req->trainer_id, (int)req->precision));
-        return;
-    }
-    if (precision != svc->lowp) {
-        fail(call, pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %s differs from "
-                                 "trainer 0's %s: start every trainer with the same precision",
-                                 req->trainer_id, pst_dtype_name(precision),
-                                 pst_dtype_name(svc->lowp)));
-        return;
-    }
-    if (req->fingerprint != svc->fingerprint || req->num_trainers != svc->num_trainers) {
-        fail(call, pst_error_set(PST_ERR_MISMATCH,
-                                 "Init: trainer %u's block plan or settings differ from trainer "
-                                 "0's (fingerprint %016llx vs %016llx, %u vs %u trainers): start "
-                                 "every trainer with the same flags", req->trainer_id,
-                                 (unsigned long long)req->fingerprint,
-                                 (unsigned long long)svc->fingerprint, req->num_trainers,
-                                 svc->num_trainers));
-        return;
-    }
-    /* The fingerprint covers the plan, but a client can send any fingerprint: the list
-     * itself must be trainer 0's. */
+    if (rpc_dtype_from_wire(req->precision, &precision) != PST_OK)
+        return pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %d is not F32, "
+                             "F16 or BF16", req->trainer_id, (int)req->precision);
+    if (precision != svc->lowp)
+        return pst_error_set(PST_ERR_INVALID, "Init: trainer %u's precision %s differs from "
+                             "trainer 0's %s: start every trainer with the same precision",
+                             req->trainer_id, pst_dtype_name(precision),
+                             pst_dtype_name(svc->lowp));
+    if (req->fingerprint != svc->fingerprint || req->num_trainers != svc->num_trainers)
+        return pst_error_set(PST_ERR_MISMATCH,
+                             "Init: trainer %u's block plan or settings differ from trainer "
+                             "0's (fingerprint %016llx vs %016llx, %u vs %u trainers): start "
+                             "every trainer with the same flags", req->trainer_id,
+                             (unsigned long long)req->fingerprint,
+                             (unsigned long long)svc->fingerprint, req->num_trainers,
+                             svc->num_trainers);
+    return PST_OK;
+}
+
+/* Whether a joining trainer lists trainer 0's blocks: the fingerprint covers the plan, but
+ * a client can send any fingerprint, so the list itself must be trainer 0's. Called with
+ * svc->mu held, the store made. */
+static pst_status check_block_list(const ps_service *svc, const Pstrain__InitRequest *req)
+{
     size_t i = 0;
     while (i < req->n_blocks && i < svc->nblock_ids && req->blocks[i]->id == svc->specs[i].id &&
            req->blocks[i]->offset == svc->specs[i].offset &&
            req->blocks[i]->length == svc->specs[i].length)
         i++;
-    if (i < req->n_blocks || i < svc->nblock_ids) {
-        if (i < req->n_blocks && i < svc->nblock_ids)
-            fail(call, pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u's block %zu is %u "
-                                     "[%llu, +%llu), trainer 0's is %u [%llu, +%llu): start every "
-                                     "trainer with the same flags", req->trainer_id, i,
-                                     req->blocks[i]->id, (unsigned long long)req->blocks[i]->offset,
-                                     (unsigned long long)req->blocks[i]->length,
-                                     svc->specs[i].id, (unsigned long long)svc->specs[i].offset,
-                                     (unsigned long long)svc->specs[i].length));
-        else
-            fail(call, pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u lists %zu blocks, "
-                                     "trainer 0 %zu: start every trainer with the same flags",
-                                     req->trainer_id, req->n_blocks, svc->nblock_ids));
-        return;
-    }
-    int64_t version = 0;
-    if (ps_store_nblocks(svc->store) > 0) {
-        /* Version of the first block this pserver owns (all move together in sync mode). */
-        const Pstrain__InitRequest *r = req;
-        version = r->n_blocks ? ps_store_version(svc->store, r->blocks[0]->id) : svc->resumed;
-    }
-    svc->joined[req->trainer_id] = 1;
-    if (svc->let_go_at)
-        svc->let_go_at[req->trainer_id] = 0; /* back in time */
+    if (i < req->n_blocks && i < svc->nblock_ids)
+        return pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u's block %zu is %u "
+                             "[%llu, +%llu), trainer 0's is %u [%llu, +%llu): start every "
+                             "trainer with the same flags", req->trainer_id, i,
+                             req->blocks[i]->id, (unsigned long long)req->blocks[i]->offset,
+                             (unsigned long long)req->blocks[i]->length,
+                             svc->specs[i].id, (unsigned long long)svc->specs[i].offset,
+                             (unsigned long long)svc->specs[i].length);
+    if (i < req->n_blocks || i < svc->nblock_ids)
+        return pst_error_set(PST_ERR_MISMATCH, "Init: trainer %u lists %zu blocks, "
+                             "trainer 0 %zu: start every trainer with the same flags",
+                             req->trainer_id, req->n_blocks, svc->nblock_ids);
+    return PST_OK;
+}
+
+/* The version a joining trainer starts from: its first block's (all move together in sync
+ * mode), the resumed step without blocks, 0 for an empty store. Called with svc->mu held. */
+static int64_t joining_version(const ps_service *svc, const Pstrain__InitRequest *req)
+{
+    if (ps_store_nblocks(svc->store) == 0)
+        return 0;
+    return req->n_blocks ? ps_store_version(svc->store, req->blocks[0]->id) : svc->resumed;
+}
+
+/* The Init's answer: the version, the trainer's shared memory (rpc/shm.h) and the values
+ * area, and where to resume. Called with svc->mu held (attach_shm_locked). */
+static void reply_init_locked(ps_service *svc, rpc_call *call, const Pstrain__InitRequest *req,
+                              int64_t version)
+{
     Pstrain__InitReply reply = PSTRAIN__INIT_REPLY__INIT;
     reply.version = version;
     reply.shm = attach_shm_locked(svc, req);
@@ -886,9 +889,83 @@ static void answer_init(ps_service *svc, rpc_call *call)
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 
+/* Answers an Init once the store exists: checked against trainer 0's, the trainer joins
+ * (back in time if handle_finish had let it go) and is told where to start. Called with
+ * svc->mu held. */
+static void answer_init(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+    pst_status st = check_joining_trainer(svc, req);
+    if (st == PST_OK)
+        st = check_block_list(svc, req);
+    if (st != PST_OK) {
+        fail(call, st);
+        return;
+    }
+    const int64_t version = joining_version(svc, req);
+    svc->joined[req->trainer_id] = 1;
+    if (svc->let_go_at)
+        svc->let_go_at[req->trainer_id] = 0; /* back in time */
+    reply_init_locked(svc, call, req, version);
+}
+
 static void trainer_done(ps_service *svc, uint32_t id, int early, const char *why,
                          rpc_call *finish_call);
 
+/* --on-failure wait: a second Init of a trainer that joined this job is its process started
+ * again; the job rolls back (see ps_service_wait). Called with svc->mu held; releases it
+ * around trainer_done (which takes it) and holds it again on return. */
+static void roll_back_on_restart_locked(ps_service *svc, const Pstrain__InitRequest *req)
+{
+    if (svc->wait_mode && svc->store && !svc->departed_set &&
+        req->trainer_id < svc->num_trainers && svc->joined[req->trainer_id]) {
+        pthread_mutex_unlock(&svc->mu);
+        trainer_done(svc, req->trainer_id, 1, "started again (a new Init: its process "
+                     "restarted)", NULL);
+        pthread_mutex_lock(&svc->mu);
+    }
+}
+
+/* Parks the Init of trainer k > 0 until trainer 0's has made the store: one waiting Init
+ * per trainer id, a retry replacing (and failing) the one before, whose client has most
+ * likely given up, so a flood of them holds nothing; refused when MAX_PARKED wait. Called
+ * with svc->mu held; returns with it released. */
+static void park_init_and_unlock(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
+    for (int i = 0; i < svc->nparked; i++) {
+        const Pstrain__InitRequest *old =
+            (const Pstrain__InitRequest *)rpc_call_request(svc->parked[i]);
+        if (old->trainer_id == req->trainer_id) {
+            rpc_call *stale = svc->parked[i];
+            svc->parked[i] = call;
+            pthread_mutex_unlock(&svc->mu);
+            rpc_call_fail(stale, PST_ERR_STATE, "Init of trainer %u: replaced by a "
+                          "newer Init of the same trainer", req->trainer_id);
+            return;
+        }
+    }
+    if (svc->nparked == MAX_PARKED) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, pst_error_set(PST_ERR_UNAVAILABLE, "Init: too many trainers waiting "
+                                 "for trainer 0's Init"));
+        return;
+    }
+    svc->parked[svc->nparked++] = call; /* answered after trainer 0's Init */
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* Answers the Inits parked until trainer 0's made the store. Called with svc->mu held. */
+static void answer_parked_locked(ps_service *svc)
+{
+    for (int i = 0; i < svc->nparked; i++)
+        answer_init(svc, svc->parked[i]);
+    svc->nparked = 0;
+}
+
+/* An Init: refused for an id outside its own count, a restart rolls the job back, refused
+ * during a rollback; before the store, trainer k > 0 waits for trainer 0, whose Init makes
+ * it and answers them; after, answered at once. */
 static void handle_init(ps_service *svc, rpc_call *call)
 {
     const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
@@ -899,15 +976,7 @@ static void handle_init(ps_service *svc, rpc_call *call)
         return;
     }
     pthread_mutex_lock(&svc->mu);
-    if (svc->wait_mode && svc->store && !svc->departed_set &&
-        req->trainer_id < svc->num_trainers && svc->joined[req->trainer_id]) {
-        /* --on-failure wait: a second Init of a trainer that joined this job is its
-         * process started again; the job rolls back (see ps_service_wait). */
-        pthread_mutex_unlock(&svc->mu);
-        trainer_done(svc, req->trainer_id, 1, "started again (a new Init: its process "
-                     "restarted)", NULL);
-        pthread_mutex_lock(&svc->mu);
-    }
+    roll_back_on_restart_locked(svc, req);
     if (svc->wait_mode && __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE)) {
         pthread_mutex_unlock(&svc->mu);
         fail(call, pst_error_set(PST_ERR_UNAVAILABLE, "Init of trainer %u: this pserver is "
@@ -915,45 +984,20 @@ static void handle_init(ps_service *svc, rpc_call *call)
                                  req->trainer_id, svc->departed));
         return;
     }
-    if (!svc->store) {
-        if (req->trainer_id != 0) {
-            /* One waiting Init per trainer id: a retry replaces the one before (whose
-             * client has most likely given up), so a flood of them holds nothing. */
-            for (int i = 0; i < svc->nparked; i++) {
-                const Pstrain__InitRequest *old =
-                    (const Pstrain__InitRequest *)rpc_call_request(svc->parked[i]);
-                if (old->trainer_id == req->trainer_id) {
-                    rpc_call *stale = svc->parked[i];
-                    svc->parked[i] = call;
-                    pthread_mutex_unlock(&svc->mu);
-                    rpc_call_fail(stale, PST_ERR_STATE, "Init of trainer %u: replaced by a "
-                                  "newer Init of the same trainer", req->trainer_id);
-                    return;
-                }
-            }
-            if (svc->nparked == MAX_PARKED) {
-                pthread_mutex_unlock(&svc->mu);
-                fail(call, pst_error_set(PST_ERR_UNAVAILABLE, "Init: too many trainers waiting "
-                                         "for trainer 0's Init"));
-                return;
-            }
-            svc->parked[svc->nparked++] = call; /* answered after trainer 0's Init */
-            pthread_mutex_unlock(&svc->mu);
-            return;
-        }
-        pst_status st = create_store(svc, call);
-        if (st != PST_OK) {
-            pthread_mutex_unlock(&svc->mu);
-            fail(call, st);
-            return;
-        }
-        answer_init(svc, call);
-        for (int i = 0; i < svc->nparked; i++)
-            answer_init(svc, svc->parked[i]);
-        svc->nparked = 0;
-    } else {
-        answer_init(svc, call);
+    if (!svc->store && req->trainer_id != 0) {
+        park_init_and_unlock(svc, call);
+        return;
     }
+    const int creates = !svc->store; /* trainer 0's first Init */
+    pst_status st = creates ? create_store(svc, call) : PST_OK;
+    if (st != PST_OK) {
+        pthread_mutex_unlock(&svc->mu);
+        fail(call, st);
+        return;
+    }
+    answer_init(svc, call);
+    if (creates)
+        answer_parked_locked(svc);
     pthread_mutex_unlock(&svc->mu);
 }
 
@@ -1204,12 +1248,9 @@ void ps_service_cancelled(void *arg, rpc_call *call)
         parked_cancelled(svc, call);
 }
 
-/* Runs with the block's lock held (store contract): copy out, then send. */
-static void answer_pull(void *arg, pst_status st, const float *values, const void *lowp,
-                        uint64_t length, int64_t version)
+/* The /metrics counts of an answered pull: failed, or ok and its bytes sent. */
+static void count_pull(const pull_ctx *p, pst_status st, uint64_t length)
 {
-    pull_ctx *p = arg;
-    const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
     const ps_prom *prom = p->svc->prom;
     if (prom && st != PST_OK)
         pst_prom_add(prom->pulls_failed, 1);
@@ -1217,12 +1258,72 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
         pst_prom_add(prom->pulls_ok, 1);
         pst_prom_add(prom->sent, (double)((size_t)length * pst_dtype_size(p->dtype)));
     }
+}
+
+/* Fails a pull the store could not serve (the departure, when the job departed), and
+ * releases its context. */
+static void fail_pull(pull_ctx *p, pst_status st)
+{
+    const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
+    if (__atomic_load_n(&p->svc->departed_set, __ATOMIC_ACQUIRE))
+        rpc_call_fail(p->call, st, "Pull of block %u: %s", req->block, p->svc->departed);
+    else
+        rpc_call_fail(p->call, st, "%s", pst_error_detail());
+    release_pull(p);
+}
+
+/* Sync, same host: the values into the pull's slot of the trainer's segment (copied, or
+ * cast and counted), which the trainer reads only after this answer. */
+static void reply_in_slot(pull_ctx *p, Pstrain__PullReply *reply, const void *src,
+                          const float *values, uint64_t length, size_t bytes)
+{
+    if (src)
+        memcpy(p->slot, src, bytes);
+    else {
+        pst_cast(p->slot, p->dtype, values, PST_F32, length);
+        __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
+    }
+    reply->shm = 1;
+    rpc_call_reply(p->call, &reply->base, NULL, 0, NULL, NULL);
+    release_pull(p);
+}
+
+/* The values copied into the context's buffer (kept across reuses) and sent from there:
+ * async, where the next push may update the block, or a dtype the store keeps no copy in
+ * (cast for this pull, and counted). */
+static void reply_copied(pull_ctx *p, Pstrain__PullReply *reply, const void *src,
+                         const float *values, uint64_t length, size_t bytes)
+{
+    if (p->cap < bytes) {
+        void *buf = realloc(p->buf, bytes);
+        if (!buf) {
+            rpc_call_fail(p->call, PST_ERR_NOMEM, "Pull: out of memory for %zu bytes", bytes);
+            release_pull(p);
+            return;
+        }
+        p->buf = buf;
+        p->cap = bytes;
+    }
+    if (src)
+        memcpy(p->buf, src, bytes); /* async: the next push may update the block */
+    else { /* a dtype the store has no copy in: cast for this pull, and counted */
+        pst_cast(p->buf, p->dtype, values, PST_F32, length);
+        __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
+    }
+    rpc_call_reply(p->call, &reply->base, p->buf, bytes, release_pull, p);
+}
+
+/* Runs with the block's lock held (store contract): copy out, then send. The values go by
+ * the shared values area, the trainer's pull slot, straight from the store (sync) or from
+ * a copy. */
+static void answer_pull(void *arg, pst_status st, const float *values, const void *lowp,
+                        uint64_t length, int64_t version)
+{
+    pull_ctx *p = arg;
+    const Pstrain__PullRequest *req = (const Pstrain__PullRequest *)rpc_call_request(p->call);
+    count_pull(p, st, length);
     if (st != PST_OK) {
-        if (__atomic_load_n(&p->svc->departed_set, __ATOMIC_ACQUIRE))
-            rpc_call_fail(p->call, st, "Pull of block %u: %s", req->block, p->svc->departed);
-        else
-            rpc_call_fail(p->call, st, "%s", pst_error_detail());
-        release_pull(p);
+        fail_pull(p, st);
         return;
     }
     size_t bytes = (size_t)length * pst_dtype_size(p->dtype);
@@ -1241,45 +1342,17 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
         reply.shm_values = 1;
         rpc_call_reply(p->call, &reply.base, NULL, 0, NULL, NULL);
         release_pull(p);
-        return;
-    }
-    if (p->slot) { /* sync: the trainer reads the slot only after this answer */
-        if (src)
-            memcpy(p->slot, src, bytes);
-        else {
-            pst_cast(p->slot, p->dtype, values, PST_F32, length);
-            __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
-        }
-        reply.shm = 1;
-        rpc_call_reply(p->call, &reply.base, NULL, 0, NULL, NULL);
-        release_pull(p);
-        return;
-    }
-    if (p->svc->sync && src) {
+    } else if (p->slot) {
+        reply_in_slot(p, &reply, src, values, length, bytes);
+    } else if (p->svc->sync && src) {
         /* Zero copy: in sync mode a block's values (and their low-precision copy) change
          * only when every trainer has pushed the next step, and a trainer pushes it only
          * after it has received this version, so they stay put while gRPC sends them from
          * the store. */
         rpc_call_reply(p->call, &reply.base, src, bytes, release_pull, p);
-        return;
+    } else {
+        reply_copied(p, &reply, src, values, length, bytes);
     }
-    if (p->cap < bytes) {
-        void *buf = realloc(p->buf, bytes);
-        if (!buf) {
-            rpc_call_fail(p->call, PST_ERR_NOMEM, "Pull: out of memory for %zu bytes", bytes);
-            release_pull(p);
-            return;
-        }
-        p->buf = buf;
-        p->cap = bytes;
-    }
-    if (src)
-        memcpy(p->buf, src, bytes); /* async: the next push may update the block */
-    else { /* a dtype the store has no copy in: cast for this pull, and counted */
-        pst_cast(p->buf, p->dtype, values, PST_F32, length);
-        __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
-    }
-    rpc_call_reply(p->call, &reply.base, p->buf, bytes, release_pull, p);
 }
 
 static void handle_pull(ps_service *svc, rpc_call *call)
@@ -1337,6 +1410,113 @@ static void answer_vote(rpc_call *call, int64_t step, int skip)
     rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
 }
 
+/* Why a Vote cannot be counted, checked in this order (PST_OK: it can): no store, the job
+ * departed, no such trainer, a negative step, its trainer finished, its slot `v` holds a
+ * later step or an earlier one still undecided. Called with svc->mu held. */
+static pst_status check_vote_locked(const ps_service *svc, const Pstrain__VoteRequest *req,
+                                    const vote_slot *v)
+{
+    if (!svc->store)
+        return pst_error_set(PST_ERR_STATE, "Vote before Init: this pserver has no trainers "
+                             "yet");
+    if (__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE))
+        return pst_error_set(PST_ERR_STATE, "Vote: %s", svc->departed);
+    if (req->trainer_id >= svc->num_trainers)
+        return pst_error_set(PST_ERR_INVALID, "Vote from trainer %u: there are %u trainers",
+                             req->trainer_id, svc->num_trainers);
+    if (req->step < 0)
+        return pst_error_set(PST_ERR_INVALID, "Vote for step %lld: steps start at 0",
+                             (long long)req->step);
+    if (svc->finished[req->trainer_id])
+        return pst_error_set(PST_ERR_STATE, "Vote of trainer %u after its Finish: a finished "
+                             "trainer can only Finish again", req->trainer_id);
+    if (v->step > req->step)
+        return pst_error_set(PST_ERR_INVALID, "Vote of trainer %u for step %lld: step %lld "
+                             "was decided since", req->trainer_id, (long long)req->step,
+                             (long long)v->step);
+    if (v->step >= 0 && v->step < req->step && !v->decided)
+        return pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld while step %lld "
+                             "still waits for votes", req->trainer_id, (long long)req->step,
+                             (long long)v->step);
+    return PST_OK;
+}
+
+/* Records an undecided step's vote in its slot `v` (emptied first for a new step): the
+ * call waits there for the decision, the vote counts once per trainer. Fails when the
+ * slot's calls are full (too many retries). Called with svc->mu held. */
+static pst_status record_vote_locked(ps_service *svc, const Pstrain__VoteRequest *req,
+                                     vote_slot *v, rpc_call *call)
+{
+    if (v->step != req->step) {
+        v->step = req->step;
+        v->count = 0;
+        v->overflow = 0;
+        v->decided = 0;
+        v->ncalls = 0;
+        memset(v->voted, 0, svc->num_trainers);
+    }
+    if (v->ncalls == 2 * (int)svc->num_trainers)
+        return pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld: too many "
+                             "retries waiting", req->trainer_id, (long long)req->step);
+    v->calls[v->ncalls++] = call;
+    if (!v->voted[req->trainer_id]) {
+        v->voted[req->trainer_id] = 1;
+        v->count++;
+        v->overflow |= req->overflow;
+    }
+    return PST_OK;
+}
+
+/* A step's decision, to send once svc->mu is released (answer_votes). */
+typedef struct vote_answer {
+    int64_t step;
+    int skip;                     /* the decision: some trainer's gradient overflowed */
+    int decided_now;              /* this vote decided the step */
+    long skipped;                 /* steps skipped so far, this one included */
+    rpc_call **calls;             /* (n) the calls to answer, a list of this vote's own */
+    int n;
+} vote_answer;
+
+/* Decides slot `v`'s step once every trainer has voted, taking its waiting calls into a
+ * list of this call's own: with retries, step + 2 can be decided (and the slot reused)
+ * before the last of these answers is out. Without memory for the list they are answered
+ * here, under the lock. Called with svc->mu held. */
+static void decide_vote_locked(ps_service *svc, vote_slot *v, int64_t step, vote_answer *a)
+{
+    *a = (vote_answer){.step = step};
+    if (v->count == svc->num_trainers) {
+        v->decided = a->decided_now = 1;
+        a->n = v->ncalls;
+        a->calls = malloc((size_t)a->n * sizeof *a->calls);
+        if (a->calls) {
+            memcpy(a->calls, v->calls, (size_t)a->n * sizeof *v->calls);
+            v->ncalls = 0;
+        }
+        if (v->overflow)
+            svc->skipped++;
+    }
+    a->skip = v->overflow;
+    a->skipped = svc->skipped;
+    if (a->n && !a->calls) { /* no memory for the list: answer under the lock */
+        for (int i = 0; i < a->n; i++)
+            answer_vote(v->calls[i], step, a->skip);
+        v->ncalls = 0;
+        a->n = 0;
+    }
+}
+
+/* Sends a decision (nothing while the step waits for votes) and logs a skipped step.
+ * Called without svc->mu. */
+static void answer_votes(vote_answer *a)
+{
+    if (a->decided_now && a->skip)
+        PST_INFO("step %lld skipped everywhere: a trainer's fp16 gradient overflowed (%ld "
+                 "skipped so far)", (long long)a->step, a->skipped);
+    for (int i = 0; i < a->n; i++)
+        answer_vote(a->calls[i], a->step, a->skip);
+    free(a->calls);
+}
+
 /* fp16 dynamic loss scaling: one decision per step that every trainer and pserver agrees
  * on. Every trainer sends its vote (did its summed gradient overflow?) to pserver 0 after
  * backward and before any push of the step; the call is parked until all num_trainers
@@ -1348,29 +1528,8 @@ static void handle_vote(ps_service *svc, rpc_call *call)
 {
     const Pstrain__VoteRequest *req = (const Pstrain__VoteRequest *)rpc_call_request(call);
     pthread_mutex_lock(&svc->mu);
-    pst_status st = PST_OK;
     vote_slot *v = &svc->votes[req->step & 1];
-    if (!svc->store)
-        st = pst_error_set(PST_ERR_STATE, "Vote before Init: this pserver has no trainers yet");
-    else if (__atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE))
-        st = pst_error_set(PST_ERR_STATE, "Vote: %s", svc->departed);
-    else if (req->trainer_id >= svc->num_trainers)
-        st = pst_error_set(PST_ERR_INVALID, "Vote from trainer %u: there are %u trainers",
-                           req->trainer_id, svc->num_trainers);
-    else if (req->step < 0)
-        st = pst_error_set(PST_ERR_INVALID, "Vote for step %lld: steps start at 0",
-                           (long long)req->step);
-    else if (svc->finished[req->trainer_id])
-        st = pst_error_set(PST_ERR_STATE, "Vote of trainer %u after its Finish: a finished "
-                           "trainer can only Finish again", req->trainer_id);
-    else if (v->step > req->step)
-        st = pst_error_set(PST_ERR_INVALID, "Vote of trainer %u for step %lld: step %lld "
-                           "was decided since", req->trainer_id, (long long)req->step,
-                           (long long)v->step);
-    else if (v->step >= 0 && v->step < req->step && !v->decided)
-        st = pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld while step %lld "
-                           "still waits for votes", req->trainer_id, (long long)req->step,
-                           (long long)v->step);
+    pst_status st = check_vote_locked(svc, req, v);
     if (st != PST_OK) {
         pthread_mutex_unlock(&svc->mu);
         fail(call, st);
@@ -1382,58 +1541,15 @@ static void handle_vote(ps_service *svc, rpc_call *call)
         answer_vote(call, req->step, skip);
         return;
     }
-    if (v->step != req->step) {
-        v->step = req->step;
-        v->count = 0;
-        v->overflow = 0;
-        v->decided = 0;
-        v->ncalls = 0;
-        memset(v->voted, 0, svc->num_trainers);
-    }
-    if (v->ncalls == 2 * (int)svc->num_trainers) {
+    if ((st = record_vote_locked(svc, req, v, call)) != PST_OK) {
         pthread_mutex_unlock(&svc->mu);
-        fail(call, pst_error_set(PST_ERR_STATE, "Vote of trainer %u for step %lld: too "
-                                 "many retries waiting", req->trainer_id, (long long)req->step));
+        fail(call, st);
         return;
     }
-    v->calls[v->ncalls++] = call;
-    if (!v->voted[req->trainer_id]) {
-        v->voted[req->trainer_id] = 1;
-        v->count++;
-        v->overflow |= req->overflow;
-    }
-    int n = 0, decided_now = 0;
-    rpc_call **answer = NULL;
-    if (v->count == svc->num_trainers) {
-        v->decided = decided_now = 1;
-        n = v->ncalls;
-        /* Answered after the lock is released, from a list of this call's own: with
-         * retries, step + 2 can be decided (and the slot reused) before the last of these
-         * answers is out. */
-        answer = malloc((size_t)n * sizeof *answer);
-        if (answer) {
-            memcpy(answer, v->calls, (size_t)n * sizeof *v->calls);
-            v->ncalls = 0;
-        }
-        if (v->overflow)
-            svc->skipped++;
-    }
-    const int skip = v->overflow;
-    const long skipped = svc->skipped;
-    const int64_t step = req->step;
-    if (n && !answer) { /* no memory for the list: answer under the lock */
-        for (int i = 0; i < n; i++)
-            answer_vote(v->calls[i], step, skip);
-        v->ncalls = 0;
-        n = 0;
-    }
+    vote_answer a;
+    decide_vote_locked(svc, v, req->step, &a);
     pthread_mutex_unlock(&svc->mu);
-    if (decided_now && skip)
-        PST_INFO("step %lld skipped everywhere: a trainer's fp16 gradient overflowed (%ld "
-                 "skipped so far)", (long long)step, skipped);
-    for (int i = 0; i < n; i++)
-        answer_vote(answer[i], step, skip);
-    free(answer);
+    answer_votes(&a);
 }
 
 /* Fails every Vote waiting for the others' (the job cannot decide that step any more).
@@ -1558,92 +1674,158 @@ static void trainer_done(ps_service *svc, uint32_t id, int early, const char *wh
     }
 }
 
-static void handle_finish(ps_service *svc, rpc_call *call)
+/* Whether a Finish names a trainer of this store; its store, and whether this pserver
+ * writes snapshots (sync, with a checkpoint directory). Takes and releases svc->mu. */
+static pst_status check_finish(ps_service *svc, const Pstrain__FinishRequest *req,
+                               ps_store **store, int *snapshots)
 {
-    const Pstrain__FinishRequest *req = (const Pstrain__FinishRequest *)rpc_call_request(call);
     pthread_mutex_lock(&svc->mu);
     if (!svc->store || req->trainer_id >= svc->num_trainers) {
         pthread_mutex_unlock(&svc->mu);
-        fail(call, pst_error_set(svc->store ? PST_ERR_INVALID : PST_ERR_STATE,
-                                 "Finish from trainer %u: %s", req->trainer_id,
-                                 svc->store ? "no such trainer" : "before Init"));
-        return;
+        return pst_error_set(svc->store ? PST_ERR_INVALID : PST_ERR_STATE,
+                             "Finish from trainer %u: %s", req->trainer_id,
+                             svc->store ? "no such trainer" : "before Init");
     }
-    ps_store *store = svc->store;
-    const int snapshots = svc->ckpt_dir[0] && svc->sync;
+    *store = svc->store;
+    *snapshots = svc->ckpt_dir[0] && svc->sync;
     pthread_mutex_unlock(&svc->mu);
-    if (req->checkpoint_step > 0 && req->trainer_id == 0) {
-        /* Trainer 0 stops at a step boundary (SIGTERM) with every block at that version:
-         * the shard of it, before the answer (its job state completes the checkpoint). */
-        pst_status st = snapshots ? ps_store_snapshot_now(store, req->checkpoint_step)
-                                  : pst_error_set(PST_ERR_STATE, "this pserver writes no "
-                                                  "checkpoints (no --checkpoint-dir, or async)");
-        if (st == PST_OK && ps_service_failure(svc))
-            st = pst_error_set(PST_ERR_IO, "%s", ps_service_failure(svc));
-        if (st != PST_OK) {
-            PST_WARN("Finish of trainer 0 at step %lld: no checkpoint of it: %s",
-                     (long long)req->checkpoint_step, pst_error_detail());
-            fail(call, st);
-            trainer_done(svc, req->trainer_id, req->early, "left the job (stopped by signal; "
-                         "its checkpoint failed)", NULL);
-            return;
-        }
-    }
+    return PST_OK;
+}
+
+/* Trainer 0 stops at a step boundary (SIGTERM) with every block at that version: the shard
+ * of it, written before the answer (its job state completes the checkpoint); PST_OK for any
+ * other Finish. A failure is logged. Called without svc->mu. */
+static pst_status checkpoint_at_finish(ps_service *svc, const Pstrain__FinishRequest *req,
+                                       ps_store *store, int snapshots)
+{
+    if (req->checkpoint_step <= 0 || req->trainer_id != 0)
+        return PST_OK;
+    pst_status st = snapshots ? ps_store_snapshot_now(store, req->checkpoint_step)
+                              : pst_error_set(PST_ERR_STATE, "this pserver writes no "
+                                              "checkpoints (no --checkpoint-dir, or async)");
+    if (st == PST_OK && ps_service_failure(svc))
+        st = pst_error_set(PST_ERR_IO, "%s", ps_service_failure(svc));
+    if (st != PST_OK)
+        PST_WARN("Finish of trainer 0 at step %lld: no checkpoint of it: %s",
+                 (long long)req->checkpoint_step, pst_error_detail());
+    return st;
+}
+
+/* How a Finish ends, after its checks (classify_finish). */
+typedef enum finish_kind {
+    FINISH_DONE,    /* the trainer is done (trainer_done) */
+    FINISH_LET_GO,  /* it left before its first step here, to join again (answer_let_go) */
+    FINISH_STALE,   /* an early Finish from before the rollback: ignored */
+} finish_kind;
+
+/* --on-failure wait: trainer `id` is let go: it is no longer joined, must Init again within
+ * --peer-timeout-ms (ps_service_wait), and its Watch is taken off (returned, to answer).
+ * Called with svc->mu held. */
+static rpc_call *let_go_locked(ps_service *svc, uint32_t id)
+{
+    if (!svc->let_go_at)
+        svc->let_go_at = calloc(svc->num_trainers, sizeof *svc->let_go_at);
+    svc->joined[id] = 0;
+    if (svc->let_go_at)
+        svc->let_go_at[id] = pst_clock_s();
+    rpc_call *watch = svc->watch[id];
+    svc->watch[id] = NULL;
+    pthread_cond_broadcast(&svc->cv); /* a rollback may wait for no one else now */
+    return watch;
+}
+
+/* Which kind of Finish this is (the trainer checked by check_finish); a trainer let go is
+ * let go here, *watch its Watch to answer. Takes and releases svc->mu.
+ *
+ * --on-failure wait: a trainer that joined this store but leaves before its first step in
+ * it, to start a new run at once (its pservers disagreed on the step, one of them was
+ * rolling back), pushed nothing here: it is let go and joins again with its next Init.
+ * Rolling back for it would fail the trainers that already train on this store, who would
+ * then leave the stores they had just joined elsewhere: the stores would roll back one
+ * after the other for ever. Not trainer 0: its Init made the store, and its next one may
+ * offer other checkpoints (a fallback), which needs a new store. An early Finish of a
+ * trainer that has not joined this store is from its run before the rollback (stale). */
+static finish_kind classify_finish(ps_service *svc, const Pstrain__FinishRequest *req,
+                                   rpc_call **watch)
+{
     pthread_mutex_lock(&svc->mu);
     const uint32_t id = req->trainer_id;
     const int stale = svc->wait_mode && req->early && !svc->joined[id];
-    /* --on-failure wait: a trainer that joined this store but leaves before its first step
-     * in it, to start a new run at once (its pservers disagreed on the step, one of them was
-     * rolling back), pushed nothing here: it is let go and joins again with its next Init.
-     * Rolling back for it would fail the trainers that already train on this store, who
-     * would then leave the stores they had just joined elsewhere: the stores would roll
-     * back one after the other for ever. Not trainer 0: its Init made the store, and its
-     * next one may offer other checkpoints (a fallback), which needs a new store. */
     const int lets_go = !stale && svc->wait_mode && req->early && req->step < 0 &&
                         req->rejoins && id != 0 && !svc->finished[id];
-    rpc_call *watch = NULL;
-    if (lets_go && !svc->let_go_at)
-        svc->let_go_at = calloc(svc->num_trainers, sizeof *svc->let_go_at);
-    if (lets_go) {
-        svc->joined[id] = 0;
-        if (svc->let_go_at) /* it must Init again within --peer-timeout-ms (ps_service_wait) */
-            svc->let_go_at[id] = pst_clock_s();
-        watch = svc->watch[id];
-        svc->watch[id] = NULL;
-        pthread_cond_broadcast(&svc->cv); /* a rollback may wait for no one else now */
-    }
+    *watch = lets_go ? let_go_locked(svc, id) : NULL;
     pthread_mutex_unlock(&svc->mu);
-    if (lets_go) {
-        PST_INFO("trainer %u left before its first step here to start again (%s): it joins "
-                 "again with its next Init; nothing to roll back", id,
-                 req->reason && req->reason[0] ? req->reason : "no reason given");
-        if (watch) {
-            Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
-            rpc_call_reply(watch, &wr.base, NULL, 0, NULL, NULL);
-        }
-        Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
-        rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+    return lets_go ? FINISH_LET_GO : stale ? FINISH_STALE : FINISH_DONE;
+}
+
+static void answer_finish(rpc_call *call)
+{
+    Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
+    rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+}
+
+/* The answers to a trainer let go: its Watch (nothing left to watch) and its Finish.
+ * Called without svc->mu. */
+static void answer_let_go(const Pstrain__FinishRequest *req, rpc_call *call, rpc_call *watch)
+{
+    PST_INFO("trainer %u left before its first step here to start again (%s): it joins "
+             "again with its next Init; nothing to roll back", req->trainer_id,
+             req->reason && req->reason[0] ? req->reason : "no reason given");
+    if (watch) {
+        Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
+        rpc_call_reply(watch, &wr.base, NULL, 0, NULL, NULL);
+    }
+    answer_finish(call);
+}
+
+/* Why an early Finish leaves, for trainer_done (why is left as it is for a Finish at the
+ * job's end). */
+static void finish_why(const Pstrain__FinishRequest *req, char *why, size_t size)
+{
+    if (!req->early)
+        return;
+    char at[32];
+    if (req->step < 0)
+        snprintf(at, sizeof at, "before step 0");
+    else
+        snprintf(at, sizeof at, "at step %lld", (long long)req->step);
+    snprintf(why, size, "left the job %s (%s)", at,
+             req->reason && req->reason[0] ? req->reason : "no reason given");
+}
+
+/* A Finish: checked, trainer 0's checkpoint written, then the trainer is let go (to join
+ * again), ignored (stale) or done. */
+static void handle_finish(ps_service *svc, rpc_call *call)
+{
+    const Pstrain__FinishRequest *req = (const Pstrain__FinishRequest *)rpc_call_request(call);
+    ps_store *store = NULL;
+    int snapshots = 0;
+    pst_status st = check_finish(svc, req, &store, &snapshots);
+    if (st != PST_OK) {
+        fail(call, st);
         return;
     }
-    if (stale) {
-        /* --on-failure wait: an early Finish of a trainer that has not joined this store
-         * is from its run before the rollback, which is over: nothing to do. */
+    if ((st = checkpoint_at_finish(svc, req, store, snapshots)) != PST_OK) {
+        fail(call, st);
+        trainer_done(svc, req->trainer_id, req->early, "left the job (stopped by signal; "
+                     "its checkpoint failed)", NULL);
+        return;
+    }
+    rpc_call *watch;
+    switch (classify_finish(svc, req, &watch)) {
+    case FINISH_LET_GO:
+        answer_let_go(req, call, watch);
+        return;
+    case FINISH_STALE:
         PST_INFO("an early Finish of trainer %u from before the rollback: ignored",
                  req->trainer_id);
-        Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
-        rpc_call_reply(call, &reply.base, NULL, 0, NULL, NULL);
+        answer_finish(call);
         return;
+    case FINISH_DONE:
+        break;
     }
     char why[512] = "";
-    if (req->early) {
-        char at[32];
-        if (req->step < 0)
-            snprintf(at, sizeof at, "before step 0");
-        else
-            snprintf(at, sizeof at, "at step %lld", (long long)req->step);
-        snprintf(why, sizeof why, "left the job %s (%s)", at,
-                 req->reason && req->reason[0] ? req->reason : "no reason given");
-    }
+    finish_why(req, why, sizeof why);
     trainer_done(svc, req->trainer_id, req->early, why, call);
 }
 
