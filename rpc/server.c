@@ -18,8 +18,8 @@
  * winner posts the send batch (initial metadata, message, status). Two reference counts
  * keep things valid: grpc_refs (the close op and the send op) releases the grpc_call as
  * soon as the reply is sent and the call closed, whether or not the owner still holds its
- * handle (after a shutdown-time failure it may); refs (gRPC side + owner) frees the
- * rpc_call once the owner has let go too.
+ * handle (after a shutdown-time failure it may); refs (gRPC side + owner, and the
+ * handler while it runs) frees the rpc_call once the owner has let go too.
  * A reply to a client that went away simply completes with success == 0.
  *
  * Shutdown: stop accepting (grpc_server_shutdown_and_notify), optionally fail the pending
@@ -93,7 +93,7 @@ struct rpc_call {
     atomic_int grpc_refs; /* close op + send op */
     int64_t arrived_ms;   /* monotonic, for max_wait_ms */
     int expired;          /* max_wait_ms ended it (under the server's mu) */
-    atomic_int refs;      /* gRPC side + owner */
+    atomic_int refs;      /* gRPC side + owner (+ the handler while it runs) */
     /* reply, alive until the send batch completes */
     grpc_byte_buffer *reply_bb;
     grpc_slice status_details;
@@ -557,7 +557,11 @@ static void on_new_call(rpc_call *c, int success)
         call_unref(c); /* no owner */
         return;
     }
+    /* The handler's own reference: c stays valid until it returns, also when it (or a
+     * thread it queued c for) completes c meanwhile (rpc_handler_fn). */
+    atomic_fetch_add(&c->refs, 1);
     s->handler(s->handler_arg, c);
+    call_unref(c);
 }
 
 static void *server_thread(void *arg)

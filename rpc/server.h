@@ -30,7 +30,10 @@ typedef struct rpc_call rpc_call;
 
 /* Receives every decoded request, on one of the server's threads. It must not block for
  * long (it holds a server thread); it completes `call` exactly once, now or later, with
- * rpc_call_reply() or rpc_call_fail(). */
+ * rpc_call_reply() or rpc_call_fail(). Until the handler returns, `call` stays readable
+ * (rpc_call_cancelled, rpc_call_set_owner) even when it was completed meanwhile, by the
+ * handler itself or on another thread: a handler that queues a call where another thread
+ * may answer it at once can still mark it as its own afterwards. */
 typedef void (*rpc_handler_fn)(void *arg, rpc_call *call);
 
 /* Optional: told, on one of the server's threads, that a call the owner has not completed
@@ -131,7 +134,8 @@ const char *rpc_call_peer(const rpc_call *c);
  * rpc_wire_encode's contract: it stays alive and unchanged until release(arg) runs —
  * exactly once, on any thread, also when this function fails; release NULL means the
  * memory outlives the server.
- * After this call `c` is invalid (completion hands it back to the server).
+ * After this call `c` is invalid (completion hands it back to the server), except to the
+ * handler that got it, until it returns (rpc_handler_fn).
  * Errors: PST_ERR_INVALID (reply of the wrong type or unpackable — the call is failed with
  * INTERNAL instead), PST_ERR_STATE (the server already failed the call at shutdown). A
  * client that went away is not an error: the reply is dropped.
