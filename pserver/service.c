@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/dtype.h"
@@ -105,6 +106,7 @@ struct ps_service {
     size_t pulls;                 /* Pull calls handled */
     size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
     size_t pulls_live;            /* contexts in flight (under pull_mu) */
+    size_t pulls_sending;         /* replies whose payload gRPC still holds (under pull_mu) */
     const ps_prom *prom;          /* NULL: no /metrics */
     int64_t ckpt_at_us;           /* atomic (never under mu: the snapshot runs under a
                                    * block's lock, and mu is taken before block locks):
@@ -157,10 +159,19 @@ pst_status ps_service_init(ps_service **out)
     return PST_OK;
 }
 
+static int pull_payloads_released(ps_service *svc, double seconds);
+
 void ps_service_free(ps_service *svc)
 {
     if (!svc)
         return;
+    /* A reply's payload points into the store's values or a pull context's buffer, both
+     * freed below, and gRPC may let go of it after the server is gone. */
+    if (!pull_payloads_released(svc, 5.0)) {
+        PST_WARN("%zu Pull reply payloads still held by gRPC after 5 s: the service's "
+                 "memory is left to the exiting process", svc->pulls_sending);
+        return;
+    }
     ps_store_free(svc->store);
     rpc_shm_free(&svc->area); /* after the store, whose values or copy live there */
     free(svc->finished);
@@ -1161,18 +1172,55 @@ static void pull_put_locked(ps_service *svc, pull_ctx *p)
     svc->pulls_live--;
 }
 
-/* The payload release of a Pull reply (or the end of a failed pull): back to the list. */
+/* The end of a pull: back to the list. pull_mu held. */
+static void release_pull_locked(ps_service *svc, pull_ctx *p)
+{
+    if (p->cancelling)
+        p->release_pending = 1; /* pull_cancelled puts it back */
+    else
+        pull_put_locked(svc, p);
+}
+
+/* The end of a failed pull, or of one answered without lending its payload. */
 static void release_pull(void *arg)
 {
     pull_ctx *p = arg;
-    ps_service *svc = p->svc;
+    pthread_mutex_lock(&p->svc->pull_mu);
+    release_pull_locked(p->svc, p);
+    pthread_mutex_unlock(&p->svc->pull_mu);
+}
+
+/* Lends p's reply payload to gRPC: counted until gRPC releases it (release_sent_pull), on
+ * one of its threads, which may come after the server is gone (ps_service_free waits). */
+static void lend_pull_payload(pull_ctx *p)
+{
+    pthread_mutex_lock(&p->svc->pull_mu);
+    p->svc->pulls_sending++;
+    pthread_mutex_unlock(&p->svc->pull_mu);
+}
+
+static void release_sent_pull(void *arg)
+{
+    pull_ctx *p = arg;
+    pthread_mutex_lock(&p->svc->pull_mu);
+    p->svc->pulls_sending--;
+    release_pull_locked(p->svc, p);
+    pthread_mutex_unlock(&p->svc->pull_mu);
+}
+
+/* Whether gRPC released every lent pull payload within `seconds`. */
+static int pull_payloads_released(ps_service *svc, double seconds)
+{
+    const double until = pst_clock_s() + seconds;
     pthread_mutex_lock(&svc->pull_mu);
-    if (p->cancelling) {
-        p->release_pending = 1; /* pull_cancelled puts it back */
-    } else {
-        pull_put_locked(svc, p);
+    while (svc->pulls_sending > 0 && pst_clock_s() < until) {
+        pthread_mutex_unlock(&svc->pull_mu);
+        usleep(1000);
+        pthread_mutex_lock(&svc->pull_mu);
     }
+    const int released = svc->pulls_sending == 0;
     pthread_mutex_unlock(&svc->pull_mu);
+    return released;
 }
 
 /* A Pull whose client gave up (deadline, cancel) while it waited for its version: its
@@ -1310,7 +1358,8 @@ static void reply_copied(pull_ctx *p, Pstrain__PullReply *reply, const void *src
         pst_cast(p->buf, p->dtype, values, PST_F32, length);
         __atomic_fetch_add(&p->svc->pull_casts, length, __ATOMIC_RELAXED);
     }
-    rpc_call_reply(p->call, &reply->base, p->buf, bytes, release_pull, p);
+    lend_pull_payload(p);
+    rpc_call_reply(p->call, &reply->base, p->buf, bytes, release_sent_pull, p);
 }
 
 /* Runs with the block's lock held (store contract): copy out, then send. The values go by
@@ -1349,7 +1398,8 @@ static void answer_pull(void *arg, pst_status st, const float *values, const voi
          * only when every trainer has pushed the next step, and a trainer pushes it only
          * after it has received this version, so they stay put while gRPC sends them from
          * the store. */
-        rpc_call_reply(p->call, &reply.base, src, bytes, release_pull, p);
+        lend_pull_payload(p);
+        rpc_call_reply(p->call, &reply.base, src, bytes, release_sent_pull, p);
     } else {
         reply_copied(p, &reply, src, values, length, bytes);
     }

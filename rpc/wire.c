@@ -11,6 +11,8 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 
+#include "rpc/tsan.h"
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "pstrain's wire format copies payload elements as they are: little-endian hosts only"
 #endif
@@ -228,6 +230,24 @@ pst_status rpc_wire_header_slice(const ProtobufCMessage *header, grpc_slice *out
     return PST_OK;
 }
 
+#if defined(__SANITIZE_THREAD__)
+/* A TSan build only: gRPC runs a payload's release on whichever of its threads drops the
+ * slice last, ordered after the send by gRPC's own (uninstrumented) synchronization. The
+ * release is called through this trampoline, which states that order (rpc/tsan.h). */
+typedef struct tsan_release {
+    rpc_release_fn fn;
+    void *arg;
+} tsan_release;
+
+static void tsan_release_entry(void *p)
+{
+    RPC_TSAN_ACQUIRE(p);
+    tsan_release r = *(tsan_release *)p;
+    free(p);
+    r.fn(r.arg);
+}
+#endif
+
 grpc_slice rpc_wire_payload_slice(const void *payload, size_t bytes, rpc_release_fn release,
                                   void *arg)
 {
@@ -235,6 +255,14 @@ grpc_slice rpc_wire_payload_slice(const void *payload, size_t bytes, rpc_release
     void *p = (void *)(uintptr_t)payload;
     if (release == NULL)
         return grpc_slice_from_static_buffer(p, bytes);
+#if defined(__SANITIZE_THREAD__)
+    tsan_release *r = malloc(sizeof *r);
+    if (r) {
+        *r = (tsan_release){release, arg};
+        RPC_TSAN_RELEASE(r);
+        return grpc_slice_new_with_user_data(p, bytes, tsan_release_entry, r);
+    }
+#endif
     return grpc_slice_new_with_user_data(p, bytes, release, arg);
 }
 
