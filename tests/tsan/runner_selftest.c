@@ -1,7 +1,8 @@
 /* runner_selftest.c — the ThreadSanitizer build's test runner (tests/tsan/criterion/) on
  * itself: 600 empty tests (more than its old fixed table of 512 held), one whose .timeout
  * of 1 s it must enforce (the test sleeps 5 s), and one that skips. tests/tsan/
- * expect_runner.sh expects "602 tests: 600 passed, 1 failed, 1 skipped" and exit 1. */
+ * expect_runner.sh expects "602 tests: 600 passed, 1 failed, 1 skipped" and exit 1, and
+ * checks --filter on these tests. */
 #include <criterion/criterion.h>
 #include <unistd.h>
 

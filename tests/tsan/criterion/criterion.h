@@ -7,16 +7,22 @@
  * against this header instead: Test() registers a function (every one: the table grows),
  * each test runs in a forked child under an alarm of its .timeout (120 s when it sets
  * none), the cr_assert_* / cr_expect_* subset the suites use is provided, a skipped test
- * counts as skipped, and the run ends with "T tests: N passed, N failed, N skipped". */
+ * counts as skipped, and the run ends with "T tests: N passed, N failed, N skipped".
+ * `--filter PATTERN` (criterion's option: a glob over "suite/name"; here it may be given
+ * several times, a test runs when any matches) runs a part of a suite; the last line then
+ * counts the tests run and says how many the filter left out. A filter that matches no test
+ * is an error, so a renamed test cannot drop out of the run unnoticed. */
 #ifndef PST_TSAN_CRITERION_H
 #define PST_TSAN_CRITERION_H
 
 #include <cblas.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +43,15 @@ typedef struct tsan_test {
 static tsan_test *tsan_tests;
 static int tsan_ntests, tsan_cap;
 static int tsan_expect_failed;
+
+/* TestSuite(suite, .init, .fini, .timeout): as in criterion, the suite's init runs before
+ * each of its tests' own, its fini after, and its timeout is the default of its tests. */
+#define TSAN_MAX_SUITES 16
+static tsan_test tsan_suites[TSAN_MAX_SUITES]; /* name in .suite; fn unused */
+static int tsan_nsuites;
+/* The running test's fini functions, run also when a fatal assertion ends it, so what it
+ * started (child processes) is cleaned up as criterion would. */
+static void (*tsan_running_fini[2])(void);
 
 /* Every Test() is registered (the table grows); out of memory ends the run, so that no test
  * is silently dropped. */
@@ -65,8 +80,15 @@ tsan_report(int fatal, const char *file, int line, const char *expr, const char 
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
-    if (fatal)
+    if (fatal) {
+        for (int i = 0; i < 2; i++)
+            if (tsan_running_fini[i]) {
+                void (*f)(void) = tsan_running_fini[i];
+                tsan_running_fini[i] = NULL; /* a failure inside a fini ends there */
+                f();
+            }
         _exit(1);
+    }
     tsan_expect_failed = 1;
 }
 
@@ -88,6 +110,27 @@ struct criterion_test_extra_data {
     static void suite##_##name(void)
 /* Test(suite, name, .init = f, .fini = g) works because the extra arguments are
  * designated initializers of criterion_test_extra_data. */
+
+#define TestSuite(suite, ...)                                                              \
+    __attribute__((constructor)) static void TSAN_CAT_(tsan_suite_, suite)(void)           \
+    {                                                                                      \
+        struct criterion_test_extra_data x = {__VA_ARGS__};                                \
+        if (tsan_nsuites == TSAN_MAX_SUITES) {                                             \
+            fprintf(stderr, "tsan runner: more than %d TestSuite()s\n", TSAN_MAX_SUITES);   \
+            abort();                                                                       \
+        }                                                                                  \
+        tsan_suites[tsan_nsuites++] = (tsan_test){#suite, "", NULL, x.init, x.fini,         \
+                                                  x.timeout};                              \
+    }
+
+/* The TestSuite() of a test's suite, or NULL. */
+static const tsan_test *tsan_suite_of(const tsan_test *t)
+{
+    for (int i = 0; i < tsan_nsuites; i++)
+        if (strcmp(tsan_suites[i].suite, t->suite) == 0)
+            return &tsan_suites[i];
+    return NULL;
+}
 
 #define TSAN_CHECK_(fatal, cond, ...)                                                      \
     do {                                                                                   \
@@ -123,32 +166,79 @@ struct criterion_test_extra_data {
         fputc('\n', stderr);                                                              \
         _exit(TSAN_SKIP_STATUS);                                                           \
     } while (0)
+#define cr_assert_fail(...) tsan_report(1, __FILE__, __LINE__, "cr_assert_fail", " " __VA_ARGS__)
 #define cr_log_info(...) fprintf(stderr, __VA_ARGS__)
 #define cr_log_warn(...) fprintf(stderr, __VA_ARGS__)
 
+/* Whether test i is selected by the --filter patterns (all when there are none). */
+static int tsan_selected(const tsan_test *t, char **patterns, int npatterns)
+{
+    if (npatterns == 0)
+        return 1;
+    char full[512];
+    snprintf(full, sizeof full, "%s/%s", t->suite, t->name);
+    for (int i = 0; i < npatterns; i++)
+        if (fnmatch(patterns[i], full, 0) == 0)
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    char **patterns = calloc((size_t)argc, sizeof *patterns);
+    int npatterns = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+            patterns[npatterns++] = argv[++i];
+        } else if (strncmp(argv[i], "--filter=", 9) == 0) {
+            patterns[npatterns++] = argv[i] + 9;
+        } else {
+            fprintf(stderr, "tsan runner: unknown argument '%s' (expected --filter "
+                    "'suite/name glob', repeatable)\n", argv[i]);
+            return 2;
+        }
+    }
+    for (int p = 0; p < npatterns; p++) {
+        int hit = 0;
+        for (int i = 0; i < tsan_ntests && !hit; i++)
+            hit = tsan_selected(&tsan_tests[i], &patterns[p], 1);
+        if (!hit) {
+            fprintf(stderr, "tsan runner: --filter '%s' matches no test\n", patterns[p]);
+            return 2;
+        }
+    }
     /* OpenBLAS's threads synchronize through spin flags TSan cannot see: run its GEMMs on
      * the calling (stream) thread, as OPENBLAS_NUM_THREADS=1 in ctest does too. */
     openblas_set_num_threads(1);
-    int pass = 0, fail = 0, skip = 0;
+    int pass = 0, fail = 0, skip = 0, left_out = 0;
     for (int i = 0; i < tsan_ntests; i++) {
+        if (!tsan_selected(&tsan_tests[i], patterns, npatterns)) {
+            left_out++;
+            continue;
+        }
         fflush(NULL);
+        const tsan_test *test = &tsan_tests[i], *suite = tsan_suite_of(test);
         pid_t p = fork();
         if (p == 0) {
-            const double t = tsan_tests[i].timeout;
+            /* Its own process group, so what a test started goes with it (below). */
+            setpgid(0, 0);
+            const double t = test->timeout > 0 ? test->timeout : suite ? suite->timeout : 0;
             alarm(t > 0 ? (unsigned)ceil(t) : TSAN_DEFAULT_TIMEOUT);
-            if (tsan_tests[i].init)
-                tsan_tests[i].init();
-            tsan_tests[i].fn();
-            if (tsan_tests[i].fini)
-                tsan_tests[i].fini();
+            tsan_running_fini[0] = test->fini;
+            tsan_running_fini[1] = suite ? suite->fini : NULL;
+            if (suite && suite->init)
+                suite->init();
+            if (test->init)
+                test->init();
+            test->fn();
+            for (int f = 0; f < 2; f++)
+                if (tsan_running_fini[f])
+                    tsan_running_fini[f]();
             _exit(tsan_expect_failed);
         }
         int st = 0;
         waitpid(p, &st, 0);
+        kill(-p, SIGKILL); /* processes the test left behind (a timeout's, say) */
         if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
             pass++;
         } else if (WIFEXITED(st) && WEXITSTATUS(st) == TSAN_SKIP_STATUS) {
@@ -160,7 +250,12 @@ int main(int argc, char **argv)
                     tsan_tests[i].name, st);
         }
     }
-    printf("%d tests: %d passed, %d failed, %d skipped\n", tsan_ntests, pass, fail, skip);
+    if (left_out)
+        printf("%d tests: %d passed, %d failed, %d skipped (%d left out by --filter)\n",
+               tsan_ntests - left_out, pass, fail, skip, left_out);
+    else
+        printf("%d tests: %d passed, %d failed, %d skipped\n", tsan_ntests, pass, fail, skip);
+    free(patterns);
     free(tsan_tests);
     return fail != 0;
 }
