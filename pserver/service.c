@@ -1014,32 +1014,23 @@ static void handle_init(ps_service *svc, rpc_call *call)
 
 /* ---- Push ----------------------------------------------------------------------------- */
 
+/* A push's payload (in the call or in shared memory: one view, rpc/wire.h) in its dtype. */
 typedef struct push_fill {
-    const rpc_payload *payload;
-    const unsigned char *slot; /* the payload in the trainer's segment instead (rpc/shm.h) */
+    rpc_payload payload;
     pst_dtype dtype;
 } push_fill;
 
 static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
-    if (f->slot) {
-        pst_cast(dst, PST_F32, f->slot + (size_t)first * pst_dtype_size(f->dtype), f->dtype,
-                 length);
-        return PST_OK;
-    }
-    return rpc_payload_read_f32(f->payload, f->dtype, first, dst, length);
+    return rpc_payload_read_f32(&f->payload, f->dtype, first, dst, length);
 }
 
 static pst_status fill_raw_from_payload(void *arg, void *dst, uint64_t first, uint64_t length)
 {
     push_fill *f = arg;
     const size_t es = pst_dtype_size(f->dtype);
-    if (f->slot) {
-        memcpy(dst, f->slot + (size_t)first * es, (size_t)length * es);
-        return PST_OK;
-    }
-    return rpc_payload_read(f->payload, (size_t)first * es, dst, (size_t)length * es);
+    return rpc_payload_read(&f->payload, (size_t)first * es, dst, (size_t)length * es);
 }
 
 /* A block's push or pull slot in trainer t's segment, and the block's length, for a call
@@ -1079,7 +1070,8 @@ static void handle_push(ps_service *svc, rpc_call *call)
     ps_store *store = store_or_fail(svc, call);
     if (!store)
         return;
-    push_fill f = {.payload = rpc_call_payload(call)};
+    const rpc_payload *in_call = rpc_call_payload(call);
+    push_fill f = {.payload = in_call ? *in_call : (rpc_payload){0}};
     pst_status st = PST_OK;
     if (req->trainer_id < svc->num_trainers &&
         __atomic_load_n(&svc->finished[req->trainer_id], __ATOMIC_ACQUIRE))
@@ -1087,7 +1079,7 @@ static void handle_push(ps_service *svc, rpc_call *call)
                            "finished trainer can only Finish again", req->block, req->trainer_id);
     if (st == PST_OK)
         st = rpc_dtype_from_wire(req->dtype, &f.dtype);
-    if (st == PST_OK && req->shm && f.payload && f.payload->bytes)
+    if (st == PST_OK && req->shm && f.payload.bytes)
         st = pst_error_set(PST_ERR_FORMAT, "Push of block %u: a payload in the call and in "
                            "shared memory", req->block);
     else if (st == PST_OK && req->shm) {
@@ -1098,12 +1090,13 @@ static void handle_push(ps_service *svc, rpc_call *call)
             st = pst_error_set(PST_ERR_FORMAT, "Push of block %u: %llu elements, the block "
                                "has %llu", req->block, (unsigned long long)req->length,
                                (unsigned long long)len);
-        f.slot = slot;
+        if (st == PST_OK) /* the trainer maps its slot writable */
+            f.payload = rpc_payload_shared(slot, (size_t)len * pst_dtype_size(f.dtype), 1);
     } else if (st == PST_OK)
-        st = rpc_payload_check(f.payload, f.dtype, req->length);
+        st = rpc_payload_check(&f.payload, f.dtype, req->length);
     int dup = 0;
     /* The trainer can still write its slot: the store checks and applies one copy of it. */
-    const unsigned shared = f.slot ? PS_PUSH_SHARED_SOURCE : 0;
+    const unsigned shared = f.payload.peer_writable ? PS_PUSH_SHARED_SOURCE : 0;
     if (st == PST_OK && f.dtype == PST_BF16 && (req->scale == 0.0f || req->scale == 1.0f))
         st = ps_store_push_bf16(store, req->trainer_id, req->step, req->block, req->length,
                                 fill_raw_from_payload, &f, shared, &dup);
@@ -1124,9 +1117,7 @@ static void handle_push(ps_service *svc, rpc_call *call)
     }
     if (svc->prom) {
         pst_prom_add(svc->prom->pushes_ok, 1);
-        pst_prom_add(svc->prom->received,
-                     f.slot ? (double)(req->length * pst_dtype_size(f.dtype))
-                            : f.payload ? (double)f.payload->bytes : 0.0);
+        pst_prom_add(svc->prom->received, (double)f.payload.bytes);
     }
     Pstrain__PushReply reply = PSTRAIN__PUSH_REPLY__INIT;
     reply.duplicate = dup != 0;

@@ -114,10 +114,18 @@ static pst_status payload_range(const rpc_payload *p, size_t offset, size_t byte
     return PST_OK;
 }
 
+rpc_payload rpc_payload_shared(const void *at, size_t bytes, int peer_writable)
+{
+    return (rpc_payload){.bytes = bytes, .flat = at, .peer_writable = peer_writable != 0};
+}
+
 pst_status rpc_payload_read(const rpc_payload *p, size_t offset, void *dst, size_t bytes)
 {
     PST_TRY(payload_range(p, offset, bytes));
-    sb_copy(p->slices, p->offset + offset, dst, bytes);
+    if (p->flat)
+        memcpy(dst, p->flat + offset, bytes);
+    else
+        sb_copy(p->slices, p->offset + offset, dst, bytes);
     return PST_OK;
 }
 
@@ -131,8 +139,10 @@ pst_status rpc_payload_read_f32(const rpc_payload *p, pst_dtype wire, size_t fir
     if (first > SIZE_MAX / es || n > SIZE_MAX / es)
         return pst_error_set(PST_ERR_INVALID, "payload range of %zu elements overflows", n);
     PST_TRY(payload_range(p, first * es, n * es));
-    if (wire == PST_F32 || n == 0) {
-        sb_copy(p->slices, p->offset + first * es, dst, n * es);
+    if (wire == PST_F32 || n == 0)
+        return rpc_payload_read(p, first * es, dst, n * es);
+    if (p->flat) {
+        pst_cast(dst, PST_F32, p->flat + first * es, wire, n);
         return PST_OK;
     }
     /* Walk the slices once; an element cut by a slice boundary is gathered in `part`. */

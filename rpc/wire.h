@@ -62,14 +62,23 @@ typedef void (*rpc_release_fn)(void *arg);
 
 /* ---- received messages ------------------------------------------------------------ */
 
-/* The payload of a received message: `bytes` bytes starting `offset` bytes into the
- * message body held in `slices` (which may be cut anywhere, in many slices). Owned by
- * its rpc_message; valid as long as that message. */
+/* A received payload, wherever it travelled: in the call, `bytes` bytes starting `offset`
+ * bytes into the message body held in `slices` (which may be cut anywhere, in many slices;
+ * owned by its rpc_message, valid as long as that message); or, through shared memory on
+ * one host (rpc/shm.h), `bytes` contiguous bytes at `flat` (rpc_payload_shared). The
+ * readers below take either, so the pserver and the trainer read a payload one way. */
 typedef struct rpc_payload {
-    const grpc_slice_buffer *slices; /* the whole message body */
+    const grpc_slice_buffer *slices; /* the whole message body (NULL with flat) */
     size_t offset;                   /* first payload byte within the body */
     size_t bytes;                    /* payload length */
+    const unsigned char *flat;       /* shared memory: the bytes themselves; NULL: slices */
+    int peer_writable;               /* flat memory the sending process can still write:
+                                      * read each element once (see ps_store_push) */
 } rpc_payload;
+
+/* A payload of `bytes` bytes at `at` in shared memory; peer_writable: the other process
+ * maps it writable (a trainer's push slot), so what is read may change between reads. */
+rpc_payload rpc_payload_shared(const void *at, size_t bytes, int peer_writable);
 
 /* Copies payload bytes [offset, offset + bytes) into dst (one copy from the slices).
  * Errors: PST_ERR_INVALID when the range is outside the payload. */

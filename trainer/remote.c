@@ -229,6 +229,34 @@ static void push_released(void *arg)
     exchange_step_done(arg);
 }
 
+/* Where a pull's values came, as one payload view (rpc/wire.h): in the reply, in the
+ * pserver's values area or in this block's pull slot (rpc/shm.h), as the reply says. */
+static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *rep,
+                                 pst_dtype dt, const rpc_payload *in_call, rpc_payload *out)
+{
+    const int s = c->b->pserver;
+    if (!rep->shm_values && !rep->shm) {
+        *out = in_call ? *in_call : (rpc_payload){0};
+        return PST_OK;
+    }
+    const void *at = NULL;
+    if (rep->shm_values)
+        at = c->r->area[s].base && dt == c->r->area_dtype[s]
+                 ? (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off
+                 : NULL;
+    else
+        at = c->r->shm_on[s] ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
+                             : NULL;
+    if (!at)
+        return pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
+                             "memory this trainer did not set up with it (%s)", c->b->id,
+                             rpc_client_server(c->r->client, s),
+                             rep->shm_values ? "a values area" : "a pull slot");
+    *out = rpc_payload_shared(at, c->b->length * pst_dtype_size(dt), 0);
+    atomic_fetch_add(&c->r->pulled_bytes, out->bytes);
+    return PST_OK;
+}
+
 static void pull_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
@@ -243,23 +271,8 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
                !atomic_compare_exchange_weak(&c->r->held_max_us, &was, rep->held_us))
             ;
         pst_dtype dt;
+        rpc_payload values;
         st = rpc_dtype_from_wire(rep->dtype, &dt);
-        /* The values in shared memory: the pserver's area, or this block's pull slot. */
-        const int s = c->b->pserver;
-        const void *slot = NULL;
-        if (st == PST_OK && rep->shm_values)
-            slot = c->r->area[s].base && dt == c->r->area_dtype[s]
-                       ? (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off
-                       : NULL;
-        else if (st == PST_OK && rep->shm)
-            slot = c->r->shm_on[s]
-                       ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
-                       : NULL;
-        if (st == PST_OK && (rep->shm_values || rep->shm) && !slot)
-            st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
-                               "memory this trainer did not set up with it (%s)", c->b->id,
-                               rpc_client_server(c->r->client, s),
-                               rep->shm_values ? "a values area" : "a pull slot");
         if (st == PST_OK && rep->length != c->b->length)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
                                c->b->id, rpc_client_server(c->r->client, c->b->pserver),
@@ -269,16 +282,12 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
                                "for %s", c->b->id, rpc_client_server(c->r->client,
                                                                      c->b->pserver),
                                pst_dtype_name(dt), pst_dtype_name(c->dst_dtype));
-        if (st == PST_OK && slot) {
-            atomic_fetch_add(&c->r->pulled_bytes, c->b->length * pst_dtype_size(dt));
-            if (c->dst_dtype != PST_F32)
-                memcpy(c->dst, slot, c->b->length * pst_dtype_size(dt));
-            else
-                pst_cast(c->dst, PST_F32, slot, dt, c->b->length);
-        } else if (st == PST_OK && c->dst_dtype != PST_F32) /* bf16/fp16 as they came */
-            st = rpc_payload_read(payload, 0, c->dst, c->b->length * pst_dtype_size(dt));
+        if (st == PST_OK)
+            st = pulled_payload(c, rep, dt, payload, &values);
+        if (st == PST_OK && c->dst_dtype != PST_F32) /* bf16/fp16 as they came */
+            st = rpc_payload_read(&values, 0, c->dst, c->b->length * pst_dtype_size(dt));
         else if (st == PST_OK)
-            st = rpc_payload_read_f32(payload, dt, 0, c->dst, c->b->length);
+            st = rpc_payload_read_f32(&values, dt, 0, c->dst, c->b->length);
         if (st != PST_OK)
             exchange_error(c, st, pst_error_detail());
     } else {
