@@ -1,7 +1,9 @@
-/* optim_math.h — the optimizer arithmetic that the CPU (optim.c) and CUDA
- * (nn/cuda/ops_cuda.cu) updates must share bit for bit, written once and built by both
- * compilers: the per-call scalars (computed on the host, in double, rounded once) and the
- * per-element steps, in PyTorch's order (optim.h has the formulas).
+/* optim_math.h — the optimizer arithmetic, written once so that any update gets the same
+ * bits: the per-call scalars (computed on the host, in double, rounded once) and the
+ * per-element steps, in PyTorch's order (optim.h has the formulas). optim.c is its only
+ * user today (the pservers' and the in-process store's update); the device op that shared
+ * it had no caller and was removed, and the _rn forms below keep a device update, should
+ * one get a caller, bit-equal to the host's.
  *
  * Every operation is one correctly rounded IEEE float operation: on the device through
  * the _rn intrinsics (nvcc would otherwise contract a*b+c into an FMA); on the CPU as plain

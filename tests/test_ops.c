@@ -1,12 +1,12 @@
 /* test_ops.c — the model's ops (common/nn/ops.h) on every available backend against the CPU
- * reference kernels (layers.h, optim.h, dtype.h called directly), ggml's test-backend-ops
+ * reference kernels (layers.h, dtype.h called directly), ggml's test-backend-ops
  * idea.
  *
  * Backends: CPU always; CUDA when this build has it AND a GPU is present (otherwise the
  * test ops_backends.cuda reports "skipped: no GPU" and the loops run on CPU only). On CPU
  * every result must equal the reference bit for bit. On CUDA the tolerances are per op:
- * the elementwise ops (bias and ReLU after the GEMM aside), the bias gradient, the
- * optimizers and the casts are built from the same correctly rounded operations in the
+ * the elementwise ops (bias and ReLU after the GEMM aside), the bias gradient and the
+ * casts are built from the same correctly rounded operations in the
  * same order (common/nn/cuda/ops_cuda.cu), so they must match bit for bit too; GEMMs and the
  * softmax get a tolerance. Also: argument checks with exact error codes, zero sizes,
  * ordering across two streams with events (under injected delays), and ops skipped on a
@@ -604,71 +604,6 @@ Test(ops_parity, softmax_xent)
     backends_close(be, nb);
 }
 
-/* ---- optimizers ---------------------------------------------------------------------- */
-
-Test(ops_parity, optim_apply)
-{
-    backend be[MAX_BACKENDS];
-    int nb = backends_open(be);
-    const size_t n = 1001, stride = n + 3; /* state arrays not packed: stride is honoured */
-    for (int kind = 0; kind < PST_OPTIM_KIND_COUNT_; kind++) {
-        for (int wdi = 0; wdi < 2; wdi++) {
-            for (int sched = 0; sched < PST_LR_SCHEDULE_COUNT_; sched++) {
-                pst_optim_config cfg;
-                pst_optim_defaults(&cfg);
-                cfg.kind = (pst_optim_kind)kind;
-                cfg.lr = 0.05f;
-                cfg.weight_decay = wdi ? 0.01f : 0.0f;
-                cfg.schedule = (pst_lr_schedule)sched;
-                cfg.warmup_steps = 2;
-                cfg.total_steps = 6;
-                cfg.min_lr = 0.001f;
-                const int nstate = pst_optim_state_floats(cfg.kind);
-                float *param = randn(n, 140 + (uint64_t)kind);
-                float *state = calloc(2 * stride, sizeof(float));
-                for (int i = 0; i < nb; i++) {
-                    backend *b = &be[i];
-                    float *d_p = dev_put(b, param, sizeof(float) * n);
-                    float *d_s = dev_put(b, state, sizeof(float) * 2 * stride);
-                    float *got_p = malloc(sizeof(float) * n);
-                    float *got_s = malloc(sizeof(float) * 2 * stride);
-                    float *ref_pi = copy_floats(param, n);
-                    float *ref_si = calloc(2 * stride, sizeof(float));
-                    for (long t = 1; t <= 7; t++) {
-                        float *grad = randn(n, 1000 * t + (uint64_t)kind);
-                        float *d_g = dev_put(b, grad, sizeof(float) * n);
-                        pst_optim_args a = {.cfg = &cfg, .t = t, .param = d_p,
-                                            .state = nstate ? d_s : NULL,
-                                            .state_stride = stride, .grad = d_g, .n = n};
-                        CHECK_OK(pst_op_optim_apply(b->s, &a));
-                        pst_optim_apply(&cfg, t, ref_pi, nstate ? ref_si : NULL, stride, grad, n);
-                        dev_get(b, got_p, d_p, sizeof(float) * n);
-                        dev_get(b, got_s, d_s, sizeof(float) * 2 * stride);
-                        CHECK_OK(pst_stream_synchronize(b->s));
-                        char what[96];
-                        snprintf(what, sizeof what, "optim %s wd=%g %s t=%ld param",
-                                 pst_optim_kind_name(cfg.kind), (double)cfg.weight_decay,
-                                 pst_lr_schedule_name(cfg.schedule), t);
-                        compare(what, b, got_p, ref_pi, n, 1, 0, 0);
-                        compare("optim state", b, got_s, ref_si, 2 * stride, 1, 0, 0);
-                        dev_free(b, d_g);
-                        free(grad);
-                    }
-                    free(ref_pi);
-                    free(ref_si);
-                    free(got_p);
-                    free(got_s);
-                    dev_free(b, d_p);
-                    dev_free(b, d_s);
-                }
-                free(param);
-                free(state);
-            }
-        }
-    }
-    backends_close(be, nb);
-}
-
 /* ---- casts --------------------------------------------------------------------------- */
 
 static float f32_of(uint32_t u)
@@ -854,27 +789,6 @@ Test(ops_args, null_and_bad_arguments_are_invalid)
     CHECK_ERR(pst_op_add(s, &aa), PST_ERR_INVALID);
     aa = (pst_add_args){.dst = f, .src = NULL, .n = 8};
     CHECK_ERR(pst_op_add(s, &aa), PST_ERR_INVALID);
-
-    pst_optim_config cfg;
-    pst_optim_defaults(&cfg);
-    cfg.kind = PST_OPTIM_ADAM;
-    pst_optim_args oa = {.cfg = &cfg, .t = 1, .param = f, .state = f + 16, .state_stride = 8,
-                         .grad = f + 32, .n = 8};
-    CHECK_ERR(pst_op_optim_apply(NULL, &oa), PST_ERR_INVALID);
-    CHECK_ERR(pst_op_optim_apply(s, NULL), PST_ERR_INVALID);
-    for (int k = 0; k < 5; k++) {
-        pst_optim_args x = oa;
-        if (k == 0) x.cfg = NULL;
-        if (k == 1) x.param = NULL;
-        if (k == 2) x.grad = NULL;
-        if (k == 3) x.t = 0;
-        if (k == 4) x.state = NULL; /* Adam needs its moments */
-        CHECK_ERR(pst_op_optim_apply(s, &x), PST_ERR_INVALID);
-    }
-    pst_optim_config sgd;
-    pst_optim_defaults(&sgd);
-    pst_optim_args os = {.cfg = &sgd, .t = 1, .param = f, .state = NULL, .grad = f + 8, .n = 8};
-    CHECK_OK(pst_op_optim_apply(s, &os)); /* SGD has no state */
 
     pst_cast_args ca = {.dst = f, .dt = PST_F16, .src = f + 16, .st = PST_F32, .n = 8};
     CHECK_ERR(pst_op_cast(NULL, &ca), PST_ERR_INVALID);
@@ -1203,57 +1117,3 @@ Test(ops_naive, relu_add_softmax_xent)
     pst_runtime_free(rt);
 }
 
-/* Momentum and Adam from optim.h's formulas in double, five steps, against the op. */
-Test(ops_naive, optimizers)
-{
-    pst_runtime *rt = NULL;
-    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
-    pst_stream *s;
-    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
-    enum { N = 50 };
-    for (int kind = PST_OPTIM_MOMENTUM; kind <= PST_OPTIM_ADAMW; kind++) {
-        pst_optim_config cfg;
-        pst_optim_defaults(&cfg);
-        cfg.kind = (pst_optim_kind)kind;
-        cfg.lr = 0.01f;
-        cfg.momentum = 0.9f;
-        cfg.weight_decay = 0.05f;
-        float *p = randn(N, 500 + kind), state[2 * N] = {0};
-        double rp[N], rm[N] = {0}, rv[N] = {0};
-        for (int i = 0; i < N; i++)
-            rp[i] = p[i];
-        for (long t = 1; t <= 5; t++) {
-            float *g = randn(N, 600 + 10 * t + kind);
-            pst_optim_args a = {.cfg = &cfg, .t = t, .param = p, .state = state,
-                                .state_stride = N, .grad = g, .n = N};
-            CHECK_OK(pst_op_optim_apply(s, &a));
-            CHECK_OK(pst_stream_synchronize(s));
-            const double lr = cfg.lr, wd = cfg.weight_decay, b1 = cfg.beta1, b2 = cfg.beta2;
-            for (int i = 0; i < N; i++) {
-                double d = g[i];
-                if (kind == PST_OPTIM_MOMENTUM) {
-                    d += wd * rp[i];
-                    rm[i] = cfg.momentum * rm[i] + d;
-                    rp[i] -= lr * rm[i];
-                } else {
-                    if (kind == PST_OPTIM_ADAMW)
-                        rp[i] *= 1 - lr * wd;
-                    else
-                        d += wd * rp[i];
-                    rm[i] = b1 * rm[i] + (1 - b1) * d;
-                    rv[i] = b2 * rv[i] + (1 - b2) * d * d;
-                    const double mh = rm[i] / (1 - pow(b1, (double)t));
-                    const double vh = rv[i] / (1 - pow(b2, (double)t));
-                    rp[i] -= lr * mh / (sqrt(vh) + cfg.eps);
-                }
-                cr_assert(naive_close(p[i], rp[i], fabs(rp[i]), 1e-5),
-                          "%s t=%ld: param %d is %.9g, the formula gives %.9g",
-                          pst_optim_kind_name(cfg.kind), t, i, p[i], rp[i]);
-            }
-            free(g);
-        }
-        free(p);
-    }
-    pst_stream_destroy(s);
-    pst_runtime_free(rt);
-}

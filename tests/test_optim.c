@@ -598,3 +598,51 @@ Test(optim_names, defaults)
     cr_expect_eq(cfg.total_steps, 0);
     cr_expect_eq(cfg.min_lr, 0.0f);
 }
+
+/* Momentum, Adam and AdamW against optim.h's formulas in double, five steps (this checked
+ * the device op that was removed; the arithmetic is optim.c's). */
+Test(optim_apply, momentum_and_adam_follow_the_formulas_in_double)
+{
+    enum { N = 50 };
+    for (int kind = PST_OPTIM_MOMENTUM; kind <= PST_OPTIM_ADAMW; kind++) {
+        pst_optim_config cfg;
+        pst_optim_defaults(&cfg);
+        cfg.kind = (pst_optim_kind)kind;
+        cfg.lr = 0.01f;
+        cfg.momentum = 0.9f;
+        cfg.weight_decay = 0.05f;
+        pst_rng rng;
+        pst_rng_seed(&rng, 500 + (uint64_t)kind, 1);
+        float p[N], g[N], state[2 * N] = {0};
+        double rp[N], rm[N] = {0}, rv[N] = {0};
+        for (int i = 0; i < N; i++)
+            rp[i] = p[i] = pst_rng_normal(&rng);
+        for (long t = 1; t <= 5; t++) {
+            for (int i = 0; i < N; i++)
+                g[i] = pst_rng_normal(&rng);
+            cr_assert_eq(pst_optim_apply(&cfg, t, p, state, N, g, N), PST_OK);
+            const double lr = cfg.lr, wd = cfg.weight_decay, b1 = cfg.beta1, b2 = cfg.beta2;
+            for (int i = 0; i < N; i++) {
+                double d = g[i];
+                if (kind == PST_OPTIM_MOMENTUM) {
+                    d += wd * rp[i];
+                    rm[i] = cfg.momentum * rm[i] + d;
+                    rp[i] -= lr * rm[i];
+                } else {
+                    if (kind == PST_OPTIM_ADAMW)
+                        rp[i] *= 1 - lr * wd;
+                    else
+                        d += wd * rp[i];
+                    rm[i] = b1 * rm[i] + (1 - b1) * d;
+                    rv[i] = b2 * rv[i] + (1 - b2) * d * d;
+                    const double mh = rm[i] / (1 - pow(b1, (double)t));
+                    const double vh = rv[i] / (1 - pow(b2, (double)t));
+                    rp[i] -= lr * mh / (sqrt(vh) + cfg.eps);
+                }
+                cr_assert(fabs(p[i] - rp[i]) <= 1e-5 * (1.0 + fabs(rp[i])),
+                          "%s t=%ld: param %d is %.9g, the formula gives %.9g",
+                          pst_optim_kind_name(cfg.kind), t, i, p[i], rp[i]);
+            }
+        }
+    }
+}

@@ -74,16 +74,6 @@ pst_status pst_op_add(pst_stream *s, const pst_add_args *a)
     return a->n ? o->add(s, a) : PST_OK;
 }
 
-pst_status pst_op_optim_apply(pst_stream *s, const pst_optim_args *a)
-{
-    const pst_ops_iface *o = ops_of(s);
-    CHECK(o && a && a->cfg && a->param && a->grad && a->t >= 1, "optim_apply");
-    CHECK(pst_optim_state_floats(a->cfg->kind) >= 0 &&
-              (unsigned)a->cfg->schedule < PST_LR_SCHEDULE_COUNT_, "optim_apply");
-    CHECK(a->state || pst_optim_state_floats(a->cfg->kind) == 0, "optim_apply");
-    return a->n ? o->optim_apply(s, a) : PST_OK;
-}
-
 pst_status pst_op_cast(pst_stream *s, const pst_cast_args *a)
 {
     const pst_ops_iface *o = ops_of(s);

@@ -20,7 +20,6 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "common/nn/layers.h"
-#include "common/optim.h"
 
 struct pst_pool;
 
@@ -91,19 +90,6 @@ typedef struct pst_add_args {
     const float *src;
     size_t n;
 } pst_add_args;
-
-/* The optimizer update of optim.h on device memory (param, state, grad). On CPU the
- * elementwise pass is split over `pool` when given (NULL: the stream's thread alone); the
- * split does not change a bit. */
-typedef struct pst_optim_args {
-    const pst_optim_config *cfg; /* host memory, read when the op runs */
-    struct pst_pool *pool;       /* CPU only, may be NULL */
-    long t;
-    float *param, *state;
-    size_t state_stride;
-    const float *grad;
-    size_t n;
-} pst_optim_args;
 
 /* dst (n, of dtype dt) = src (n, of dtype st), rounding to nearest even (dtype.h). */
 typedef struct pst_cast_args {
@@ -186,7 +172,6 @@ pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a);
 pst_status pst_op_relu_backward(pst_stream *s, const pst_relu_bwd_args *a);
 pst_status pst_op_softmax_xent(pst_stream *s, const pst_xent_args *a);
 pst_status pst_op_add(pst_stream *s, const pst_add_args *a);
-pst_status pst_op_optim_apply(pst_stream *s, const pst_optim_args *a);
 pst_status pst_op_cast(pst_stream *s, const pst_cast_args *a);
 
 #endif /* PST_OPS_H */

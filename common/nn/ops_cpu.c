@@ -1,6 +1,6 @@
 /* ops_cpu.c — the CPU ops: each op is a host function queued on the stream that calls
- * the reference kernel (layers.h, optim.h, dtype.h) with the caller's argument struct;
- * the linear layers and the optimizer split their work over the args' thread pool. */
+ * the reference kernel (layers.h, dtype.h) with the caller's argument struct; the linear
+ * layers split their work over the args' thread pool. */
 #include <math.h>
 #include <string.h>
 
@@ -120,18 +120,6 @@ static pst_status run_add(void *arg)
         a->dst[i] += a->src[i];
     return PST_OK;
 }
-
-static void optim_part(void *arg, int part, int nparts)
-{
-    const pst_optim_args *a = arg;
-    size_t lo, hi;
-    pst_pool_split(a->n, part, nparts, 16, &lo, &hi);
-    /* cannot fail: pst_op_optim_apply checked the config, t and the state */
-    (void)pst_optim_apply(a->cfg, a->t, a->param + lo, a->state ? a->state + lo : NULL,
-                          a->state_stride, a->grad + lo, hi - lo);
-}
-
-POOL_RUN(run_optim, pst_optim_args, optim_part)
 
 static void cast_part(void *arg, int part, int nparts)
 {
@@ -256,7 +244,6 @@ CPU_OP(cpu_linear_backward, pst_linear_bwd_args, run_linear_bwd)
 CPU_OP(cpu_relu_backward, pst_relu_bwd_args, run_relu_bwd)
 CPU_OP(cpu_softmax_xent, pst_xent_args, run_xent)
 CPU_OP(cpu_add, pst_add_args, run_add)
-CPU_OP(cpu_optim_apply, pst_optim_args, run_optim)
 CPU_OP(cpu_cast, pst_cast_args, run_cast)
 CPU_OP(cpu_embedding_forward, pst_embedding_fwd_args, run_embedding_fwd)
 CPU_OP(cpu_embedding_backward, pst_embedding_bwd_args, run_embedding_bwd)
@@ -273,7 +260,6 @@ const pst_ops_iface pst_cpu_ops_iface = {
     .relu_backward = cpu_relu_backward,
     .softmax_xent = cpu_softmax_xent,
     .add = cpu_add,
-    .optim_apply = cpu_optim_apply,
     .cast = cpu_cast,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,

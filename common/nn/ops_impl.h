@@ -12,7 +12,6 @@ typedef struct pst_ops_iface {
     pst_status (*relu_backward)(pst_stream *s, const pst_relu_bwd_args *a);
     pst_status (*softmax_xent)(pst_stream *s, const pst_xent_args *a);
     pst_status (*add)(pst_stream *s, const pst_add_args *a);
-    pst_status (*optim_apply)(pst_stream *s, const pst_optim_args *a);
     pst_status (*cast)(pst_stream *s, const pst_cast_args *a);
     /* the sequence ops (seq_layers.h) */
     pst_status (*embedding_forward)(pst_stream *s, const pst_embedding_fwd_args *a);

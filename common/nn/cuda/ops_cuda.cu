@@ -9,7 +9,7 @@
  * on the stream's cudaStream_t and returns. Ops on a stream whose status is already sticky
  * are dropped (device.h). Kernels follow llm.c: outputs, inputs, then sizes; grid-stride
  * loops over size_t indices. Where the CPU reference is a fixed sequence of correctly
- * rounded float operations (bias, ReLU, bias gradient column sums, add, every optimizer,
+ * rounded float operations (bias, ReLU, bias gradient column sums, add,
  * casts) the kernels perform the same operations in the same order with the _rn
  * intrinsics, which nvcc never contracts into FMAs: those results are bit-identical to the
  * CPU's. GEMMs (cuBLAS) and the softmax (expf/logf, a tree reduction of the row sum) differ
@@ -34,7 +34,6 @@ extern "C" {
 #include "common/nn/ops_impl.h"
 #include "common/nn/seq_layers.h" /* PST_LN_EPS */
 #include "common/dtype_math.h"
-#include "common/optim_math.h"
 }
 
 /* Threads per block of the elementwise kernels; blocks are capped, the loops stride. */
@@ -310,79 +309,6 @@ static cudaError_t launch_xent(cudaStream_t s, const pst_xent_args *a)
 static pst_status run_softmax_xent(pst_stream *, cudaStream_t cs, const pst_xent_args *a)
 {
     PST_CUDA_CHECK(launch_xent(cs, a));
-    return PST_OK;
-}
-
-/* ---- optimizers (optim.h) ------------------------------------------------------------- */
-
-/* The per-element steps and the per-call scalars are optim_math.h's, shared with optim.c:
- * the same operations, each rounded once (the _rn intrinsics there), the same bits. */
-static __global__ void sgd_kernel(float *p, const float *g, size_t n, float lr, float wd)
-{
-    GRID_STRIDE(i, n)
-    {
-        float d = wd != 0.0f ? pst_optim_l2(g[i], wd, p[i]) : g[i];
-        p[i] = pst_optim_descend(p[i], lr, d);
-    }
-}
-
-static __global__ void momentum_kernel(float *p, float *buf, const float *g, size_t n,
-                                       float lr, float mu, float wd)
-{
-    GRID_STRIDE(i, n)
-    {
-        float d = wd != 0.0f ? pst_optim_l2(g[i], wd, p[i]) : g[i];
-        float bv = pst_optim_momentum(buf[i], mu, d);
-        buf[i] = bv;
-        p[i] = pst_optim_descend(p[i], lr, bv);
-    }
-}
-
-static __global__ void adam_kernel(float *p, float *m, float *v, const float *g, size_t n,
-                                   pst_optim_scalars s)
-{
-    GRID_STRIDE(i, n)
-    {
-        float d = s.l2 ? pst_optim_l2(g[i], s.wd, p[i]) : g[i];
-        float vv = pst_optim_adam_v(v[i], s.b2, s.omb2, d);
-        float mm = pst_optim_adam_m(m[i], s.b1, s.omb1, d);
-        m[i] = mm;
-        v[i] = vv;
-        p[i] = pst_optim_adam_param(p[i], mm, PST_FSQRT(vv), s.decay, s.step_size, s.bc2_sqrt,
-                                    s.eps);
-    }
-}
-
-static cudaError_t launch_optim(cudaStream_t st, const pst_optim_args *a,
-                                const pst_optim_scalars *s)
-{
-    const unsigned blocks = blocks_for(a->n);
-    switch (a->cfg->kind) {
-    case PST_OPTIM_SGD:
-        sgd_kernel<<<blocks, PST_CUDA_THREADS, 0, st>>>(a->param, a->grad, a->n, s->lr, s->wd);
-        break;
-    case PST_OPTIM_MOMENTUM:
-        momentum_kernel<<<blocks, PST_CUDA_THREADS, 0, st>>>(a->param, a->state, a->grad, a->n,
-                                                             s->lr, s->mu, s->wd);
-        break;
-    case PST_OPTIM_ADAM:
-    case PST_OPTIM_ADAMW:
-        adam_kernel<<<blocks, PST_CUDA_THREADS, 0, st>>>(
-            a->param, a->state, a->state + a->state_stride, a->grad, a->n, *s);
-        break;
-    default:
-        return cudaSuccess; /* optim.h: an unknown kind leaves everything unchanged */
-    }
-    return cudaGetLastError();
-}
-
-static pst_status run_optim_apply(pst_stream *, cudaStream_t cs, const pst_optim_args *a)
-{
-    /* The config is host memory, read now (ops.h: CUDA reads arguments when queued). */
-    const pst_optim_config *cfg = a->cfg;
-    pst_optim_scalars sc;
-    pst_optim_scalars_at(cfg, a->t, pst_lr_at(cfg, a->t), &sc);
-    PST_CUDA_CHECK(launch_optim(cs, a, &sc));
     return PST_OK;
 }
 
@@ -931,7 +857,6 @@ CUDA_OP(cuda_linear_backward, pst_linear_bwd_args, run_linear_backward)
 CUDA_OP(cuda_relu_backward, pst_relu_bwd_args, run_relu_backward)
 CUDA_OP(cuda_add, pst_add_args, run_add)
 CUDA_OP(cuda_softmax_xent, pst_xent_args, run_softmax_xent)
-CUDA_OP(cuda_optim_apply, pst_optim_args, run_optim_apply)
 CUDA_OP(cuda_cast, pst_cast_args, run_cast)
 CUDA_OP(cuda_embedding_forward, pst_embedding_fwd_args, run_embedding_forward)
 CUDA_OP(cuda_embedding_backward, pst_embedding_bwd_args, run_embedding_backward)
@@ -944,7 +869,7 @@ CUDA_OP(cuda_gelu_backward, pst_gelu_args, run_gelu_backward)
 
 extern "C" const pst_ops_iface pst_cuda_ops_iface = {
     cuda_linear_forward, cuda_linear_backward, cuda_relu_backward, cuda_softmax_xent,
-    cuda_add,            cuda_optim_apply,     cuda_cast,
+    cuda_add,            cuda_cast,
     cuda_embedding_forward, cuda_embedding_backward, cuda_layernorm_forward,
     cuda_layernorm_backward, cuda_attention_forward, cuda_attention_backward,
     cuda_gelu_forward, cuda_gelu_backward,
