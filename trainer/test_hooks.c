@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HOOKS_EXAMPLE "crash=12,overflow=7,jitter=7:200"
 
@@ -76,4 +77,10 @@ pst_status tr_test_hooks_parse(tr_test_hooks *h, const char *spec)
 pst_status tr_test_hooks_from_env(tr_test_hooks *h)
 {
     return tr_test_hooks_parse(h, getenv("PSTRAIN_TEST_HOOKS"));
+}
+
+void tr_test_hooks_step(const tr_test_hooks *h, long step)
+{
+    if (h && step == h->crash_step)
+        _exit(3); /* as if killed: nothing flushed, no Finish */
 }

@@ -35,4 +35,8 @@ pst_status tr_test_hooks_parse(tr_test_hooks *h, const char *spec);
 /* tr_test_hooks_parse of getenv("PSTRAIN_TEST_HOOKS"). */
 pst_status tr_test_hooks_from_env(tr_test_hooks *h);
 
+/* The crash hook, as the trainer starts `step` of a run that did not resume past it: at
+ * crash_step the process ends at once (_exit(3)). h NULL: no hook. */
+void tr_test_hooks_step(const tr_test_hooks *h, long step);
+
 #endif /* TR_TEST_HOOKS_H */
