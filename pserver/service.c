@@ -159,7 +159,7 @@ pst_status ps_service_init(ps_service **out)
     return PST_OK;
 }
 
-static int pull_payloads_released(ps_service *svc, double seconds);
+static size_t pull_payloads_held(ps_service *svc, double seconds);
 
 void ps_service_free(ps_service *svc)
 {
@@ -167,9 +167,10 @@ void ps_service_free(ps_service *svc)
         return;
     /* A reply's payload points into the store's values or a pull context's buffer, both
      * freed below, and gRPC may let go of it after the server is gone. */
-    if (!pull_payloads_released(svc, 5.0)) {
+    const size_t held = pull_payloads_held(svc, 5.0);
+    if (held) {
         PST_WARN("%zu Pull reply payloads still held by gRPC after 5 s: the service's "
-                 "memory is left to the exiting process", svc->pulls_sending);
+                 "memory is left to the exiting process", held);
         return;
     }
     ps_store_free(svc->store);
@@ -1199,8 +1200,9 @@ static void release_sent_pull(void *arg)
     pthread_mutex_unlock(&p->svc->pull_mu);
 }
 
-/* Whether gRPC released every lent pull payload within `seconds`. */
-static int pull_payloads_released(ps_service *svc, double seconds)
+/* Waits up to `seconds` for gRPC to release every lent pull payload; how many it still
+ * holds (0: all released). */
+static size_t pull_payloads_held(ps_service *svc, double seconds)
 {
     const double until = pst_clock_s() + seconds;
     pthread_mutex_lock(&svc->pull_mu);
@@ -1209,9 +1211,9 @@ static int pull_payloads_released(ps_service *svc, double seconds)
         usleep(1000);
         pthread_mutex_lock(&svc->pull_mu);
     }
-    const int released = svc->pulls_sending == 0;
+    const size_t held = svc->pulls_sending;
     pthread_mutex_unlock(&svc->pull_mu);
-    return released;
+    return held;
 }
 
 /* A Pull whose client gave up (deadline, cancel) while it waited for its version: its
