@@ -549,10 +549,25 @@ static pst_status queue_item(pst_cuda_stream *cs, pst_cuda_item_kind kind, pst_h
 
 /* ---- streams ----------------------------------------------------------------------- */
 
-static pst_status stream_create(cudaStream_t *s)
+static pst_status stream_create(void *s)
 {
-    PST_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    PST_CUDA_CHECK(cudaStreamCreateWithFlags((cudaStream_t *)s, cudaStreamNonBlocking));
     return PST_OK;
+}
+
+/* What a stream's and an event's state have alike: a lock, then a CUDA handle that
+ * create(handle) makes on dev's GPU. On failure neither is left. */
+static pst_status lock_and_create(pthread_mutex_t *mu, const pst_device *dev,
+                                  pst_status (*create)(void *), void *handle)
+{
+    if (pthread_mutex_init(mu, NULL) != 0)
+        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    pst_status st = cuda_use(dev_ctx(dev)->ordinal);
+    if (st == PST_OK)
+        st = create(handle);
+    if (st != PST_OK)
+        pthread_mutex_destroy(mu);
+    return st;
 }
 
 static pst_status cuda_stream_init(pst_stream *s)
@@ -565,15 +580,8 @@ static pst_status cuda_stream_init(pst_stream *s)
     pst_sticky_reset(&cs->sticky);
     atomic_init(&cs->failed, 0);
     atomic_init(&cs->host_items, 0);
-    if (pthread_mutex_init(&cs->mu, NULL) != 0) {
-        free(cs);
-        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", s->dev->name);
-    }
-    pst_status st = cuda_use(dev_ctx(s->dev)->ordinal);
-    if (st == PST_OK)
-        st = stream_create(&cs->stream);
+    pst_status st = lock_and_create(&cs->mu, s->dev, stream_create, &cs->stream);
     if (st != PST_OK) {
-        pthread_mutex_destroy(&cs->mu);
         free(cs);
         return st;
     }
@@ -581,11 +589,21 @@ static pst_status cuda_stream_init(pst_stream *s)
     return PST_OK;
 }
 
-static pst_status stream_drain_destroy(cudaStream_t s)
+static pst_status stream_drain_destroy(void *s)
 {
-    PST_CUDA_CHECK(cudaStreamSynchronize(s));
-    PST_CUDA_CHECK(cudaStreamDestroy(s));
+    PST_CUDA_CHECK(cudaStreamSynchronize(*(cudaStream_t *)s));
+    PST_CUDA_CHECK(cudaStreamDestroy(*(cudaStream_t *)s));
     return PST_OK;
+}
+
+/* lock_and_create undone: destroy(handle) on dev's GPU (skipped when it cannot be made
+ * current), then the lock. */
+static void destroy_and_unlock(pthread_mutex_t *mu, const pst_device *dev,
+                               pst_status (*destroy)(void *), void *handle)
+{
+    if (cuda_use(dev_ctx(dev)->ordinal) == PST_OK)
+        (void)destroy(handle);
+    pthread_mutex_destroy(mu);
 }
 
 static void cuda_stream_free(pst_stream *s)
@@ -593,9 +611,8 @@ static void cuda_stream_free(pst_stream *s)
     pst_cuda_stream *cs = s->ctx;
     if (!cs)
         return;
-    if (cuda_use(dev_ctx(s->dev)->ordinal) == PST_OK)
-        (void)stream_drain_destroy(cs->stream); /* queued host items run before this returns */
-    pthread_mutex_destroy(&cs->mu);
+    /* queued host items run before this returns */
+    destroy_and_unlock(&cs->mu, s->dev, stream_drain_destroy, &cs->stream);
     free(cs);
     s->ctx = NULL;
 }
@@ -695,9 +712,9 @@ static pst_status cuda_stream_synchronize(pst_stream *s)
 
 /* ---- events ------------------------------------------------------------------------ */
 
-static pst_status event_create(cudaEvent_t *e)
+static pst_status event_create(void *e)
 {
-    PST_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    PST_CUDA_CHECK(cudaEventCreateWithFlags((cudaEvent_t *)e, cudaEventDisableTiming));
     return PST_OK;
 }
 
@@ -706,15 +723,8 @@ static pst_status cuda_event_init(pst_event *ev)
     pst_cuda_event *ce = calloc(1, sizeof *ce);
     if (!ce)
         return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for an event", ev->dev->name);
-    if (pthread_mutex_init(&ce->mu, NULL) != 0) {
-        free(ce);
-        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", ev->dev->name);
-    }
-    pst_status st = cuda_use(dev_ctx(ev->dev)->ordinal);
-    if (st == PST_OK)
-        st = event_create(&ce->event);
+    pst_status st = lock_and_create(&ce->mu, ev->dev, event_create, &ce->event);
     if (st != PST_OK) {
-        pthread_mutex_destroy(&ce->mu);
         free(ce);
         return st;
     }
@@ -722,9 +732,9 @@ static pst_status cuda_event_init(pst_event *ev)
     return PST_OK;
 }
 
-static pst_status event_destroy(cudaEvent_t e)
+static pst_status event_destroy(void *e)
 {
-    PST_CUDA_CHECK(cudaEventDestroy(e));
+    PST_CUDA_CHECK(cudaEventDestroy(*(cudaEvent_t *)e));
     return PST_OK;
 }
 
@@ -736,9 +746,7 @@ static void cuda_event_free(pst_event *ev)
     if (ce->mark)
         mark_unref(ev->dev->rt->ctx, ce->mark);
     /* CUDA keeps the event alive for waits already queued. */
-    if (cuda_use(dev_ctx(ev->dev)->ordinal) == PST_OK)
-        (void)event_destroy(ce->event);
-    pthread_mutex_destroy(&ce->mu);
+    destroy_and_unlock(&ce->mu, ev->dev, event_destroy, &ce->event);
     free(ce);
     ev->ctx = NULL;
 }
