@@ -28,21 +28,6 @@ PST_DTYPE_FN float pst_f32_from_bits(uint32_t u)
     return f;
 }
 
-/* The same for a double (prom.c keeps gauges and counters as bits in an atomic word). */
-PST_DTYPE_FN uint64_t pst_f64_bits(double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    return u;
-}
-
-PST_DTYPE_FN double pst_f64_from_bits(uint64_t u)
-{
-    double d;
-    memcpy(&d, &u, sizeof d);
-    return d;
-}
-
 PST_DTYPE_FN uint16_t pst_f16_from_f32(float f)
 {
     uint32_t x = pst_f32_bits(f);

@@ -31,7 +31,6 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "common/dtype_math.h"
 #include "common/log.h"
 
 enum { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM };
@@ -69,10 +68,24 @@ struct pst_prom_server {
 
 /* ---- values ----------------------------------------------------------------------------- */
 
+static uint64_t bits_of(double v)
+{
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+static double double_of(uint64_t b)
+{
+    double v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
 static void atomic_add_double(_Atomic uint64_t *a, double v)
 {
     uint64_t old = atomic_load_explicit(a, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(a, &old, pst_f64_bits(pst_f64_from_bits(old) + v),
+    while (!atomic_compare_exchange_weak_explicit(a, &old, bits_of(double_of(old) + v),
                                                   memory_order_relaxed, memory_order_relaxed))
         ;
 }
@@ -89,7 +102,7 @@ void pst_prom_add(pst_prom_metric *m, double v)
 void pst_prom_set(pst_prom_metric *m, double v)
 {
     if (m && m->kind == KIND_GAUGE)
-        atomic_store_explicit(&m->value, pst_f64_bits(v), memory_order_relaxed);
+        atomic_store_explicit(&m->value, bits_of(v), memory_order_relaxed);
 }
 
 void pst_prom_observe(pst_prom_metric *m, double v)
@@ -106,7 +119,7 @@ void pst_prom_observe(pst_prom_metric *m, double v)
 
 double pst_prom_value(const pst_prom_metric *m)
 {
-    return m ? pst_f64_from_bits(atomic_load_explicit(&m->value, memory_order_relaxed)) : 0.0;
+    return m ? double_of(atomic_load_explicit(&m->value, memory_order_relaxed)) : 0.0;
 }
 
 /* ---- the registry ----------------------------------------------------------------------- */

@@ -106,7 +106,7 @@ struct ps_service {
     size_t pulls;                 /* Pull calls handled */
     size_t pulls_abandoned;       /* atomic: withdrawn because their client gave up */
     size_t pulls_live;            /* contexts in flight (under pull_mu) */
-    size_t pulls_sending;         /* replies whose payload gRPC still holds (under pull_mu) */
+    size_t pulls_sending;         /* replies whose payload gRPC still holds (__atomic) */
     const ps_prom *prom;          /* NULL: no /metrics */
     int64_t ckpt_at_us;           /* atomic (never under mu: the snapshot runs under a
                                    * block's lock, and mu is taken before block locks):
@@ -1164,40 +1164,34 @@ static void pull_put_locked(ps_service *svc, pull_ctx *p)
     svc->pulls_live--;
 }
 
-/* The end of a pull: back to the list. pull_mu held. */
-static void release_pull_locked(ps_service *svc, pull_ctx *p)
-{
-    if (p->cancelling)
-        p->release_pending = 1; /* pull_cancelled puts it back */
-    else
-        pull_put_locked(svc, p);
-}
-
-/* The end of a failed pull, or of one answered without lending its payload. */
+/* The end of a pull (failed, answered, or its lent payload released): back to the list. */
 static void release_pull(void *arg)
 {
     pull_ctx *p = arg;
-    pthread_mutex_lock(&p->svc->pull_mu);
-    release_pull_locked(p->svc, p);
-    pthread_mutex_unlock(&p->svc->pull_mu);
+    ps_service *svc = p->svc;
+    pthread_mutex_lock(&svc->pull_mu);
+    if (p->cancelling) {
+        p->release_pending = 1; /* pull_cancelled puts it back */
+    } else {
+        pull_put_locked(svc, p);
+    }
+    pthread_mutex_unlock(&svc->pull_mu);
 }
 
 /* Lends p's reply payload to gRPC: counted until gRPC releases it (release_sent_pull), on
  * one of its threads, which may come after the server is gone (ps_service_free waits). */
 static void lend_pull_payload(pull_ctx *p)
 {
-    pthread_mutex_lock(&p->svc->pull_mu);
-    p->svc->pulls_sending++;
-    pthread_mutex_unlock(&p->svc->pull_mu);
+    __atomic_fetch_add(&p->svc->pulls_sending, 1, __ATOMIC_RELAXED);
 }
 
 static void release_sent_pull(void *arg)
 {
     pull_ctx *p = arg;
-    pthread_mutex_lock(&p->svc->pull_mu);
-    p->svc->pulls_sending--;
-    release_pull_locked(p->svc, p);
-    pthread_mutex_unlock(&p->svc->pull_mu);
+    ps_service *svc = p->svc;
+    release_pull(p);
+    /* after p is back: ps_service_free frees it once the count reads 0 */
+    __atomic_fetch_sub(&svc->pulls_sending, 1, __ATOMIC_RELEASE);
 }
 
 /* Waits up to `seconds` for gRPC to release every lent pull payload; how many it still
@@ -1205,14 +1199,10 @@ static void release_sent_pull(void *arg)
 static size_t pull_payloads_held(ps_service *svc, double seconds)
 {
     const double until = pst_clock_s() + seconds;
-    pthread_mutex_lock(&svc->pull_mu);
-    while (svc->pulls_sending > 0 && pst_clock_s() < until) {
-        pthread_mutex_unlock(&svc->pull_mu);
+    size_t held;
+    while ((held = __atomic_load_n(&svc->pulls_sending, __ATOMIC_ACQUIRE)) > 0 &&
+           pst_clock_s() < until)
         usleep(1000);
-        pthread_mutex_lock(&svc->pull_mu);
-    }
-    const size_t held = svc->pulls_sending;
-    pthread_mutex_unlock(&svc->pull_mu);
     return held;
 }
 

@@ -487,9 +487,10 @@ static void summarize_devices(tr_summary *sum, const pst_config *cfg, const tr_e
  * --checkpoint-dir, or in async mode); a resumed job starts from the newest checkpoint
  * every one of them has whole. Trainer 0 lists the candidates (candidates and states, which
  * the link keeps pointers to: they must outlive it) and *newest, the newest job
- * checkpoint's step, whole or not. Errors: PST_ERR_MISMATCH (job_candidates said why). */
+ * checkpoint's step, whole or not. job_id: the links' (tr_link_settings), made once. Errors: PST_ERR_MISMATCH (job_candidates said why). */
 static pst_status setup_checkpoints(tr_job *job, const pst_config *cfg, const tr_plan *plan,
-                                    tr_link *link, char *job_dir, size_t dir_size,
+                                    const char *job_id, tr_link *link, char *job_dir,
+                                    size_t dir_size,
                                     int64_t *candidates, tr_resume_state *states,
                                     long *newest)
 {
@@ -500,8 +501,6 @@ static pst_status setup_checkpoints(tr_job *job, const pst_config *cfg, const tr
         link->checkpoint_every = cfg->checkpoint_every;
         link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
     } else if (cfg->checkpoint_dir[0]) {
-        char job_id[PST_JOB_ID_MAX + 24];
-        tr_job_id(plan, cfg, job_id, sizeof job_id);
         snprintf(job_dir, dir_size, "%s/%s/job", cfg->checkpoint_dir, job_id);
         link->checkpoint_every = cfg->checkpoint_every;
         if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
@@ -622,8 +621,9 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int64_t candidates[RESUME_CANDIDATES];
     tr_resume_state candidate_states[RESUME_CANDIDATES];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
-    if ((st = setup_checkpoints(job, cfg, &plan, link, job_dir, sizeof job_dir, candidates,
-                                candidate_states, &newest)) != PST_OK)
+    if ((st = setup_checkpoints(job, cfg, &plan, link_settings.job_id, link, job_dir,
+                                sizeof job_dir, candidates, candidate_states, &newest)) !=
+        PST_OK)
         goto error;
     if (trace_path[0]) {
         long steps = cfg->trace_last - cfg->trace_first + 1;
