@@ -30,4 +30,16 @@ float pst_bf16_to_f32(uint16_t b);
  * converts nothing. */
 void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n);
 
+/* Put before a function whose loops are integer arithmetic on bit patterns (casts, NaN
+ * checks), so that every instruction set gives the same bits: GCC builds it for x86-64-v4
+ * (AVX-512), v3 (AVX2) and the baseline, and the loader picks one. Not under the
+ * sanitizers: their runtimes start after the loader runs the clones' resolver, which then
+ * crashes the program before main. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                      \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define PST_BIT_EXACT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PST_BIT_EXACT_CLONES
+#endif
+
 #endif /* PST_DTYPE_H */

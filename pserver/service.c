@@ -1098,10 +1098,14 @@ static void handle_push(ps_service *svc, rpc_call *call)
     int dup = 0;
     /* The trainer can still write its slot: the store checks and applies one copy of it. */
     const unsigned shared = f.payload.peer_writable ? PS_PUSH_SHARED_SOURCE : 0;
-    if (st == PST_OK && f.dtype == PST_BF16 && (req->scale == 0.0f || req->scale == 1.0f))
+    const int unscaled = req->scale == 0.0f || req->scale == 1.0f; /* 0 on the wire: none */
+    if (st == PST_OK && f.payload.flat && f.dtype == PST_F32 && unscaled) /* one pass */
+        st = ps_store_push_f32(store, req->trainer_id, req->step, req->block,
+                               (const float *)f.payload.flat, req->length, shared, &dup);
+    else if (st == PST_OK && f.dtype == PST_BF16 && unscaled)
         st = ps_store_push_bf16(store, req->trainer_id, req->step, req->block, req->length,
                                 fill_raw_from_payload, &f, shared, &dup);
-    else if (st == PST_OK) /* scale 0 on the wire: none */
+    else if (st == PST_OK)
         st = ps_store_push_scaled(store, req->trainer_id, req->step, req->block, req->length,
                                   req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
                                   shared, &dup);

@@ -129,6 +129,7 @@ static ps_block *find_block(const ps_store *st, uint32_t id)
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("vect-cost-model=dynamic")))
 #endif
+PST_BIT_EXACT_CLONES
 static uint64_t find_nonfinite(const float *g, uint64_t n)
 {
     uint32_t bad = 0;
@@ -146,6 +147,25 @@ static uint64_t find_nonfinite(const float *g, uint64_t n)
             return i;
     }
     return n;
+}
+
+/* dst[0..n) = src[0..n) and find_nonfinite of what was read, in one pass that reads each
+ * element of src once: what is checked is what is copied, even while another process
+ * writes src. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("vect-cost-model=dynamic")))
+#endif
+PST_BIT_EXACT_CLONES
+static uint64_t copy_finite(float *restrict dst, const float *restrict src, uint64_t n)
+{
+    uint32_t bad = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        memcpy(&dst[i], &u, sizeof u);
+        bad |= (u & 0x7f800000u) + 0x00800000u;
+    }
+    return bad & 0x80000000u ? find_nonfinite(dst, n) : n;
 }
 
 /* find_nonfinite of bf16 values h[0..n) (the same test on the 8 exponent bits). */
@@ -873,8 +893,9 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     }
 
     /* A push that makes the update on its own (one trainer, or async) and comes as an f32
-     * array is read where it is; every other is copied into dst first. */
-    const int in_place = direct && (st->mode == PST_MODE_ASYNC || st->num_trainers == 1);
+     * array in this process is read where it is; every other is copied into dst first. */
+    const int in_place = direct && !(flags & PS_PUSH_SHARED_SOURCE) &&
+                         (st->mode == PST_MODE_ASYNC || st->num_trainers == 1);
     const float *g = in_place ? direct : dst;
     /* The destination is a buffer no one else reads until this push is accepted below, so
      * a failed fill or a rejected gradient leaves the store as it was. 64 KiB pieces: each
@@ -920,16 +941,17 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
         float piece[FILL_PIECE];
         float *out = through ? piece : dst + off;
-        if (!direct)
-            rc = fill(fill_arg, out, off, n);
-        else
-            memcpy(out, direct + off, (size_t)n * sizeof(float));
-        if (rc != PST_OK)
-            goto out;
-        if (inv_scale != 1.0f) /* a power of two: exact (barring subnormals) */
-            for (uint64_t i = 0; i < n; i++)
-                out[i] *= inv_scale;
-        uint64_t bad = find_nonfinite(out, n);
+        uint64_t bad;
+        if (direct) { /* (no scale with an array) */
+            bad = copy_finite(out, direct + off, n);
+        } else {
+            if ((rc = fill(fill_arg, out, off, n)) != PST_OK)
+                goto out;
+            if (inv_scale != 1.0f) /* a power of two: exact (barring subnormals) */
+                for (uint64_t i = 0; i < n; i++)
+                    out[i] *= inv_scale;
+            bad = find_nonfinite(out, n);
+        }
         if (bad < n) {
             rc = pst_error_set(PST_ERR_INVALID,
                                "push: gradient of block %u from trainer %u, step %lld has %s "
@@ -1060,11 +1082,12 @@ pst_status ps_store_commit_slices(ps_store *st, int64_t step, uint32_t block)
 }
 
 pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
-                             const float *grad, uint64_t length, int *duplicate)
+                             const float *grad, uint64_t length, unsigned flags, int *duplicate)
 {
     if (!grad)
         return pst_error_set(PST_ERR_INVALID, "push: no gradient");
-    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, NULL, 0, duplicate);
+    return push(st, trainer, step, block, length, 1.0f, NULL, NULL, grad, NULL, flags,
+                duplicate);
 }
 
 pst_status ps_store_pull(ps_store *st, uint32_t block, int64_t want_version,

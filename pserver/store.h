@@ -224,7 +224,7 @@ void ps_store_free(ps_store *st);
 pst_status ps_store_push(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
                          uint64_t length, ps_fill_fn fill, void *fill_arg, int *duplicate);
 
-/* Flags of ps_store_push_scaled and ps_store_push_bf16. */
+/* Flags of ps_store_push_scaled, ps_store_push_bf16 and ps_store_push_f32. */
 enum {
     /* fill reads memory another process can write while the push runs (a trainer's
      * shared-memory slot, rpc/shm.h): the store reads it once, into its own buffer, and
@@ -251,13 +251,16 @@ pst_status ps_store_push_bf16(ps_store *st, uint32_t trainer, int64_t step, uint
                               uint64_t length, ps_raw_fill_fn fill, void *fill_arg,
                               unsigned flags, int *duplicate);
 
-/* ps_store_push with the gradient as an f32 array in this process (the in-process store of
- * local training). A push that makes the update on its own (one trainer, or async) is read
- * where it is, checked and applied without a copy; otherwise it is copied as a fill would.
- * grad must not change during the call. Errors as ps_store_push, plus PST_ERR_INVALID for
- * a NULL grad. */
+/* ps_store_push with the gradient as an f32 array: in this process (the in-process store of
+ * local training), or flags PS_PUSH_SHARED_SOURCE for a trainer's shared-memory slot.
+ * Without the flag, a push that makes the update on its own (one trainer, or async) is read
+ * where it is, checked and applied without a copy, and grad must not change during the
+ * call. Every other push is copied into the store and checked in the same pass, reading
+ * each element once, and the update applies that copy. Errors as ps_store_push, plus
+ * PST_ERR_INVALID for a NULL grad. */
 pst_status ps_store_push_f32(ps_store *st, uint32_t trainer, int64_t step, uint32_t block,
-                             const float *grad, uint64_t length, int *duplicate);
+                             const float *grad, uint64_t length, unsigned flags,
+                             int *duplicate);
 
 /* The update of a sync store of one trainer (training alone), made piece by piece while
  * the gradient is produced, each piece while it is still in cache:

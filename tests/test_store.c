@@ -13,6 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/dtype.h"
 #include "common/optim.h"
@@ -1253,7 +1258,7 @@ Test(store, in_process_push_f32_on_caller_values)
             for (int64_t step = 0; step < 4; step++) {
                 fill_normal(g[0], 33, 9, (uint64_t)step, 1.0f);
                 int dup = -1;
-                cr_assert_eq(ps_store_push_f32(st, 0, step, 12, g[0], 33, &dup), PST_OK, "%s",
+                cr_assert_eq(ps_store_push_f32(st, 0, step, 12, g[0], 33, 0, &dup), PST_OK, "%s",
                              pst_error_detail());
                 cr_assert_eq(dup, 0);
                 ref_step(&ref, &cfg.optim, g, 1);
@@ -1270,16 +1275,16 @@ Test(store, in_process_push_f32_on_caller_values)
             float before[SPAN];
             memcpy(before, home, sizeof before);
             g[0][32] = NAN;
-            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, NULL), PST_ERR_INVALID);
+            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, 0, NULL), PST_ERR_INVALID);
             cr_assert(strstr(pst_error_detail(), "nan at element 32"), "%s", pst_error_detail());
             cr_assert_eq(memcmp(before, home, sizeof home), 0);
             cr_assert_eq(ps_store_version(st, 12), 4);
             g[0][32] = 0.5f;
-            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, NULL), PST_OK);
+            cr_assert_eq(ps_store_push_f32(st, 0, 4, 12, g[0], 33, 0, NULL), PST_OK);
             cr_assert_eq(ps_store_version(st, 12), 5);
             /* The other blocks were never pushed: untouched. */
             cr_assert_eq(memcmp(home, initial, 40 * sizeof(float)), 0);
-            cr_assert_eq(ps_store_push_f32(st, 0, 5, 12, NULL, 33, NULL), PST_ERR_INVALID);
+            cr_assert_eq(ps_store_push_f32(st, 0, 5, 12, NULL, 33, 0, NULL), PST_ERR_INVALID);
             ps_store_free(st);
             pst_pool_free(pool);
         }
@@ -1345,7 +1350,7 @@ Test(store, update_made_in_slices_gives_the_bits_of_a_push, .timeout = 20)
             }
             cr_assert_eq(ps_store_version(a, 12), step, "a slice made a version");
             cr_assert_eq(ps_store_commit_slices(a, step, 12), PST_OK, "%s", pst_error_detail());
-            cr_assert_eq(ps_store_push_f32(b, 0, step, 12, g, 33, NULL), PST_OK);
+            cr_assert_eq(ps_store_push_f32(b, 0, step, 12, g, 33, 0, NULL), PST_OK);
             cr_assert_eq(ps_store_version(a, 12), step + 1);
             cr_assert_eq(memcmp(sliced, pushed, sizeof sliced), 0,
                          "%s, step %lld: slices and a push differ", pst_optim_kind_name(kinds[k]),
@@ -1394,9 +1399,9 @@ Test(store, push_f32_with_several_trainers_is_copied)
     fill_normal(g[0], 17, 4, 0, 1.0f);
     fill_normal(g[1], 17, 4, 1, 1.0f);
     memcpy(buf, g[0], sizeof buf);
-    cr_assert_eq(ps_store_push_f32(st, 0, 0, 3, buf, 17, NULL), PST_OK);
+    cr_assert_eq(ps_store_push_f32(st, 0, 0, 3, buf, 17, 0, NULL), PST_OK);
     memset(buf, 0x7f, sizeof buf); /* reused by the caller: must not matter */
-    cr_assert_eq(ps_store_push_f32(st, 1, 0, 3, g[1], 17, NULL), PST_OK);
+    cr_assert_eq(ps_store_push_f32(st, 1, 0, 3, g[1], 17, 0, NULL), PST_OK);
     ref_step(&ref, &o, g, 2);
     assert_block_equals(st, 1, &ref);
     ps_store_free(st);
@@ -1433,14 +1438,14 @@ Test(store, in_place_scan_split_over_the_pool_names_the_first_bad_element)
         fill_normal(g, N, 3, c, 1.0f);
         for (int i = 0; i < cases[c].n; i++)
             g[cases[c].at[i]] = strstr(cases[c].want, "inf") ? INFINITY : NAN;
-        cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, NULL), PST_ERR_INVALID);
+        cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, 0, NULL), PST_ERR_INVALID);
         cr_assert(strstr(pst_error_detail(), cases[c].want), "case %zu: %s", c,
                   pst_error_detail());
         cr_assert_eq(memcmp(before, home, sizeof before), 0, "case %zu changed values", c);
         cr_assert_eq(ps_store_version(st, 1), 0);
     }
     fill_normal(g, N, 3, 99, 1.0f);
-    cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, NULL), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(ps_store_push_f32(st, 0, 0, 1, g, N, 0, NULL), PST_OK, "%s", pst_error_detail());
     cr_assert_eq(ps_store_version(st, 1), 1);
     cr_assert_neq(memcmp(before, home, sizeof before), 0, "a clean push updates");
     ps_store_free(st);
@@ -1668,7 +1673,7 @@ Test(store, lowp_copy_of_caller_values)
     for (int64_t s = 0; s < 3; s++) {
         float g[64];
         fill_normal(g, 33, 6, (uint64_t)s, 1.0f);
-        cr_assert_eq(ps_store_push_f32(st, 0, s, 12, g, 33, NULL), PST_OK, "%s",
+        cr_assert_eq(ps_store_push_f32(st, 0, s, 12, g, 33, 0, NULL), PST_OK, "%s",
                      pst_error_detail());
         assert_lowp_is_cast(st, PST_BF16, 2, s + 1, NULL);
     }
@@ -2022,4 +2027,82 @@ Test(store, shared_source_is_read_once_so_a_rewrite_never_reaches_the_values)
             ps_store_free(st);
         }
     }
+}
+
+/* A trainer's shared-memory slot, rewritten by another process while it is pushed as an
+ * f32 array with PS_PUSH_SHARED_SOURCE (the pserver's path for a same-host push): one
+ * element turns to NaN a quarter of the time. Each push is either refused (its one read saw
+ * the NaN) or applies what it read, so the values stay finite: sync with 1 and 2 trainers,
+ * and async. Read in place instead (check, then the update reading the array again, as a
+ * push without the flag is read with one trainer or async), a NaN put in between reaches
+ * the values within a few steps. */
+Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_values,
+     .timeout = 120)
+{
+    enum { L = 1 << 16, PUSHES = 300, AT = 12345 };
+    const ps_block_spec blocks[] = {{.id = 0, .offset = 0, .length = L}};
+    float *slot = mmap(NULL, L * sizeof(float), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    atomic_int *stop = mmap(NULL, sizeof *stop, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(slot != MAP_FAILED && stop != MAP_FAILED);
+    for (int i = 0; i < L; i++)
+        slot[i] = 0.001f;
+    atomic_init(stop, 0);
+    const pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) { /* the hostile trainer: NaN for 1 of every 4 spins, in a loop */
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, whatever its end */
+        if (getppid() == 1)
+            _exit(0);
+        volatile uint32_t *at = (volatile uint32_t *)&slot[AT];
+        uint32_t nan_bits = 0x7fc00000u, fine;
+        memcpy(&fine, &slot[AT], sizeof fine);
+        while (!atomic_load(stop))
+            for (int k = 0; k < 4; k++)
+                for (int spin = 0; spin < 2000; spin++)
+                    *at = k == 0 ? nan_bits : fine;
+        _exit(0);
+    }
+    const struct {
+        pst_mode mode;
+        int trainers;
+    } cases[] = {{PST_MODE_SYNC, 1}, {PST_MODE_SYNC, 2}, {PST_MODE_ASYNC, 1}};
+    int refused = 0, applied = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ps_store_config cfg = {.mode = cases[c].mode, .num_trainers = cases[c].trainers,
+                               .blocks = blocks, .nblocks = 1};
+        optim_for(PST_OPTIM_SGD, &cfg.optim);
+        float *initial = calloc(L, sizeof(float));
+        ps_store *st = NULL;
+        cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
+        for (int p = 0; p < PUSHES; p++) {
+            const uint32_t t = (uint32_t)(p % cases[c].trainers);
+            /* sync: the block's step; async: one past the last, refused ones skipped */
+            const int64_t step = cases[c].mode == PST_MODE_SYNC ? ps_store_version(st, 0) : p;
+            const pst_status rc =
+                ps_store_push_f32(st, t, step, 0, slot, L, PS_PUSH_SHARED_SOURCE, NULL);
+            cr_assert(rc == PST_OK || rc == PST_ERR_INVALID, "case %zu push %d: %s", c, p,
+                      pst_error_detail());
+            if (rc != PST_OK) {
+                refused++;
+                continue;
+            }
+            applied++;
+            float v;
+            int64_t version;
+            cr_assert_eq(ps_store_read(st, 0, initial, &version), PST_OK);
+            v = initial[AT];
+            cr_assert(isfinite(v), "case %zu push %d: value %d is %g", c, p, AT, (double)v);
+        }
+        ps_store_free(st);
+        free(initial);
+    }
+    atomic_store(stop, 1);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    /* Both outcomes happened: the other process did write while the pushes ran. */
+    cr_assert(refused > 0 && applied > 0, "refused %d, applied %d", refused, applied);
+    munmap(slot, L * sizeof(float));
+    munmap(stop, sizeof *stop);
 }

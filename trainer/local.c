@@ -169,7 +169,7 @@ static pst_status local_exchange(tr_link *l, int b, long step, const float *grad
         st = ps_store_push_scaled(lk->store, 0, step, blk->id, blk->length, scale,
                                   fill_rounded, &f, 0, &duplicate);
     } else {
-        st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, &duplicate);
+        st = ps_store_push_f32(lk->store, 0, step, blk->id, grad, blk->length, 0, &duplicate);
     }
     lb->times.push_end = lb->times.pull_start = pst_clock_s();
     if (st == PST_OK && duplicate) /* one pusher, one push per step: cannot happen */
