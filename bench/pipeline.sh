@@ -2,6 +2,10 @@
 # Measurement: pipeline parallelism inside one trainer (--pipeline), trained alone on the
 # King James Bible with a GPT of LAYERS blocks (default 8: 10 layers with the embedding
 # and the head, balanced over 4 stages), embd 64, 4 heads, context 64, AdamW.
+#   stages  what each stage (device) holds for the GPT of issue 30 (LAYERS blocks, embd
+#           256, 4 heads, context 128, batch 8, M = 2P micro-batches) at P = 1, 2, 4 (1F1B):
+#           parameters, gradients, activations and the peak, in bytes, from the summary's
+#           *_bytes_per_device (one JSON line per stage, then a table);
 #   memory  peak bytes per device at a fixed micro-batch of 2 rows for M = P, 4P, 16P, 64P
 #           (the global batch grows with M), for 1F1B, interleaved (V = 2) and GPipe: one
 #           JSON line per run with peak_bytes_per_device;
@@ -37,6 +41,28 @@ schedule_args() { # the flags of a schedule name
   case $1 in interleaved) echo "--schedule interleaved --virtual-stages 2" ;;
     *) echo "--schedule $1" ;; esac
 }
+
+for p in 1 2 4; do
+  args=(--layers "$layers" --embd 256 --ctx 128 --batch 8 --pipeline "$p")
+  [ "$p" -gt 1 ] && args+=(--micro-batches $((2 * p)) --schedule 1f1b)
+  PSTRAIN_DEVICES=cpu:$p "$build/bin/trainer" --model gpt --heads 4 --steps 2 --threads 1 \
+    --progress none --log-level warn --metrics "" --sample 0 --val-windows 2 "${args[@]}" |
+    tail -n 1 | "$BENCH_PY" -c '
+import json, sys
+s = json.loads(sys.stdin.read())
+for i, peak in enumerate(s["peak_bytes_per_device"]):
+    print(json.dumps({"part": "stages", "stages": len(s["peak_bytes_per_device"]), "stage": i,
+                      "params": s["param_bytes_per_device"][i],
+                      "grads": s["grad_bytes_per_device"][i],
+                      "activations": s["activation_bytes_per_device"][i], "peak": peak}))'
+done | tee "$tmp/stages.json"
+"$BENCH_PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("P stage      params       grads  activations         peak", file=sys.stderr)
+for r in rows:
+    print("%d %5d %11d %11d %12d %12d" % (r["stages"], r["stage"], r["params"], r["grads"],
+          r["activations"], r["peak"]), file=sys.stderr)' "$tmp/stages.json"
 
 for sched in 1f1b interleaved gpipe; do
   for f in 1 4 16 64; do

@@ -49,7 +49,7 @@ for w in ("mlp", "gpt"):
     out = {"workload": w}
     for name, rs in (("fp32", f), (low, l)):
         out[name + "_step_ms_median"] = med(rs, "step_ms_median")
-        out[name + "_param_bytes_per_device"] = rs[0]["param_bytes_per_device"]
+        out[name + "_param_bytes_per_device"] = rs[0]["param_bytes_per_device"][0]
         out[name + "_optimizer_bytes_per_device"] = rs[0]["optimizer_bytes_per_device"]
         if w == "mlp":
             out[name + "_test_acc"] = med(rs, "test_acc")

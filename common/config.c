@@ -408,6 +408,7 @@ static const opt options[] = {
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
     {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two; at least 8M when every pserver is on this host), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
+    {"device-memory-limit", "PSTRAIN_DEVICE_MEMORY_LIMIT", NULL, NULL, "0", "most bytes of device memory the trainer may allocate on each local device (parameters, gradients, activations); a model that does not fit is refused at start with one line; 0: no limit", R_TRAINER, OPT_BYTES, F(device_memory_limit), 0, 1099511627776.0, NULL},
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
     {"server-threads", "PSTRAIN_SERVER_THREADS", NULL, NULL, "2", "pserver RPC and update threads", R_PSERVER, OPT_INT, F(server_threads), 1, 256, NULL},
@@ -492,7 +493,7 @@ static const struct {
     const char *flags; /* space-separated, in display order */
 } topics[] = {
     {"Cluster", "role pservers trainers trainer-id pserver-id port bind mode devices "
-                "server-threads"},
+                "device-memory-limit server-threads"},
     {"Model and data", "model hidden params layers heads embd ctx dataset data val-windows "
                        "sample temperature"},
     {"Training", "epochs steps batch seed optimizer lr momentum beta1 beta2 eps weight-decay "
@@ -1103,6 +1104,7 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         else
             fprintf(out, ",\"send_window\":%zu", cfg->send_window);
         json_str(out, "devices", cfg->devices, &first);
+        fprintf(out, ",\"device_memory_limit\":%zu", cfg->device_memory_limit);
         json_str(out, "compute_cpus", cfg->compute_cpus, &first);
         json_str(out, "model", cfg->model, &first);
         buf[0] = '\0';

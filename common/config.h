@@ -68,6 +68,7 @@ typedef struct pst_config {
     size_t send_window;                            /* push bytes in flight per trainer (all its
                                                     * pservers), 0: any, PST_SEND_WINDOW_AUTO */
     char devices[64];                              /* "cpu:N" */
+    size_t device_memory_limit;                    /* bytes per local device, 0: any */
     long rpc_timeout_ms;                           /* deadline of one RPC */
     long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */
     int server_threads;                            /* pserver completion-queue threads */

@@ -301,4 +301,25 @@ static double summary_value(const char *out, const char *key)
     return v;
 }
 
+/* Element i of an array of numbers in the summary line ("peak_bytes_per_device":[...]). */
+static inline double summary_element(const char *out, const char *key, int i)
+{
+    const char *line = strstr(out, "{\"event\":\"summary\"");
+    cr_assert_not_null(line, "no summary line in:\n%s", out);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *q = strstr(line, pat);
+    cr_assert_not_null(q, "summary has no array %s: %s", key, line);
+    q += strlen(pat);
+    for (int k = 0; k < i; k++) {
+        q = strpbrk(q, ",]");
+        cr_assert(q && *q == ',', "summary %s has no element %d: %s", key, i, line);
+        q++;
+    }
+    char *end;
+    double v = strtod(q, &end);
+    cr_assert(end != q, "summary %s[%d] is not a number: %s", key, i, line);
+    return v;
+}
+
 #endif /* PST_TESTS_CHILD_H */

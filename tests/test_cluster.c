@@ -476,9 +476,10 @@ Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 240)
         join_argv(argv, 64, head_local, flags);
         char *out = stdout_of(argv, "cpu:2");
         param_hash local = summary_hash(out);
-        cr_assert_eq((long)summary_value(out, "param_bytes_per_device"),
-                     2 * (long)summary_value(out, "params"), "%s: not 2 bytes per parameter",
-                     cases[c][0]);
+        for (int d = 0; d < 2; d++)
+            cr_assert_eq((long)summary_element(out, "param_bytes_per_device", d),
+                         2 * (long)summary_value(out, "params"),
+                         "%s: not 2 bytes per parameter on device %d", cases[c][0], d);
         free(out);
         for (int S = 1; S <= 2; S++) {
             char sv[4];
@@ -489,7 +490,7 @@ Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 240)
             out = stdout_of(argv, "cpu:2");
             param_hash dist = summary_hash(out);
             cr_assert_eq((long)summary_value(out, "optimizer_bytes_per_device"), 0);
-            cr_assert_eq((long)summary_value(out, "param_bytes_per_device"),
+            cr_assert_eq((long)summary_element(out, "param_bytes_per_device", 0),
                          2 * (long)summary_value(out, "params"));
             free(out);
             cr_assert_str_eq(dist.hex, local.hex, "%s acc-steps %s: 1 trainer x %d pservers %s "
@@ -823,6 +824,51 @@ Test(cluster, gpt_2_pservers_2_trainers_and_devices_equal_local, .timeout = 240)
                        "--seed", "5", "--lr", "0.003", "--block-bytes", "16384",                \
                        "--progress", "none", "--log-level", "warn", "--metrics", "",            \
                        "--sample", "0", CONNECT_5S
+
+static void with_args(const char **out, const char *const argv[], const char *const more[]);
+
+/* --device-memory-limit: a limit below what the model needs refuses it at start with one
+ * line that names the device and the option (exit 1, nothing trained); a limit at the
+ * unlimited run's peak trains it to the same bits. The summary's per-device bytes add up:
+ * parameters, gradients and activations are each within the peak. */
+Test(cluster, a_device_memory_limit_refuses_what_does_not_fit_in_one_line, .timeout = 120)
+{
+    const char *flags[] = {TRAINER, PIPE_GPT_FLAGS, "--steps", "3", NULL};
+    char *out = stdout_of(flags, "cpu:2");
+    const param_hash free_run = summary_hash(out);
+    size_t peak = 0;
+    for (int d = 0; d < 2; d++) {
+        const size_t p = (size_t)summary_element(out, "peak_bytes_per_device", d);
+        const size_t params = (size_t)summary_element(out, "param_bytes_per_device", d);
+        const size_t grads = (size_t)summary_element(out, "grad_bytes_per_device", d);
+        const size_t acts = (size_t)summary_element(out, "activation_bytes_per_device", d);
+        cr_assert_eq(params, 4 * (size_t)summary_value(out, "params"), "device %d", d);
+        cr_assert(grads == params && acts > 0 && grads + acts <= p, "device %d: %zu %zu %zu %zu",
+                  d, params, grads, acts, p);
+        peak = p > peak ? p : peak;
+    }
+    free(out);
+    char limit[32];
+    snprintf(limit, sizeof limit, "%zu", peak);
+    const char *fits[64], *over[64];
+    const char *with_fit[] = {"--device-memory-limit", limit, NULL};
+    const char *with_over[] = {"--device-memory-limit", "64K", NULL};
+    with_args(fits, flags, with_fit);
+    with_args(over, flags, with_over);
+    out = stdout_of(fits, "cpu:2");
+    cr_assert_str_eq(summary_hash(out).hex, free_run.hex, "a limit that fits changed the bits");
+    free(out);
+    const char *env[] = {"PSTRAIN_DEVICES=cpu:2", NULL};
+    char *err = NULL;
+    const int rc = run(over, env, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 1, "exit %d; stderr:\n%s", rc, err);
+    cr_assert_null(strstr(out, "\"event\":\"summary\""), "it trained:\n%s", out);
+    expect_cause_first(err, "cpu:0: ");
+    cr_assert(strstr(err, "over its memory limit of 65536 (--device-memory-limit"), "%s", err);
+    cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "more than one line:\n%s", err);
+    free(out);
+    free(err);
+}
 
 Test(cluster, pipelines_equal_training_without_one, .timeout = 300)
 {

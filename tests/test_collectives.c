@@ -509,6 +509,29 @@ static float abs_sum(float *const in[], int D, size_t i)
     return s;
 }
 
+/* The device memory limit on a GPU: the runtime refuses before CUDA allocates, the same
+ * line as on the CPU (test_device's device_alloc tests), and a refusal changes nothing. */
+Test(collectives_nccl, memory_limit_refuses_on_gpus, .timeout = 60)
+{
+    char spec[32];
+    if (!gpus_spec(spec, sizeof spec))
+        cr_skip_test("skipped: no GPU or no CUDA backend");
+    pst_runtime *rt = NULL;
+    CHECK_OK(pst_runtime_init(&rt, spec));
+    pst_device *dev = pst_runtime_device(rt, 0);
+    void *a = NULL, *b = &b;
+    pst_device_set_memory_limit(dev, (size_t)1 << 20);
+    CHECK_OK(pst_device_alloc(dev, (size_t)3 << 18, &a));
+    CHECK_ERR(pst_device_alloc(dev, (size_t)1 << 19, &b), PST_ERR_NOMEM);
+    cr_assert_null(b);
+    cr_assert(strstr(pst_error_detail(), "--device-memory-limit"), "%s", pst_error_detail());
+    cr_assert_eq(pst_device_live_bytes(dev), (size_t)3 << 18);
+    CHECK_OK(pst_device_alloc(dev, (size_t)1 << 18, &b));
+    pst_device_free(dev, a);
+    pst_device_free(dev, b);
+    pst_runtime_free(rt);
+}
+
 Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
 {
     char spec[32];

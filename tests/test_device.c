@@ -305,6 +305,41 @@ Test(device_alloc, errors)
     pst_runtime_free(rt);
 }
 
+/* pst_device_set_memory_limit: an allocation past the limit is refused with one line that
+ * names the device, the bytes and the option, and changes nothing; one that fits exactly
+ * passes; freeing makes room again; other devices and host memory are not limited; 0
+ * lifts the limit. */
+Test(device_alloc, memory_limit_refuses_what_does_not_fit)
+{
+    pst_runtime *rt = make_rt("cpu:2");
+    pst_device *d0 = pst_runtime_device(rt, 0), *d1 = pst_runtime_device(rt, 1);
+    void *a = NULL, *b = NULL, *c = &c, *h = NULL;
+    pst_device_set_memory_limit(d0, 1000);
+    CHECK_OK(pst_device_alloc(d0, 600, &a));
+    CHECK_ERR(pst_device_alloc(d0, 401, &c), PST_ERR_NOMEM);
+    cr_assert_null(c);
+    cr_assert(strstr(pst_error_detail(), "cpu:0: 401 bytes more would make 1001") &&
+                  strstr(pst_error_detail(), "memory limit of 1000 (--device-memory-limit"),
+              "%s", pst_error_detail());
+    CHECK_ERR(pst_device_alloc(d0, SIZE_MAX, &c), PST_ERR_NOMEM); /* no overflow */
+    cr_assert_eq(pst_device_live_bytes(d0), 600);
+    cr_assert_eq(pst_device_peak_bytes(d0), 600);
+    CHECK_OK(pst_device_alloc(d0, 400, &b)); /* exactly the limit */
+    CHECK_OK(pst_device_alloc(d1, 5000, &c));
+    CHECK_OK(pst_device_alloc_host(d0, 5000, &h));
+    pst_device_free(d0, a);
+    CHECK_OK(pst_device_alloc(d0, 600, &a));
+    pst_device_free(d0, a);
+    pst_device_set_memory_limit(d0, 0);
+    CHECK_OK(pst_device_alloc(d0, 100000, &a));
+    pst_device_free(d0, a);
+    pst_device_free(d0, b);
+    pst_device_free(d1, c);
+    pst_device_free_host(d0, h);
+    pst_device_set_memory_limit(NULL, 1); /* accepted, does nothing */
+    pst_runtime_free(rt);
+}
+
 Test(device_alloc, host_memory_is_aligned_and_uncounted)
 {
     pst_runtime *rt = make_rt("cpu");

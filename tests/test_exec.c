@@ -46,7 +46,7 @@ static int cpu_replicas;              /* --cpu-replicas of the runs below */
 static int exec_threads = 2;          /* threads per device */
 static pst_dtype precision = PST_F32; /* --precision of the runs below */
 static int acc_steps = 1;             /* --acc-steps of the runs below */
-static size_t param_bytes;            /* tr_exec_param_bytes of the last run */
+static size_t param_bytes;            /* tr_exec_memory_of(0).params of the last run */
 static size_t peak0;                  /* device 0's peak bytes in the last run */
 
 static const char *no_env(const char *name)
@@ -137,11 +137,17 @@ static float *train_b(const char *devices, int overlap, uint64_t jitter_seed,
     cr_assert_eq(tr_exec_params(ex, p), PST_OK);
     if (acc_out)
         cr_assert_eq(tr_exec_evaluate(ex, &test_set, acc_out), PST_OK, "%s", pst_error_detail());
-    param_bytes = tr_exec_param_bytes(ex);
-    peak0 = tr_exec_peak_bytes(ex, 0);
-    for (int d = 0; d < pst_runtime_count(run.rt); d++) /* parameters + fp32 gradients */
-        cr_assert_gt(tr_exec_peak_bytes(ex, d), n * (pst_dtype_size(precision) + sizeof(float)),
+    param_bytes = tr_exec_memory_of(ex, 0).params;
+    peak0 = tr_exec_memory_of(ex, 0).peak;
+    for (int d = 0; d < pst_runtime_count(run.rt); d++) {
+        const tr_exec_memory m = tr_exec_memory_of(ex, d);
+        cr_assert_gt(m.peak, n * (pst_dtype_size(precision) + sizeof(float)), /* params + grads */
                      "device %d peak", d);
+        cr_assert_eq(m.params, n * pst_dtype_size(precision), "device %d", d);
+        cr_assert_eq(m.grads, n * sizeof(float), "device %d", d);
+        cr_assert(m.acts > 0 && m.grads + m.acts <= m.peak, "device %d: %zu + %zu > peak %zu", d,
+                  m.grads, m.acts, m.peak);
+    }
     local_run_close(&run);
     free(x);
     free(y);

@@ -125,7 +125,7 @@ static pst_status train(const run *r, result *res)
         res->params = malloc(sizeof(float) * res->n);
         cr_assert_eq(tr_exec_params(ex, res->params), PST_OK);
         for (int i = 0; i < D && i < 8; i++)
-            res->peak[i] = tr_exec_peak_bytes(ex, i);
+            res->peak[i] = tr_exec_memory_of(ex, i).peak;
         res->messages = tr_exec_stage_messages(ex);
     }
     tr_exec_free(ex);

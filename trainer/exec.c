@@ -98,12 +98,15 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     d->scratch = calloc((size_t)ex->L, sizeof *d->scratch);
     if (!d->acts || !d->inst || !d->save || !d->work || !d->scratch)
         return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
-    if (share_params)
+    if (share_params) {
         d->params = ex->devs[0].params; /* not freed through this device */
-    else
+    } else {
         PST_TRY(exec_alloc_dev(d->dev, ex->psize * n, &d->params));
+        d->param_alloc += ex->psize * n;
+    }
     if (ex->lowp) {
         PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * ex->wbuf_floats, (void **)&d->wbuf));
+        d->param_alloc += sizeof(float) * ex->wbuf_floats;
         if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
@@ -228,8 +231,10 @@ static pst_status init_shared(tr_exec *ex)
 {
     const size_t n = ex->model->nparams;
     ex->pbuf[0] = ex->devs[0].params;
-    if (ex->shared && !ex->direct)
+    if (ex->shared && !ex->direct) {
         PST_TRY(exec_alloc_dev(ex->devs[0].dev, ex->psize * n, &ex->pbuf[1]));
+        ex->devs[0].param_alloc += ex->psize * n;
+    }
     ex->plan = ex->c.link->plan;
     if (ex->plan->nparams != n || ex->plan->ndevices != ex->D)
         return pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
@@ -438,9 +443,18 @@ size_t tr_exec_nparams(const tr_exec *ex)
     return ex->model->nparams;
 }
 
-size_t tr_exec_peak_bytes(const tr_exec *ex, int device)
+tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device)
 {
-    return device >= 0 && device < ex->D ? pst_device_peak_bytes(ex->devs[device].dev) : 0;
+    tr_exec_memory m = {0};
+    if (device < 0 || device >= ex->D)
+        return m;
+    const exec_dev *d = &ex->devs[device];
+    const size_t live = pst_device_live_bytes(d->dev), n = ex->model->nparams;
+    m.params = ex->psize * n;
+    m.grads = d->grads ? sizeof(float) * n : 0;
+    m.acts = live - d->param_alloc - m.grads;
+    m.peak = pst_device_peak_bytes(d->dev);
+    return m;
 }
 
 void tr_exec_time_counters(tr_exec *ex, double *compute_busy, double *held_max)
@@ -570,7 +584,4 @@ long tr_exec_skipped(const tr_exec *ex, int *last)
     return ex->skipped;
 }
 
-size_t tr_exec_param_bytes(const tr_exec *ex)
-{
-    return ex->psize * ex->model->nparams;
-}
+

@@ -99,7 +99,19 @@ pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs);
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 /* A copy of device 0's parameters as f32 (after tr_exec_sync). */
 pst_status tr_exec_params(tr_exec *ex, float *dst);
-size_t tr_exec_peak_bytes(const tr_exec *ex, int device);
+/* Device memory of one local device, in bytes, as the summary reports it:
+ *   params  the parameters its layers address: its own copy, or device 0's that CPU
+ *           devices share (nparams x the precision's size on every device: each holds or
+ *           reads the whole model);
+ *   grads   its gradient buffer (fp32, what its layers accumulate into);
+ *   acts    the rest the executor keeps there: activations (or a pipeline's slots),
+ *           backward's buffers, scratch, the batch (live bytes less the parameter
+ *           buffers it allocated and the gradients);
+ *   peak    the most allocated on it at once. */
+typedef struct tr_exec_memory {
+    size_t params, grads, acts, peak;
+} tr_exec_memory;
+tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device);
 /* fp16: the loss scale of the next step (GradScaler's rule: --loss-scale to start, x2
  * after --loss-scale-window steps without overflow up to PST_LOSS_SCALE_MAX, x0.5 on
  * overflow; an overflow at PST_LOSS_SCALE_MIN fails the step); 1 otherwise. */
@@ -122,7 +134,5 @@ long tr_exec_stage_messages(const tr_exec *ex);
  * in each of those devices' parameter copies (call after tr_exec_sync; 1 without a
  * pipeline or with one shared CPU copy). Blocking. */
 pst_status tr_exec_tied_equal(tr_exec *ex, int *equal);
-/* Bytes of one device's parameter copy: nparams x the precision's size (2 in bf16/fp16). */
-size_t tr_exec_param_bytes(const tr_exec *ex);
 
 #endif /* TR_EXEC_H */

@@ -42,6 +42,8 @@ typedef struct exec_dev {
     float *grads;                 /* (nparams) fp32, micro-batches accumulate in it */
     float *wbuf;                  /* bf16/fp16: (widest layer's tensors) fp32 values of the
                                    * layer being computed, cast from params before each use */
+    size_t param_alloc;           /* device bytes allocated here for parameters (its copy,
+                                   * the second shared buffer, wbuf): tr_exec_memory_of */
     pst_cast_args *casts;         /* (L * PST_LAYER_MAX_TENSORS) those casts, by layer */
     int accumulate;               /* the layers are bound to add to the gradients */
     float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */

@@ -465,11 +465,10 @@ static void summarize_devices(tr_summary *sum, const pst_config *cfg, const tr_e
 {
     sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
     for (int i = 0; i < sum->ndevices; i++)
-        sum->peak_bytes[i] = tr_exec_peak_bytes(ex, i);
+        sum->memory[i] = tr_exec_memory_of(ex, i);
     sum->precision = cfg->precision;
     sum->loss_scale = tr_exec_loss_scale(ex);
     sum->skipped_steps = tr_exec_skipped(ex, NULL);
-    sum->param_bytes_per_device = tr_exec_param_bytes(ex);
     /* Alone, the in-process store holds the optimizer state, and in bf16/fp16 the fp32
      * master beside the devices' copy; with pservers the trainer holds neither. */
     sum->optimizer_bytes_per_device =
@@ -569,6 +568,8 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     if ((st = pst_runtime_init(&rt, cfg->devices)) != PST_OK)
         goto error;
     const int D = pst_runtime_count(rt);
+    for (int i = 0; i < D; i++)
+        pst_device_set_memory_limit(pst_runtime_device(rt, i), cfg->device_memory_limit);
     char metrics_path[PST_PATH_MAX + 32], trace_path[PST_PATH_MAX + 32];
     own_path(metrics_path, sizeof metrics_path, cfg->metrics_path, cfg);
     own_path(trace_path, sizeof trace_path, cfg->trace_path, cfg);
@@ -891,16 +892,22 @@ void tr_summary_print(FILE *out, const tr_summary *s)
     fprintf(out,
             "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
             "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
-            "\"param_l2\":%.9g,\"param_hash\":\"%016" PRIx64 "\",\"peak_bytes_per_device\":[",
+            "\"param_l2\":%.9g,\"param_hash\":\"%016" PRIx64 "\"",
             s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
             s->params, s->param_l2, s->param_hash);
-    for (int i = 0; i < s->ndevices; i++)
-        fprintf(out, "%s%zu", i ? "," : "", s->peak_bytes[i]);
-    fputs("]", out);
-    fprintf(out, ",\"precision\":\"%s\",\"param_bytes_per_device\":%zu,"
-                 "\"optimizer_bytes_per_device\":%zu",
-            pst_dtype_name(s->precision), s->param_bytes_per_device,
-            s->optimizer_bytes_per_device);
+    /* Per local device (a pipeline's stage), tr_exec_memory's fields. */
+    static const char *const names[4] = {"peak", "param", "grad", "activation"};
+    for (int f = 0; f < 4; f++) {
+        fprintf(out, ",\"%s_bytes_per_device\":[", names[f]);
+        for (int i = 0; i < s->ndevices; i++) {
+            const tr_exec_memory *m = &s->memory[i];
+            const size_t v[4] = {m->peak, m->params, m->grads, m->acts};
+            fprintf(out, "%s%zu", i ? "," : "", v[f]);
+        }
+        fputs("]", out);
+    }
+    fprintf(out, ",\"precision\":\"%s\",\"optimizer_bytes_per_device\":%zu",
+            pst_dtype_name(s->precision), s->optimizer_bytes_per_device);
     if (s->precision == PST_F16)
         fprintf(out, ",\"loss_scale\":%.9g,\"skipped_steps\":%ld", (double)s->loss_scale,
                 s->skipped_steps);

@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/error.h"
 #include "common/runtime/device.h"
+#include "trainer/exec.h"
 #include "trainer/test_hooks.h"
 
 /* Where the time of the training steps went (means per step, ms; see tr_time_split). */
@@ -38,9 +39,8 @@ typedef struct tr_summary {
     uint64_t param_hash;   /* FNV-1a of the parameters' bytes (host float layout): equal
                             * hashes mean bit-identical parameters */
     int ndevices;
-    size_t peak_bytes[PST_DEVICE_MAX_COUNT]; /* per local device */
+    tr_exec_memory memory[PST_DEVICE_MAX_COUNT]; /* per local device (stage) */
     pst_dtype precision;   /* of the parameters on the devices */
-    size_t param_bytes_per_device;     /* one device's parameter copy */
     size_t optimizer_bytes_per_device; /* optimizer state (and fp32 master) the trainer
                                         * holds: 0 with pservers; alone, the in-process
                                         * store's (host memory, counted once) */

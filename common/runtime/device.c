@@ -159,6 +159,7 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
                  kind == PST_BACKEND_CUDA ? ordinals[i] : i);
         atomic_init(&dev->live_bytes, 0);
         atomic_init(&dev->peak_bytes, 0);
+        atomic_init(&dev->limit_bytes, 0);
     }
     if (pthread_mutex_init(&rt->mu, NULL) != 0) {
         free(rt->devices);
@@ -288,7 +289,20 @@ pst_status pst_device_alloc(pst_device *dev, size_t bytes, void **ptr)
     if (bytes == 0)
         return pst_error_set(PST_ERR_INVALID,
                              "pst_device_alloc: allocation of 0 bytes on %s", dev->name);
+    const size_t limit = atomic_load(&dev->limit_bytes), live = pst_device_live_bytes(dev);
+    if (limit && (bytes > limit || live > limit - bytes))
+        return pst_error_set(PST_ERR_NOMEM,
+                             "%s: %zu bytes more would make %zu on the device, over its memory "
+                             "limit of %zu (--device-memory-limit, PSTRAIN_DEVICE_MEMORY_LIMIT); "
+                             "give it more, or cut the model over more devices with --pipeline",
+                             dev->name, bytes, live + bytes, limit);
     return dev->rt->iface->device_alloc(dev, bytes, ptr);
+}
+
+void pst_device_set_memory_limit(pst_device *dev, size_t bytes)
+{
+    if (dev)
+        atomic_store(&dev->limit_bytes, bytes);
 }
 
 void pst_device_free(pst_device *dev, void *ptr)

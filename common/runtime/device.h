@@ -93,6 +93,12 @@ void pst_device_free(pst_device *dev, void *ptr);
 /* Host memory for send/recv buffers (pinned on CUDA; plain aligned memory on CPU). */
 pst_status pst_device_alloc_host(pst_device *dev, size_t bytes, void **ptr);
 void pst_device_free_host(pst_device *dev, void *ptr);
+/* From now on pst_device_alloc refuses, with PST_ERR_NOMEM and a line naming the device,
+ * the bytes and the limit, an allocation that would make the device's live bytes exceed
+ * `bytes` (0: no limit, the default). The same on every backend: it is checked before the
+ * backend allocates, against the live bytes at the call (a device's memory is allocated by
+ * one thread at a time in the trainer, at init). What is already allocated stays. */
+void pst_device_set_memory_limit(pst_device *dev, size_t bytes);
 /* Bytes currently allocated / the most ever allocated at once (device memory only). */
 size_t pst_device_live_bytes(const pst_device *dev);
 size_t pst_device_peak_bytes(const pst_device *dev);

@@ -73,6 +73,7 @@ struct pst_device {
     char name[16];            /* "cpu:0" */
     atomic_size_t live_bytes; /* device memory allocated now (requested bytes) */
     atomic_size_t peak_bytes; /* most live_bytes ever seen */
+    atomic_size_t limit_bytes; /* most live_bytes allowed (pst_device_set_memory_limit); 0: any */
     void *ctx;                /* backend state, owned by the backend */
 };
 
