@@ -171,13 +171,13 @@ static double run_layers(const pst_model *m, const float *params, float *grads,
                      ? calloc((size_t)threads * ly->scratch_per_thread, sizeof(float))
                      : NULL;
         inst[l] = calloc(1, ly->cls->inst_bytes);
-        pst_layer_io io = {.pool = pool, .grads = grads,
+        pst_layer_io io = {.pool = pool,
                            .in = l ? acts[l - 1] : NULL, .tokens = l ? NULL : tokens,
                            .out = acts[l], .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
                            .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = targets,
                            .losses = losses, .correct = &correct, .save = save[l],
                            .work = work[l], .scratch = scr[l], .max_batch = B};
-        pst_layer_io_point(&io, m, l, params);
+        pst_layer_io_point(&io, m, l, params, grads);
         ly->cls->bind(inst[l], m, l, &io);
     }
     pst_stream *s;

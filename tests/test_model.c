@@ -679,11 +679,11 @@ Test(model, layers_on_a_stream_equal_the_reference)
         inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
         chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
         const int L = m.nlayers;
-        pst_layer_io io = {.grads = grads, .in = l ? acts[l - 1] : x,
+        pst_layer_io io = {.in = l ? acts[l - 1] : x,
                            .out = acts[l], .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
                            .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
                            .losses = losses, .correct = &correct};
-        pst_layer_io_point(&io, &m, l, params);
+        pst_layer_io_point(&io, &m, l, params, grads);
         m.layers[l].cls->bind(inst[l], &m, l, &io);
     }
     pst_stream *s;

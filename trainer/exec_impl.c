@@ -106,7 +106,7 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
     const pst_model *m = ex->model;
     for (int l = 0; l < ex->L; l++) {
         pst_layer_io io = {
-            .pool = d->pool, .grads = d->grads, .accumulate = d->accumulate,
+            .pool = d->pool, .accumulate = d->accumulate,
             .in = l ? d->acts[l - 1] : m->in_tokens ? NULL : d->x, .out = d->acts[l],
             .tokens = !l && m->in_tokens ? (const int32_t *)(const void *)d->x : NULL,
             .dout = l + 1 < ex->L ? d->dbuf[(ex->L - 2 - l) & 1] : NULL,
@@ -117,9 +117,8 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
             .rows_done = ex->rows && m->layers[l].ntensors ? rows_final : NULL,
             .rows_arg = ex->rows ? &ex->rows[l] : NULL};
         const pst_layer *ly = &m->layers[l];
-        if (!ex->lowp) {
-            pst_layer_io_point(&io, m, l, d->params);
-        } else {
+        pst_layer_io_point(&io, m, l, ex->lowp ? NULL : d->params, d->grads);
+        if (ex->lowp) {
             /* The layer's tensors packed in wbuf, each cast there before the layer runs. */
             size_t at = 0;
             for (int k = 0; k < ly->ntensors; k++) {

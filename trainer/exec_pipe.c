@@ -267,7 +267,7 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
     else
         dout = pd->dbuf[(top - l - 1) & 1];
     pst_layer_io io = {
-        .pool = d->pool, .grads = d->grads, .accumulate = 1,
+        .pool = d->pool, .accumulate = 1,
         .in = l == pc->first ? (m->in_tokens && l == 0 ? NULL : slot + pc->in_off)
                              : slot + pc->out_off[i - 1],
         .tokens = l == 0 && m->in_tokens ? (const int32_t *)(const void *)(slot + pc->in_off)
@@ -278,7 +278,7 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
         .losses = slot + pc->loss_off, .correct = pd->correct,
         .save = m->layers[l].save_width ? slot + pc->save_off[i] : NULL,
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
-    pst_layer_io_point(&io, m, l, d->params);
+    pst_layer_io_point(&io, m, l, d->params, d->grads);
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
 

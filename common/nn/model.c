@@ -115,9 +115,15 @@ void pst_model_free(pst_model *m)
     memset(m, 0, sizeof *m);
 }
 
-void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params)
+void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params,
+                        float *grads)
 {
     const pst_layer *ly = &m->layers[layer];
-    for (int k = 0; k < ly->ntensors; k++)
-        io->w[k] = params + m->tensors[ly->tensor[k]].offset;
+    for (int k = 0; k < ly->ntensors; k++) {
+        const size_t off = m->tensors[ly->tensor[k]].offset;
+        if (params)
+            io->w[k] = params + off;
+        if (grads)
+            io->g[k] = grads + off;
+    }
 }

@@ -61,7 +61,9 @@ typedef struct pst_layer_io {
                                  * it names them: in the flat fp32 buffer, or (bf16/fp16
                                  * parameters) in an fp32 scratch the executor casts the
                                  * layer's tensors into before each use */
-    float *grads;               /* the flat gradient buffer (fp32) */
+    float *g[PST_LAYER_MAX_TENSORS]; /* the gradients (fp32) of the layer's tensors, in the
+                                 * order it names them: where the device keeps them (the
+                                 * flat gradient buffer at the tensors' offsets, for now) */
     int accumulate;             /* 1: every gradient the layer writes adds to the buffer
                                  * (micro-batches after the first); 0: as grad_accumulate */
     const float *in;            /* (max_batch, in_width): the previous layer's output or the batch */
@@ -167,8 +169,10 @@ pst_status pst_model_add_layer(pst_model *m, const pst_layer *layer);
 pst_status pst_model_check(const pst_model *m);
 void pst_model_free(pst_model *m); /* accepts a zeroed or half-built model; zeroes it */
 
-/* Points io->w at layer `layer`'s tensors in the flat fp32 buffer `params`. */
-void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params);
+/* Points io->w and io->g at layer `layer`'s tensors in the flat fp32 buffers `params` and
+ * `grads` (the model's layout); a NULL buffer leaves its pointers as they are. */
+void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const float *params,
+                        float *grads);
 
 /* Index of the tensor named `name`, or -1. */
 int pst_model_find_tensor(const pst_model *m, const char *name);

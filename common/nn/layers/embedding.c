@@ -19,8 +19,7 @@ static void embedding_bind(void *inst, const pst_model *m, int layer, const pst_
                                       .wte = io->w[0],
                                       .wpe = io->w[1], .T = T, .C = C,
                                       .pool = io->pool};
-    e->bwd = (pst_embedding_bwd_args){.dwte = io->grads + wte->offset,
-                                      .dwpe = io->grads + wpe->offset, .dout = io->dout,
+    e->bwd = (pst_embedding_bwd_args){.dwte = io->g[0], .dwpe = io->g[1], .dout = io->dout,
                                       .tokens = io->tokens, .T = T, .C = C, .V = V,
                                       .wte_accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,
                                       .wpe_accumulate = io->accumulate || (ly->grad_accumulate & 2u) != 0,

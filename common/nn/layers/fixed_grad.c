@@ -14,9 +14,9 @@ typedef struct fixed_inst {
 
 static void fixed_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
 {
-    (void)layer;
-    *(fixed_inst *)inst = (fixed_inst){.host_grad = m->data, .grads = io->grads,
-                                       .losses = io->losses, .n = m->nparams,
+    *(fixed_inst *)inst = (fixed_inst){.host_grad = m->data, .grads = io->g[0],
+                                       .losses = io->losses,
+                                       .n = m->tensors[m->layers[layer].tensor[0]].numel,
                                        .accumulate = io->accumulate};
 }
 

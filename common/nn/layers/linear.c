@@ -15,12 +15,12 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
 {
     linear_inst *li = inst;
     const pst_layer *ly = &m->layers[layer];
-    const pst_tensor *w = &m->tensors[ly->tensor[0]], *b = &m->tensors[ly->tensor[1]];
+    const pst_tensor *w = &m->tensors[ly->tensor[0]];
     const int OC = (int)w->shape[0], IC = (int)w->shape[1];
     li->fwd = (pst_linear_fwd_args){.out = io->out, .inp = io->in, .w = io->w[0],
                                     .b = io->w[1], .IC = IC, .OC = OC,
                                     .relu = (ly->flags & PST_LINEAR_RELU) != 0, .pool = io->pool};
-    li->wgrad = (pst_linear_bwd_args){.dw = io->grads + w->offset, .db = io->grads + b->offset,
+    li->wgrad = (pst_linear_bwd_args){.dw = io->g[0], .db = io->g[1],
                                       .dout = io->dout, .inp = io->in,
                                       .w = io->w[0], .IC = IC, .OC = OC,
                                       .accumulate = io->accumulate ||

@@ -22,7 +22,7 @@ static void lm_head_bind(void *inst, const pst_model *m, int layer, const pst_la
 {
     lm_head_inst *h = inst;
     const pst_layer *ly = &m->layers[layer];
-    const pst_tensor *lw = &m->tensors[ly->tensor[0]], *lb = &m->tensors[ly->tensor[1]];
+    const pst_tensor *lw = &m->tensors[ly->tensor[0]];
     const pst_tensor *wte = &m->tensors[ly->tensor[2]];
     const int C = (int)lw->shape[0], V = (int)wte->shape[0], T = ly->in_width / C;
     const size_t NM = (size_t)io->max_batch * (size_t)T;
@@ -37,13 +37,12 @@ static void lm_head_bind(void *inst, const pst_model *m, int layer, const pst_la
     h->xent = (pst_xent_args){.losses = io->losses, .correct = io->correct,
                               .dlogits = dlogits, .logits = logits, .targets = io->targets,
                               .C = V, .group = T};
-    h->proj_bwd = (pst_linear_bwd_args){.dinp = dlnf, .dw = io->grads + wte->offset,
+    h->proj_bwd = (pst_linear_bwd_args){.dinp = dlnf, .dw = io->g[2],
                                         .dout = dlogits, .inp = lnf,
                                         .w = io->w[2], .IC = C, .OC = V,
                                         .accumulate = io->accumulate || (ly->grad_accumulate & 4u) != 0,
                                         .pool = io->pool};
-    h->ln_wgrad = (pst_layernorm_args){.dw = io->grads + lw->offset,
-                                       .db = io->grads + lb->offset, .dout = dlnf,
+    h->ln_wgrad = (pst_layernorm_args){.dw = io->g[0], .db = io->g[1], .dout = dlnf,
                                        .inp = io->in, .w = io->w[0],
                                        .saved_mean = mean, .saved_rstd = rstd, .C = C,
                                        .accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,

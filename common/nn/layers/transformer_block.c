@@ -36,7 +36,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     int acc[NT];
     for (int i = 0; i < NT; i++) {
         P[i] = io->w[i];
-        G[i] = io->grads + m->tensors[ly->tensor[i]].offset;
+        G[i] = io->g[i];
         acc[i] = io->accumulate || ((ly->grad_accumulate >> i) & 1u);
     }
     /* the kept activations, each (max_batch * T, width) */
