@@ -177,3 +177,66 @@ Test(plan, send_window_auto_is_one_round)
     cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 0), 2 * p.blocks[0].length * 4);
     tr_plan_free(&p);
 }
+
+/* Segments (a pipeline's stages): blocks tile the buffer and never span two segments; each
+ * carries its segment's holders and is owned by one of them; every pserver gets a block;
+ * the devices' held elements are their segments' sums; one segment held by every device
+ * is tr_plan_build's plan; bad segments are refused. */
+Test(plan, segments_cut_blocks_at_their_ends)
+{
+    const tr_plan_segment segs[] = {{1000, 0x9}, {7, 0x1}, {300, 0x2}, {5, 0x4}, {2000, 0x8},
+                                    {1, 0x2}};
+    const int ns = 6, D = 4;
+    for (int S = 1; S <= 8; S++) {
+        tr_plan p;
+        cr_assert_eq(tr_plan_build_segments(&p, segs, ns, 1024, S, D), PST_OK, "%s",
+                     pst_error_detail());
+        size_t off = 0, held[4] = {0};
+        int s = 0;
+        size_t seg_end = segs[0].length;
+        for (int i = 0; i < p.nblocks; i++) {
+            const tr_block *b = &p.blocks[i];
+            cr_assert_eq(b->offset, off);
+            cr_assert(b->length > 0 && b->length * sizeof(float) <= 1024);
+            while (b->offset >= seg_end)
+                seg_end += segs[++s].length;
+            cr_assert_leq(b->offset + b->length, seg_end, "S %d: block %d spans segments %d "
+                          "and %d", S, i, s, s + 1);
+            cr_assert_eq(b->holders, segs[s].holders);
+            cr_assert((b->holders >> b->owner_device) & 1u, "block %d owned by a non-holder", i);
+            cr_assert(b->pserver >= 0 && b->pserver < S);
+            for (int d = 0; d < D; d++)
+                if ((b->holders >> d) & 1u)
+                    held[d] += b->length;
+            off += b->length;
+        }
+        cr_assert_eq(off, p.nparams);
+        cr_assert_eq(p.nparams, 3313u);
+        for (int d = 0; d < D; d++)
+            cr_assert_eq(p.device_held[d], held[d], "device %d", d);
+        cr_assert_eq(held[0], 1007u);
+        cr_assert_eq(held[3], 3000u);
+        for (int q = 0; q < S; q++)
+            cr_assert_gt(p.pserver_elems[q], 0, "S %d: pserver %d has no block", S, q);
+        tr_plan_free(&p);
+    }
+    /* One segment every device holds: tr_plan_build's plan. */
+    for (int S = 1; S <= 3; S++) {
+        tr_plan a, b;
+        const tr_plan_segment one = {12345, 0x7};
+        cr_assert_eq(tr_plan_build(&a, 12345, 4096, S, 3), PST_OK);
+        cr_assert_eq(tr_plan_build_segments(&b, &one, 1, 4096, S, 3), PST_OK);
+        cr_assert_eq(tr_plan_fingerprint(&a, 0), tr_plan_fingerprint(&b, 0));
+        for (int i = 0; i < a.nblocks; i++)
+            cr_assert(a.blocks[i].owner_device == b.blocks[i].owner_device &&
+                      a.blocks[i].holders == 0x7 && b.blocks[i].holders == 0x7);
+        tr_plan_free(&a);
+        tr_plan_free(&b);
+    }
+    tr_plan p;
+    const tr_plan_segment empty[] = {{10, 0x1}, {0, 0x1}}, nobody[] = {{10, 0}},
+                          outside[] = {{10, 0x10}};
+    cr_assert_eq(tr_plan_build_segments(&p, empty, 2, 1024, 1, 4), PST_ERR_INVALID);
+    cr_assert_eq(tr_plan_build_segments(&p, nobody, 1, 1024, 1, 4), PST_ERR_INVALID);
+    cr_assert_eq(tr_plan_build_segments(&p, outside, 1, 1024, 1, 4), PST_ERR_INVALID);
+}

@@ -25,6 +25,7 @@
 #include "common/runtime/device.h"
 #include "common/nn/model.h"
 #include "trainer/link.h"
+#include "trainer/plan.h"
 #include "trainer/test_hooks.h"
 #include "trainer/trace.h"
 
@@ -51,6 +52,14 @@ typedef struct tr_exec_settings {
 
 /* The executor's settings of a job. */
 tr_exec_settings tr_exec_settings_of(const pst_config *cfg);
+
+/* A pipeline's (cfg->pipeline > 1) flat buffer as segments of the plan
+ * (tr_plan_build_segments): runs of tensors that the same stages hold, a stage (device
+ * k % P of chunk k) holding the tensors its chunks' layers name, the tied token table the
+ * first and the last stage. *out (free) lists them in buffer order. Errors: those of the
+ * partition (--partition, too few layers), PST_ERR_NOMEM. */
+pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg,
+                                  tr_plan_segment **out, int *nsegs);
 
 typedef struct tr_exec_config {
     tr_exec_settings cfg;   /* what the executor reads of the job's settings */

@@ -46,7 +46,8 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
     p->blocks = calloc(nb, sizeof *p->blocks);
     p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
     p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
-    if (!p->blocks || !p->pserver_elems || !p->device_elems) {
+    p->device_held = calloc((size_t)ndevices, sizeof *p->device_held);
+    if (!p->blocks || !p->pserver_elems || !p->device_elems || !p->device_held) {
         tr_plan_free(p);
         return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
     }
@@ -61,7 +62,101 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
         p->pserver_elems[b->pserver] += b->length;
         b->owner_device = least_loaded(p->device_elems, ndevices);
         p->device_elems[b->owner_device] += b->length;
+        b->holders = ndevices >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << ndevices) - 1;
     }
+    for (int d = 0; d < ndevices; d++)
+        p->device_held[d] = nparams;
+    return PST_OK;
+}
+
+/* The holder of `holders` with the fewest owned elements. */
+static int least_loaded_of(const size_t *load, int n, uint64_t holders)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (((holders >> i) & 1u) && (best < 0 || load[i] < load[best]))
+            best = i;
+    return best;
+}
+
+pst_status tr_plan_build_segments(tr_plan *p, const tr_plan_segment *segs, int nsegs,
+                                  size_t block_bytes, int npservers, int ndevices)
+{
+    memset(p, 0, sizeof *p);
+    const uint64_t all = ndevices >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << ndevices) - 1;
+    size_t nparams = 0;
+    for (int s = 0; s < nsegs; s++) {
+        if (!segs || segs[s].length == 0 || !segs[s].holders || ndevices < 1 ||
+            (segs[s].holders & ~all))
+            return pst_error_set(PST_ERR_INVALID, "block plan: segment %d of %d has %zu "
+                                 "elements and holders %#llx (%d devices)", s, nsegs,
+                                 segs ? segs[s].length : 0,
+                                 segs ? (unsigned long long)segs[s].holders : 0ull, ndevices);
+        nparams += segs[s].length;
+    }
+    if (nsegs == 1 && segs[0].holders == all)
+        return tr_plan_build(p, nparams, block_bytes, npservers, ndevices);
+    if (nsegs < 1 || block_bytes < sizeof(float) || npservers < 1)
+        return pst_error_set(PST_ERR_INVALID, "block plan: bad sizes (%d segments, %zu block "
+                             "bytes, %d pservers)", nsegs, block_bytes, npservers);
+    const size_t max_elems = block_bytes / sizeof(float);
+    /* Blocks per segment; then, while some pserver would get none, one more block for the
+     * segment whose blocks are longest. */
+    size_t *per = calloc((size_t)nsegs, sizeof *per);
+    if (!per)
+        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory");
+    size_t nb = 0;
+    for (int s = 0; s < nsegs; s++)
+        nb += per[s] = (segs[s].length + max_elems - 1) / max_elems;
+    const size_t want = (size_t)npservers < nparams ? (size_t)npservers : nparams;
+    while (nb < want) {
+        int best = -1;
+        for (int s = 0; s < nsegs; s++)
+            if (per[s] < segs[s].length &&
+                (best < 0 || segs[s].length * per[best] > segs[best].length * per[s]))
+                best = s;
+        per[best]++;
+        nb++;
+    }
+    if (nb > (size_t)INT32_MAX) {
+        free(per);
+        return pst_error_set(PST_ERR_INVALID, "block plan: %zu blocks is too many; raise "
+                             "PSTRAIN_BLOCK_BYTES (example: PSTRAIN_BLOCK_BYTES=4M)", nb);
+    }
+    p->nparams = nparams;
+    p->block_bytes = block_bytes;
+    p->npservers = npservers;
+    p->ndevices = ndevices;
+    p->nblocks = (int)nb;
+    p->blocks = calloc(nb, sizeof *p->blocks);
+    p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
+    p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
+    p->device_held = calloc((size_t)ndevices, sizeof *p->device_held);
+    if (!p->blocks || !p->pserver_elems || !p->device_elems || !p->device_held) {
+        free(per);
+        tr_plan_free(p);
+        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
+    }
+    size_t i = 0, off = 0;
+    for (int s = 0; s < nsegs; s++) {
+        const size_t base = segs[s].length / per[s], extra = segs[s].length % per[s];
+        for (size_t k = 0; k < per[s]; k++, i++) {
+            tr_block *b = &p->blocks[i];
+            b->id = (uint32_t)i;
+            b->offset = off;
+            b->length = base + (k < extra ? 1 : 0);
+            off += b->length;
+            b->pserver = least_loaded(p->pserver_elems, npservers);
+            p->pserver_elems[b->pserver] += b->length;
+            b->holders = segs[s].holders;
+            b->owner_device = least_loaded_of(p->device_elems, ndevices, b->holders);
+            p->device_elems[b->owner_device] += b->length;
+            for (int d = 0; d < ndevices; d++)
+                if ((b->holders >> d) & 1u)
+                    p->device_held[d] += b->length;
+        }
+    }
+    free(per);
     return PST_OK;
 }
 
@@ -84,6 +179,7 @@ void tr_plan_free(tr_plan *p)
     free(p->blocks);
     free(p->pserver_elems);
     free(p->device_elems);
+    free(p->device_held);
     memset(p, 0, sizeof *p);
 }
 

@@ -29,8 +29,17 @@ typedef struct tr_block {
     size_t offset;      /* first element in the flat buffer */
     size_t length;      /* elements */
     int pserver;        /* owning pserver, 0..npservers-1 */
-    int owner_device;   /* owning local device, 0..ndevices-1 */
+    int owner_device;   /* owning local device, 0..ndevices-1: one of the holders */
+    uint64_t holders;   /* bit d: local device d computes (part of) its gradient: every
+                         * device, or a pipeline's stages that hold the block's tensors */
 } tr_block;
+
+/* A run of the flat buffer that the same local devices hold (a pipeline's stage, or the
+ * tensors two stages share): tr_plan_build_segments never lets a block span two. */
+typedef struct tr_plan_segment {
+    size_t length;      /* elements */
+    uint64_t holders;   /* bit d: device d holds it (not 0) */
+} tr_plan_segment;
 
 typedef struct tr_plan {
     size_t nparams;
@@ -41,12 +50,22 @@ typedef struct tr_plan {
     tr_block *blocks;       /* (nblocks), in buffer order */
     size_t *pserver_elems;  /* (npservers) elements owned by each pserver */
     size_t *device_elems;   /* (ndevices) elements owned by each device */
+    size_t *device_held;    /* (ndevices) elements of the blocks each device holds */
 } tr_plan;
 
 /* Builds the plan for f32 parameters. Errors: PST_ERR_INVALID (nparams 0, block_bytes < 4,
  * npservers or ndevices < 1), PST_ERR_NOMEM. On error the plan is zeroed. */
 pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
                          int ndevices);
+/* The plan of a buffer cut into segments in buffer order (nsegs >= 1, lengths > 0, adding
+ * up to nparams): each segment is cut into near-equal blocks of at most block_bytes, so no
+ * block spans two; at least one block per pserver (the longest blocks are halved until
+ * there are). Blocks go to the pserver with the fewest elements so far and to the holder
+ * with the fewest owned elements (ties: the lowest index). With one segment that every
+ * device holds it is tr_plan_build's plan, block for block. Errors as tr_plan_build, plus
+ * PST_ERR_INVALID for a segment of no elements, no holder or a holder past ndevices. */
+pst_status tr_plan_build_segments(tr_plan *p, const tr_plan_segment *segs, int nsegs,
+                                  size_t block_bytes, int npservers, int ndevices);
 void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
 
 /* Blocks per pserver a job with pservers is cut into at least, and the smallest block

@@ -607,8 +607,19 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     /* One plan for the executor and the link: the pservers', or one store's in-process. */
     const size_t block_bytes = tr_plan_pipelined_bytes(model.nparams, cfg->block_bytes,
                                                        cfg->num_pservers);
-    if ((st = tr_plan_build(&plan, model.nparams, block_bytes,
-                            cfg->num_pservers ? cfg->num_pservers : 1, D)) != PST_OK)
+    /* A pipeline's blocks never span two stages: each stage holds and sends its own. */
+    tr_plan_segment whole = {model.nparams, D >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << D) - 1};
+    tr_plan_segment *segs = &whole;
+    int nsegs = 1;
+    const tr_exec_settings exec_settings = tr_exec_settings_of(cfg);
+    if (cfg->pipeline > 1 && D == cfg->pipeline &&
+        (st = tr_exec_stage_segments(&model, &exec_settings, &segs, &nsegs)) != PST_OK)
+        goto error;
+    st = tr_plan_build_segments(&plan, segs, nsegs, block_bytes,
+                                cfg->num_pservers ? cfg->num_pservers : 1, D);
+    if (segs != &whole)
+        free(segs);
+    if (st != PST_OK)
         goto error;
     const tr_link_settings link_settings = tr_link_settings_of(cfg, &plan);
     if (cfg->num_pservers) {
@@ -638,7 +649,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     int threads_per_device = cores / D > 0 ? cores / D : 1;
     /* a sequence model's rows are large: evaluate in batches of the training rows */
-    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg), .rt = rt, .model = &model,
+    tr_exec_config ec = {.cfg = exec_settings, .rt = rt, .model = &model,
                          .max_rows = max_part,
                          .eval_rows = is_text ? max_part : 256, .link = link,
                          .overlap = cfg->overlap,
