@@ -870,6 +870,50 @@ Test(cluster, a_device_memory_limit_refuses_what_does_not_fit_in_one_line, .time
     free(err);
 }
 
+/* Issue 30: a model refused by a --device-memory-limit on one device trains, under the same
+ * limit, cut over four stages (each keeps only its gradients), to the parameters of the
+ * unlimited run without a pipeline with the same micro-batches (param_l2 within 1e-6, the
+ * pipelines' equivalence) and its loss. */
+Test(cluster, a_model_refused_on_one_device_trains_as_a_pipeline_of_four, .timeout = 180)
+{
+    const char *one[] = {TRAINER, PIPE_GPT_FLAGS, "--acc-steps", "4", NULL};
+    const char *four[] = {TRAINER, PIPE_GPT_FLAGS, "--pipeline", "4", "--micro-batches", "4",
+                          NULL};
+    char *out = stdout_of(one, "cpu:1");
+    const double l2 = summary_value(out, "param_l2"), loss = summary_value(out, "train_loss");
+    const size_t peak1 = (size_t)summary_element(out, "peak_bytes_per_device", 0);
+    free(out);
+    out = stdout_of(four, "cpu:4");
+    size_t peak4 = 0;
+    for (int d = 0; d < 4; d++) {
+        const size_t p = (size_t)summary_element(out, "peak_bytes_per_device", d);
+        peak4 = p > peak4 ? p : peak4;
+    }
+    free(out);
+    cr_assert_lt(peak4, peak1, "the pipeline's largest stage (%zu bytes) is no smaller than "
+                 "one device (%zu)", peak4, peak1);
+    char limit[32];
+    snprintf(limit, sizeof limit, "%zu", peak4);
+    const char *lim[] = {"--device-memory-limit", limit, NULL};
+    const char *one_lim[64], *four_lim[64];
+    with_args(one_lim, one, lim);
+    with_args(four_lim, four, lim);
+    const char *env[] = {"PSTRAIN_DEVICES=cpu:1", NULL};
+    char *err = NULL;
+    const int rc = run(one_lim, env, RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 1, "one device under the limit exited %d; stderr:\n%s", rc, err);
+    cr_assert(strstr(err, "--device-memory-limit"), "%s", err);
+    free(out);
+    free(err);
+    out = stdout_of(four_lim, "cpu:4");
+    const double l2_4 = summary_value(out, "param_l2"), loss_4 = summary_value(out, "train_loss");
+    free(out);
+    fprintf(stderr, "peak %zu on one device, %zu on the largest of four; param_l2 %.9g vs "
+            "%.9g, loss %.6f vs %.6f\n", peak1, peak4, l2_4, l2, loss_4, loss);
+    cr_assert_leq(fabs(l2_4 - l2) / l2, 1e-6, "param_l2 %.9g vs %.9g", l2_4, l2);
+    cr_assert_leq(fabs(loss_4 - loss), 1e-5 * loss, "train_loss %.6f vs %.6f", loss_4, loss);
+}
+
 Test(cluster, pipelines_equal_training_without_one, .timeout = 300)
 {
     for (int dist = 0; dist < 2; dist++) {

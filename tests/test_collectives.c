@@ -228,6 +228,49 @@ Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
     }
 }
 
+/* pst_comm_reduce_some: the members' buffers summed in device order into the root, the
+ * others' buffers never read (NULL here) and unchanged where they exist; one member is its
+ * own sum; a root that is not a member is refused. */
+Test(collectives_host, reduce_over_some_devices_sums_only_them)
+{
+    fixture f;
+    fx_init(&f, "cpu:4", 1001);
+    float *host[MAXD], *want = host_floats(f.n);
+    for (int d = 0; d < f.D; d++)
+        host[d] = host_floats(f.n);
+    const uint64_t sets[] = {0x9, 0x6, 0xb, 0x4};
+    for (size_t q = 0; q < sizeof sets / sizeof sets[0]; q++)
+        for (int root = 0; root < f.D; root++) {
+            if (!((sets[q] >> root) & 1u))
+                continue;
+            fx_fill(&f, 50 + 10 * q + (uint64_t)root, host);
+            float *mine[MAXD] = {0}, *in[MAXD] = {0};
+            int k = 0;
+            for (int d = 0; d < f.D; d++)
+                if ((sets[q] >> d) & 1u) {
+                    mine[d] = f.buf[d];
+                    in[k++] = host[d];
+                }
+            device_order_sum(want, in, k, f.n);
+            CHECK_OK(pst_comm_reduce_some(f.comm, mine, f.n, root, f.s, sets[q]));
+            fx_sync(&f);
+            char what[64];
+            snprintf(what, sizeof what, "members %#llx root %d", (unsigned long long)sets[q],
+                     root);
+            assert_bits(f.buf[root], want, f.n, what);
+            for (int d = 0; d < f.D; d++)
+                if (d != root)
+                    assert_bits(f.buf[d], host[d], f.n, "another buffer changed");
+        }
+    float *none[MAXD] = {f.buf[0]};
+    CHECK_ERR(pst_comm_reduce_some(f.comm, none, f.n, 1, f.s, 0x1), PST_ERR_INVALID);
+    CHECK_ERR(pst_comm_reduce_some(f.comm, none, f.n, 0, f.s, 0x3), PST_ERR_INVALID); /* bufs[1] */
+    for (int d = 0; d < f.D; d++)
+        free(host[d]);
+    free(want);
+    fx_free(&f);
+}
+
 /* The data above would catch a wrong order: summing in reverse gives other bits. */
 Test(collectives_host, test_data_distinguishes_orders)
 {

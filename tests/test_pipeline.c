@@ -40,6 +40,8 @@ typedef struct result {
     float *params;
     size_t n;
     size_t peak[8];      /* per device */
+    size_t grad_bytes[8], param_bytes[8]; /* per device: tr_exec_memory_of */
+    size_t held_by[8];   /* per device: elements of the tensors its chunks' layers name */
     long messages;
     int tied_unequal_steps;
 } result;
@@ -92,17 +94,23 @@ static pst_status train(const run *r, result *res)
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     pst_model model;
     cr_assert_eq(pst_model_gpt(&model, text.vocab, T, LAYERS, 2, 32), PST_OK);
-    tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, model.nparams, cfg.block_bytes, 1, D), PST_OK);
+    tr_plan plan = {0};
+    const tr_exec_settings es = tr_exec_settings_of(&cfg);
+    pst_status st = tr_exec_plan(&plan, &model, &es, cfg.block_bytes, 1, D);
+    if (st != PST_OK) { /* the partition's errors */
+        pst_model_free(&model);
+        pst_runtime_free(rt);
+        return st;
+    }
     tr_link *link;
     const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
     cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK);
-    tr_exec_config ec = {.cfg = tr_exec_settings_of(&cfg),
+    tr_exec_config ec = {.cfg = es,
                          .rt = rt, .model = &model, .max_rows = B,
                          .eval_rows = B, .link = link, .overlap = r->overlap, .threads = 1,
                          .hooks = &hooks};
     tr_exec *ex = NULL;
-    pst_status st = tr_exec_init(&ex, &ec);
+    st = tr_exec_init(&ex, &ec);
     if (st == PST_OK) {
         memset(res, 0, sizeof *res);
         cr_assert_eq(tr_exec_start(ex, 5), PST_OK, "%s", pst_error_detail());
@@ -124,8 +132,31 @@ static pst_status train(const run *r, result *res)
         res->n = tr_exec_nparams(ex);
         res->params = malloc(sizeof(float) * res->n);
         cr_assert_eq(tr_exec_params(ex, res->params), PST_OK);
-        for (int i = 0; i < D && i < 8; i++)
-            res->peak[i] = tr_exec_memory_of(ex, i).peak;
+        for (int i = 0; i < D && i < 8; i++) {
+            const tr_exec_memory mem = tr_exec_memory_of(ex, i);
+            res->peak[i] = mem.peak;
+            res->grad_bytes[i] = mem.grads;
+            res->param_bytes[i] = mem.params;
+        }
+        /* What each stage should hold, from the model and the partition alone. */
+        const int C = r->P * (r->V ? r->V : 1);
+        int first[65];
+        first[0] = 0;
+        for (int k = 0; k < C; k++) { /* the executor's chunks, from its partition */
+            first[k + 1] = first[k];
+            while (first[k + 1] < model.nlayers && tr_exec_chunk_of(ex, first[k + 1]) == k)
+                first[k + 1]++;
+        }
+        for (int t = 0; t < model.ntensors; t++) {
+            uint64_t mask = 0;
+            for (int k = 0; k < C; k++)
+                for (int l = first[k]; l < first[k + 1]; l++)
+                    for (int i = 0; i < model.layers[l].ntensors; i++)
+                        if (model.layers[l].tensor[i] == t)
+                            mask |= (uint64_t)1 << (k % r->P);
+            for (int d = 0; d < D && d < 8; d++)
+                res->held_by[d] += (mask >> d) & 1u ? model.tensors[t].numel : 0;
+        }
         res->messages = tr_exec_stage_messages(ex);
     }
     tr_exec_free(ex);
@@ -238,6 +269,34 @@ Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
  * goes to 64P). Interleaved holds min(M V, (P - s - 1) 2 + (V - 1) P + 1) chunk
  * activations: its most from M = 2P on (M = P has only M V = P V of them), so flat from
  * 4P to 16P and never more than at 4P. GPipe holds all M: it grows. */
+/* Issue 30: a stage keeps the gradients (and addresses the parameters) of the tensors its
+ * chunks' layers name and nothing else; the tied token table is on the first and the last
+ * stage; the sum over the stages is the model plus one table. 1F1B and interleaved, P 2
+ * and 4. */
+Test(pipeline, each_stage_holds_only_its_tensors, .timeout = 120)
+{
+    for (int P = 2; P <= 4; P += 2)
+        for (int V = 1; V <= 2; V++) {
+            run r = {.P = P, .V = V, .M = 2 * P, .mb = 2, .steps = 1,
+                     .sched = V > 1 ? PST_SCHEDULE_INTERLEAVED : PST_SCHEDULE_1F1B};
+            result res = {0};
+            cr_assert_eq(train(&r, &res), PST_OK, "%s", pst_error_detail());
+            size_t sum = 0;
+            for (int s = 0; s < P; s++) {
+                cr_assert_eq(res.grad_bytes[s], 4 * res.held_by[s], "P %d V %d stage %d: %zu "
+                             "gradient bytes for %zu elements", P, V, s, res.grad_bytes[s],
+                             res.held_by[s]);
+                cr_assert_eq(res.param_bytes[s], res.grad_bytes[s]);
+                cr_assert_lt(res.held_by[s], res.n, "P %d stage %d holds everything", P, s);
+                sum += res.held_by[s];
+            }
+            const size_t table = (size_t)text.vocab * 32; /* the tied (vocab, embd) table */
+            cr_assert_eq(sum, res.n + table, "P %d V %d: the stages hold %zu of %zu + %zu", P,
+                         V, sum, res.n, table);
+            free(res.params);
+        }
+}
+
 Test(pipeline, peak_memory_is_flat_in_micro_batches, .timeout = 300)
 {
     const pst_schedule kinds[] = {PST_SCHEDULE_1F1B, PST_SCHEDULE_INTERLEAVED,

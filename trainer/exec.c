@@ -110,7 +110,8 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
         if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
-    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * n, (void **)&d->grads));
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * exec_grad_elems(ex, (int)(d - ex->devs)),
+                           (void **)&d->grads));
     if (ex->c.cfg.pipeline > 1)
         return PST_OK; /* activations and layer instances: per slot (exec_pipe.c) */
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)widest, (void **)&d->dbuf[0]));
@@ -158,6 +159,9 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
                              PST_DEVICE_MAX_COUNT);
     ex->host_memory = pst_runtime_host_memory(c->rt);
     ex->shared = ex->host_memory && !c->cfg.cpu_replicas;
+    /* (On CUDA a tied block's reduce over its two stages would need an NCCL communicator of
+     * its own: there every device keeps the whole gradient buffer for now.) */
+    ex->local_grads = ex->host_memory && c->cfg.pipeline > 1;
     ex->pdt = c->cfg.precision;
     ex->psize = pst_dtype_size(ex->pdt);
     ex->lowp = ex->pdt != PST_F32;
@@ -264,6 +268,7 @@ static pst_status init_blocks(tr_exec *ex)
         PST_TRY(exec_events_create(ex->devs[i].dev, (size_t)nb, &ex->devs[i].ready));
         PST_TRY(exec_events_create(ex->devs[i].dev, (size_t)nb, &ex->devs[i].grad_done));
     }
+    size_t held[PST_DEVICE_MAX_COUNT] = {0};
     for (int b = 0; b < nb; b++) {
         exec_block *eb = &ex->blocks[b];
         eb->ex = ex;
@@ -276,7 +281,11 @@ static pst_status init_blocks(tr_exec *ex)
         if (!eb->gbufs || !eb->pbufs)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         for (int i = 0; i < ex->D; i++) {
-            eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
+            if (!ex->local_grads)
+                eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
+            else if ((eb->b->holders >> i) & 1u) /* its blocks end to end, in block order */
+                eb->gbufs[i] = ex->devs[i].grads + held[i];
+            held[i] += (eb->b->holders >> i) & 1u ? eb->b->length : 0;
             eb->pbufs[i] = (char *)ex->devs[i].params + eb->b->offset * ex->psize;
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
@@ -450,8 +459,8 @@ tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device)
         return m;
     const exec_dev *d = &ex->devs[device];
     const size_t live = pst_device_live_bytes(d->dev), n = ex->model->nparams;
-    m.params = ex->psize * n;
-    m.grads = d->grads ? sizeof(float) * n : 0;
+    m.params = ex->psize * (ex->local_grads ? exec_grad_elems(ex, device) : n);
+    m.grads = d->grads ? sizeof(float) * exec_grad_elems(ex, device) : 0;
     m.acts = live - d->param_alloc - m.grads;
     m.peak = pst_device_peak_bytes(d->dev);
     return m;

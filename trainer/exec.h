@@ -60,6 +60,11 @@ tr_exec_settings tr_exec_settings_of(const pst_config *cfg);
  * partition (--partition, too few layers), PST_ERR_NOMEM. */
 pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg,
                                   tr_plan_segment **out, int *nsegs);
+/* The block plan of a job on D local devices (tr_plan_build_segments): a pipeline's cut at
+ * its stages' segments (D == cfg->pipeline), else one segment every device holds. Errors:
+ * those of the two. */
+pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *cfg,
+                        size_t block_bytes, int npservers, int D);
 
 typedef struct tr_exec_config {
     tr_exec_settings cfg;   /* what the executor reads of the job's settings */
@@ -138,6 +143,9 @@ tr_resume_state tr_exec_state(const tr_exec *ex, long next_step, long *version);
 /* Pipeline (--pipeline > 1): activation and gradient copies between stages so far (the
  * only messages between them: 2 (C - 1) per micro-batch and step); 0 without a pipeline. */
 long tr_exec_stage_messages(const tr_exec *ex);
+/* Pipeline: the model chunk layer l runs in (on device chunk % P); 0 without a pipeline,
+ * -1 for a layer out of range. */
+int tr_exec_chunk_of(const tr_exec *ex, int l);
 /* *equal = 1 when every tensor that chunks on several devices name (the tied token
  * embedding: the first stage's embedding, the last stage's projection) has the same bits
  * in each of those devices' parameter copies (call after tr_exec_sync; 1 without a

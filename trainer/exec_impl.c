@@ -45,6 +45,26 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p)
     return pst_device_alloc(dev, bytes ? bytes : 1, p);
 }
 
+size_t exec_grad_elems(const tr_exec *ex, int i)
+{
+    return ex->local_grads ? ex->c.link->plan->device_held[i] : ex->model->nparams;
+}
+
+float *exec_grad_at(const tr_exec *ex, int i, size_t off)
+{
+    const tr_plan *p = ex->plan;
+    int lo = 0, hi = p->nblocks - 1; /* the last block with offset <= off */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p->blocks[mid].offset <= off)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    float *g = ex->blocks[lo].gbufs[i];
+    return g ? g + (off - p->blocks[lo].offset) : NULL;
+}
+
 pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out)
 {
     if (!(*out = calloc(n ? n : 1, sizeof **out)))

@@ -30,12 +30,16 @@
  *   instructions order the lists; the host enqueues each device's list in order and
  *   holds an instruction back until what it waits for has been enqueued (the schedule is
  *   deadlock free, tested on its own, so this ends).
- * - Gradients: every device accumulates into its own full gradient buffer, zeroed at the
- *   start of the step (so the first micro-batch adds to zero: the same bits as writing).
- *   The executor's per-block reduce then sums the devices in device order — a chunk's
- *   tensors are zero on every other device, and the tied token embedding (read by the
- *   first chunk's embedding and the last chunk's projection) gets device 0's part plus
- *   device P-1's, a fixed order. The block leaves as soon as every device recorded its
+ * - Gradients: the block plan is cut at the stages' segments (tr_exec_stage_segments), so
+ *   a block's holders are the stages whose chunks name its tensors. On CPU each device's
+ *   gradient buffer holds only its blocks, end to end (exec_grad_at), zeroed at the start
+ *   of the step (so the first micro-batch adds to zero: the same bits as writing); a block
+ *   with one holder needs no reduce, and the tied token embedding (read by the first
+ *   chunk's embedding and the last chunk's projection) is reduced over its two stages
+ *   only, device 0's part plus device P-1's, a fixed order (pst_comm_reduce_some). On CUDA
+ *   every device still keeps the whole buffer and the reduce runs over all of them (the
+ *   others add zeros), until a communicator per stage pair exists. The block leaves as
+ *   soon as every device recorded its
  *   grad_done: a device records it right after the last backward of its last chunk that
  *   names the block (at the start for blocks it never touches), so the last stage's blocks
  *   leave while the earlier stages are still in their backward.
@@ -253,6 +257,20 @@ pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cf
     return PST_OK;
 }
 
+pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *cfg,
+                        size_t block_bytes, int npservers, int D)
+{
+    tr_plan_segment whole = {m->nparams, D >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << D) - 1};
+    tr_plan_segment *segs = &whole;
+    int nsegs = 1;
+    if (cfg->pipeline > 1 && D == cfg->pipeline)
+        PST_TRY(tr_exec_stage_segments(m, cfg, &segs, &nsegs));
+    const pst_status st = tr_plan_build_segments(p, segs, nsegs, block_bytes, npservers, D);
+    if (segs != &whole)
+        free(segs);
+    return st;
+}
+
 /* ---- init ----------------------------------------------------------------------------- */
 
 static pst_status nomem(void)
@@ -338,7 +356,9 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
         .losses = slot + pc->loss_off, .correct = pd->correct,
         .save = m->layers[l].save_width ? slot + pc->save_off[i] : NULL,
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
-    pst_layer_io_point(&io, m, l, d->params, d->grads);
+    pst_layer_io_point(&io, m, l, d->params, NULL);
+    for (int k = 0; k < m->layers[l].ntensors; k++) /* its stage keeps them: never NULL */
+        io.g[k] = exec_grad_at(ex, pc->dev, m->tensors[m->layers[l].tensor[k]].offset);
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
 
@@ -576,6 +596,16 @@ long tr_exec_stage_messages(const tr_exec *ex)
     return ex->pipe ? ex->pipe->messages : 0;
 }
 
+int tr_exec_chunk_of(const tr_exec *ex, int l)
+{
+    if (l < 0 || l >= ex->L)
+        return -1;
+    for (int k = 0; ex->pipe && k < ex->pipe->C; k++)
+        if (l >= ex->pipe->chunks[k].first && l <= ex->pipe->chunks[k].last)
+            return k;
+    return 0;
+}
+
 pst_status tr_exec_tied_equal(tr_exec *ex, int *equal)
 {
     *equal = 1;
@@ -764,7 +794,8 @@ pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(d->compute, src->ready[b]));
         }
-        PST_TRY(pst_memset_async(d->compute, d->grads, 0, ex->model->nparams * sizeof(float)));
+        PST_TRY(pst_memset_async(d->compute, d->grads, 0,
+                                 exec_grad_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
         for (int b = 0; b < nb; b++)
             if (p->pd[s].blk_pos[b] < 0)
                 PST_TRY(pst_event_record(d->grad_done[b], d->compute));

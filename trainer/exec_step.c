@@ -90,7 +90,8 @@ static pst_status zero_gradient(tr_exec *ex, exec_dev *d)
         exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
         PST_TRY(pst_stream_wait_event(s, src->ready[b]));
     }
-    PST_TRY(pst_memset_async(s, d->grads, 0, ex->model->nparams * sizeof(float)));
+    PST_TRY(pst_memset_async(s, d->grads, 0,
+                             exec_grad_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
     for (int b = 0; b < ex->plan->nblocks; b++)
         PST_TRY(pst_event_record(d->grad_done[b], s));
     for (int l = 0; l < ex->L; l++)
@@ -236,8 +237,7 @@ static pst_status issue_exchange(void *arg)
     eb->step = slot->step;
     if (ex->c.hooks && ex->c.hooks->jitter_us)
         usleep((useconds_t)pst_rng_below(&eb->jitter, ex->c.hooks->jitter_us + 1));
-    exec_dev *owner = &ex->devs[eb->b->owner_device];
-    const float *grad = eb->hgrad ? eb->hgrad : owner->grads + eb->b->offset;
+    const float *grad = eb->hgrad ? eb->hgrad : eb->gbufs[eb->b->owner_device];
     atomic_fetch_add(&ex->exchanges, 1);
     pst_status st = ex->c.link->ops->exchange(ex->c.link, eb->index, eb->step, grad,
                                               slot->scale, slot->dst, exchange_done, eb);
@@ -252,7 +252,7 @@ static pst_status check_overflow(void *arg)
 {
     exec_block *eb = arg;
     tr_exec *ex = eb->ex;
-    const float *g = eb->hgrad ? eb->hgrad : ex->devs[eb->b->owner_device].grads + eb->b->offset;
+    const float *g = eb->hgrad ? eb->hgrad : eb->gbufs[eb->b->owner_device];
     const float most = ex->c.cfg.grad_dtype == PST_F16 ? 65504.0f : INFINITY;
     int bad = 0;
     for (size_t i = 0; i < eb->b->length; i++)
@@ -273,7 +273,10 @@ static pst_status reduce_to_owner(tr_exec *ex, exec_block *eb, long step)
         PST_TRY(pst_stream_wait_event(ex->devs[i].send, ex->devs[i].grad_done[eb->index]));
     eb->send_span = exec_mark_begin(ex, owner->send, ex->tr_send[o],
                                ex->direct ? "reduce+update" : "reduce+push", step, eb->index);
-    PST_TRY(pst_comm_reduce(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams));
+    /* Over the devices that hold the block (each one, or a tied table's two stages) where
+     * only they keep it, else every device. */
+    PST_TRY(pst_comm_reduce_some(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams,
+                                 ex->local_grads ? eb->b->holders : ~(uint64_t)0));
     if (ex->direct) {
         /* The update writes the owner's weights (every device's, when shared), or the
          * store's copy lands there: backward must be done reading them. */

@@ -608,18 +608,9 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     const size_t block_bytes = tr_plan_pipelined_bytes(model.nparams, cfg->block_bytes,
                                                        cfg->num_pservers);
     /* A pipeline's blocks never span two stages: each stage holds and sends its own. */
-    tr_plan_segment whole = {model.nparams, D >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << D) - 1};
-    tr_plan_segment *segs = &whole;
-    int nsegs = 1;
     const tr_exec_settings exec_settings = tr_exec_settings_of(cfg);
-    if (cfg->pipeline > 1 && D == cfg->pipeline &&
-        (st = tr_exec_stage_segments(&model, &exec_settings, &segs, &nsegs)) != PST_OK)
-        goto error;
-    st = tr_plan_build_segments(&plan, segs, nsegs, block_bytes,
-                                cfg->num_pservers ? cfg->num_pservers : 1, D);
-    if (segs != &whole)
-        free(segs);
-    if (st != PST_OK)
+    if ((st = tr_exec_plan(&plan, &model, &exec_settings, block_bytes,
+                           cfg->num_pservers ? cfg->num_pservers : 1, D)) != PST_OK)
         goto error;
     const tr_link_settings link_settings = tr_link_settings_of(cfg, &plan);
     if (cfg->num_pservers) {

@@ -78,8 +78,8 @@ const char *pst_comm_name(const pst_comm *c)
 }
 
 /* The checks every implementation relies on (collectives_impl.h). */
-static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], size_t n,
-                             int root, pst_stream *const streams[])
+static pst_status check_members(const char *what, pst_comm *c, void *const bufs[], size_t n,
+                                int root, pst_stream *const streams[], uint64_t members)
 {
     if (!c)
         return pst_error_set(PST_ERR_INVALID, "%s: comm is NULL", what);
@@ -92,8 +92,13 @@ static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], 
                              c->count - 1);
     if (n > SIZE_MAX / sizeof(float))
         return pst_error_set(PST_ERR_INVALID, "%s: %zu floats do not fit in memory", what, n);
+    if (!((members >> root) & 1u))
+        return pst_error_set(PST_ERR_INVALID, "%s: root %d does not take part (members %#llx)",
+                             what, root, (unsigned long long)members);
     for (int d = 0; d < c->count; d++) {
         pst_device *dev = pst_runtime_device(c->rt, d);
+        if (!((members >> d) & 1u))
+            continue;
         if (!streams[d])
             return pst_error_set(PST_ERR_INVALID, "%s: streams[%d] is NULL", what, d);
         if (pst_stream_device(streams[d]) != dev)
@@ -108,14 +113,33 @@ static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], 
     return PST_OK;
 }
 
+static uint64_t every_device(const pst_comm *c)
+{
+    return c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
+}
+
+static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], size_t n,
+                             int root, pst_stream *const streams[])
+{
+    return check_members(what, c, bufs, n, root, streams, c ? every_device(c) : 0);
+}
+
 pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                            pst_stream *const streams[])
 {
-    PST_TRY(check_args("pst_comm_reduce", c, (void *const *)bufs, n, root, streams));
-    if (n == 0 || c->count == 1)
+    return pst_comm_reduce_some(c, bufs, n, root, streams, c ? every_device(c) : 0);
+}
+
+pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
+                                pst_stream *const streams[], uint64_t members)
+{
+    if (c)
+        members &= every_device(c);
+    PST_TRY(check_members("pst_comm_reduce", c, (void *const *)bufs, n, root, streams, members));
+    if (n == 0 || members == ((uint64_t)1 << root))
         return PST_OK; /* the sum of one buffer is itself */
     pthread_mutex_lock(&c->mu);
-    pst_status st = c->iface->reduce(c, bufs, n, root, streams);
+    pst_status st = c->iface->reduce(c, bufs, n, root, streams, members);
     pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -151,6 +175,7 @@ struct host_ctx;
 typedef struct host_job {
     struct host_ctx *hc;
     float *bufs[PST_DEVICE_MAX_COUNT]; /* (count) */
+    uint64_t members;                  /* the devices summed (bit d) */
     int count, root;
     size_t n;
     struct host_job *next_free;
@@ -247,16 +272,22 @@ static void job_put(host_ctx *hc, host_job *j)
     pthread_mutex_unlock(&hc->pool_mu);
 }
 
-/* The sum, on streams[root]'s worker: out[i] = ((b0[i] + b1[i]) + b2[i]) + ... */
+/* The sum over the members, on streams[root]'s worker: out[i] = ((b0[i] + b1[i]) + b2[i])
+ * + ... in device order. */
 static pst_status host_reduce_run(void *arg)
 {
     host_job *j = arg;
     float acc[HOST_CHUNK];
     float *out = j->bufs[j->root];
+    int first = 0;
+    while (!((j->members >> first) & 1u))
+        first++;
     for (size_t off = 0; off < j->n; off += HOST_CHUNK) {
         size_t len = j->n - off < HOST_CHUNK ? j->n - off : HOST_CHUNK;
-        memcpy(acc, j->bufs[0] + off, len * sizeof(float));
-        for (int d = 1; d < j->count; d++) {
+        memcpy(acc, j->bufs[first] + off, len * sizeof(float));
+        for (int d = first + 1; d < j->count; d++) {
+            if (!((j->members >> d) & 1u))
+                continue;
             const float *b = j->bufs[d] + off;
             for (size_t i = 0; i < len; i++)
                 acc[i] += b[i];
@@ -267,11 +298,12 @@ static pst_status host_reduce_run(void *arg)
     return PST_OK;
 }
 
-/* Step 1: streams[root] waits until every other stream has reached this call. */
-static pst_status host_enter(host_ctx *hc, int count, int root, pst_stream *const streams[])
+/* Step 1: streams[root] waits until every other member's stream has reached this call. */
+static pst_status host_enter(host_ctx *hc, int count, int root, pst_stream *const streams[],
+                             uint64_t members)
 {
     for (int d = 0; d < count; d++) {
-        if (d == root)
+        if (d == root || !((members >> d) & 1u))
             continue;
         PST_TRY(pst_event_record(hc->ready[d], streams[d]));
         PST_TRY(pst_stream_wait_event(streams[root], hc->ready[d]));
@@ -279,18 +311,19 @@ static pst_status host_enter(host_ctx *hc, int count, int root, pst_stream *cons
     return PST_OK;
 }
 
-/* Step 3: every other stream waits until streams[root] has finished the collective. */
-static pst_status host_leave(host_ctx *hc, int count, int root, pst_stream *const streams[])
+/* Step 3: every other member's stream waits until streams[root] has finished. */
+static pst_status host_leave(host_ctx *hc, int count, int root, pst_stream *const streams[],
+                             uint64_t members)
 {
     PST_TRY(pst_event_record(hc->done[root], streams[root]));
     for (int d = 0; d < count; d++)
-        if (d != root)
+        if (d != root && ((members >> d) & 1u))
             PST_TRY(pst_stream_wait_event(streams[d], hc->done[root]));
     return PST_OK;
 }
 
 static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
-                              pst_stream *const streams[])
+                              pst_stream *const streams[], uint64_t members)
 {
     host_ctx *hc = c->ctx;
     host_job *j = job_get(hc);
@@ -298,28 +331,30 @@ static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int ro
         return pst_error_set(PST_ERR_NOMEM, "pst_comm_reduce: out of memory for a job");
     memcpy(j->bufs, bufs, (size_t)c->count * sizeof *bufs);
     j->count = c->count;
+    j->members = members;
     j->root = root;
     j->n = n;
-    pst_status st = host_enter(hc, c->count, root, streams);
+    pst_status st = host_enter(hc, c->count, root, streams, members);
     if (st == PST_OK)
         st = pst_stream_launch(streams[root], host_reduce_run, j);
     if (st != PST_OK) {
         job_put(hc, j);
         return st;
     }
-    return host_leave(hc, c->count, root, streams);
+    return host_leave(hc, c->count, root, streams, members);
 }
 
 static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                  pst_stream *const streams[])
 {
     host_ctx *hc = c->ctx;
-    PST_TRY(host_enter(hc, c->count, root, streams));
+    const uint64_t all = every_device(c);
+    PST_TRY(host_enter(hc, c->count, root, streams, all));
     for (int d = 0; d < c->count; d++)
         if (d != root)
             PST_TRY(pst_memcpy_async(streams[root], bufs[d], bufs[root], bytes,
                                      PST_COPY_DEVICE_TO_DEVICE));
-    return host_leave(hc, c->count, root, streams);
+    return host_leave(hc, c->count, root, streams, all);
 }
 
 const pst_comm_iface pst_comm_host_iface = {

@@ -55,6 +55,13 @@ const char *pst_comm_name(const pst_comm *c);
  * n == 0, or a runtime of one device, queues nothing. */
 pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                            pst_stream *const streams[]);
+/* pst_comm_reduce over the devices in `members` only (bit d: device d; the root must be
+ * one): their buffers summed in device order into bufs[root]; the others' bufs[d] are not
+ * read (may be NULL) and their streams do not wait. A pipeline's tied weights: the stages
+ * that hold them. The host comm only; NCCL answers PST_ERR_UNSUPPORTED unless `members` is
+ * every device. */
+pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
+                                pst_stream *const streams[], uint64_t members);
 /* Copies bufs[root][0..n) into every other device's bufs[d], with the same arguments and
  * ordering rules as pst_comm_reduce. */
 pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,

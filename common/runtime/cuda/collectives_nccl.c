@@ -119,8 +119,13 @@ static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
 }
 
 static pst_status nccl_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
-                              pst_stream *const streams[])
+                              pst_stream *const streams[], uint64_t members)
 {
+    const uint64_t all = c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
+    if (members != all) /* a communicator over the members would do it: not made yet */
+        return pst_error_set(PST_ERR_UNSUPPORTED, "pst_comm_reduce: NCCL reduces over every "
+                             "device of the runtime, not some (members %#llx of %d)",
+                             (unsigned long long)members, c->count);
     return grouped(c, (void *const *)bufs, n, root, streams, 0);
 }
 
