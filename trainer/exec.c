@@ -459,7 +459,9 @@ tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device)
         return m;
     const exec_dev *d = &ex->devs[device];
     const size_t live = pst_device_live_bytes(d->dev), n = ex->model->nparams;
-    m.params = ex->psize * (ex->local_grads ? exec_grad_elems(ex, device) : n);
+    /* A stage on the shared CPU copy addresses its share of it; a copy of its own (GPUs,
+     * --cpu-replicas 1) is the whole model for now. */
+    m.params = ex->psize * (ex->local_grads && ex->shared ? exec_grad_elems(ex, device) : n);
     m.grads = d->grads ? sizeof(float) * exec_grad_elems(ex, device) : 0;
     m.acts = live - d->param_alloc - m.grads;
     m.peak = pst_device_peak_bytes(d->dev);
@@ -592,5 +594,3 @@ long tr_exec_skipped(const tr_exec *ex, int *last)
         *last = ex->last_skip;
     return ex->skipped;
 }
-
-

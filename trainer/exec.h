@@ -114,10 +114,11 @@ pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 /* A copy of device 0's parameters as f32 (after tr_exec_sync). */
 pst_status tr_exec_params(tr_exec *ex, float *dst);
 /* Device memory of one local device, in bytes, as the summary reports it:
- *   params  the parameters its layers address: its own copy, or device 0's that CPU
- *           devices share (nparams x the precision's size on every device: each holds or
- *           reads the whole model);
- *   grads   its gradient buffer (fp32, what its layers accumulate into);
+ *   params  the parameters its layers address: its own copy (the whole model), or, of
+ *           device 0's copy that CPU devices share, the whole model, or a pipeline
+ *           stage's share (the blocks it holds) -- times the precision's size;
+ *   grads   its gradient buffer (fp32, what its layers accumulate into: a CPU pipeline
+ *           stage's blocks only, else the whole model);
  *   acts    the rest the executor keeps there: activations (or a pipeline's slots),
  *           backward's buffers, scratch, the batch (live bytes less the parameter
  *           buffers it allocated and the gradients);

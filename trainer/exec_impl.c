@@ -52,17 +52,9 @@ size_t exec_grad_elems(const tr_exec *ex, int i)
 
 float *exec_grad_at(const tr_exec *ex, int i, size_t off)
 {
-    const tr_plan *p = ex->plan;
-    int lo = 0, hi = p->nblocks - 1; /* the last block with offset <= off */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p->blocks[mid].offset <= off)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    float *g = ex->blocks[lo].gbufs[i];
-    return g ? g + (off - p->blocks[lo].offset) : NULL;
+    const int b = tr_plan_block_at(ex->plan, off);
+    float *g = ex->blocks[b].gbufs[i];
+    return g ? g + (off - ex->plan->blocks[b].offset) : NULL;
 }
 
 pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out)
@@ -87,17 +79,8 @@ void exec_events_free(pst_event **evs, size_t n)
 static void update_flat(tr_exec *ex, size_t off, size_t n)
 {
     const tr_plan *p = ex->plan;
-    int lo = 0, hi = p->nblocks - 1; /* the blocks tile the buffer in order: the last with
-                                      * offset <= off */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (p->blocks[mid].offset <= off)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
     const float *g = ex->devs[0].grads;
-    for (int b = lo; n > 0 && b < p->nblocks; b++) {
+    for (int b = tr_plan_block_at(p, off); n > 0 && b < p->nblocks; b++) {
         const tr_block *blk = &p->blocks[b];
         const size_t take = blk->offset + blk->length - off < n ? blk->offset + blk->length - off
                                                                   : n;

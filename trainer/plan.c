@@ -16,6 +16,26 @@ static int least_loaded(const size_t *load, int n)
     return best;
 }
 
+/* The plan's header and zeroed arrays for nb blocks; on failure the plan is zeroed. */
+static pst_status plan_alloc(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
+                             int ndevices, size_t nb)
+{
+    p->nparams = nparams;
+    p->block_bytes = block_bytes;
+    p->npservers = npservers;
+    p->ndevices = ndevices;
+    p->nblocks = (int)nb;
+    p->blocks = calloc(nb, sizeof *p->blocks);
+    p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
+    p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
+    p->device_held = calloc((size_t)ndevices, sizeof *p->device_held);
+    if (!p->blocks || !p->pserver_elems || !p->device_elems || !p->device_held) {
+        tr_plan_free(p);
+        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
+    }
+    return PST_OK;
+}
+
 pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int npservers,
                          int ndevices)
 {
@@ -38,19 +58,7 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
     if (nb > (size_t)INT32_MAX)
         return pst_error_set(PST_ERR_INVALID, "block plan: %zu blocks is too many; raise "
                              "PSTRAIN_BLOCK_BYTES (example: PSTRAIN_BLOCK_BYTES=4M)", nb);
-    p->nparams = nparams;
-    p->block_bytes = block_bytes;
-    p->npservers = npservers;
-    p->ndevices = ndevices;
-    p->nblocks = (int)nb;
-    p->blocks = calloc(nb, sizeof *p->blocks);
-    p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
-    p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
-    p->device_held = calloc((size_t)ndevices, sizeof *p->device_held);
-    if (!p->blocks || !p->pserver_elems || !p->device_elems || !p->device_held) {
-        tr_plan_free(p);
-        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
-    }
+    PST_TRY(plan_alloc(p, nparams, block_bytes, npservers, ndevices, nb));
     size_t base = nparams / nb, extra = nparams % nb, off = 0;
     for (size_t i = 0; i < nb; i++) {
         tr_block *b = &p->blocks[i];
@@ -123,19 +131,10 @@ pst_status tr_plan_build_segments(tr_plan *p, const tr_plan_segment *segs, int n
         return pst_error_set(PST_ERR_INVALID, "block plan: %zu blocks is too many; raise "
                              "PSTRAIN_BLOCK_BYTES (example: PSTRAIN_BLOCK_BYTES=4M)", nb);
     }
-    p->nparams = nparams;
-    p->block_bytes = block_bytes;
-    p->npservers = npservers;
-    p->ndevices = ndevices;
-    p->nblocks = (int)nb;
-    p->blocks = calloc(nb, sizeof *p->blocks);
-    p->pserver_elems = calloc((size_t)npservers, sizeof *p->pserver_elems);
-    p->device_elems = calloc((size_t)ndevices, sizeof *p->device_elems);
-    p->device_held = calloc((size_t)ndevices, sizeof *p->device_held);
-    if (!p->blocks || !p->pserver_elems || !p->device_elems || !p->device_held) {
+    const pst_status st = plan_alloc(p, nparams, block_bytes, npservers, ndevices, nb);
+    if (st != PST_OK) {
         free(per);
-        tr_plan_free(p);
-        return pst_error_set(PST_ERR_NOMEM, "block plan: out of memory for %zu blocks", nb);
+        return st;
     }
     size_t i = 0, off = 0;
     for (int s = 0; s < nsegs; s++) {
@@ -170,6 +169,19 @@ size_t tr_plan_pipelined_bytes(size_t nparams, size_t block_bytes, int npservers
     if (b < TR_PLAN_MIN_BLOCK)
         b = TR_PLAN_MIN_BLOCK;
     return b < block_bytes ? b : block_bytes;
+}
+
+int tr_plan_block_at(const tr_plan *p, size_t off)
+{
+    int lo = 0, hi = p->nblocks - 1; /* the blocks tile the buffer in order */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (p->blocks[mid].offset <= off)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
 }
 
 void tr_plan_free(tr_plan *p)

@@ -67,6 +67,8 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
 pst_status tr_plan_build_segments(tr_plan *p, const tr_plan_segment *segs, int nsegs,
                                   size_t block_bytes, int npservers, int ndevices);
 void tr_plan_free(tr_plan *p); /* accepts a zeroed plan */
+/* The block that holds element `off` (< nparams) of the flat buffer. */
+int tr_plan_block_at(const tr_plan *p, size_t off);
 
 /* Blocks per pserver a job with pservers is cut into at least, and the smallest block
  * that rule makes (bytes of f32; below it a call's own cost outweighs the overlap). */
