@@ -76,12 +76,13 @@ static long count_step_allocations(pst_config *cfg, const pst_model *model, cons
     pst_runtime *rt = NULL;
     cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
     tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, model->nparams, cfg->block_bytes, 1, pst_runtime_count(rt)),
-                 PST_OK);
+    const tr_exec_settings es = tr_exec_settings_of(cfg);
+    cr_assert_eq(tr_exec_plan(&plan, model, &es, cfg->block_bytes, 1, pst_runtime_count(rt)),
+                 PST_OK, "%s", pst_error_detail()); /* a pipeline's cut at its stages */
     tr_link *link;
     const tr_link_settings ls = tr_link_settings_of(cfg, &plan);
     cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK, "%s", pst_error_detail());
-    tr_exec_config ec = {.cfg = tr_exec_settings_of(cfg),
+    tr_exec_config ec = {.cfg = es,
                          .rt = rt, .model = model, .max_rows = rows,
                          .eval_rows = rows, .link = link, .overlap = 1, .threads = 2};
     tr_exec *ex = NULL;
