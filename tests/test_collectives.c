@@ -230,7 +230,8 @@ Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
 
 /* pst_comm_reduce_some: the members' buffers summed in device order into the root, the
  * others' buffers never read (NULL here) and unchanged where they exist; one member is its
- * own sum; a root that is not a member is refused. */
+ * own sum; a root that is not a member is refused. pst_comm_broadcast_some: only the
+ * members written. */
 Test(collectives_host, reduce_over_some_devices_sums_only_them)
 {
     fixture f;
@@ -262,6 +263,15 @@ Test(collectives_host, reduce_over_some_devices_sums_only_them)
                 if (d != root)
                     assert_bits(f.buf[d], host[d], f.n, "another buffer changed");
         }
+    /* Broadcast to some: the members get the root's bits, the others keep theirs. */
+    fx_fill(&f, 77, host);
+    void *some[MAXD] = {f.buf[0], NULL, f.buf[2], NULL};
+    CHECK_OK(pst_comm_broadcast_some(f.comm, some, f.n * sizeof(float), 2, f.s, 0x5));
+    fx_sync(&f);
+    assert_bits(f.buf[0], host[2], f.n, "broadcast to a member");
+    assert_bits(f.buf[2], host[2], f.n, "the root");
+    assert_bits(f.buf[1], host[1], f.n, "a non-member written");
+    assert_bits(f.buf[3], host[3], f.n, "a non-member written");
     float *none[MAXD] = {f.buf[0]};
     CHECK_ERR(pst_comm_reduce_some(f.comm, none, f.n, 1, f.s, 0x1), PST_ERR_INVALID);
     CHECK_ERR(pst_comm_reduce_some(f.comm, none, f.n, 0, f.s, 0x3), PST_ERR_INVALID); /* bufs[1] */

@@ -87,7 +87,7 @@ static pst_status plan_sliced(tr_exec *ex, const tr_exec_config *c)
 static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
 {
     const pst_model *m = ex->model;
-    const size_t B = (size_t)ex->max_batch, n = m->nparams;
+    const size_t B = (size_t)ex->max_batch;
     int widest = 1;
     for (int l = 0; l < ex->L; l++)
         widest = m->layers[l].in_width > widest ? m->layers[l].in_width : widest;
@@ -101,8 +101,9 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     if (share_params) {
         d->params = ex->devs[0].params; /* not freed through this device */
     } else {
-        PST_TRY(exec_alloc_dev(d->dev, ex->psize * n, &d->params));
-        d->param_alloc += ex->psize * n;
+        const size_t held = exec_held_elems(ex, (int)(d - ex->devs));
+        PST_TRY(exec_alloc_dev(d->dev, ex->psize * held, &d->params));
+        d->param_alloc += ex->psize * held;
     }
     if (ex->lowp) {
         PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * ex->wbuf_floats, (void **)&d->wbuf));
@@ -110,7 +111,7 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
         if (!(d->casts = calloc((size_t)ex->L * PST_LAYER_MAX_TENSORS, sizeof *d->casts)))
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
     }
-    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * exec_grad_elems(ex, (int)(d - ex->devs)),
+    PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * exec_held_elems(ex, (int)(d - ex->devs)),
                            (void **)&d->grads));
     if (ex->c.cfg.pipeline > 1)
         return PST_OK; /* activations and layer instances: per slot (exec_pipe.c) */
@@ -158,10 +159,12 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", ex->D,
                              PST_DEVICE_MAX_COUNT);
     ex->host_memory = pst_runtime_host_memory(c->rt);
-    ex->shared = ex->host_memory && !c->cfg.cpu_replicas;
-    /* (On CUDA a tied block's reduce over its two stages would need an NCCL communicator of
-     * its own: there every device keeps the whole gradient buffer for now.) */
+    /* A pipeline on CPU: every stage keeps its own blocks' parameters and gradients, and
+     * the tied table's two stages exchange through a reduce and a broadcast of their own
+     * (on CUDA those would need an NCCL communicator each: there every device keeps the
+     * whole model for now). */
     ex->local_grads = ex->host_memory && c->cfg.pipeline > 1;
+    ex->shared = ex->host_memory && !c->cfg.cpu_replicas && !ex->local_grads;
     ex->pdt = c->cfg.precision;
     ex->psize = pst_dtype_size(ex->pdt);
     ex->lowp = ex->pdt != PST_F32;
@@ -281,12 +284,14 @@ static pst_status init_blocks(tr_exec *ex)
         if (!eb->gbufs || !eb->pbufs)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         for (int i = 0; i < ex->D; i++) {
-            if (!ex->local_grads)
+            if (!ex->local_grads) {
                 eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
-            else if ((eb->b->holders >> i) & 1u) /* its blocks end to end, in block order */
+                eb->pbufs[i] = (char *)ex->devs[i].params + eb->b->offset * ex->psize;
+            } else if ((eb->b->holders >> i) & 1u) { /* its blocks end to end, in order */
                 eb->gbufs[i] = ex->devs[i].grads + held[i];
-            held[i] += (eb->b->holders >> i) & 1u ? eb->b->length : 0;
-            eb->pbufs[i] = (char *)ex->devs[i].params + eb->b->offset * ex->psize;
+                eb->pbufs[i] = (char *)ex->devs[i].params + held[i] * ex->psize;
+                held[i] += eb->b->length;
+            }
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
         PST_TRY(pst_event_create(owner->dev, &eb->sent));
@@ -459,10 +464,8 @@ tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device)
         return m;
     const exec_dev *d = &ex->devs[device];
     const size_t live = pst_device_live_bytes(d->dev), n = ex->model->nparams;
-    /* A stage on the shared CPU copy addresses its share of it; a copy of its own (GPUs,
-     * --cpu-replicas 1) is the whole model for now. */
-    m.params = ex->psize * (ex->local_grads && ex->shared ? exec_grad_elems(ex, device) : n);
-    m.grads = d->grads ? sizeof(float) * exec_grad_elems(ex, device) : 0;
+    m.params = ex->psize * (ex->local_grads ? exec_held_elems(ex, device) : n);
+    m.grads = d->grads ? sizeof(float) * exec_held_elems(ex, device) : 0;
     m.acts = live - d->param_alloc - m.grads;
     m.peak = pst_device_peak_bytes(d->dev);
     return m;
@@ -570,9 +573,20 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
         pst_cast(ex->host_lowp, ex->pdt, ex->host_params, PST_F32, n);
         src = ex->host_lowp;
     }
-    for (int i = 0; i < (ex->shared ? 1 : ex->D); i++)
-        PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, src, n * ex->psize,
-                                 PST_COPY_HOST_TO_DEVICE));
+    for (int i = 0; i < (ex->shared ? 1 : ex->D); i++) {
+        if (!ex->local_grads) {
+            PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, src,
+                                     n * ex->psize, PST_COPY_HOST_TO_DEVICE));
+            continue;
+        }
+        for (int b = 0; b < ex->plan->nblocks; b++) /* the blocks it holds */
+            if (ex->blocks[b].pbufs[i])
+                PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->blocks[b].pbufs[i],
+                                         (const char *)src + ex->plan->blocks[b].offset *
+                                                                 ex->psize,
+                                         ex->plan->blocks[b].length * ex->psize,
+                                         PST_COPY_HOST_TO_DEVICE));
+    }
     return tr_exec_sync(ex);
 }
 

@@ -111,14 +111,14 @@ pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int 
 pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs);
 /* Test accuracy on device 0 (call after tr_exec_sync). */
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
-/* A copy of device 0's parameters as f32 (after tr_exec_sync). */
+/* A copy of the parameters as f32 (after tr_exec_sync): device 0's, or in a CPU pipeline
+ * each block's from the stage that owns it. */
 pst_status tr_exec_params(tr_exec *ex, float *dst);
 /* Device memory of one local device, in bytes, as the summary reports it:
- *   params  the parameters its layers address: its own copy (the whole model), or, of
- *           device 0's copy that CPU devices share, the whole model, or a pipeline
- *           stage's share (the blocks it holds) -- times the precision's size;
- *   grads   its gradient buffer (fp32, what its layers accumulate into: a CPU pipeline
- *           stage's blocks only, else the whole model);
+ *   params  its parameter copy, or the one of device 0 that CPU devices share: the whole
+ *           model, or a CPU pipeline stage's blocks only (times the precision's size);
+ *   grads   its gradient buffer (fp32, what its layers accumulate into): the whole model,
+ *           or a CPU pipeline stage's blocks only;
  *   acts    the rest the executor keeps there: activations (or a pipeline's slots),
  *           backward's buffers, scratch, the batch (live bytes less the parameter
  *           buffers it allocated and the gradients);

@@ -45,7 +45,7 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p)
     return pst_device_alloc(dev, bytes ? bytes : 1, p);
 }
 
-size_t exec_grad_elems(const tr_exec *ex, int i)
+size_t exec_held_elems(const tr_exec *ex, int i)
 {
     return ex->local_grads ? ex->c.link->plan->device_held[i] : ex->model->nparams;
 }
@@ -55,6 +55,13 @@ float *exec_grad_at(const tr_exec *ex, int i, size_t off)
     const int b = tr_plan_block_at(ex->plan, off);
     float *g = ex->blocks[b].gbufs[i];
     return g ? g + (off - ex->plan->blocks[b].offset) : NULL;
+}
+
+void *exec_param_at(const tr_exec *ex, int i, size_t off)
+{
+    const int b = tr_plan_block_at(ex->plan, off);
+    char *p = ex->blocks[b].pbufs[i];
+    return p ? p + (off - ex->plan->blocks[b].offset) * ex->psize : NULL;
 }
 
 pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out)

@@ -116,8 +116,9 @@ struct tr_exec {
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
-    int local_grads;               /* a pipeline on CPU: each device's gradient buffer holds
-                                    * only its blocks (tr_block.holders), in block order */
+    int local_grads;               /* a pipeline on CPU: each device's gradient and parameter
+                                    * buffers hold only its blocks (tr_block.holders), in
+                                    * block order; a parameter copy per device (not shared) */
     void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
     int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
@@ -145,11 +146,13 @@ struct tr_exec {
 
 /* Device memory of at least one byte (bytes 0 allowed). */
 pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
-/* Elements of device i's gradient buffer: the blocks it holds (local_grads), else all. */
-size_t exec_grad_elems(const tr_exec *ex, int i);
-/* Where device i keeps the gradient of element `off` of the flat buffer (after the blocks
- * are set up); NULL where it holds none. */
+/* Elements of device i's gradient buffer (and, local_grads, of its parameter buffer): the
+ * blocks it holds (local_grads), else all. */
+size_t exec_held_elems(const tr_exec *ex, int i);
+/* Where device i keeps the gradient / the parameter of element `off` of the flat buffer
+ * (after the blocks are set up); NULL where it holds none. */
 float *exec_grad_at(const tr_exec *ex, int i, size_t off);
+void *exec_param_at(const tr_exec *ex, int i, size_t off);
 /* A trace span around the work queued on s between the two calls (NULL when the step is
  * not traced). */
 tr_span *exec_mark_begin(tr_exec *ex, pst_stream *s, int track, const char *name, long step,

@@ -30,16 +30,18 @@
  *   instructions order the lists; the host enqueues each device's list in order and
  *   holds an instruction back until what it waits for has been enqueued (the schedule is
  *   deadlock free, tested on its own, so this ends).
- * - Gradients: the block plan is cut at the stages' segments (tr_exec_stage_segments), so
- *   a block's holders are the stages whose chunks name its tensors. On CPU each device's
- *   gradient buffer holds only its blocks, end to end (exec_grad_at), zeroed at the start
- *   of the step (so the first micro-batch adds to zero: the same bits as writing); a block
- *   with one holder needs no reduce, and the tied token embedding (read by the first
- *   chunk's embedding and the last chunk's projection) is reduced over its two stages
- *   only, device 0's part plus device P-1's, a fixed order (pst_comm_reduce_some). On CUDA
- *   every device still keeps the whole buffer and the reduce runs over all of them (the
- *   others add zeros), until a communicator per stage pair exists. The block leaves as
- *   soon as every device recorded its
+ * - Parameters and gradients: the block plan is cut at the stages' segments
+ *   (tr_exec_stage_segments), so a block's holders are the stages whose chunks name its
+ *   tensors. On CPU each device's parameter and gradient buffers hold only its blocks, end
+ *   to end (exec_param_at, exec_grad_at; a copy per stage, as the replicas' schedule has),
+ *   the gradients zeroed at the start of the step (so the first micro-batch adds to zero:
+ *   the same bits as writing). A block with one holder needs no reduce and no broadcast;
+ *   the tied token embedding (read by the first chunk's embedding and the last chunk's
+ *   projection) is reduced over its two stages only, device 0's part plus device P-1's, a
+ *   fixed order, and its new values broadcast to those two (pst_comm_reduce_some,
+ *   pst_comm_broadcast_some). On CUDA every device still keeps the whole model and the
+ *   collectives run over all of them (the others add zeros), until a communicator per
+ *   stage pair exists. The block leaves as soon as every device recorded its
  *   grad_done: a device records it right after the last backward of its last chunk that
  *   names the block (at the start for blocks it never touches), so the last stage's blocks
  *   leave while the earlier stages are still in their backward.
@@ -356,9 +358,11 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
         .losses = slot + pc->loss_off, .correct = pd->correct,
         .save = m->layers[l].save_width ? slot + pc->save_off[i] : NULL,
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
-    pst_layer_io_point(&io, m, l, d->params, NULL);
-    for (int k = 0; k < m->layers[l].ntensors; k++) /* its stage keeps them: never NULL */
-        io.g[k] = exec_grad_at(ex, pc->dev, m->tensors[m->layers[l].tensor[k]].offset);
+    for (int k = 0; k < m->layers[l].ntensors; k++) { /* its stage keeps them: not NULL */
+        const size_t off = m->tensors[m->layers[l].tensor[k]].offset;
+        io.w[k] = exec_param_at(ex, pc->dev, off);
+        io.g[k] = exec_grad_at(ex, pc->dev, off);
+    }
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
 
@@ -632,7 +636,7 @@ pst_status tr_exec_tied_equal(tr_exec *ex, int *equal)
             exec_dev *d = &ex->devs[pc->dev];
             if (st == PST_OK)
                 st = pst_memcpy_async(d->compute, *dst,
-                                      (const float *)d->params + m->tensors[t].offset, bytes,
+                                      exec_param_at(ex, pc->dev, m->tensors[t].offset), bytes,
                                       PST_COPY_DEVICE_TO_HOST);
             if (st == PST_OK)
                 st = pst_stream_synchronize(d->compute);
@@ -795,7 +799,7 @@ pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *
             PST_TRY(pst_stream_wait_event(d->compute, src->ready[b]));
         }
         PST_TRY(pst_memset_async(d->compute, d->grads, 0,
-                                 exec_grad_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
+                                 exec_held_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
         for (int b = 0; b < nb; b++)
             if (p->pd[s].blk_pos[b] < 0)
                 PST_TRY(pst_event_record(d->grad_done[b], d->compute));

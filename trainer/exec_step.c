@@ -91,7 +91,7 @@ static pst_status zero_gradient(tr_exec *ex, exec_dev *d)
         PST_TRY(pst_stream_wait_event(s, src->ready[b]));
     }
     PST_TRY(pst_memset_async(s, d->grads, 0,
-                             exec_grad_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
+                             exec_held_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
     for (int b = 0; b < ex->plan->nblocks; b++)
         PST_TRY(pst_event_record(d->grad_done[b], s));
     for (int l = 0; l < ex->L; l++)
@@ -363,8 +363,9 @@ static pst_status broadcast(tr_exec *ex, exec_block *eb, long step)
     if (!ex->in_place)
         PST_TRY(pst_memcpy_async(owner->recv, eb->pbufs[o], eb->hparam,
                                  eb->b->length * ex->psize, PST_COPY_HOST_TO_DEVICE));
-    PST_TRY(pst_comm_broadcast_bytes(ex->bcast_comm, eb->pbufs, eb->b->length * ex->psize, o,
-                                     ex->recv_streams));
+    PST_TRY(pst_comm_broadcast_some(ex->bcast_comm, eb->pbufs, eb->b->length * ex->psize, o,
+                                    ex->recv_streams,
+                                    ex->local_grads ? eb->b->holders : ~(uint64_t)0));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
     exec_mark_end(owner->recv, sp);

@@ -154,12 +154,20 @@ pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int ro
 pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                     pst_stream *const streams[])
 {
-    PST_TRY(check_args("pst_comm_broadcast_bytes", c, bufs, bytes / sizeof(float), root,
-                       streams));
-    if (bytes == 0 || c->count == 1)
-        return PST_OK;
+    return pst_comm_broadcast_some(c, bufs, bytes, root, streams, c ? every_device(c) : 0);
+}
+
+pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
+                                   pst_stream *const streams[], uint64_t members)
+{
+    if (c)
+        members &= every_device(c);
+    PST_TRY(check_members("pst_comm_broadcast_bytes", c, bufs, bytes / sizeof(float), root,
+                          streams, members));
+    if (bytes == 0 || members == ((uint64_t)1 << root))
+        return PST_OK; /* nobody else to copy to */
     pthread_mutex_lock(&c->mu);
-    pst_status st = c->iface->broadcast(c, bufs, bytes, root, streams);
+    pst_status st = c->iface->broadcast(c, bufs, bytes, root, streams, members);
     pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -345,16 +353,15 @@ static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int ro
 }
 
 static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
-                                 pst_stream *const streams[])
+                                 pst_stream *const streams[], uint64_t members)
 {
     host_ctx *hc = c->ctx;
-    const uint64_t all = every_device(c);
-    PST_TRY(host_enter(hc, c->count, root, streams, all));
+    PST_TRY(host_enter(hc, c->count, root, streams, members));
     for (int d = 0; d < c->count; d++)
-        if (d != root)
+        if (d != root && ((members >> d) & 1u))
             PST_TRY(pst_memcpy_async(streams[root], bufs[d], bufs[root], bytes,
                                      PST_COPY_DEVICE_TO_DEVICE));
-    return host_leave(hc, c->count, root, streams, all);
+    return host_leave(hc, c->count, root, streams, members);
 }
 
 const pst_comm_iface pst_comm_host_iface = {

@@ -69,5 +69,11 @@ pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int ro
 /* The same for `bytes` bytes of any element type (bf16/fp16 parameters). */
 pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                     pst_stream *const streams[]);
+/* pst_comm_broadcast_bytes to the devices in `members` only (the root must be one), as
+ * pst_comm_reduce_some: the others' bufs[d] are not written (may be NULL) and their
+ * streams do not wait. The host comm only; NCCL answers PST_ERR_UNSUPPORTED for a strict
+ * subset. */
+pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
+                                   pst_stream *const streams[], uint64_t members);
 
 #endif /* PST_COLLECTIVES_H */

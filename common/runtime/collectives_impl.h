@@ -16,13 +16,13 @@ typedef struct pst_comm_iface {
     pst_status (*init)(pst_comm *c);
     /* Releases c->ctx; accepts a NULL ctx. */
     void (*free)(pst_comm *c);
-    /* members: bit d, device d takes part (the root always does); every device in
-     * pst_comm_reduce */
+    /* members (reduce, broadcast): bit d, device d takes part (the root always does);
+     * every device in pst_comm_reduce and pst_comm_broadcast(_bytes) */
     pst_status (*reduce)(pst_comm *c, float *const bufs[], size_t n, int root,
                          pst_stream *const streams[], uint64_t members);
-    /* Copies `bytes` bytes of bufs[root] into every other device's buffer. */
+    /* Copies `bytes` bytes of bufs[root] into every other member's buffer. */
     pst_status (*broadcast)(pst_comm *c, void *const bufs[], size_t bytes, int root,
-                            pst_stream *const streams[]);
+                            pst_stream *const streams[], uint64_t members);
 } pst_comm_iface;
 
 struct pst_comm {

@@ -118,20 +118,28 @@ static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
     return group_end();
 }
 
+/* A collective over some of the devices would need a communicator of those: not made yet. */
+static pst_status every_member(const pst_comm *c, uint64_t members, const char *what)
+{
+    const uint64_t all = c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
+    if (members == all)
+        return PST_OK;
+    return pst_error_set(PST_ERR_UNSUPPORTED, "%s: NCCL runs over every device of the "
+                         "runtime, not some (members %#llx of %d)", what,
+                         (unsigned long long)members, c->count);
+}
+
 static pst_status nccl_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                               pst_stream *const streams[], uint64_t members)
 {
-    const uint64_t all = c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
-    if (members != all) /* a communicator over the members would do it: not made yet */
-        return pst_error_set(PST_ERR_UNSUPPORTED, "pst_comm_reduce: NCCL reduces over every "
-                             "device of the runtime, not some (members %#llx of %d)",
-                             (unsigned long long)members, c->count);
+    PST_TRY(every_member(c, members, "pst_comm_reduce"));
     return grouped(c, (void *const *)bufs, n, root, streams, 0);
 }
 
 static pst_status nccl_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
-                                 pst_stream *const streams[])
+                                 pst_stream *const streams[], uint64_t members)
 {
+    PST_TRY(every_member(c, members, "pst_comm_broadcast"));
     return grouped(c, bufs, bytes, root, streams, 1);
 }
 
