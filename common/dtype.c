@@ -115,8 +115,8 @@ static void store_f32(void *dst, pst_dtype dt, size_t i, float f)
 /* The loops below are integer arithmetic on bit patterns, so every instruction set gives
  * the same bits: GCC also builds them for x86-64-v4 (AVX-512) and v3 (AVX2) and picks one
  * when the program loads (PST_BIT_EXACT_CLONES; f32 -> bf16 of 25M values: 12.8 ms with
- * AVX-512 against 17.5 ms with the baseline's SSE2 on an Intel Xeon). The conversions are called through their
- * inline forms (dtype_math.h) so that each clone gets its own copy. */
+ * AVX-512 against 17.5 ms with the baseline's SSE2 on an Intel Xeon). The conversions are
+ * called through their inline forms (dtype_math.h) so that each clone gets its own copy. */
 PST_BIT_EXACT_CLONES
 void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n)
 {

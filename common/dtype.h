@@ -37,7 +37,8 @@ void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n);
  * crashes the program before main. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                      \
     !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
-#define PST_BIT_EXACT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define PST_BIT_EXACT_CLONES                                                                \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PST_BIT_EXACT_CLONES
 #endif
