@@ -992,7 +992,10 @@ static void with_args(const char **out, const char *const argv[], const char *co
     out[n] = NULL;
 }
 
-/* Runs argv + more with PSTRAIN_CHECKPOINT_DIR=dir on `devices`; returns its exit status
+/* The devices run_ckpt's jobs run on (a test may set it: criterion forks each test). */
+static const char *ckpt_devices = "PSTRAIN_DEVICES=cpu:1";
+
+/* Runs argv + more with PSTRAIN_CHECKPOINT_DIR=dir on ckpt_devices; returns its exit status
  * and, when out is not NULL, its stdout (stderr into *err when err is not NULL). */
 static int run_ckpt(const char *const argv[], const char *const more[], const char *dir,
                     char **out, char **err)
@@ -1011,7 +1014,7 @@ static int run_ckpt(const char *const argv[], const char *const more[], const ch
     char env_dir[600];
     snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
     /* named, so that the tests know where the shards are: DIR/t/pserver-<i> */
-    const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", hooks, NULL};
+    const char *env[] = {env_dir, ckpt_devices, "PSTRAIN_JOB_ID=t", hooks, NULL};
     return run(args, env, RUN_WAIT_MS + 30000, out, err);
 }
 
@@ -1059,6 +1062,29 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
          * SIGTERM before it gets there, and trainer 0 checkpoints step 11 as it stops (the
          * SIGTERM checkpoint): a newer whole checkpoint, and the same bits. */
         expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want);
+        rm_tree(dir);
+    }
+}
+
+/* Issue 30: a pipeline whose stages each keep their own blocks (P 2, cpu:2) killed at step
+ * 12 resumes from its checkpoint of step 10 (the parameters gathered from the stages,
+ * restored into each) and ends with the bits of the pipeline that never stopped, alone and
+ * 2 x 2. */
+Test(cluster, resumed_pipeline_ends_with_the_same_bits, .timeout = 240)
+{
+    ckpt_devices = "PSTRAIN_DEVICES=cpu:2";
+    const char *local[] = {TRAINER, GPT_FLAGS, "--pipeline", "2", "--micro-batches", "4", NULL};
+    const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
+                          TRAINER, GPT_FLAGS, "--pipeline", "2", "--micro-batches", "4", NULL};
+    const char *const *jobs[] = {local, dist};
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", NULL};
+    for (int j = 0; j < 2; j++) {
+        const param_hash want = summary_hash_of(jobs[j], "cpu:2");
+        char dir[64];
+        temp_dir(dir, sizeof dir);
+        int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
+        cr_assert_neq(rc, 0, "the job did not stop at step 12");
+        expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want); /* 11: as above */
         rm_tree(dir);
     }
 }
