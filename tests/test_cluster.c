@@ -1038,32 +1038,40 @@ static void expect_resumed(const char *const argv[], const char *dir, int step, 
     free(err);
 }
 
+/* Each of jobs[0..1] (alone, 2 x 2) on PSTRAIN_DEVICES=`devices`: killed at step 12 with
+ * a checkpoint every 5 steps, it resumes from step 10 and ends with the bits of the job
+ * that never stopped. 2 x 2: when trainer 1 reaches step 12 first, pslaunch stops trainer
+ * 0 with SIGTERM before it gets there, and trainer 0 checkpoints step 11 as it stops (the
+ * SIGTERM checkpoint): a newer whole checkpoint, and the same bits. */
+static void crash_at_12_and_resume(const char *const *const jobs[2], const char *devices)
+{
+    static char env[32];
+    snprintf(env, sizeof env, "PSTRAIN_DEVICES=%s", devices);
+    ckpt_devices = env;
+    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", "--log-level",
+                           "info", NULL};
+    for (int j = 0; j < 2; j++) {
+        const param_hash want = summary_hash_of(jobs[j], devices);
+        char dir[64];
+        temp_dir(dir, sizeof dir);
+        int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
+        cr_assert_neq(rc, 0, "the job did not stop at step 12");
+        expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want);
+        rm_tree(dir);
+    }
+}
+
 /* A job killed at step 12 (the trainers _exit without a word; pslaunch then stops the
- * pservers) and started again with the same flags resumes from its checkpoint of step 10
- * (2 x 2: or 11, see below)
- * and ends with the bits of the job that never stopped: trained alone, and by 2 trainers x
- * 2 pservers whose shards are in DIR/t/pserver-0 and -1 (AdamW: values, moments and step
- * count all restored). */
+ * pservers) and started again with the same flags ends with the bits of the job that never
+ * stopped: trained alone, and by 2 trainers x 2 pservers whose shards are in
+ * DIR/t/pserver-0 and -1 (AdamW: values, moments and step count all restored). */
 Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
 {
     const char *local[] = {TRAINER, GPT_FLAGS, NULL};
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, NULL};
     const char *const *jobs[] = {local, dist};
-    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", "--log-level", "info",
-                           NULL};
-    for (int j = 0; j < 2; j++) {
-        const param_hash want = summary_hash_of(jobs[j], "cpu:1");
-        char dir[64];
-        temp_dir(dir, sizeof dir);
-        int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
-        cr_assert_neq(rc, 0, "the job did not stop at step 12");
-        /* 2 x 2: when trainer 1 reaches step 12 first, pslaunch stops trainer 0 with
-         * SIGTERM before it gets there, and trainer 0 checkpoints step 11 as it stops (the
-         * SIGTERM checkpoint): a newer whole checkpoint, and the same bits. */
-        expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want);
-        rm_tree(dir);
-    }
+    crash_at_12_and_resume(jobs, "cpu:1");
 }
 
 /* Issue 30: a pipeline whose stages each keep their own blocks (P 2, cpu:2) killed at step
@@ -1072,21 +1080,11 @@ Test(cluster, resumed_job_ends_with_the_same_bits, .timeout = 240)
  * 2 x 2. */
 Test(cluster, resumed_pipeline_ends_with_the_same_bits, .timeout = 240)
 {
-    ckpt_devices = "PSTRAIN_DEVICES=cpu:2";
     const char *local[] = {TRAINER, GPT_FLAGS, "--pipeline", "2", "--micro-batches", "4", NULL};
     const char *dist[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                           TRAINER, GPT_FLAGS, "--pipeline", "2", "--micro-batches", "4", NULL};
     const char *const *jobs[] = {local, dist};
-    const char *crash[] = {"--checkpoint-every", "5", "PSTRAIN_TEST_HOOKS=crash=12", NULL};
-    for (int j = 0; j < 2; j++) {
-        const param_hash want = summary_hash_of(jobs[j], "cpu:2");
-        char dir[64];
-        temp_dir(dir, sizeof dir);
-        int rc = run_ckpt(jobs[j], crash, dir, NULL, NULL);
-        cr_assert_neq(rc, 0, "the job did not stop at step 12");
-        expect_resumed(jobs[j], dir, 10, j ? 11 : -1, &want); /* 11: as above */
-        rm_tree(dir);
-    }
+    crash_at_12_and_resume(jobs, "cpu:2");
 }
 
 /* fp16: the loss scaler's state (scale, steps since it last changed) and the steps it

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -2043,12 +2044,14 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
     const ps_block_spec blocks[] = {{.id = 0, .offset = 0, .length = L}};
     float *slot = mmap(NULL, L * sizeof(float), PROT_READ | PROT_WRITE,
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    atomic_int *stop = mmap(NULL, sizeof *stop, PROT_READ | PROT_WRITE,
+    atomic_int *stop = mmap(NULL, 2 * sizeof *stop, PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert(slot != MAP_FAILED && stop != MAP_FAILED);
+    atomic_int *started = stop + 1;
     for (int i = 0; i < L; i++)
         slot[i] = 0.001f;
     atomic_init(stop, 0);
+    atomic_init(started, 0);
     const pid_t pid = fork();
     cr_assert(pid >= 0);
     if (pid == 0) { /* the hostile trainer: NaN for 1 of every 4 spins, in a loop */
@@ -2058,6 +2061,7 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
         volatile uint32_t *at = (volatile uint32_t *)&slot[AT];
         uint32_t nan_bits = 0x7fc00000u, fine;
         memcpy(&fine, &slot[AT], sizeof fine);
+        atomic_store(started, 1);
         while (!atomic_load(stop))
             for (int k = 0; k < 4; k++)
                 for (int spin = 0; spin < 2000; spin++)
@@ -2068,6 +2072,9 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
         pst_mode mode;
         int trainers;
     } cases[] = {{PST_MODE_SYNC, 1}, {PST_MODE_SYNC, 2}, {PST_MODE_ASYNC, 1}};
+    for (int ms = 0; !atomic_load(started) && ms < 10000; ms++) /* the writer runs */
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    cr_assert(atomic_load(started), "the writing process did not start in 10 s");
     int refused = 0, applied = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ps_store_config cfg = {.mode = cases[c].mode, .num_trainers = cases[c].trainers,
@@ -2076,19 +2083,24 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
         float *initial = calloc(L, sizeof(float));
         ps_store *st = NULL;
         cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
-        for (int p = 0; p < PUSHES; p++) {
+        /* At least PUSHES, and on until one was refused (the writer may have been off its
+         * core for a while): both outcomes in every case. */
+        int64_t next = 0; /* async: one past the last accepted step */
+        int refused_here = 0;
+        for (int p = 0; p < PUSHES || (!refused_here && p < 200000); p++) {
             const uint32_t t = (uint32_t)(p % cases[c].trainers);
-            /* sync: the block's step; async: one past the last, refused ones skipped */
-            const int64_t step = cases[c].mode == PST_MODE_SYNC ? ps_store_version(st, 0) : p;
+            const int64_t step = cases[c].mode == PST_MODE_SYNC ? ps_store_version(st, 0) : next;
             const pst_status rc =
                 ps_store_push_f32(st, t, step, 0, slot, L, PS_PUSH_SHARED_SOURCE, NULL);
             cr_assert(rc == PST_OK || rc == PST_ERR_INVALID, "case %zu push %d: %s", c, p,
                       pst_error_detail());
             if (rc != PST_OK) {
                 refused++;
+                refused_here++;
                 continue;
             }
             applied++;
+            next++;
             float v;
             int64_t version;
             cr_assert_eq(ps_store_read(st, 0, initial, &version), PST_OK);
@@ -2104,5 +2116,5 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
     /* Both outcomes happened: the other process did write while the pushes ran. */
     cr_assert(refused > 0 && applied > 0, "refused %d, applied %d", refused, applied);
     munmap(slot, L * sizeof(float));
-    munmap(stop, sizeof *stop);
+    munmap(stop, 2 * sizeof *stop);
 }

@@ -163,8 +163,13 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
      * the tied table's two stages exchange through a reduce and a broadcast of their own
      * (on CUDA those would need an NCCL communicator each: there every device keeps the
      * whole model for now). */
-    ex->local_grads = ex->host_memory && c->cfg.pipeline > 1;
-    ex->shared = ex->host_memory && !c->cfg.cpu_replicas && !ex->local_grads;
+    ex->stage_local = ex->host_memory && c->cfg.pipeline > 1;
+    ex->plan = c->link->plan; /* the blocks each device holds size its buffers */
+    if (ex->plan->nparams != c->model->nparams || ex->plan->ndevices != ex->D)
+        return pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
+                             "model has %zu on %d", ex->plan->nparams, ex->plan->ndevices,
+                             c->model->nparams, ex->D);
+    ex->shared = ex->host_memory && !c->cfg.cpu_replicas && !ex->stage_local;
     ex->pdt = c->cfg.precision;
     ex->psize = pst_dtype_size(ex->pdt);
     ex->lowp = ex->pdt != PST_F32;
@@ -232,8 +237,8 @@ static pst_status init_devices(tr_exec *ex)
     return PST_OK;
 }
 
-/* The second shared parameter buffer (see DESIGN), the link's block plan, the two
- * communicators and the host buffers. */
+/* The second shared parameter buffer (see DESIGN), the two communicators and the host
+ * buffers. */
 static pst_status init_shared(tr_exec *ex)
 {
     const size_t n = ex->model->nparams;
@@ -242,11 +247,6 @@ static pst_status init_shared(tr_exec *ex)
         PST_TRY(exec_alloc_dev(ex->devs[0].dev, ex->psize * n, &ex->pbuf[1]));
         ex->devs[0].param_alloc += ex->psize * n;
     }
-    ex->plan = ex->c.link->plan;
-    if (ex->plan->nparams != n || ex->plan->ndevices != ex->D)
-        return pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
-                             "model has %zu on %d", ex->plan->nparams, ex->plan->ndevices, n,
-                             ex->D);
     PST_TRY(pst_comm_init(&ex->reduce_comm, ex->c.rt));
     PST_TRY(pst_comm_init(&ex->bcast_comm, ex->c.rt));
     ex->host_params = malloc(sizeof(float) * n);
@@ -284,7 +284,7 @@ static pst_status init_blocks(tr_exec *ex)
         if (!eb->gbufs || !eb->pbufs)
             return pst_error_set(PST_ERR_NOMEM, "executor: out of memory");
         for (int i = 0; i < ex->D; i++) {
-            if (!ex->local_grads) {
+            if (!ex->stage_local) {
                 eb->gbufs[i] = ex->devs[i].grads + eb->b->offset;
                 eb->pbufs[i] = (char *)ex->devs[i].params + eb->b->offset * ex->psize;
             } else if ((eb->b->holders >> i) & 1u) { /* its blocks end to end, in order */
@@ -464,7 +464,7 @@ tr_exec_memory tr_exec_memory_of(const tr_exec *ex, int device)
         return m;
     const exec_dev *d = &ex->devs[device];
     const size_t live = pst_device_live_bytes(d->dev), n = ex->model->nparams;
-    m.params = ex->psize * (ex->local_grads ? exec_held_elems(ex, device) : n);
+    m.params = ex->psize * (ex->stage_local ? exec_held_elems(ex, device) : n);
     m.grads = d->grads ? sizeof(float) * exec_held_elems(ex, device) : 0;
     m.acts = live - d->param_alloc - m.grads;
     m.peak = pst_device_peak_bytes(d->dev);
@@ -574,7 +574,7 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
         src = ex->host_lowp;
     }
     for (int i = 0; i < (ex->shared ? 1 : ex->D); i++) {
-        if (!ex->local_grads) {
+        if (!ex->stage_local) {
             PST_TRY(pst_memcpy_async(ex->devs[i].compute, ex->devs[i].params, src,
                                      n * ex->psize, PST_COPY_HOST_TO_DEVICE));
             continue;

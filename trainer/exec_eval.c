@@ -129,20 +129,20 @@ pst_status tr_exec_params(tr_exec *ex, float *dst)
     exec_dev *d = &ex->devs[0];
     const size_t n = ex->model->nparams;
     char *to = ex->lowp ? (char *)ex->host_lowp : (char *)dst;
-    if (!ex->local_grads) {
+    if (!ex->stage_local) {
         PST_TRY(pst_memcpy_async(d->compute, to, d->params, ex->psize * n,
                                  PST_COPY_DEVICE_TO_HOST));
         PST_TRY(pst_stream_synchronize(d->compute));
     }
     /* A CPU pipeline: each block from its owner, the stage that holds it. */
-    for (int b = 0; ex->local_grads && b < ex->plan->nblocks; b++) {
+    for (int b = 0; ex->stage_local && b < ex->plan->nblocks; b++) {
         const tr_block *blk = &ex->plan->blocks[b];
         exec_dev *o = &ex->devs[blk->owner_device];
         PST_TRY(pst_memcpy_async(o->compute, to + blk->offset * ex->psize,
                                  ex->blocks[b].pbufs[blk->owner_device],
                                  blk->length * ex->psize, PST_COPY_DEVICE_TO_HOST));
     }
-    for (int i = 0; ex->local_grads && i < ex->D; i++)
+    for (int i = 0; ex->stage_local && i < ex->D; i++)
         PST_TRY(pst_stream_synchronize(ex->devs[i].compute));
     if (ex->lowp)
         pst_cast(dst, PST_F32, ex->host_lowp, ex->pdt, n);

@@ -47,7 +47,7 @@ pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p)
 
 size_t exec_held_elems(const tr_exec *ex, int i)
 {
-    return ex->local_grads ? ex->c.link->plan->device_held[i] : ex->model->nparams;
+    return ex->stage_local ? ex->plan->device_held[i] : ex->model->nparams;
 }
 
 float *exec_grad_at(const tr_exec *ex, int i, size_t off)

@@ -116,7 +116,7 @@ struct tr_exec {
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
-    int local_grads;               /* a pipeline on CPU: each device's gradient and parameter
+    int stage_local;               /* a pipeline on CPU: each device's gradient and parameter
                                     * buffers hold only its blocks (tr_block.holders), in
                                     * block order; a parameter copy per device (not shared) */
     void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
@@ -146,8 +146,8 @@ struct tr_exec {
 
 /* Device memory of at least one byte (bytes 0 allowed). */
 pst_status exec_alloc_dev(pst_device *dev, size_t bytes, void **p);
-/* Elements of device i's gradient buffer (and, local_grads, of its parameter buffer): the
- * blocks it holds (local_grads), else all. */
+/* Elements of device i's gradient buffer (and, stage_local, of its parameter buffer): the
+ * blocks it holds (stage_local), else all. */
 size_t exec_held_elems(const tr_exec *ex, int i);
 /* Where device i keeps the gradient / the parameter of element `off` of the flat buffer
  * (after the blocks are set up); NULL where it holds none. */

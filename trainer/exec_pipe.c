@@ -199,6 +199,11 @@ static pst_status partition(const pst_model *m, const tr_exec_settings *cfg, int
     return PST_OK;
 }
 
+static pst_status nomem(void)
+{
+    return pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory");
+}
+
 /* ---- the stages' tensors -------------------------------------------------------------- */
 
 pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg,
@@ -210,46 +215,23 @@ pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cf
     const int C = P * V, T = m->ntensors;
     int *first = malloc(sizeof(int) * (size_t)(C + 1));
     uint64_t *mask = calloc((size_t)T, sizeof *mask);
-    int *order = malloc(sizeof(int) * (size_t)T);
     tr_plan_segment *segs = calloc((size_t)T, sizeof *segs);
-    pst_status st = !first || !mask || !order || !segs
-                        ? pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory")
-                        : PST_OK;
-    if (st == PST_OK)
-        st = partition(m, cfg, C, first);
+    pst_status st = !first || !mask || !segs ? nomem() : partition(m, cfg, C, first);
     for (int k = 0; st == PST_OK && k < C; k++) /* chunk k runs on device k % P */
         for (int l = first[k]; l < first[k + 1]; l++)
             for (int i = 0; i < m->layers[l].ntensors; i++)
                 mask[m->layers[l].tensor[i]] |= (uint64_t)1 << (k % P);
-    /* The tensors in buffer order (insertion sort: a model has tens of tensors). */
-    for (int t = 0; st == PST_OK && t < T; t++) {
-        int j = t;
-        for (; j > 0 && m->tensors[order[j - 1]].offset > m->tensors[t].offset; j--)
-            order[j] = order[j - 1];
-        order[j] = t;
-    }
+    /* The table lists the tensors in buffer order, end to end, each named by some layer
+     * (model.h, pst_model_check): runs of equal masks are the segments. */
     int n = 0;
-    size_t end = 0;
-    for (int i = 0; st == PST_OK && i < T; i++) {
-        const pst_tensor *t = &m->tensors[order[i]];
-        if (t->offset != end || !mask[order[i]]) {
-            st = pst_error_set(PST_ERR_INTERNAL, "pipeline: tensor %s at %zu (after %zu "
-                               "elements) is %s", t->name, t->offset, end,
-                               mask[order[i]] ? "not where the one before ends" : "in no chunk");
-            break;
-        }
-        end += t->numel;
-        if (n > 0 && segs[n - 1].holders == mask[order[i]])
-            segs[n - 1].length += t->numel;
+    for (int t = 0; st == PST_OK && t < T; t++) {
+        if (n > 0 && segs[n - 1].holders == mask[t])
+            segs[n - 1].length += m->tensors[t].numel;
         else
-            segs[n++] = (tr_plan_segment){t->numel, mask[order[i]]};
+            segs[n++] = (tr_plan_segment){m->tensors[t].numel, mask[t]};
     }
-    if (st == PST_OK && end != m->nparams)
-        st = pst_error_set(PST_ERR_INTERNAL, "pipeline: the tensors cover %zu of the %zu "
-                           "parameters", end, m->nparams);
     free(first);
     free(mask);
-    free(order);
     if (st != PST_OK) {
         free(segs);
         return st;
@@ -262,7 +244,7 @@ pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cf
 pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *cfg,
                         size_t block_bytes, int npservers, int D)
 {
-    tr_plan_segment whole = {m->nparams, D >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << D) - 1};
+    tr_plan_segment whole = {m->nparams, pst_devices_first(D)};
     tr_plan_segment *segs = &whole;
     int nsegs = 1;
     if (cfg->pipeline > 1 && D == cfg->pipeline)
@@ -274,11 +256,6 @@ pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *
 }
 
 /* ---- init ----------------------------------------------------------------------------- */
-
-static pst_status nomem(void)
-{
-    return pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory");
-}
 
 /* Lays out chunk k's share of a slot. */
 static pst_status layout_chunk(const tr_exec *ex, exec_pipe *p, int k, const int *first)

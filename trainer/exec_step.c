@@ -276,7 +276,7 @@ static pst_status reduce_to_owner(tr_exec *ex, exec_block *eb, long step)
     /* Over the devices that hold the block (each one, or a tied table's two stages) where
      * only they keep it, else every device. */
     PST_TRY(pst_comm_reduce_some(ex->reduce_comm, eb->gbufs, eb->b->length, o, ex->send_streams,
-                                 ex->local_grads ? eb->b->holders : ~(uint64_t)0));
+                                 ex->stage_local ? eb->b->holders : ~(uint64_t)0));
     if (ex->direct) {
         /* The update writes the owner's weights (every device's, when shared), or the
          * store's copy lands there: backward must be done reading them. */
@@ -365,7 +365,7 @@ static pst_status broadcast(tr_exec *ex, exec_block *eb, long step)
                                  eb->b->length * ex->psize, PST_COPY_HOST_TO_DEVICE));
     PST_TRY(pst_comm_broadcast_some(ex->bcast_comm, eb->pbufs, eb->b->length * ex->psize, o,
                                     ex->recv_streams,
-                                    ex->local_grads ? eb->b->holders : ~(uint64_t)0));
+                                    ex->stage_local ? eb->b->holders : ~(uint64_t)0));
     for (int i = 0; i < ex->D; i++)
         PST_TRY(pst_event_record(ex->devs[i].ready[eb->index], ex->devs[i].recv));
     exec_mark_end(owner->recv, sp);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/hash.h"
+#include "common/runtime/device.h"
 #include "common/config.h"
 
 static int least_loaded(const size_t *load, int n)
@@ -70,7 +71,7 @@ pst_status tr_plan_build(tr_plan *p, size_t nparams, size_t block_bytes, int nps
         p->pserver_elems[b->pserver] += b->length;
         b->owner_device = least_loaded(p->device_elems, ndevices);
         p->device_elems[b->owner_device] += b->length;
-        b->holders = ndevices >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << ndevices) - 1;
+        b->holders = pst_devices_first(ndevices);
     }
     for (int d = 0; d < ndevices; d++)
         p->device_held[d] = nparams;
@@ -91,7 +92,7 @@ pst_status tr_plan_build_segments(tr_plan *p, const tr_plan_segment *segs, int n
                                   size_t block_bytes, int npservers, int ndevices)
 {
     memset(p, 0, sizeof *p);
-    const uint64_t all = ndevices >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << ndevices) - 1;
+    const uint64_t all = pst_devices_first(ndevices);
     size_t nparams = 0;
     for (int s = 0; s < nsegs; s++) {
         if (!segs || segs[s].length == 0 || !segs[s].holders || ndevices < 1 ||

@@ -486,7 +486,8 @@ static void summarize_devices(tr_summary *sum, const pst_config *cfg, const tr_e
  * --checkpoint-dir, or in async mode); a resumed job starts from the newest checkpoint
  * every one of them has whole. Trainer 0 lists the candidates (candidates and states, which
  * the link keeps pointers to: they must outlive it) and *newest, the newest job
- * checkpoint's step, whole or not. job_id: the links' (tr_link_settings), made once. Errors: PST_ERR_MISMATCH (job_candidates said why). */
+ * checkpoint's step, whole or not. job_id: the links' (tr_link_settings), made once.
+ * Errors: PST_ERR_MISMATCH (job_candidates said why). */
 static pst_status setup_checkpoints(tr_job *job, const pst_config *cfg, const tr_plan *plan,
                                     const char *job_id, tr_link *link, char *job_dir,
                                     size_t dir_size,

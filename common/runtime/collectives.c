@@ -113,28 +113,23 @@ static pst_status check_members(const char *what, pst_comm *c, void *const bufs[
     return PST_OK;
 }
 
-static uint64_t every_device(const pst_comm *c)
-{
-    return c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
-}
-
 static pst_status check_args(const char *what, pst_comm *c, void *const bufs[], size_t n,
                              int root, pst_stream *const streams[])
 {
-    return check_members(what, c, bufs, n, root, streams, c ? every_device(c) : 0);
+    return check_members(what, c, bufs, n, root, streams, c ? pst_devices_first(c->count) : 0);
 }
 
 pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                            pst_stream *const streams[])
 {
-    return pst_comm_reduce_some(c, bufs, n, root, streams, c ? every_device(c) : 0);
+    return pst_comm_reduce_some(c, bufs, n, root, streams, c ? pst_devices_first(c->count) : 0);
 }
 
 pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
                                 pst_stream *const streams[], uint64_t members)
 {
     if (c)
-        members &= every_device(c);
+        members &= pst_devices_first(c->count);
     PST_TRY(check_members("pst_comm_reduce", c, (void *const *)bufs, n, root, streams, members));
     if (n == 0 || members == ((uint64_t)1 << root))
         return PST_OK; /* the sum of one buffer is itself */
@@ -154,14 +149,14 @@ pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int ro
 pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                     pst_stream *const streams[])
 {
-    return pst_comm_broadcast_some(c, bufs, bytes, root, streams, c ? every_device(c) : 0);
+    return pst_comm_broadcast_some(c, bufs, bytes, root, streams, c ? pst_devices_first(c->count) : 0);
 }
 
 pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                    pst_stream *const streams[], uint64_t members)
 {
     if (c)
-        members &= every_device(c);
+        members &= pst_devices_first(c->count);
     PST_TRY(check_members("pst_comm_broadcast_bytes", c, bufs, bytes / sizeof(float), root,
                           streams, members));
     if (bytes == 0 || members == ((uint64_t)1 << root))

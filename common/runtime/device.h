@@ -48,6 +48,13 @@ typedef struct pst_flag pst_flag;
 
 #define PST_DEVICE_MAX_COUNT 64 /* most devices in one runtime ("cpu:64") */
 
+/* The set of devices 0..n-1 as bits (bit d: device d), for n <= PST_DEVICE_MAX_COUNT: what
+ * the collectives' `members` and the block plan's holders name. */
+static inline uint64_t pst_devices_first(int n)
+{
+    return n >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+}
+
 typedef enum pst_backend_kind { PST_BACKEND_CPU = 0, PST_BACKEND_CUDA } pst_backend_kind;
 
 typedef enum pst_copy_kind {

@@ -121,8 +121,7 @@ static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
 /* A collective over some of the devices would need a communicator of those: not made yet. */
 static pst_status every_member(const pst_comm *c, uint64_t members, const char *what)
 {
-    const uint64_t all = c->count >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << c->count) - 1;
-    if (members == all)
+    if (members == pst_devices_first(c->count))
         return PST_OK;
     return pst_error_set(PST_ERR_UNSUPPORTED, "%s: NCCL runs over every device of the "
                          "runtime, not some (members %#llx of %d)", what,
