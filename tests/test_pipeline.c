@@ -3,7 +3,8 @@
  *   - every schedule, stage count, virtual stage count and micro-batch count gives the
  *     parameters of plain training with the same global batch within 1e-6 relative
  *     (param L2), and, for one M, the same bits as each other (each device adds its
- *     micro-batches in order; the reduce adds the devices in order);
+ *     micro-batches in order; the reduce adds the devices in order); so do R = 2
+ *     data-parallel replicas of a pipeline (cpu:P R), against plain training on cpu:2;
  *   - the tied token embedding's copies on the first and the last stage are equal bit
  *     for bit after every step (--cpu-replicas 1: a parameter copy per device);
  *   - exactly 2 (C - 1) M copies travel between stages per step, nothing else;
@@ -29,7 +30,7 @@ typedef struct run {
     pst_schedule sched;
     int mb;              /* rows per micro-batch (0: global batch 16 split in M) */
     int steps;
-    int devices;         /* CPU devices (0: P) */
+    int devices;         /* CPU devices (0: P; a multiple of P: replicas of the pipeline) */
     int rows;            /* the global batch (0: mb M, or 16) */
     uint64_t jitter;     /* test hook: random delays in every stream, this seed (0: none) */
     const char *partition; /* --partition (NULL: balanced) */
@@ -154,8 +155,8 @@ static pst_status train(const run *r, result *res)
                     for (int i = 0; i < model.layers[l].ntensors; i++)
                         if (model.layers[l].tensor[i] == t)
                             mask |= (uint64_t)1 << (k % r->P);
-            for (int d = 0; d < D && d < 8; d++)
-                res->held_by[d] += (mask >> d) & 1u ? model.tensors[t].numel : 0;
+            for (int d = 0; d < D && d < 8; d++) /* device d runs stage d % P */
+                res->held_by[d] += (mask >> (d % r->P)) & 1u ? model.tensors[t].numel : 0;
         }
         res->messages = tr_exec_stage_messages(ex);
     }
@@ -223,6 +224,53 @@ Test(pipeline, every_schedule_equals_plain_training, .timeout = 300)
     }
 }
 
+/* Issue 30 item 3: R = 2 data-parallel replicas of a pipeline (cpu:2P; replica r runs
+ * stage s on device r P + s). Micro-batch m's rows are split over the replicas as
+ * --acc-steps splits them over a trainer's devices, each stage's gradient is reduced over
+ * its replica group in device order: param L2 within 1e-6 of plain training on cpu:2 with
+ * --acc-steps M, and every layout (P 2 and 4, each schedule, unequal rows) the same bits. */
+Test(pipeline, replicas_of_a_pipeline_equal_plain_training, .timeout = 300)
+{
+    const int rows[] = {16, 15};
+    for (int q = 0; q < 2; q++) {
+        const int M = 4;
+        result plain, first = {0};
+        const run pr = {.P = 1, .M = M, .devices = 2, .rows = rows[q], .steps = 10};
+        cr_assert_eq(train(&pr, &plain), PST_OK, "%s", pst_error_detail());
+        const double ref = l2(plain.params, plain.n);
+        const run runs[] = {
+            {.P = 2, .M = M, .devices = 4, .sched = PST_SCHEDULE_1F1B},
+            {.P = 4, .M = M, .devices = 8, .sched = PST_SCHEDULE_1F1B},
+            {.P = 2, .M = M, .devices = 4, .sched = PST_SCHEDULE_GPIPE},
+            {.P = 2, .V = 2, .M = M, .devices = 4, .sched = PST_SCHEDULE_INTERLEAVED},
+            {.P = 2, .M = M, .devices = 4, .sched = PST_SCHEDULE_1F1B, .overlap = 1,
+             .replicas = 1},
+        };
+        for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+            run r = runs[i];
+            r.rows = rows[q];
+            r.steps = 10;
+            result res;
+            cr_assert_eq(train(&r, &res), PST_OK, "%s", pst_error_detail());
+            const double v = l2(res.params, res.n);
+            fprintf(stderr, "pipeline P %d V %d R 2 M %d %s, %d rows: param_l2 %.9g, plain "
+                    "%.9g\n", r.P, r.V, M, name(r.sched), r.rows, v, ref);
+            cr_assert_leq(fabs(v - ref) / ref, 1e-6, "P %d V %d R 2 %s: %.9g vs plain %.9g",
+                          r.P, r.V, name(r.sched), v, ref);
+            if (!first.params) {
+                first = res;
+                continue;
+            }
+            cr_assert_eq(memcmp(first.params, res.params, res.n * sizeof(float)), 0,
+                         "P %d V %d R 2 %s, %d rows: other bits than P 2 1f1b", r.P, r.V,
+                         name(r.sched), r.rows);
+            free(res.params);
+        }
+        free(first.params);
+        free(plain.params);
+    }
+}
+
 /* With a parameter copy per device (the GPU layout) the tied token embedding is held by
  * the first stage (the embedding) and the last (the projection): after every step both
  * copies are the same bits. */
@@ -232,6 +280,7 @@ Test(pipeline, tied_embedding_copies_equal_after_every_step, .timeout = 120)
         {.P = 2, .M = 4, .sched = PST_SCHEDULE_1F1B, .replicas = 1, .overlap = 1, .steps = 8},
         {.P = 4, .V = 2, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .replicas = 1,
          .overlap = 1, .steps = 8},
+        {.P = 2, .M = 4, .devices = 4, .sched = PST_SCHEDULE_1F1B, .overlap = 1, .steps = 8},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         result res;
@@ -243,7 +292,8 @@ Test(pipeline, tied_embedding_copies_equal_after_every_step, .timeout = 120)
 }
 
 /* Only activations go forward and gradients back, one copy each per micro-batch and chunk
- * boundary: 2 (C - 1) M per step, C = P V; no shape or metadata message exists. */
+ * boundary in each replica: 2 (C - 1) M R per step, C = P V; no shape or metadata message
+ * exists. */
 Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
 {
     const run runs[] = {
@@ -251,12 +301,14 @@ Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
         {.P = 4, .M = 8, .sched = PST_SCHEDULE_GPIPE, .steps = 3},
         {.P = 2, .V = 2, .M = 6, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 3},
         {.P = 4, .M = 3, .sched = PST_SCHEDULE_1F1B, .steps = 3}, /* M < P */
+        {.P = 2, .M = 4, .devices = 4, .sched = PST_SCHEDULE_1F1B, .steps = 3},
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         result res;
         cr_assert_eq(train(&runs[i], &res), PST_OK, "%s", pst_error_detail());
         const long C = runs[i].P * (runs[i].V ? runs[i].V : 1);
-        cr_assert_eq(res.messages, 2 * (C - 1) * runs[i].M * runs[i].steps,
+        const long R = runs[i].devices ? runs[i].devices / runs[i].P : 1;
+        cr_assert_eq(res.messages, 2 * (C - 1) * runs[i].M * R * runs[i].steps,
                      "P %d V %d M %d: %ld messages", runs[i].P, runs[i].V, runs[i].M,
                      res.messages);
         free(res.params);
@@ -271,30 +323,30 @@ Test(pipeline, messages_between_stages_are_counted_exactly, .timeout = 120)
  * 4P to 16P and never more than at 4P. GPipe holds all M: it grows. */
 /* Issue 30: a stage keeps the gradients (and addresses the parameters) of the tensors its
  * chunks' layers name and nothing else; the tied token table is on the first and the last
- * stage; the sum over the stages is the model plus one table. 1F1B and interleaved, P 2
- * and 4. */
+ * stage; the sum over the stages is the model plus one table, per replica. 1F1B and
+ * interleaved, P 2 and 4, one replica and two (cpu:2P). */
 Test(pipeline, each_stage_holds_only_its_tensors, .timeout = 120)
 {
-    for (int P = 2; P <= 4; P += 2)
-        for (int V = 1; V <= 2; V++) {
-            run r = {.P = P, .V = V, .M = 2 * P, .mb = 2, .steps = 1,
-                     .sched = V > 1 ? PST_SCHEDULE_INTERLEAVED : PST_SCHEDULE_1F1B};
-            result res = {0};
-            cr_assert_eq(train(&r, &res), PST_OK, "%s", pst_error_detail());
-            size_t sum = 0;
-            for (int s = 0; s < P; s++) {
-                cr_assert_eq(res.grad_bytes[s], 4 * res.held_by[s], "P %d V %d stage %d: %zu "
-                             "gradient bytes for %zu elements", P, V, s, res.grad_bytes[s],
-                             res.held_by[s]);
-                cr_assert_eq(res.param_bytes[s], res.grad_bytes[s]);
-                cr_assert_lt(res.held_by[s], res.n, "P %d stage %d holds everything", P, s);
-                sum += res.held_by[s];
-            }
-            const size_t table = (size_t)text.vocab * 32; /* the tied (vocab, embd) table */
-            cr_assert_eq(sum, res.n + table, "P %d V %d: the stages hold %zu of %zu + %zu", P,
-                         V, sum, res.n, table);
-            free(res.params);
+    for (int c = 0; c < 8; c++) {
+        const int P = c & 1 ? 4 : 2, V = c & 2 ? 2 : 1, R = c & 4 ? 2 : 1;
+        run r = {.P = P, .V = V, .M = 2 * P, .mb = 2, .steps = 1, .devices = P * R,
+                 .sched = V > 1 ? PST_SCHEDULE_INTERLEAVED : PST_SCHEDULE_1F1B};
+        result res = {0};
+        cr_assert_eq(train(&r, &res), PST_OK, "%s", pst_error_detail());
+        size_t sum = 0;
+        for (int s = 0; s < P * R; s++) {
+            cr_assert_eq(res.grad_bytes[s], 4 * res.held_by[s], "P %d V %d R %d device %d: %zu "
+                         "gradient bytes for %zu elements", P, V, R, s, res.grad_bytes[s],
+                         res.held_by[s]);
+            cr_assert_eq(res.param_bytes[s], res.grad_bytes[s]);
+            cr_assert_lt(res.held_by[s], res.n, "P %d device %d holds everything", P, s);
+            sum += res.held_by[s];
         }
+        const size_t table = (size_t)text.vocab * 32; /* the tied (vocab, embd) table */
+        cr_assert_eq(sum, R * (res.n + table), "P %d V %d R %d: the stages hold %zu of R x "
+                     "(%zu + %zu)", P, V, R, sum, res.n, table);
+        free(res.params);
+    }
 }
 
 Test(pipeline, peak_memory_is_flat_in_micro_batches, .timeout = 300)
@@ -345,7 +397,7 @@ Test(pipeline, invalid_combinations_are_refused, .timeout = 60)
          PST_ERR_INVALID},
         {{.P = 8, .V = 2, .M = 8, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 1}, "layers",
          PST_ERR_INVALID},
-        {{.P = 2, .M = 4, .devices = 4, .steps = 1}, "cpu:2", PST_ERR_INVALID},
+        {{.P = 2, .M = 4, .devices = 3, .steps = 1}, "cpu:2", PST_ERR_INVALID},
         {{.P = 2, .M = 4, .partition = "3,3", .steps = 1}, "--partition", PST_ERR_INVALID},
         {{.P = 2, .M = 4, .partition = "8", .steps = 1}, "2 chunks", PST_ERR_INVALID},
         {{.P = 2, .M = 4, .precision = PST_BF16, .steps = 1}, "not built yet",
@@ -415,6 +467,8 @@ Test(pipeline, random_stream_delays_change_no_bit, .timeout = 240)
         {.P = 2, .V = 2, .M = 4, .sched = PST_SCHEDULE_INTERLEAVED, .steps = 3, .overlap = 1,
          .replicas = 1},
         {.P = 2, .M = 6, .rows = 15, .sched = PST_SCHEDULE_GPIPE, .steps = 3, .overlap = 1},
+        {.P = 2, .M = 4, .devices = 4, .rows = 15, .sched = PST_SCHEDULE_1F1B, .steps = 3,
+         .overlap = 1},
     };
     for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) {
         result ref;

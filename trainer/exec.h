@@ -53,16 +53,18 @@ typedef struct tr_exec_settings {
 /* The executor's settings of a job. */
 tr_exec_settings tr_exec_settings_of(const pst_config *cfg);
 
-/* A pipeline's (cfg->pipeline > 1) flat buffer as segments of the plan
- * (tr_plan_build_segments): runs of tensors that the same stages hold, a stage (device
- * k % P of chunk k) holding the tensors its chunks' layers name, the tied token table the
- * first and the last stage. *out (free) lists them in buffer order. Errors: those of the
- * partition (--partition, too few layers), PST_ERR_NOMEM. */
-pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg,
+/* A pipeline's (cfg->pipeline > 1) flat buffer on D = P x R devices (R data-parallel
+ * replicas of the P stages) as segments of the plan (tr_plan_build_segments): runs of
+ * tensors that the same devices hold, a stage (chunk k runs on device r P + k % P in
+ * replica r) holding the tensors its chunks' layers name, the tied token table the first
+ * and the last stage. *out (free) lists them in buffer order. Errors: PST_ERR_INVALID (D
+ * not a multiple of P), those of the partition (--partition, too few layers),
+ * PST_ERR_NOMEM. */
+pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg, int D,
                                   tr_plan_segment **out, int *nsegs);
 /* The block plan of a job on D local devices (tr_plan_build_segments): a pipeline's cut at
- * its stages' segments (D == cfg->pipeline), else one segment every device holds. Errors:
- * those of the two. */
+ * its stages' segments (D a multiple of cfg->pipeline), else one segment every device
+ * holds. Errors: those of the two. */
 pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *cfg,
                         size_t block_bytes, int npservers, int D);
 

@@ -60,7 +60,7 @@
 
 /* Where chunk k's buffers lie in a slot, in 4-byte elements from the slot's start. */
 typedef struct pipe_chunk {
-    int dev;             /* k % P */
+    int stage;           /* k % P: replica r runs it on device r P + stage */
     int first, last;     /* its layers [first, last] */
     size_t in_off;       /* k == 0: the batch (floats or int32 tokens); else the copied
                           * input activation (mb, in_width of `first`) */
@@ -99,24 +99,33 @@ typedef struct pipe_dev {
 struct exec_pipe {
     tr_psched sched;
     int P, V, M, C;
-    int mb;              /* most rows of one micro-batch */
+    int R;               /* data-parallel replicas of the pipeline: devices P R */
+    int mb;              /* most rows of one micro-batch on one replica */
     pipe_chunk *chunks;  /* (C) */
-    pipe_dev *pd;        /* (P) */
-    int *fwd_slot;       /* (M * C) the slot FORWARD (m, k) uses */
-    pst_event **act_ev;  /* (M * C) forward (m, k) has run: its output can be read */
-    pst_event **grad_ev; /* (M * C) the gradient of (m, k)'s output is in its slot */
-    pst_event **in_ev;   /* (M * C) (m, k)'s input activation is in its slot (k > 0) */
-    pst_event **gin_ev;  /* (M * C) backward (m, k) wrote its input gradient to gin */
-    pst_event **eval_ev; /* (C) evaluation: chunk k's forward has run */
-    unsigned char *fwd_enq, *bwd_enq; /* (M * C) host: queued this step */
-    int *rows, *lo;      /* (M) this step's micro-batches: rows [lo, lo + rows) */
+    pipe_dev *pd;        /* (P R) by device */
+    int *fwd_slot;       /* (M * C) the slot FORWARD (m, k) uses (every replica the same) */
+    /* by (r, m, k), at(): */
+    pst_event **act_ev;  /* forward (m, k) has run: its output can be read */
+    pst_event **grad_ev; /* the gradient of (m, k)'s output is in its slot */
+    pst_event **in_ev;   /* (m, k)'s input activation is in its slot (k > 0) */
+    pst_event **gin_ev;  /* backward (m, k) wrote its input gradient to gin */
+    unsigned char *fwd_enq, *bwd_enq; /* host: queued this step */
+    pst_event **eval_ev; /* (C) evaluation (replica 0): chunk k's forward has run */
+    int *rows, *lo;      /* (R * M) this step's micro-batches, replica r's part of m: rows
+                          * [lo, lo + rows) of the trainer's */
     float *host_losses;  /* (M * mb) per-row losses of the step, row order */
     long messages;       /* activation and gradient copies between stages, all steps */
 };
 
-static inline size_t at(const exec_pipe *p, int m, int k)
+static inline size_t at(const exec_pipe *p, int r, int m, int k)
 {
-    return (size_t)m * (size_t)p->C + (size_t)k;
+    return ((size_t)r * (size_t)p->M + (size_t)m) * (size_t)p->C + (size_t)k;
+}
+
+/* The device that runs chunk k in replica r. */
+static inline int dev_of(const exec_pipe *p, int r, int k)
+{
+    return r * p->P + p->chunks[k].stage;
 }
 
 /* ---- partition ------------------------------------------------------------------------ */
@@ -206,21 +215,26 @@ static pst_status nomem(void)
 
 /* ---- the stages' tensors -------------------------------------------------------------- */
 
-pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg,
+pst_status tr_exec_stage_segments(const pst_model *m, const tr_exec_settings *cfg, int D,
                                   tr_plan_segment **out, int *nsegs)
 {
     *out = NULL;
     *nsegs = 0;
     const int P = cfg->pipeline, V = cfg->virtual_stages > 0 ? cfg->virtual_stages : 1;
     const int C = P * V, T = m->ntensors;
+    if (P < 2 || D < P || D % P || D > PST_DEVICE_MAX_COUNT)
+        return pst_error_set(PST_ERR_INVALID, "--pipeline %d on %d devices: a pipeline needs "
+                             "P x R devices, R replicas of its %d stages, at most %d (example: "
+                             "PSTRAIN_DEVICES=cpu:%d)", P, D, P, PST_DEVICE_MAX_COUNT, P);
     int *first = malloc(sizeof(int) * (size_t)(C + 1));
     uint64_t *mask = calloc((size_t)T, sizeof *mask);
     tr_plan_segment *segs = calloc((size_t)T, sizeof *segs);
     pst_status st = !first || !mask || !segs ? nomem() : partition(m, cfg, C, first);
-    for (int k = 0; st == PST_OK && k < C; k++) /* chunk k runs on device k % P */
+    for (int k = 0; st == PST_OK && k < C; k++) /* chunk k: device r P + k % P, replica r */
         for (int l = first[k]; l < first[k + 1]; l++)
             for (int i = 0; i < m->layers[l].ntensors; i++)
-                mask[m->layers[l].tensor[i]] |= (uint64_t)1 << (k % P);
+                for (int d = k % P; d < D; d += P)
+                    mask[m->layers[l].tensor[i]] |= (uint64_t)1 << d;
     /* The table lists the tensors in buffer order, end to end, each named by some layer
      * (model.h, pst_model_check): runs of equal masks are the segments. */
     int n = 0;
@@ -247,8 +261,8 @@ pst_status tr_exec_plan(tr_plan *p, const pst_model *m, const tr_exec_settings *
     tr_plan_segment whole = {m->nparams, pst_devices_first(D)};
     tr_plan_segment *segs = &whole;
     int nsegs = 1;
-    if (cfg->pipeline > 1 && D == cfg->pipeline)
-        PST_TRY(tr_exec_stage_segments(m, cfg, &segs, &nsegs));
+    if (cfg->pipeline > 1 && D % cfg->pipeline == 0)
+        PST_TRY(tr_exec_stage_segments(m, cfg, D, &segs, &nsegs));
     const pst_status st = tr_plan_build_segments(p, segs, nsegs, block_bytes, npservers, D);
     if (segs != &whole)
         free(segs);
@@ -263,7 +277,7 @@ static pst_status layout_chunk(const tr_exec *ex, exec_pipe *p, int k, const int
     const pst_model *m = ex->model;
     pipe_chunk *pc = &p->chunks[k];
     const size_t mb = (size_t)p->mb;
-    pc->dev = k % p->P;
+    pc->stage = k % p->P;
     pc->first = first[k];
     pc->last = first[k + 1] - 1;
     const int n = pc->last - pc->first + 1;
@@ -299,14 +313,14 @@ static pst_status layout_chunk(const tr_exec *ex, exec_pipe *p, int k, const int
  * layer reads the gradient the next stage wrote into the slot (the loss layer writes its
  * input gradient at forward time, so into the slot too); the chunk's first layer writes
  * its input gradient into gin, which its backward then copies to the stage below. */
-static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
+static void bind_slot_layer(tr_exec *ex, int r, int k, int mi, int l)
 {
     exec_pipe *p = ex->pipe;
-    const int j = p->fwd_slot[at(p, mi, k)];
+    const int j = p->fwd_slot[at(p, 0, mi, k)], dev = dev_of(p, r, k);
     const pst_model *m = ex->model;
     const pipe_chunk *pc = &p->chunks[k];
-    exec_dev *d = &ex->devs[pc->dev];
-    pipe_dev *pd = &p->pd[pc->dev];
+    exec_dev *d = &ex->devs[dev];
+    pipe_dev *pd = &p->pd[dev];
     float *slot = pd->slots + (size_t)j * pd->slot_floats;
     const int top = pc->last, loss = ex->L - 1, i = l - pc->first;
     float *din = NULL;
@@ -337,8 +351,8 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
     for (int k = 0; k < m->layers[l].ntensors; k++) { /* its stage keeps them: not NULL */
         const size_t off = m->tensors[m->layers[l].tensor[k]].offset;
-        io.w[k] = exec_param_at(ex, pc->dev, off);
-        io.g[k] = exec_grad_at(ex, pc->dev, off);
+        io.w[k] = exec_param_at(ex, dev, off);
+        io.g[k] = exec_grad_at(ex, dev, off);
     }
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
@@ -346,13 +360,15 @@ static void bind_slot_layer(tr_exec *ex, int k, int mi, int l)
 void exec_pipe_bind(tr_exec *ex)
 {
     exec_pipe *p = ex->pipe;
-    for (int k = 0; k < p->C; k++)
-        for (int mi = 0; mi < p->M; mi++)
-            for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++)
-                bind_slot_layer(ex, k, mi, l);
+    for (int r = 0; r < p->R; r++)
+        for (int k = 0; k < p->C; k++)
+            for (int mi = 0; mi < p->M; mi++)
+                for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++)
+                    bind_slot_layer(ex, r, k, mi, l);
 }
 
-/* Device s's buffers and instances (after the chunks are laid out). */
+/* Device s's buffers and instances (after the chunks are laid out): those of its stage's
+ * chunks. */
 static pst_status alloc_pipe_dev(tr_exec *ex, int s)
 {
     exec_pipe *p = ex->pipe;
@@ -361,7 +377,8 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     exec_dev *d = &ex->devs[s];
     const size_t mb = (size_t)p->mb;
     size_t widest = 1, gin = 1, work = 1, scratch = 1;
-    for (int k = s; k < p->C; k += p->P) {
+    const int stage = s % p->P;
+    for (int k = stage; k < p->C; k += p->P) {
         const pipe_chunk *pc = &p->chunks[k];
         pd->slot_floats = pc->floats > pd->slot_floats ? pc->floats : pd->slot_floats;
         const size_t w0 = (size_t)m->layers[pc->first].in_width;
@@ -374,7 +391,7 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
                                                                : scratch;
         }
     }
-    pd->nslots = p->sched.peak_in_flight[s];
+    pd->nslots = p->sched.peak_in_flight[stage];
     if (pd->nslots < 1)
         pd->nslots = 1; /* evaluation uses slot 0 */
     const size_t threads = d->pool ? (size_t)pst_pool_size(d->pool) : 1;
@@ -401,7 +418,7 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
         snprintf(name, sizeof name, "%s stage transfers", pst_device_name(d->dev));
         pd->tr_xfer = tr_trace_track(ex->c.trace, name);
     }
-    for (int k = s; k < p->C; k += p->P)
+    for (int k = stage; k < p->C; k += p->P)
         for (int mi = 0; mi < p->M; mi++)
             for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++) {
                 const pst_layer_class *cls = m->layers[l].cls;
@@ -413,18 +430,19 @@ static pst_status alloc_pipe_dev(tr_exec *ex, int s)
     return PST_OK;
 }
 
-/* Where in device s's list grad_done[b] and x_done[l] are recorded: after the last
- * BACKWARD of the last of its chunks that names them. */
+/* Where in device s's list (its stage's) grad_done[b] and x_done[l] are recorded: after
+ * the last BACKWARD of the last of its chunks that names them. */
 static void record_points(tr_exec *ex, int s)
 {
     exec_pipe *p = ex->pipe;
     pipe_dev *pd = &p->pd[s];
+    const tr_psched_instr *list = p->sched.list[s % p->P];
     for (int b = 0; b < ex->plan->nblocks; b++)
         pd->blk_pos[b] = -1;
     for (int l = 0; l < ex->L; l++)
         pd->layer_pos[l] = -1;
-    for (int i = 0; i < p->sched.count[s]; i++) {
-        const tr_psched_instr *in = &p->sched.list[s][i];
+    for (int i = 0; i < p->sched.count[s % p->P]; i++) {
+        const tr_psched_instr *in = &list[i];
         if (in->op != TR_PSCHED_BACKWARD)
             continue;
         const pipe_chunk *pc = &p->chunks[in->chunk];
@@ -440,10 +458,11 @@ pst_status exec_pipe_init(tr_exec *ex)
 {
     const tr_exec_settings *cfg = &ex->c.cfg;
     const int P = cfg->pipeline, V = cfg->virtual_stages, M = cfg->micro_batches;
-    if (ex->D != P)
-        return pst_error_set(PST_ERR_INVALID, "--pipeline %d needs %d devices, one per stage "
-                             "(example: PSTRAIN_DEVICES=cpu:%d); this trainer has %d", P, P, P,
-                             ex->D);
+    if (ex->D % P)
+        return pst_error_set(PST_ERR_INVALID, "--pipeline %d needs a multiple of %d devices: "
+                             "one per stage, times the pipeline's data-parallel replicas "
+                             "(example: PSTRAIN_DEVICES=cpu:%d, or cpu:%d for 2 replicas); "
+                             "this trainer has %d", P, P, P, 2 * P, ex->D);
     if (ex->lowp)
         return pst_error_set(PST_ERR_UNSUPPORTED, "--pipeline with --precision %s is not "
                              "built yet: pipelines train in fp32 (example: --precision fp32)",
@@ -456,13 +475,15 @@ pst_status exec_pipe_init(tr_exec *ex)
     p->V = V;
     p->M = M;
     p->C = P * V;
-    p->mb = (ex->c.max_rows + M - 1) / M;
+    p->R = ex->D / P;
+    const int R = p->R;
+    p->mb = ((ex->c.max_rows + M - 1) / M + R - 1) / R;
     PST_TRY(tr_psched_build(&p->sched, cfg->schedule, P, M, V));
     int *first = malloc(sizeof(int) * (size_t)(p->C + 1));
     p->chunks = calloc((size_t)p->C, sizeof *p->chunks);
-    p->pd = calloc((size_t)P, sizeof *p->pd);
-    const size_t n = (size_t)M * (size_t)p->C;
-    p->fwd_slot = malloc(sizeof(int) * n);
+    p->pd = calloc((size_t)ex->D, sizeof *p->pd);
+    const size_t n = (size_t)R * (size_t)M * (size_t)p->C;
+    p->fwd_slot = malloc(sizeof(int) * (size_t)M * (size_t)p->C);
     p->act_ev = calloc(n, sizeof(pst_event *));
     p->grad_ev = calloc(n, sizeof(pst_event *));
     p->in_ev = calloc(n, sizeof(pst_event *));
@@ -470,9 +491,9 @@ pst_status exec_pipe_init(tr_exec *ex)
     p->eval_ev = calloc((size_t)p->C, sizeof(pst_event *));
     p->fwd_enq = calloc(n, 1);
     p->bwd_enq = calloc(n, 1);
-    p->rows = calloc((size_t)M, sizeof(int));
-    p->lo = calloc((size_t)M, sizeof(int));
-    p->host_losses = malloc(sizeof(float) * (size_t)M * (size_t)p->mb);
+    p->rows = calloc((size_t)R * (size_t)M, sizeof(int));
+    p->lo = calloc((size_t)R * (size_t)M, sizeof(int));
+    p->host_losses = malloc(sizeof(float) * (size_t)R * (size_t)M * (size_t)p->mb);
     if (!first || !p->chunks || !p->pd || !p->fwd_slot || !p->act_ev || !p->grad_ev ||
         !p->in_ev || !p->gin_ev ||
         !p->eval_ev || !p->fwd_enq || !p->bwd_enq || !p->rows || !p->lo || !p->host_losses) {
@@ -488,33 +509,33 @@ pst_status exec_pipe_init(tr_exec *ex)
         for (int i = 0; i < p->sched.count[s]; i++) {
             const tr_psched_instr *in = &p->sched.list[s][i];
             if (in->op == TR_PSCHED_FORWARD)
-                p->fwd_slot[at(p, in->micro, in->chunk)] = in->slot;
+                p->fwd_slot[at(p, 0, in->micro, in->chunk)] = in->slot;
         }
-    for (int s = 0; s < P; s++) {
+    for (int s = 0; s < ex->D; s++) {
         PST_TRY(alloc_pipe_dev(ex, s));
         record_points(ex, s);
     }
     for (size_t i = 0; i < n; i++) {
-        const int k = (int)(i % (size_t)p->C);
+        const int k = (int)(i % (size_t)p->C), r = (int)(i / ((size_t)M * (size_t)p->C));
         /* each recorded by a stream of the device that makes it: act, in and gin by chunk
-         * k's, grad by k + 1's */
+         * k's, grad by k + 1's (of the same replica) */
         const int up = k + 1 < p->C ? k + 1 : k;
-        pst_device *own = ex->devs[p->chunks[k].dev].dev;
+        pst_device *own = ex->devs[dev_of(p, r, k)].dev;
         PST_TRY(pst_event_create(own, &p->act_ev[i]));
-        PST_TRY(pst_event_create(ex->devs[p->chunks[up].dev].dev, &p->grad_ev[i]));
+        PST_TRY(pst_event_create(ex->devs[dev_of(p, r, up)].dev, &p->grad_ev[i]));
         PST_TRY(pst_event_create(own, &p->in_ev[i]));
         PST_TRY(pst_event_create(own, &p->gin_ev[i]));
     }
     for (int k = 0; k < p->C; k++)
-        PST_TRY(pst_event_create(ex->devs[p->chunks[k].dev].dev, &p->eval_ev[k]));
+        PST_TRY(pst_event_create(ex->devs[dev_of(p, 0, k)].dev, &p->eval_ev[k]));
     exec_pipe_bind(ex);
     char parts[256] = "";
     for (int k = 0, o = 0; k < p->C && o < (int)sizeof parts - 16; k++)
         o += snprintf(parts + o, sizeof parts - (size_t)o, "%s%d-%d", k ? "," : "",
                       p->chunks[k].first, p->chunks[k].last);
-    PST_INFO("pipeline: %d stages, %s schedule, %d micro-batches of up to %d rows, %d "
-             "chunks (layers %s), slots per stage:", P, pst_schedule_name(cfg->schedule), M,
-             p->mb, p->C, parts);
+    PST_INFO("pipeline: %d stages x %d replica%s, %s schedule, %d micro-batches of up to %d "
+             "rows per replica, %d chunks (layers %s), slots per stage:", P, R, R > 1 ? "s" : "",
+             pst_schedule_name(cfg->schedule), M, p->mb, p->C, parts);
     for (int s = 0; s < P; s++)
         PST_INFO("pipeline: stage %d (%s): %d slots of %zu floats", s,
                  pst_device_name(ex->devs[s].dev), p->pd[s].nslots, p->pd[s].slot_floats);
@@ -526,15 +547,15 @@ void exec_pipe_free(tr_exec *ex)
     exec_pipe *p = ex->pipe;
     if (!p)
         return;
-    const size_t n = (size_t)p->M * (size_t)p->C;
-    for (int s = 0; p->pd && s < p->P; s++) /* its queue is done: the compute waited */
+    const size_t n = (size_t)p->R * (size_t)p->M * (size_t)p->C;
+    for (int s = 0; p->pd && s < ex->D; s++) /* its queue is done: the compute waited */
         pst_stream_destroy(p->pd[s].xfer);
     exec_events_free(p->act_ev, n);
     exec_events_free(p->grad_ev, n);
     exec_events_free(p->in_ev, n);
     exec_events_free(p->gin_ev, n);
     exec_events_free(p->eval_ev, (size_t)p->C);
-    for (int s = 0; p->pd && s < p->P; s++) {
+    for (int s = 0; p->pd && s < ex->D; s++) {
         pipe_dev *pd = &p->pd[s];
         pst_device *dev = ex->devs[s].dev;
         for (size_t i = 0; pd->inst && i < (size_t)p->M * (size_t)ex->L; i++) {
@@ -595,32 +616,29 @@ pst_status tr_exec_tied_equal(tr_exec *ex, int *equal)
         return PST_OK;
     const pst_model *m = ex->model;
     for (int t = 0; t < m->ntensors && *equal; t++) {
-        int holder = -1;
-        float *ref = NULL, *got = NULL;
-        const size_t bytes = m->tensors[t].numel * sizeof(float);
-        pst_status st = PST_OK;
-        for (int k = 0; k < p->C && *equal && st == PST_OK; k++) {
-            const pipe_chunk *pc = &p->chunks[k];
-            int names = 0;
-            for (int l = pc->first; l <= pc->last && !names; l++)
+        uint64_t on = 0; /* the devices whose chunks name it: replicas, and tied stages */
+        for (int k = 0; k < p->C; k++)
+            for (int l = p->chunks[k].first; l <= p->chunks[k].last; l++)
                 for (int q = 0; q < m->layers[l].ntensors; q++)
-                    names |= m->layers[l].tensor[q] == t;
-            if (!names || pc->dev == holder)
+                    for (int r = 0; m->layers[l].tensor[q] == t && r < p->R; r++)
+                        on |= (uint64_t)1 << dev_of(p, r, k);
+        if (__builtin_popcountll(on) < 2)
+            continue;
+        const size_t bytes = m->tensors[t].numel * sizeof(float);
+        float *ref = malloc(bytes ? bytes : 1), *got = malloc(bytes ? bytes : 1);
+        pst_status st = !ref || !got ? nomem() : PST_OK;
+        for (int i = 0, seen = 0; i < ex->D && *equal && st == PST_OK; i++) {
+            if (!((on >> i) & 1u))
                 continue;
-            float **dst = holder < 0 ? &ref : &got;
-            if (!*dst && !(*dst = malloc(bytes ? bytes : 1)))
-                st = nomem();
-            exec_dev *d = &ex->devs[pc->dev];
-            if (st == PST_OK)
-                st = pst_memcpy_async(d->compute, *dst,
-                                      exec_param_at(ex, pc->dev, m->tensors[t].offset), bytes,
-                                      PST_COPY_DEVICE_TO_HOST);
+            exec_dev *d = &ex->devs[i];
+            st = pst_memcpy_async(d->compute, seen ? got : ref,
+                                  exec_param_at(ex, i, m->tensors[t].offset), bytes,
+                                  PST_COPY_DEVICE_TO_HOST);
             if (st == PST_OK)
                 st = pst_stream_synchronize(d->compute);
-            if (st == PST_OK && holder >= 0)
+            if (st == PST_OK && seen)
                 *equal = memcmp(ref, got, bytes) == 0;
-            if (holder < 0)
-                holder = pc->dev;
+            seen = 1;
         }
         free(ref);
         free(got);
@@ -631,88 +649,97 @@ pst_status tr_exec_tied_equal(tr_exec *ex, int *equal)
 
 /* ---- the step ------------------------------------------------------------------------- */
 
-static float *slot_of(const exec_pipe *p, int k, int j)
+/* The slot of micro-batch m on chunk k in replica r (its device's, that FORWARD (m, k)
+ * took). */
+static float *slot_of(const exec_pipe *p, int r, int m, int k)
 {
-    const pipe_dev *pd = &p->pd[p->chunks[k].dev];
-    return pd->slots + (size_t)j * pd->slot_floats;
+    const pipe_dev *pd = &p->pd[dev_of(p, r, k)];
+    return pd->slots + (size_t)p->fwd_slot[at(p, 0, m, k)] * pd->slot_floats;
 }
 
-/* Forward of micro-batch m on chunk k (its input copied in first), with `scale` for the
- * loss layer; the last chunk's per-row losses go to the host. */
-static pst_status enqueue_forward(tr_exec *ex, long step, int m, int k, const void *x,
+/* A trace span's argument: which replica, chunk and micro-batch. */
+static long span_arg(int r, int m, int k)
+{
+    return 1000000L * r + 1000L * k + m;
+}
+
+/* Forward of micro-batch m on chunk k of replica r (its input copied in first), with
+ * `scale` for the loss layer; the last chunk's per-row losses go to the host. */
+static pst_status enqueue_forward(tr_exec *ex, long step, int r, int m, int k, const void *x,
                                   const int32_t *y, float scale)
 {
     exec_pipe *p = ex->pipe;
     const pst_model *mo = ex->model;
     const pipe_chunk *pc = &p->chunks[k];
-    exec_dev *d = &ex->devs[pc->dev];
+    const int dev = dev_of(p, r, k), rm = r * p->M + m;
+    exec_dev *d = &ex->devs[dev];
     pst_stream *s = d->compute;
-    const int j = p->fwd_slot[at(p, m, k)], rows = p->rows[m];
-    float *slot = slot_of(p, k, j);
+    const int j = p->fwd_slot[at(p, 0, m, k)], rows = p->rows[rm];
+    float *slot = slot_of(p, r, m, k);
     if (k > 0) { /* the previous chunk's output: a fixed shape, values only */
         const pipe_chunk *prev = &p->chunks[k - 1];
-        pipe_dev *pd = &p->pd[pc->dev];
-        const float *src = slot_of(p, k - 1, p->fwd_slot[at(p, m, k - 1)]) +
-                           prev->out_off[prev->last - prev->first];
-        PST_TRY(pst_stream_wait_event(pd->xfer, p->act_ev[at(p, m, k - 1)]));
+        pipe_dev *pd = &p->pd[dev];
+        const float *src = slot_of(p, r, m, k - 1) + prev->out_off[prev->last - prev->first];
+        PST_TRY(pst_stream_wait_event(pd->xfer, p->act_ev[at(p, r, m, k - 1)]));
         PST_TRY(pst_stream_wait_event(pd->xfer, pd->slot_free[j]));
         tr_span *in = exec_mark_begin(ex, pd->xfer, pd->tr_xfer, "activation in", step,
-                                      1000L * k + m);
+                                      span_arg(r, m, k));
         if (rows)
             PST_TRY(pst_memcpy_async(pd->xfer, slot + pc->in_off, src,
                                      sizeof(float) * (size_t)rows *
                                          (size_t)mo->layers[pc->first].in_width,
                                      PST_COPY_DEVICE_TO_DEVICE));
         exec_mark_end(pd->xfer, in);
-        PST_TRY(pst_event_record(p->in_ev[at(p, m, k)], pd->xfer));
-        PST_TRY(pst_stream_wait_event(s, p->in_ev[at(p, m, k)]));
+        PST_TRY(pst_event_record(p->in_ev[at(p, r, m, k)], pd->xfer));
+        PST_TRY(pst_stream_wait_event(s, p->in_ev[at(p, r, m, k)]));
         p->messages++;
     } else if (rows && mo->in_width > 0) {
         const size_t xrow = mo->in_tokens ? sizeof(int32_t) : sizeof(float);
         PST_TRY(pst_memcpy_async(s, slot + pc->in_off,
-                                 (const char *)x + (size_t)p->lo[m] * mo->in_width * xrow,
+                                 (const char *)x + (size_t)p->lo[rm] * mo->in_width * xrow,
                                  xrow * (size_t)rows * (size_t)mo->in_width,
                                  PST_COPY_HOST_TO_DEVICE));
     }
     if (k == p->C - 1 && rows && y)
-        PST_TRY(pst_memcpy_async(s, slot + pc->y_off, y + (size_t)p->lo[m] * mo->target_width,
+        PST_TRY(pst_memcpy_async(s, slot + pc->y_off, y + (size_t)p->lo[rm] * mo->target_width,
                                  sizeof(int32_t) * (size_t)rows * (size_t)mo->target_width,
                                  PST_COPY_HOST_TO_DEVICE));
-    tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "forward", step,
-                                  1000L * k + m);
+    tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[dev], "forward", step,
+                                  span_arg(r, m, k));
     for (int l = pc->first; rows && l <= pc->last; l++) {
         for (int q = ex->lay.layer_blocks0[l]; q < ex->lay.layer_blocks0[l + 1]; q++) {
             const int b = ex->lay.layer_blocks[q];
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
-        PST_TRY(mo->layers[l].cls->forward(p->pd[pc->dev].inst[(size_t)m * ex->L + l], s, rows,
+        PST_TRY(mo->layers[l].cls->forward(p->pd[dev].inst[(size_t)m * ex->L + l], s, rows,
                                            scale));
     }
     exec_mark_end(s, sp);
     if (k == p->C - 1 && rows)
-        PST_TRY(pst_memcpy_async(s, p->host_losses + p->lo[m], slot + pc->loss_off,
+        PST_TRY(pst_memcpy_async(s, p->host_losses + p->lo[rm], slot + pc->loss_off,
                                  sizeof(float) * (size_t)rows, PST_COPY_DEVICE_TO_HOST));
-    return pst_event_record(p->act_ev[at(p, m, k)], s);
+    return pst_event_record(p->act_ev[at(p, r, m, k)], s);
 }
 
-/* Backward of micro-batch m on chunk k (instruction i of its device's list), top layer
- * first; its input gradient is copied into chunk k-1's slot of m. */
-static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
+/* Backward of micro-batch m on chunk k of replica r (instruction i of its device's
+ * list), top layer first; its input gradient is copied into chunk k-1's slot of m. */
+static pst_status enqueue_backward(tr_exec *ex, long step, int r, int m, int k, int i)
 {
     exec_pipe *p = ex->pipe;
     const pst_model *mo = ex->model;
     const pipe_chunk *pc = &p->chunks[k];
-    exec_dev *d = &ex->devs[pc->dev];
-    pipe_dev *pd = &p->pd[pc->dev];
+    const int dev = dev_of(p, r, k);
+    exec_dev *d = &ex->devs[dev];
+    pipe_dev *pd = &p->pd[dev];
     pst_stream *s = d->compute;
-    const int j = p->fwd_slot[at(p, m, k)], rows = p->rows[m];
+    const int j = p->fwd_slot[at(p, 0, m, k)], rows = p->rows[r * p->M + m];
     if (k < p->C - 1)
-        PST_TRY(pst_stream_wait_event(s, p->grad_ev[at(p, m, k)]));
+        PST_TRY(pst_stream_wait_event(s, p->grad_ev[at(p, r, m, k)]));
     if (k > 0) /* the last input gradient has left gin */
         PST_TRY(pst_stream_wait_event(s, pd->gin_free));
-    tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[pc->dev], "backward", step,
-                                  1000L * k + m);
+    tr_span *sp = exec_mark_begin(ex, s, ex->tr_compute[dev], "backward", step,
+                                  span_arg(r, m, k));
     for (int l = pc->last; rows && l >= pc->first; l--) {
         const pst_layer_class *cls = mo->layers[l].cls;
         const size_t ii = (size_t)m * ex->L + l;
@@ -725,14 +752,14 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
     PST_TRY(pst_event_record(pd->slot_free[j], s));
     if (k > 0) {
         const pipe_chunk *prev = &p->chunks[k - 1];
-        float *dst = slot_of(p, k - 1, p->fwd_slot[at(p, m, k - 1)]) + prev->dout_off;
+        float *dst = slot_of(p, r, m, k - 1) + prev->dout_off;
         const float *src = pc->first == ex->L - 1
-                               ? slot_of(p, k, j) + pc->dlast_off /* a chunk of the loss alone */
+                               ? slot_of(p, r, m, k) + pc->dlast_off /* the loss alone */
                                : pd->gin;
-        PST_TRY(pst_event_record(p->gin_ev[at(p, m, k)], s));
-        PST_TRY(pst_stream_wait_event(pd->xfer, p->gin_ev[at(p, m, k)]));
+        PST_TRY(pst_event_record(p->gin_ev[at(p, r, m, k)], s));
+        PST_TRY(pst_stream_wait_event(pd->xfer, p->gin_ev[at(p, r, m, k)]));
         tr_span *out = exec_mark_begin(ex, pd->xfer, pd->tr_xfer, "gradient out", step,
-                                       1000L * k + m);
+                                       span_arg(r, m, k));
         if (rows)
             PST_TRY(pst_memcpy_async(pd->xfer, dst, src,
                                      sizeof(float) * (size_t)rows *
@@ -740,7 +767,7 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int m, int k, int i)
                                      PST_COPY_DEVICE_TO_DEVICE));
         exec_mark_end(pd->xfer, out);
         p->messages++;
-        PST_TRY(pst_event_record(p->grad_ev[at(p, m, k - 1)], pd->xfer));
+        PST_TRY(pst_event_record(p->grad_ev[at(p, r, m, k - 1)], pd->xfer));
         PST_TRY(pst_event_record(pd->gin_free, pd->xfer));
     }
     for (int b = 0; b < ex->plan->nblocks; b++)
@@ -756,27 +783,33 @@ pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *
                           float scale)
 {
     exec_pipe *p = ex->pipe;
-    const int P = p->P, nb = ex->plan->nblocks;
-    if (rows > p->M * p->mb)
+    const int P = p->P, R = p->R, nb = ex->plan->nblocks;
+    if (rows > p->M * R * p->mb)
         return pst_error_set(PST_ERR_INVALID, "pipeline: %d rows, at most %d", rows,
-                             p->M * p->mb);
+                             p->M * R * p->mb);
+    /* Micro-batch m's rows, split over the replicas (as --acc-steps M splits them over a
+     * trainer's devices without a pipeline): each replica adds its parts in m order, the
+     * reduce adds the replicas in device order. */
     for (int m = 0; m < p->M; m++) {
-        int lo, hi;
-        pst_batch_part(rows, m, p->M, &lo, &hi);
-        p->lo[m] = lo;
-        p->rows[m] = hi - lo;
+        int mlo, mhi;
+        pst_batch_part(rows, m, p->M, &mlo, &mhi);
+        for (int r = 0; r < R; r++) {
+            int lo, hi;
+            pst_batch_part(mhi - mlo, r, R, &lo, &hi);
+            p->lo[r * p->M + m] = mlo + lo;
+            p->rows[r * p->M + m] = hi - lo;
+        }
     }
     /* Every device's gradient starts at zero (the previous step's reduce has read it once
      * every block's ready event has passed); blocks and layers no chunk here touches are
      * final at once. */
-    for (int s = 0; s < P; s++) {
+    for (int s = 0; s < ex->D; s++) {
         exec_dev *d = &ex->devs[s];
         for (int b = 0; b < nb; b++) {
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(d->compute, src->ready[b]));
         }
-        PST_TRY(pst_memset_async(d->compute, d->grads, 0,
-                                 exec_held_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
+        PST_TRY(pst_memset_async(d->compute, d->grads, 0, exec_held_elems(ex, s) * sizeof(float)));
         for (int b = 0; b < nb; b++)
             if (p->pd[s].blk_pos[b] < 0)
                 PST_TRY(pst_event_record(d->grad_done[b], d->compute));
@@ -784,34 +817,35 @@ pst_status exec_pipe_step(tr_exec *ex, long step, const void *x, const int32_t *
             if (p->pd[s].layer_pos[l] < 0)
                 PST_TRY(pst_event_record(d->x_done[l], d->compute));
     }
-    /* The lists, each in order; an instruction waits (on the host) until what it depends
-     * on in another list has been queued, so every event is recorded before it is waited
-     * on. */
-    const size_t n = (size_t)p->M * (size_t)p->C;
+    /* The lists (device s runs its stage's, s % P, for replica s / P), each in order; an
+     * instruction waits (on the host) until what it depends on in another list has been
+     * queued, so every event is recorded before it is waited on. */
+    const size_t n = (size_t)R * (size_t)p->M * (size_t)p->C;
     memset(p->fwd_enq, 0, n);
     memset(p->bwd_enq, 0, n);
     int pos[PST_DEVICE_MAX_COUNT] = {0};
     for (int left = 1; left;) {
         int moved = 0;
         left = 0;
-        for (int s = 0; s < P; s++) {
-            for (; pos[s] < p->sched.count[s]; pos[s]++) {
-                const tr_psched_instr *in = &p->sched.list[s][pos[s]];
+        for (int s = 0; s < ex->D; s++) {
+            const int r = s / P, count = p->sched.count[s % P];
+            for (; pos[s] < count; pos[s]++) {
+                const tr_psched_instr *in = &p->sched.list[s % P][pos[s]];
                 const int m = in->micro, k = in->chunk;
                 if (in->op == TR_PSCHED_FORWARD) {
-                    if (k > 0 && !p->fwd_enq[at(p, m, k - 1)])
+                    if (k > 0 && !p->fwd_enq[at(p, r, m, k - 1)])
                         break;
-                    PST_TRY(enqueue_forward(ex, step, m, k, x, y, scale));
-                    p->fwd_enq[at(p, m, k)] = 1;
+                    PST_TRY(enqueue_forward(ex, step, r, m, k, x, y, scale));
+                    p->fwd_enq[at(p, r, m, k)] = 1;
                 } else if (in->op == TR_PSCHED_BACKWARD) {
-                    if (k < p->C - 1 && !p->bwd_enq[at(p, m, k + 1)])
+                    if (k < p->C - 1 && !p->bwd_enq[at(p, r, m, k + 1)])
                         break;
-                    PST_TRY(enqueue_backward(ex, step, m, k, pos[s]));
-                    p->bwd_enq[at(p, m, k)] = 1;
+                    PST_TRY(enqueue_backward(ex, step, r, m, k, pos[s]));
+                    p->bwd_enq[at(p, r, m, k)] = 1;
                 } /* sends and receives: the copies and events above */
                 moved = 1;
             }
-            left |= pos[s] < p->sched.count[s];
+            left |= pos[s] < count;
         }
         if (left && !moved)
             return pst_error_set(PST_ERR_INTERNAL, "pipeline: the %s schedule's lists wait "
@@ -842,18 +876,18 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
     exec_pipe *p = ex->pipe;
     const pst_model *mo = ex->model;
     const pipe_chunk *lastc = &p->chunks[p->C - 1];
-    pst_stream *ls = ex->devs[lastc->dev].compute;
+    pst_stream *ls = ex->devs[lastc->stage].compute;
     const size_t xrow = mo->in_tokens ? sizeof(int32_t) : sizeof(float);
     const size_t per_row = (size_t)mo->target_width * (size_t)mo->nclasses;
     int32_t hc = 0;
     *correct = 0;
-    PST_TRY(pst_memset_async(ls, p->pd[lastc->dev].correct, 0, sizeof(int32_t)));
+    PST_TRY(pst_memset_async(ls, p->pd[lastc->stage].correct, 0, sizeof(int32_t)));
     for (int r0 = 0; r0 < rows; r0 += p->mb) {
         const int n = rows - r0 < p->mb ? rows - r0 : p->mb;
         for (int k = 0; k < p->C; k++) {
             const pipe_chunk *pc = &p->chunks[k];
-            pst_stream *s = ex->devs[pc->dev].compute;
-            float *slot = slot_of(p, k, p->fwd_slot[at(p, 0, k)]);
+            pst_stream *s = ex->devs[pc->stage].compute;
+            float *slot = slot_of(p, 0, 0, k);
             if (k == 0) {
                 PST_TRY(pst_memcpy_async(s, slot + pc->in_off,
                                          (const char *)x + (size_t)r0 * mo->in_width * xrow,
@@ -863,7 +897,7 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
                 const pipe_chunk *prev = &p->chunks[k - 1];
                 PST_TRY(pst_stream_wait_event(s, p->eval_ev[k - 1]));
                 PST_TRY(pst_memcpy_async(s, slot + pc->in_off,
-                                         slot_of(p, k - 1, p->fwd_slot[at(p, 0, k - 1)]) +
+                                         slot_of(p, 0, 0, k - 1) +
                                              prev->out_off[prev->last -
                                                                               prev->first],
                                          sizeof(float) * (size_t)n *
@@ -877,23 +911,23 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
                           : pst_memset_async(s, slot + pc->y_off, 0, yb));
             }
             for (int l = pc->first; l <= pc->last; l++)
-                PST_TRY(mo->layers[l].cls->forward(p->pd[pc->dev].inst[l], s, n, 0.0f));
+                PST_TRY(mo->layers[l].cls->forward(p->pd[pc->stage].inst[l], s, n, 0.0f));
             PST_TRY(pst_event_record(p->eval_ev[k], s));
         }
-        float *slot = slot_of(p, p->C - 1, p->fwd_slot[at(p, 0, p->C - 1)]);
+        float *slot = slot_of(p, 0, 0, p->C - 1);
         PST_TRY(pst_memcpy_async(ls, losses + r0, slot + lastc->loss_off,
                                  sizeof(float) * (size_t)n, PST_COPY_DEVICE_TO_HOST));
         if (probs) {
             const pst_layer *top = &mo->layers[ex->L - 1];
             PST_TRY(pst_memcpy_async(ls, probs + (size_t)r0 * per_row,
-                                     top->cls->probs(p->pd[lastc->dev].inst[ex->L - 1]),
+                                     top->cls->probs(p->pd[lastc->stage].inst[ex->L - 1]),
                                      sizeof(float) * (size_t)n * per_row,
                                      PST_COPY_DEVICE_TO_HOST));
         }
         /* the next piece overwrites slot 0 everywhere: wait for this one */
         PST_TRY(pst_stream_synchronize(ls));
     }
-    PST_TRY(pst_memcpy_async(ls, &hc, p->pd[lastc->dev].correct, sizeof(int32_t),
+    PST_TRY(pst_memcpy_async(ls, &hc, p->pd[lastc->stage].correct, sizeof(int32_t),
                              PST_COPY_DEVICE_TO_HOST));
     PST_TRY(pst_stream_synchronize(ls));
     *correct = hc;
