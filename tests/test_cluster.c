@@ -519,7 +519,8 @@ Test(cluster, fp16_loss_scale_growth_is_bounded)
 
 /* Trainers started by hand against pservers started here (so the test reads the pservers'
  * logs): T trainers with `flags`, each its own stdout. */
-static void run_trainers(int T, const int *ports, int S, const char *const flags[], char **outs)
+static void run_trainers_env(int T, const int *ports, int S, const char *const flags[],
+                             char **outs, const char *const *extra)
 {
     char pservers[256] = "PSTRAIN_PSERVERS=", trainers[32], ids[4][32];
     for (int s = 0; s < S; s++)
@@ -532,7 +533,7 @@ static void run_trainers(int T, const int *ports, int S, const char *const flags
     proc *tr[4];
     for (int t = 0; t < T; t++) {
         snprintf(ids[t], sizeof ids[t], "PSTRAIN_TRAINER_ID=%d", t);
-        const char *env[] = {pservers, trainers, ids[t], NULL};
+        const char *env[] = {pservers, trainers, ids[t], extra ? extra[t] : NULL, NULL};
         tr[t] = proc_start(argv, env);
     }
     for (int t = 0; t < T; t++) {
@@ -543,6 +544,11 @@ static void run_trainers(int T, const int *ports, int S, const char *const flags
         free(err);
         outs[t] = slurp(tr[t]->out_path);
     }
+}
+
+static void run_trainers(int T, const int *ports, int S, const char *const flags[], char **outs)
+{
+    run_trainers_env(T, ports, S, flags, outs, NULL);
 }
 
 /* The pserver's closing "casts: N elements to D in S optimizer steps (P per step), O
@@ -912,6 +918,58 @@ Test(cluster, a_model_refused_on_one_device_trains_as_a_pipeline_of_four, .timeo
             "%.9g, loss %.6f vs %.6f\n", peak1, peak4, l2_4, l2, loss_4, loss);
     cr_assert_leq(fabs(l2_4 - l2) / l2, 1e-6, "param_l2 %.9g vs %.9g", l2_4, l2);
     cr_assert_leq(fabs(loss_4 - loss), 1e-5 * loss, "train_loss %.6f vs %.6f", loss_4, loss);
+}
+
+/* Issue 30 item 4 through the real programs: bf16 and fp16 pipelines (P 2 on cpu:2, the
+ * 6-layer GPT) trained by 2 trainers x 2 pservers. Each pserver casts exactly the
+ * parameters it owns per optimizer step (each stage pushes its own blocks; nothing is cast
+ * per stage or per pull), and both trainers end with the same bits. fp16: trainer 1 is told
+ * (test hook) that its gradient overflowed at step 3; every stage of both trainers skips
+ * that step with it: one skipped step on both where the run without the hook skips none
+ * (the scale stays at 65536, which this model never overflows, with --loss-scale-window
+ * 100), and each pserver made one optimizer step fewer (a stage that pushed would have
+ * updated its blocks). */
+Test(cluster, bf16_and_fp16_pipelines_cast_once_and_skip_together, .timeout = 240)
+{
+    for (int q = 0; q < 3; q++) { /* bf16; fp16; fp16 with the overflow */
+        proc *ps[2];
+        int ports[2] = {pserver_start_logging(&ps[0], "info"),
+                        pserver_start_logging(&ps[1], "info")};
+        const char *flags[] = {PIPE_GPT_FLAGS, "--steps", "8", "--pipeline", "2",
+                               "--micro-batches", "4", "--devices", "cpu:2", "--precision",
+                               q ? "fp16" : "bf16", "--loss-scale-window", "100", NULL};
+        const char *hooks[] = {NULL, q == 2 ? "PSTRAIN_TEST_HOOKS=overflow=3" : NULL};
+        char *outs[2];
+        run_trainers_env(2, ports, 2, flags, outs, hooks);
+        const long params = (long)summary_value(outs[0], "params");
+        const long skipped = q ? (long)summary_value(outs[0], "skipped_steps") : 0;
+        cr_assert_str_eq(summary_hash(outs[0]).hex, summary_hash(outs[1]).hex,
+                         "case %d: the trainers disagree", q);
+        if (q) /* fp16 only reports it */
+            cr_assert_eq((long)summary_value(outs[1], "skipped_steps"), skipped, "case %d", q);
+        static long skipped_fp16; /* case 1's */
+        if (q == 1)
+            cr_assert_eq(skipped_fp16 = skipped, 0, "fp16 without the hook skipped %ld", skipped);
+        if (q == 2)
+            cr_assert_eq(skipped, skipped_fp16 + 1, "with the overflow at step 3: %ld skipped, "
+                         "%ld without", skipped, skipped_fp16);
+        unsigned long long total = 0;
+        for (int s = 0; s < 2; s++) {
+            unsigned long long n, per, owned;
+            long long steps;
+            pserver_casts(ps[s], &n, &steps, &per, &owned);
+            cr_assert_eq(steps, 8 - skipped, "case %d pserver %d: %lld optimizer steps, %ld "
+                         "skipped of 8", q, s, steps, skipped);
+            cr_assert_eq(per, owned, "case %d pserver %d: %llu casts per step, owns %llu", q, s,
+                         per, owned);
+            cr_assert_eq(n, (unsigned long long)steps * owned, "case %d pserver %d", q, s);
+            total += owned;
+        }
+        cr_assert_eq(total, (unsigned long long)params, "the pservers own %llu of %ld", total,
+                     params);
+        free(outs[0]);
+        free(outs[1]);
+    }
 }
 
 /* Trains the pipelines pv[i] = {P, V} with M micro-batches on R replicas (cpu:P R), alone

@@ -1,10 +1,13 @@
 /* exec_pipe.c — the executor's pipeline mode (--pipeline P > 1; see exec_pipe.h).
  *
  * The model's layers are cut into C = P x V contiguous model chunks (balanced by compute,
- * or --partition); chunk k runs on device k % P (V chunks per device: the interleaved
- * schedule's virtual stages). Each step splits the trainer's rows into M micro-batches
- * and runs, on every device's compute stream, the instruction list the schedule module
- * built for that device (trainer/pipe_sched.h: a pure function of P, M, V and the kind).
+ * or --partition); chunk k runs on stage k % P (V chunks per stage: the interleaved
+ * schedule's virtual stages). With D = P x R devices the trainer runs R data-parallel
+ * replicas of the pipeline: replica r's stage s is device r P + s. Each step splits the
+ * trainer's rows into M micro-batches, each micro-batch over the R replicas (as --acc-steps
+ * splits over devices without a pipeline), and runs, on every device's compute stream, the
+ * instruction list the schedule module built for its stage (trainer/pipe_sched.h: a pure
+ * function of P, M, V and the kind).
  *
  * DESIGN
  * - Memory flat in M: a device's activations live in a pool of SLOTS, as many as its
@@ -31,17 +34,20 @@
  *   holds an instruction back until what it waits for has been enqueued (the schedule is
  *   deadlock free, tested on its own, so this ends).
  * - Parameters and gradients: the block plan is cut at the stages' segments
- *   (tr_exec_stage_segments), so a block's holders are the stages whose chunks name its
- *   tensors. On CPU each device's parameter and gradient buffers hold only its blocks, end
- *   to end (exec_param_at, exec_grad_at; a copy per stage, as the replicas' schedule has),
- *   the gradients zeroed at the start of the step (so the first micro-batch adds to zero:
- *   the same bits as writing). A block with one holder needs no reduce and no broadcast;
- *   the tied token embedding (read by the first chunk's embedding and the last chunk's
- *   projection) is reduced over its two stages only, device 0's part plus device P-1's, a
- *   fixed order, and its new values broadcast to those two (pst_comm_reduce_some,
+ *   (tr_exec_stage_segments), so a block's holders are the devices whose chunks name its
+ *   tensors: its stage in every replica. On CPU each device's parameter and gradient
+ *   buffers hold only its blocks, end to end (exec_param_at, exec_grad_at; a copy per
+ *   device, as the replicas' schedule has), the gradients zeroed at the start of the step
+ *   (so the first micro-batch adds to zero: the same bits as writing). A block with one
+ *   holder needs no reduce and no broadcast; the others are reduced over their holders in
+ *   device order (a stage's replica group; the tied token embedding, read by the first
+ *   chunk's embedding and the last chunk's projection: the first and the last stage of
+ *   each replica), and their new values broadcast to those (pst_comm_reduce_some,
  *   pst_comm_broadcast_some). On CUDA every device still keeps the whole model and the
  *   collectives run over all of them (the others add zeros), until a communicator per
- *   stage pair exists. The block leaves as soon as every device recorded its
+ *   group exists. bf16/fp16: a device's parameters are in that dtype and each layer's are
+ *   cast into its fp32 wbuf before each forward and backward, as without a pipeline;
+ *   activations stay fp32. The block leaves as soon as every device recorded its
  *   grad_done: a device records it right after the last backward of its last chunk that
  *   names the block (at the start for blocks it never touches), so the last stage's blocks
  *   leave while the earlier stages are still in their backward.
@@ -349,10 +355,20 @@ static void bind_slot_layer(tr_exec *ex, int r, int k, int mi, int l)
         .losses = slot + pc->loss_off, .correct = pd->correct,
         .save = m->layers[l].save_width ? slot + pc->save_off[i] : NULL,
         .work = pd->work, .scratch = pd->scratch, .max_batch = p->mb};
+    size_t packed = 0;
     for (int k = 0; k < m->layers[l].ntensors; k++) { /* its stage keeps them: not NULL */
-        const size_t off = m->tensors[m->layers[l].tensor[k]].offset;
-        io.w[k] = exec_param_at(ex, dev, off);
-        io.g[k] = exec_grad_at(ex, dev, off);
+        const pst_tensor *t = &m->tensors[m->layers[l].tensor[k]];
+        io.w[k] = exec_param_at(ex, dev, t->offset);
+        io.g[k] = exec_grad_at(ex, dev, t->offset);
+        if (!ex->lowp)
+            continue;
+        /* bf16/fp16: the layer reads fp32 values packed in the device's wbuf, cast there
+         * from its parameters before each forward and backward (exec_enqueue_weights) */
+        d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
+            .dst = d->wbuf + packed, .dt = PST_F32, .src = io.w[k], .st = ex->pdt,
+            .n = t->numel, .pool = d->pool};
+        io.w[k] = d->wbuf + packed;
+        packed += t->numel;
     }
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }
@@ -463,10 +479,6 @@ pst_status exec_pipe_init(tr_exec *ex)
                              "one per stage, times the pipeline's data-parallel replicas "
                              "(example: PSTRAIN_DEVICES=cpu:%d, or cpu:%d for 2 replicas); "
                              "this trainer has %d", P, P, P, 2 * P, ex->D);
-    if (ex->lowp)
-        return pst_error_set(PST_ERR_UNSUPPORTED, "--pipeline with --precision %s is not "
-                             "built yet: pipelines train in fp32 (example: --precision fp32)",
-                             pst_dtype_name(ex->pdt));
     exec_pipe *p = calloc(1, sizeof *p);
     if (!p)
         return nomem();
@@ -624,8 +636,8 @@ pst_status tr_exec_tied_equal(tr_exec *ex, int *equal)
                         on |= (uint64_t)1 << dev_of(p, r, k);
         if (__builtin_popcountll(on) < 2)
             continue;
-        const size_t bytes = m->tensors[t].numel * sizeof(float);
-        float *ref = malloc(bytes ? bytes : 1), *got = malloc(bytes ? bytes : 1);
+        const size_t bytes = m->tensors[t].numel * ex->psize;
+        char *ref = malloc(bytes ? bytes : 1), *got = malloc(bytes ? bytes : 1);
         pst_status st = !ref || !got ? nomem() : PST_OK;
         for (int i = 0, seen = 0; i < ex->D && *equal && st == PST_OK; i++) {
             if (!((on >> i) & 1u))
@@ -712,6 +724,7 @@ static pst_status enqueue_forward(tr_exec *ex, long step, int r, int m, int k, c
             exec_dev *src = ex->shared ? &ex->devs[ex->blocks[b].b->owner_device] : d;
             PST_TRY(pst_stream_wait_event(s, src->ready[b]));
         }
+        PST_TRY(exec_enqueue_weights(ex, d, s, l));
         PST_TRY(mo->layers[l].cls->forward(p->pd[dev].inst[(size_t)m * ex->L + l], s, rows,
                                            scale));
     }
@@ -743,6 +756,8 @@ static pst_status enqueue_backward(tr_exec *ex, long step, int r, int m, int k, 
     for (int l = pc->last; rows && l >= pc->first; l--) {
         const pst_layer_class *cls = mo->layers[l].cls;
         const size_t ii = (size_t)m * ex->L + l;
+        if (cls->wgrad || cls->igrad)
+            PST_TRY(exec_enqueue_weights(ex, d, s, l));
         if (cls->wgrad)
             PST_TRY(cls->wgrad(pd->inst[ii], pd->wchunk[ii], s, rows, 0, 0));
         if (cls->igrad)
@@ -910,8 +925,10 @@ pst_status exec_pipe_forward(tr_exec *ex, const void *x, const int32_t *y, int r
                                              mo->target_width, yb, PST_COPY_HOST_TO_DEVICE)
                           : pst_memset_async(s, slot + pc->y_off, 0, yb));
             }
-            for (int l = pc->first; l <= pc->last; l++)
+            for (int l = pc->first; l <= pc->last; l++) {
+                PST_TRY(exec_enqueue_weights(ex, &ex->devs[pc->stage], s, l));
                 PST_TRY(mo->layers[l].cls->forward(p->pd[pc->stage].inst[l], s, n, 0.0f));
+            }
             PST_TRY(pst_event_record(p->eval_ev[k], s));
         }
         float *slot = slot_of(p, 0, 0, p->C - 1);

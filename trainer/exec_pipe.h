@@ -8,8 +8,8 @@
 
 /* Init (after the blocks, their layers and the devices' gradient buffers exist): the
  * schedule, the partition, the slots and the layer instances bound to them; errors:
- * PST_ERR_INVALID (devices != stages, a bad --partition, invalid schedule parameters),
- * PST_ERR_UNSUPPORTED (bf16/fp16), PST_ERR_NOMEM. Free accepts ex->pipe NULL (call after
+ * PST_ERR_INVALID (devices not a multiple of the stages, a bad --partition, invalid
+ * schedule parameters), PST_ERR_NOMEM. Free accepts ex->pipe NULL (call after
  * the streams are idle). */
 pst_status exec_pipe_init(tr_exec *ex);
 void exec_pipe_free(tr_exec *ex);
