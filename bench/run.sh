@@ -12,8 +12,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 PRECISION=bf16 "$here/ps_sync.sh" "$build" 3
 "$here/precision.sh" "$build" 1
 # measurements without a peer (none of ours has these): the pipeline's memory and bubble,
-# how fast a departure ends a job, and recovery after two pserver kills (about 7 min)
+# a pipeline in bf16 and fp16 against fp32 (about 4 min), how fast a departure ends a job,
+# and recovery after two pserver kills (about 7 min)
 "$here/pipeline.sh" "$build" 4 8
+"$here/pipeline_precision.sh" "$build" 500
 "$here/departure.sh" "$build" 3
 "$here/recovery.sh" "$build" 5 3
 "$here/metrics_cost.sh" "$build" 1 3

@@ -169,6 +169,18 @@ Test(step_alloc, gpt_steps_allocate_nothing, .timeout = 60)
         cr_assert_eq(n, 0, "gpt pipeline %s: %ld allocations in five steps",
                      pst_schedule_name(kinds[i]), n);
     }
+    /* two replicas of it (cpu:4), and the pipeline in bf16 and fp16 */
+    cfg.schedule = PST_SCHEDULE_1F1B;
+    cfg.virtual_stages = 1;
+    long n = count_step_allocations(&cfg, &m, "cpu:4", 8, text_batch, &t);
+    cr_assert_eq(n, 0, "gpt pipeline x 2 replicas: %ld allocations in five steps", n);
+    const pst_dtype dts[] = {PST_BF16, PST_F16};
+    for (int i = 0; i < 2; i++) {
+        cfg.precision = dts[i];
+        n = count_step_allocations(&cfg, &m, "cpu:2", 8, text_batch, &t);
+        cr_assert_eq(n, 0, "gpt pipeline in %s: %ld allocations in five steps",
+                     pst_dtype_name(dts[i]), n);
+    }
     pst_model_free(&m);
     pst_text_free(&t);
 }
