@@ -64,7 +64,7 @@ demo: deps
 	@scripts/demo.sh $(BUILD)
 
 bench: deps
-	@scripts/deps.sh python3-torch iperf3 libblis4-pthread
+	@scripts/deps.sh python3-torch iperf3 libblis4-pthread uthash-dev libgenht1-dev
 	$(MAKE) build
 	bench/run.sh $(BUILD)
 
