@@ -15,6 +15,7 @@
 #include "common/nn/layers.h"
 #include "common/nn/ops.h"
 #include "common/nn/seq_layers.h"
+#include "common/nn/ctr_layers.h"
 #include "common/rng.h"
 #include "common/runtime/device.h"
 #include "common/pool.h"
@@ -317,6 +318,69 @@ Test(seq_ops, gelu_and_grouped_cross_entropy)
     close_backends(be, nb);
 }
 
+/* The click model's ops (ctr_layers.h): the interaction forward and backward with strided
+ * embedding rows, and BCE with its probabilities, against the kernels. */
+Test(seq_ops, click_model_interaction_and_bce)
+{
+    enum { CB = 7, CF = 5, CD = 4, CS = 3 + CF * CD, CW = CD + (CF + 1) * CF / 2 };
+    backend be[MAXB];
+    const int nb = open_backends(be);
+    float *bot = randn(CB * CD, 21, 1), *emb = randn(CB * CS, 22, 1), *dout = randn(CB * CW, 23, 1);
+    float *logits = randn(CB, 24, 3), lab[CB];
+    for (int i = 0; i < CB; i++)
+        lab[i] = (float)(i % 2);
+    static float out[CB * CW], db[CB * CD], de[CB * CS], loss[CB], dl[CB], prob[CB];
+    pst_interact_forward(out, bot, emb, CS, CF, CD, 0, CB);
+    pst_interact_backward(db, de, CS, dout, bot, emb, CS, CF, CD, 0, CB);
+    pst_bce_logits(loss, dl, logits, lab, 0.25f, 0, CB);
+    pst_bce_logits(loss, prob, logits, lab, 0.0f, 0, CB);
+    for (int i = 0; i < nb; i++) {
+        backend *b = &be[i];
+        float *d_bot = put(b, bot, sizeof(float) * CB * CD), *d_emb = put(b, emb, sizeof(float) * CB * CS);
+        float *d_dout = put(b, dout, sizeof(float) * CB * CW), *d_out = put(b, NULL, sizeof out);
+        float *d_db = put(b, NULL, sizeof db), *d_de = put(b, NULL, sizeof de);
+        float *d_x = put(b, logits, sizeof(float) * CB), *d_y = put(b, lab, sizeof lab);
+        float *d_loss = put(b, NULL, sizeof loss), *d_dl = put(b, NULL, sizeof dl);
+        float *d_p = put(b, NULL, sizeof prob);
+        pst_interact_args f = {.out = d_out, .bottom = d_bot, .emb = d_emb, .emb_stride = CS,
+                               .B = CB, .F = CF, .dim = CD, .pool = b->pool};
+        cr_assert_eq(pst_op_interact_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
+        pst_interact_args g = {.dbottom = d_db, .demb = d_de, .dout = d_dout, .bottom = d_bot,
+                               .emb = d_emb, .emb_stride = CS, .demb_stride = CS, .B = CB,
+                               .F = CF, .dim = CD, .pool = b->pool};
+        cr_assert_eq(pst_op_interact_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        pst_bce_args c = {.losses = d_loss, .dlogits = d_dl, .logits = d_x, .labels = d_y,
+                          .B = CB, .scale = 0.25f};
+        cr_assert_eq(pst_op_bce_logits(b->s, &c), PST_OK, "%s", pst_error_detail());
+        pst_bce_args e = c;
+        e.dlogits = d_p;
+        e.scale = 0.0f;
+        cr_assert_eq(pst_op_bce_logits(b->s, &e), PST_OK, "%s", pst_error_detail());
+        static float go[CB * CW], gdb[CB * CD], gde[CB * CS], gl[CB], gdl[CB], gp[CB];
+        get(b, go, d_out, sizeof go);
+        get(b, gdb, d_db, sizeof gdb);
+        get(b, gde, d_de, sizeof gde);
+        get(b, gl, d_loss, sizeof gl);
+        get(b, gdl, d_dl, sizeof gdl);
+        get(b, gp, d_p, sizeof gp);
+        compare("interaction out", b, go, out, CB * CW, 1e-6f);
+        compare("interaction dbottom", b, gdb, db, CB * CD, 1e-6f);
+        for (int r = 0; r < CB; r++) /* the stride's last 3 columns are not written */
+            compare("interaction demb", b, gde + r * CS, de + r * CS, CF * CD, 1e-6f);
+        compare("bce loss", b, gl, loss, CB, 1e-6f);
+        compare("bce dlogits", b, gdl, dl, CB, 1e-6f);
+        compare("bce probabilities", b, gp, prob, CB, 1e-6f);
+        void *bufs[] = {d_bot, d_emb, d_dout, d_out, d_db, d_de, d_x, d_y, d_loss, d_dl, d_p};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+            pst_device_free(b->dev, bufs[k]);
+    }
+    free(bot);
+    free(emb);
+    free(dout);
+    free(logits);
+    close_backends(be, nb);
+}
+
 Test(seq_ops, null_and_mismatched_arguments_are_invalid)
 {
     pst_runtime *rt;
@@ -336,6 +400,11 @@ Test(seq_ops, null_and_mismatched_arguments_are_invalid)
     cr_assert_eq(pst_op_layernorm_backward(s, &l), PST_ERR_INVALID, "dw without db");
     pst_gelu_args g = {.out = f, .inp = NULL, .n = 4};
     cr_assert_eq(pst_op_gelu_forward(s, &g), PST_ERR_INVALID);
+    pst_interact_args ia = {.out = f, .bottom = f, .emb = f, .emb_stride = 5, .B = 1, .F = 2,
+                            .dim = 3};
+    cr_assert_eq(pst_op_interact_forward(s, &ia), PST_ERR_INVALID, "a stride under F dim");
+    pst_bce_args bc = {.losses = f, .dlogits = f, .logits = f, .labels = NULL, .B = 1};
+    cr_assert_eq(pst_op_bce_logits(s, &bc), PST_ERR_INVALID);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
 }

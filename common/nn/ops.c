@@ -108,5 +108,13 @@ SEQ_OP(pst_op_attention_backward, attention_backward, pst_attention_args,
        a->dqkv && a->dout && a->qkv && a->saved_lse && a->scratch && a->B >= 0 && a->T > 0 &&
            a->H > 0 && a->C > 0 && a->C % a->H == 0)
 SEQ_OP(pst_op_gelu_forward, gelu_forward, pst_gelu_args, a->out && a->inp && a->n >= 0)
+SEQ_OP(pst_op_interact_forward, interact_forward, pst_interact_args,
+       a->out && a->bottom && a->emb && a->B >= 0 && a->F > 0 && a->dim > 0 &&
+           a->emb_stride >= a->F * a->dim)
+SEQ_OP(pst_op_interact_backward, interact_backward, pst_interact_args,
+       a->dbottom && a->demb && a->dout && a->bottom && a->emb && a->B >= 0 && a->F > 0 &&
+           a->dim > 0 && a->emb_stride >= a->F * a->dim && a->demb_stride >= a->F * a->dim)
+SEQ_OP(pst_op_bce_logits, bce_logits, pst_bce_args,
+       a->losses && a->dlogits && a->logits && a->labels && a->B >= 0)
 SEQ_OP(pst_op_gelu_backward, gelu_backward, pst_gelu_args,
        a->out && a->inp && a->dout && a->n >= 0)

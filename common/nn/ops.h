@@ -158,6 +158,33 @@ typedef struct pst_gelu_args {
     struct pst_pool *pool;
 } pst_gelu_args;
 
+/* ---- the click model's ops (ctr_layers.h's kernels; on CPU split over `pool` by rows) ---- */
+
+/* The interaction (ctr_layers.h): forward out (B, dim + (F+1)F/2) from bottom (B, dim) and
+ * emb (B rows of F dim, emb_stride floats apart); backward dbottom (B, dim) and demb (B
+ * rows, demb_stride apart) from dout (NULL dbottom and demb: no backward). */
+typedef struct pst_interact_args {
+    float *out;                 /* forward */
+    float *dbottom, *demb;      /* backward */
+    const float *bottom, *emb, *dout;
+    int emb_stride, demb_stride;
+    int B, F, dim;
+    struct pst_pool *pool;
+} pst_interact_args;
+
+/* Binary cross-entropy on logits (ctr_layers.h): losses (B), dlogits (B) = (sigmoid -
+ * label) * scale, or the probabilities when scale is 0. labels (B) are floats 0 or 1. */
+typedef struct pst_bce_args {
+    float *losses, *dlogits;
+    const float *logits, *labels;
+    int B;
+    float scale;
+} pst_bce_args;
+
+pst_status pst_op_interact_forward(pst_stream *s, const pst_interact_args *a);
+pst_status pst_op_interact_backward(pst_stream *s, const pst_interact_args *a);
+pst_status pst_op_bce_logits(pst_stream *s, const pst_bce_args *a);
+
 pst_status pst_op_embedding_forward(pst_stream *s, const pst_embedding_fwd_args *a);
 pst_status pst_op_embedding_backward(pst_stream *s, const pst_embedding_bwd_args *a);
 pst_status pst_op_layernorm_forward(pst_stream *s, const pst_layernorm_args *a);

@@ -6,6 +6,7 @@
 
 #include "common/nn/layers.h"
 #include "common/nn/seq_layers.h"
+#include "common/nn/ctr_layers.h"
 #include "common/nn/ops_impl.h"
 #include "common/pool.h"
 
@@ -225,6 +226,33 @@ static void gelu_bwd_part(void *arg, int part, int nparts)
     pst_gelu_backward(a->out + lo, a->inp + lo, a->dout + lo, (int64_t)(hi - lo));
 }
 
+static void interact_fwd_part(void *arg, int part, int nparts)
+{
+    const pst_interact_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->B, part, nparts, 1, &lo, &hi);
+    pst_interact_forward(a->out, a->bottom, a->emb, a->emb_stride, a->F, a->dim, (int)lo,
+                         (int)hi);
+}
+
+static void interact_bwd_part(void *arg, int part, int nparts)
+{
+    const pst_interact_args *a = arg;
+    size_t lo, hi;
+    pst_pool_split((size_t)a->B, part, nparts, 1, &lo, &hi);
+    pst_interact_backward(a->dbottom, a->demb, a->demb_stride, a->dout, a->bottom, a->emb,
+                          a->emb_stride, a->F, a->dim, (int)lo, (int)hi);
+}
+
+static pst_status run_bce(void *arg)
+{
+    const pst_bce_args *a = arg;
+    pst_bce_logits(a->losses, a->dlogits, a->logits, a->labels, a->scale, 0, a->B);
+    return PST_OK;
+}
+
+POOL_RUN(run_interact_fwd, pst_interact_args, interact_fwd_part)
+POOL_RUN(run_interact_bwd, pst_interact_args, interact_bwd_part)
 POOL_RUN(run_embedding_fwd, pst_embedding_fwd_args, embedding_fwd_part)
 POOL_RUN(run_embedding_bwd, pst_embedding_bwd_args, embedding_bwd_part)
 POOL_RUN(run_layernorm_fwd, pst_layernorm_args, layernorm_fwd_part)
@@ -253,6 +281,9 @@ CPU_OP(cpu_attention_forward, pst_attention_args, run_attention_fwd)
 CPU_OP(cpu_attention_backward, pst_attention_args, run_attention_bwd)
 CPU_OP(cpu_gelu_forward, pst_gelu_args, run_gelu_fwd)
 CPU_OP(cpu_gelu_backward, pst_gelu_args, run_gelu_bwd)
+CPU_OP(cpu_interact_forward, pst_interact_args, run_interact_fwd)
+CPU_OP(cpu_interact_backward, pst_interact_args, run_interact_bwd)
+CPU_OP(cpu_bce_logits, pst_bce_args, run_bce)
 
 const pst_ops_iface pst_cpu_ops_iface = {
     .linear_forward = cpu_linear_forward,
@@ -269,4 +300,7 @@ const pst_ops_iface pst_cpu_ops_iface = {
     .attention_backward = cpu_attention_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
+    .interact_forward = cpu_interact_forward,
+    .interact_backward = cpu_interact_backward,
+    .bce_logits = cpu_bce_logits,
 };

@@ -22,6 +22,10 @@ typedef struct pst_ops_iface {
     pst_status (*attention_backward)(pst_stream *s, const pst_attention_args *a);
     pst_status (*gelu_forward)(pst_stream *s, const pst_gelu_args *a);
     pst_status (*gelu_backward)(pst_stream *s, const pst_gelu_args *a);
+    /* the click model's ops (ctr_layers.h) */
+    pst_status (*interact_forward)(pst_stream *s, const pst_interact_args *a);
+    pst_status (*interact_backward)(pst_stream *s, const pst_interact_args *a);
+    pst_status (*bce_logits)(pst_stream *s, const pst_bce_args *a);
 } pst_ops_iface;
 
 /* The CPU implementation (ops_cpu.c): host functions on the stream's worker, over the

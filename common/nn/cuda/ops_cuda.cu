@@ -841,6 +841,116 @@ static pst_status run_gelu_backward(pst_stream *, cudaStream_t cs, const pst_gel
     return PST_OK;
 }
 
+/* ---- the click model (ctr_layers.h) --------------------------------------------------- */
+
+/* v_f of row b: the bottom output for f = 0, else its (f-1)-th embedding. */
+static __device__ __forceinline__ const float *ctr_vec(const float *bottom, const float *emb,
+                                                       int emb_stride, int dim, size_t b, int f)
+{
+    return f == 0 ? bottom + b * dim : emb + b * emb_stride + (size_t)(f - 1) * dim;
+}
+
+/* One thread per output element (b, c): the bottom output's columns are copied, a pair's is
+ * its dot product, its products added in ascending k without fusing (as the CPU kernel). */
+static __global__ void interact_fwd_kernel(float *out, const float *bottom, const float *emb,
+                                           int emb_stride, size_t B, int F, int dim)
+{
+    const int W = dim + (F + 1) * F / 2;
+    GRID_STRIDE(idx, B * (size_t)W)
+    {
+        const size_t b = idx / W;
+        const int c = (int)(idx % W);
+        if (c < dim) {
+            out[idx] = bottom[b * dim + c];
+            continue;
+        }
+        int p = c - dim, i = 1;
+        while (p >= i) { /* pair p is (i, j): i(i-1)/2 pairs come before row i */
+            p -= i;
+            i++;
+        }
+        const float *vi = ctr_vec(bottom, emb, emb_stride, dim, b, i);
+        const float *vj = ctr_vec(bottom, emb, emb_stride, dim, b, p);
+        float s = 0.0f;
+        for (int k = 0; k < dim; k++)
+            s = __fadd_rn(s, __fmul_rn(vi[k], vj[k]));
+        out[idx] = s;
+    }
+}
+
+/* One thread per (b, f, k): v_f's gradient at k, its pairs in the CPU kernel's order: (f, j)
+ * for j < f, then (i, f) for i > f. */
+static __global__ void interact_bwd_kernel(float *dbottom, float *demb, int demb_stride,
+                                           const float *dout, const float *bottom,
+                                           const float *emb, int emb_stride, size_t B, int F,
+                                           int dim)
+{
+    const int W = dim + (F + 1) * F / 2;
+    GRID_STRIDE(idx, B * (size_t)(F + 1) * dim)
+    {
+        const size_t b = idx / ((size_t)(F + 1) * dim);
+        const int f = (int)(idx / dim % (F + 1)), k = (int)(idx % dim);
+        const float *g = dout + b * W;
+        float acc = f == 0 ? g[k] : 0.0f;
+        for (int j = 0; j < f; j++)
+            acc = __fadd_rn(acc, __fmul_rn(g[dim + f * (f - 1) / 2 + j],
+                                           ctr_vec(bottom, emb, emb_stride, dim, b, j)[k]));
+        for (int i = f + 1; i <= F; i++)
+            acc = __fadd_rn(acc, __fmul_rn(g[dim + i * (i - 1) / 2 + f],
+                                           ctr_vec(bottom, emb, emb_stride, dim, b, i)[k]));
+        if (f == 0)
+            dbottom[b * dim + k] = acc;
+        else
+            demb[b * demb_stride + (size_t)(f - 1) * dim + k] = acc;
+    }
+}
+
+static __global__ void bce_kernel(float *losses, float *dlogits, const float *logits,
+                                  const float *labels, float scale, size_t B)
+{
+    GRID_STRIDE(b, B)
+    {
+        const double x = logits[b], y = labels[b];
+        losses[b] = (float)(fmax(x, 0.0) - x * y + log1p(exp(-fabs(x))));
+        const float p = (float)(1.0 / (1.0 + exp(-x)));
+        dlogits[b] = scale == 0.0f ? p : __fmul_rn(__fsub_rn(p, (float)y), scale);
+    }
+}
+
+static pst_status run_interact_forward(pst_stream *, cudaStream_t cs, const pst_interact_args *a)
+{
+    const size_t n = (size_t)a->B * (size_t)(a->dim + (a->F + 1) * a->F / 2);
+    if (!n)
+        return PST_OK;
+    interact_fwd_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, cs>>>(
+        a->out, a->bottom, a->emb, a->emb_stride, (size_t)a->B, a->F, a->dim);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status run_interact_backward(pst_stream *, cudaStream_t cs,
+                                        const pst_interact_args *a)
+{
+    const size_t n = (size_t)a->B * (size_t)(a->F + 1) * (size_t)a->dim;
+    if (!n)
+        return PST_OK;
+    interact_bwd_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, cs>>>(
+        a->dbottom, a->demb, a->demb_stride, a->dout, a->bottom, a->emb, a->emb_stride,
+        (size_t)a->B, a->F, a->dim);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
+static pst_status run_bce_logits(pst_stream *, cudaStream_t cs, const pst_bce_args *a)
+{
+    if (!a->B)
+        return PST_OK;
+    bce_kernel<<<blocks_for((size_t)a->B), PST_CUDA_THREADS, 0, cs>>>(
+        a->losses, a->dlogits, a->logits, a->labels, a->scale, (size_t)a->B);
+    PST_CUDA_CHECK(cudaGetLastError());
+    return PST_OK;
+}
+
 /* ---- the op table ---------------------------------------------------------------------
  * Every op begins its stream's work the same way (nothing is queued on a stream that failed
  * before: skip), then runs; as CPU_OP in ops_cpu.c. */
@@ -866,6 +976,9 @@ CUDA_OP(cuda_attention_forward, pst_attention_args, run_attention_forward)
 CUDA_OP(cuda_attention_backward, pst_attention_args, run_attention_backward)
 CUDA_OP(cuda_gelu_forward, pst_gelu_args, run_gelu_forward)
 CUDA_OP(cuda_gelu_backward, pst_gelu_args, run_gelu_backward)
+CUDA_OP(cuda_interact_forward, pst_interact_args, run_interact_forward)
+CUDA_OP(cuda_interact_backward, pst_interact_args, run_interact_backward)
+CUDA_OP(cuda_bce_logits, pst_bce_args, run_bce_logits)
 
 extern "C" const pst_ops_iface pst_cuda_ops_iface = {
     cuda_linear_forward, cuda_linear_backward, cuda_relu_backward, cuda_softmax_xent,
@@ -873,4 +986,5 @@ extern "C" const pst_ops_iface pst_cuda_ops_iface = {
     cuda_embedding_forward, cuda_embedding_backward, cuda_layernorm_forward,
     cuda_layernorm_backward, cuda_attention_forward, cuda_attention_backward,
     cuda_gelu_forward, cuda_gelu_backward,
+    cuda_interact_forward, cuda_interact_backward, cuda_bce_logits,
 };
