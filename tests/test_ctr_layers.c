@@ -135,21 +135,21 @@ Test(ctr_layers, a_split_over_rows_changes_no_bit)
 Test(ctr_layers, bce_against_its_definition)
 {
     const float x[6] = {-30.0f, -2.5f, -0.1f, 0.0f, 1.7f, 40.0f};
-    const float y[6] = {1, 0, 1, 0, 1, 0};
+    const int32_t y[6] = {1, 0, 1, 0, 1, 0};
     float loss[6], d[6], p[6];
     pst_bce_logits(loss, d, x, y, 0.5f, 0, 6);
     pst_bce_logits(loss, p, x, y, 0.0f, 0, 6);
     for (int i = 0; i < 6; i++) {
         const double xi = x[i];
-        const double want = y[i] > 0.5f ? log1p(exp(-xi)) : log1p(exp(xi));
+        const double want = y[i] ? log1p(exp(-xi)) : log1p(exp(xi));
         cr_assert_leq(fabs(loss[i] - want), 1e-6 * (1 + want), "loss %d: %g vs %g", i,
                       (double)loss[i], want);
         cr_assert(isfinite(loss[i]));
         const double s = 1.0 / (1.0 + exp(-xi));
         cr_assert_leq(fabs(p[i] - s), 1e-7, "sigmoid %d", i);
         const double h = 1e-4;
-        const double lu = y[i] > 0.5f ? log1p(exp(-(xi + h))) : log1p(exp(xi + h));
-        const double ld = y[i] > 0.5f ? log1p(exp(-(xi - h))) : log1p(exp(xi - h));
+        const double lu = y[i] ? log1p(exp(-(xi + h))) : log1p(exp(xi + h));
+        const double ld = y[i] ? log1p(exp(-(xi - h))) : log1p(exp(xi - h));
         cr_assert_leq(fabs(d[i] - 0.5 * (lu - ld) / (2 * h)), 1e-6, "dlogit %d", i);
     }
 }

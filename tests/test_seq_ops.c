@@ -326,9 +326,10 @@ Test(seq_ops, click_model_interaction_and_bce)
     backend be[MAXB];
     const int nb = open_backends(be);
     float *bot = randn(CB * CD, 21, 1), *emb = randn(CB * CS, 22, 1), *dout = randn(CB * CW, 23, 1);
-    float *logits = randn(CB, 24, 3), lab[CB];
+    float *logits = randn(CB, 24, 3);
+    int32_t lab[CB];
     for (int i = 0; i < CB; i++)
-        lab[i] = (float)(i % 2);
+        lab[i] = i % 2;
     static float out[CB * CW], db[CB * CD], de[CB * CS], loss[CB], dl[CB], prob[CB];
     pst_interact_forward(out, bot, emb, CS, CF, CD, 0, CB);
     pst_interact_backward(db, de, CS, dout, bot, emb, CS, CF, CD, 0, CB);
@@ -339,7 +340,8 @@ Test(seq_ops, click_model_interaction_and_bce)
         float *d_bot = put(b, bot, sizeof(float) * CB * CD), *d_emb = put(b, emb, sizeof(float) * CB * CS);
         float *d_dout = put(b, dout, sizeof(float) * CB * CW), *d_out = put(b, NULL, sizeof out);
         float *d_db = put(b, NULL, sizeof db), *d_de = put(b, NULL, sizeof de);
-        float *d_x = put(b, logits, sizeof(float) * CB), *d_y = put(b, lab, sizeof lab);
+        float *d_x = put(b, logits, sizeof(float) * CB);
+        int32_t *d_y = put(b, lab, sizeof lab);
         float *d_loss = put(b, NULL, sizeof loss), *d_dl = put(b, NULL, sizeof dl);
         float *d_p = put(b, NULL, sizeof prob);
         pst_interact_args f = {.out = d_out, .bottom = d_bot, .emb = d_emb, .emb_stride = CS,

@@ -61,7 +61,7 @@ void pst_interact_backward(float *dbottom, float *demb, int demb_stride, const f
     }
 }
 
-void pst_bce_logits(float *losses, float *dlogits, const float *logits, const float *labels,
+void pst_bce_logits(float *losses, float *dlogits, const float *logits, const int32_t *labels,
                     float scale, int b0, int b1)
 {
     for (int b = b0; b < b1; b++) {

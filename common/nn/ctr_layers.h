@@ -13,6 +13,8 @@
 #ifndef PST_CTR_LAYERS_H
 #define PST_CTR_LAYERS_H
 
+#include <stdint.h>
+
 /* Columns of the interaction's output: dim + (F+1)F/2. */
 static inline int pst_interact_width(int F, int dim)
 {
@@ -27,10 +29,11 @@ void pst_interact_forward(float *out, const float *bottom, const float *emb, int
 void pst_interact_backward(float *dbottom, float *demb, int demb_stride, const float *dout,
                            const float *bottom, const float *emb, int emb_stride, int F,
                            int dim, int b0, int b1);
-/* Binary cross-entropy on logits x with labels y (0 or 1): losses (B) = max(x, 0) - x y +
- * log(1 + exp(-|x|)) (in double); dlogits (B) = (sigmoid(x) - y) * scale, or sigmoid(x)
- * when scale is 0 (evaluation: the click probabilities). */
-void pst_bce_logits(float *losses, float *dlogits, const float *logits, const float *labels,
+/* Binary cross-entropy on logits x with labels y (int32, 0 or 1, the executor's
+ * targets): losses (B) = max(x, 0) - x y + log(1 + exp(-|x|)) (in double); dlogits (B) =
+ * (sigmoid(x) - y) * scale, or sigmoid(x) when scale is 0 (evaluation: the click
+ * probabilities). */
+void pst_bce_logits(float *losses, float *dlogits, const float *logits, const int32_t *labels,
                     float scale, int b0, int b1);
 
 #endif /* PST_CTR_LAYERS_H */

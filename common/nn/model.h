@@ -72,6 +72,10 @@ typedef struct pst_layer_io {
     const float *dout;          /* gradient of `out` (NULL for the loss layer) */
     float *din;                 /* gradient of `in` (NULL for layer 0: nobody reads it) */
     const int32_t *targets;     /* (max_batch, target_width) labels */
+    const float *sparse;        /* a model with sparse fields: the batch's rows of its
+                                 * sparse tables (max_batch, sparse_fields * sparse_dim),
+                                 * the trainer's; NULL otherwise */
+    float *dsparse;             /* their gradient, written by the layer that reads them */
     float *losses;              /* (max_batch) per-row losses, written by the loss layer */
     int32_t *correct;           /* (1) correct predictions, added to by the loss layer */
     float *save;                /* (max_batch, save_width): kept from forward to backward */
@@ -149,6 +153,9 @@ typedef struct pst_model {
     int in_tokens;                     /* 1: the input rows are int32 token ids, not floats */
     int nclasses;                      /* labels are 0 .. nclasses-1 (0: no labels) */
     int target_width;                  /* labels per row (at least 1) */
+    int sparse_fields, sparse_dim;     /* a click model: per input row, sparse_fields rows of
+                                        * sparse_dim values from its sparse tables
+                                        * (io->sparse); 0: none */
     /* The initial parameters from `seed` (nparams host floats). */
     void (*init_params)(const struct pst_model *m, float *dst, uint64_t seed);
     void *data;                        /* the model's own, freed with it */
@@ -185,6 +192,14 @@ int pst_model_find_tensor(const pst_model *m, const char *name);
 extern const pst_layer_class pst_layer_linear;
 /* Softmax cross-entropy over in_width classes (the loss; no tensors). */
 extern const pst_layer_class pst_layer_softmax_xent;
+/* DLRM's interaction (ctr_layers.h): in (B, dim) the bottom MLP's output, io->sparse the
+ * row's model->sparse_fields embeddings; out (B, dim + (F+1)F/2) = [in | their pairwise
+ * dots]; the input gradient goes to din and io->dsparse. No tensors; flags: */
+#define PST_INTERACT_MASK_INPUT 1 /* the input came through a ReLU: din is masked by in > 0 */
+extern const pst_layer_class pst_layer_interaction;
+/* Binary cross-entropy on one logit per row against a 0/1 label (the loss; no tensors);
+ * its probabilities are the sigmoids. */
+extern const pst_layer_class pst_layer_bce;
 /* Token + position embedding: the first layer of a model with in_tokens (rows of T token
  * ids): out (B, T*C) = wte[token] + wpe[t]; tensors {wte (V, C), wpe (T, C)}. */
 extern const pst_layer_class pst_layer_embedding;

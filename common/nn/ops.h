@@ -173,10 +173,11 @@ typedef struct pst_interact_args {
 } pst_interact_args;
 
 /* Binary cross-entropy on logits (ctr_layers.h): losses (B), dlogits (B) = (sigmoid -
- * label) * scale, or the probabilities when scale is 0. labels (B) are floats 0 or 1. */
+ * label) * scale, or the probabilities when scale is 0. labels (B): 0 or 1. */
 typedef struct pst_bce_args {
     float *losses, *dlogits;
-    const float *logits, *labels;
+    const float *logits;
+    const int32_t *labels;
     int B;
     float scale;
 } pst_bce_args;

@@ -906,7 +906,7 @@ static __global__ void interact_bwd_kernel(float *dbottom, float *demb, int demb
 }
 
 static __global__ void bce_kernel(float *losses, float *dlogits, const float *logits,
-                                  const float *labels, float scale, size_t B)
+                                  const int32_t *labels, float scale, size_t B)
 {
     GRID_STRIDE(b, B)
     {

@@ -6,9 +6,11 @@
 #include "common/nn/models/models.h"
 #include "common/rng.h"
 
-static void mlp_init_params(const pst_model *m, float *dst, uint64_t seed)
+void pst_init_linear_layers(const pst_model *m, float *dst, uint64_t seed)
 {
-    for (int l = 0; l + 1 < m->nlayers; l++) { /* the last layer is the loss */
+    for (int l = 0; l < m->nlayers; l++) {
+        if (m->layers[l].cls != &pst_layer_linear)
+            continue;
         const pst_tensor *w = &m->tensors[m->layers[l].tensor[0]];
         const pst_tensor *b = &m->tensors[m->layers[l].tensor[1]];
         pst_rng r;
@@ -24,7 +26,7 @@ static void mlp_init_params(const pst_model *m, float *dst, uint64_t seed)
 pst_status pst_model_mlp(pst_model *m, int in_dim, int nclasses, int nhidden, const int *hidden)
 {
     *m = (pst_model){.name = "mlp", .in_width = in_dim, .nclasses = nclasses, .target_width = 1,
-                     .init_params = mlp_init_params};
+                     .init_params = pst_init_linear_layers};
     pst_status st = PST_OK;
     if (in_dim < 1 || nclasses < 1 || nhidden < 0 || nhidden > PST_MAX_HIDDEN) {
         st = pst_error_set(PST_ERR_INVALID, "mlp: bad shape (in %d, %d classes, %d hidden "

@@ -14,6 +14,18 @@
  * nn.Linear: U(-1/sqrt(in), 1/sqrt(in)), layer l's from pst_rng stream (seed, l).
  * Errors: PST_ERR_INVALID for a width < 1 or more than PST_MAX_HIDDEN hidden layers. */
 pst_status pst_model_mlp(pst_model *m, int in_dim, int nclasses, int nhidden, const int *hidden);
+/* The init_params of models of linear layers: each linear layer l's weight then bias from
+ * U(-1/sqrt(in), 1/sqrt(in)), pst_rng stream (seed, l) (PyTorch's nn.Linear). */
+void pst_init_linear_layers(const pst_model *m, float *dst, uint64_t seed);
+/* DLRM (arXiv 1906.00091; the peer ../shared/peers/torch_dlrm.py): a bottom MLP over D
+ * dense features (widths bottom[0..nbottom), then dim, each through a ReLU), the pairwise
+ * dot-product interaction with F sparse embeddings of dim values (io->sparse, from the
+ * trainer's sparse tables), a top MLP (widths top[0..ntop) through ReLUs, then 1) and
+ * binary cross-entropy on that logit. Tensors b<i>.weight/bias and t<i>.weight/bias;
+ * initial values as pst_init_linear_layers. Errors: PST_ERR_INVALID for a width, F or dim
+ * below 1, more than PST_MAX_HIDDEN widths on a side. */
+pst_status pst_model_dlrm(pst_model *m, int D, int F, int dim, int nbottom, const int *bottom,
+                          int ntop, const int *top);
 /* A GPT-2-style character language model (llm.c's layout, gpt.c): vocabulary V, context
  * T, L blocks of H heads over C channels, the output projection tied to the token
  * embedding; its input rows are T token ids, its targets T per row. Errors:

@@ -1,0 +1,196 @@
+/* test_dlrm.c — the `dlrm` click model (common/nn/models/dlrm.c) on the model interface,
+ * its layers bound by hand and run on a CPU stream: the loss and every gradient (each
+ * parameter, and each value of the rows' sparse embeddings: what the trainer pushes to
+ * its tables) against central differences of a float64 DLRM written out here; the tensor
+ * table of the peer's architecture; bad shapes refused. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/nn/ctr_layers.h"
+#include "common/nn/model.h"
+#include "common/nn/models/models.h"
+#include "common/rng.h"
+#include "common/runtime/device.h"
+
+enum { B = 6, D = 3, F = 4, DIM = 2, NB = 1, NT = 2 };
+static const int bottom_w[NB] = {5}, top_w[NT] = {6, 4};
+
+/* One linear layer in double: out (B, O) = in (B, I) W^T + b, ReLU when relu. */
+static void lin(double *out, const double *in, const double *p, int I, int O, int relu)
+{
+    const double *w = p, *b = p + I * O;
+    for (int r = 0; r < B; r++)
+        for (int o = 0; o < O; o++) {
+            double s = b[o];
+            for (int i = 0; i < I; i++)
+                s += in[r * I + i] * w[o * I + i];
+            out[r * O + o] = relu && s < 0.0 ? 0.0 : s;
+        }
+}
+
+/* The loss sum(bce(logit, y)) * scale in float64, parameters in the model's layout. */
+static double reference(const double *p, const double *x, const double *emb, const int32_t *y,
+                        double scale)
+{
+    double h0[B * 5], bot[B * DIM], z[B * 32], t0[B * 6], t1[B * 4], logit[B];
+    size_t o = 0;
+    lin(h0, x, p + o, D, 5, 1);
+    o += 5 * D + 5;
+    lin(bot, h0, p + o, 5, DIM, 1);
+    o += DIM * 5 + DIM;
+    const int W = pst_interact_width(F, DIM);
+    for (int r = 0; r < B; r++) {
+        const double *v[F + 1];
+        v[0] = bot + r * DIM;
+        for (int f = 1; f <= F; f++)
+            v[f] = emb + r * F * DIM + (f - 1) * DIM;
+        int c = 0;
+        for (int k = 0; k < DIM; k++)
+            z[r * W + c++] = v[0][k];
+        for (int i = 1; i <= F; i++)
+            for (int j = 0; j < i; j++) {
+                double d = 0.0;
+                for (int k = 0; k < DIM; k++)
+                    d += v[i][k] * v[j][k];
+                z[r * W + c++] = d;
+            }
+    }
+    lin(t0, z, p + o, W, 6, 1);
+    o += 6 * W + 6;
+    lin(t1, t0, p + o, 6, 4, 1);
+    o += 4 * 6 + 4;
+    lin(logit, t1, p + o, 4, 1, 0);
+    double loss = 0.0;
+    for (int r = 0; r < B; r++)
+        loss += fmax(logit[r], 0.0) - logit[r] * y[r] + log1p(exp(-fabs(logit[r])));
+    return loss * scale;
+}
+
+Test(dlrm, loss_and_every_gradient_against_central_differences)
+{
+    pst_model m;
+    cr_assert_eq(pst_model_dlrm(&m, D, F, DIM, NB, bottom_w, NT, top_w), PST_OK, "%s",
+                 pst_error_detail());
+    cr_assert_eq(m.nlayers, 7); /* 2 bottom, interaction, 3 top, the loss */
+    cr_assert(m.sparse_fields == F && m.sparse_dim == DIM && m.in_width == D);
+    const int W = pst_interact_width(F, DIM);
+    cr_assert_eq(m.nparams, (size_t)(5 * D + 5 + DIM * 5 + DIM + 6 * W + 6 + 4 * 6 + 4 + 4 + 1));
+    float *params = malloc(sizeof(float) * m.nparams), *grads = calloc(m.nparams, sizeof(float));
+    m.init_params(&m, params, 3);
+    float x[B * D], emb[B * F * DIM], demb[B * F * DIM], losses[B];
+    int32_t y[B], correct = 0;
+    pst_rng g;
+    pst_rng_seed(&g, 8, 0);
+    for (int i = 0; i < B * D; i++)
+        x[i] = pst_rng_normal(&g);
+    for (int i = 0; i < B * F * DIM; i++)
+        emb[i] = 0.5f * pst_rng_normal(&g);
+    for (int i = 0; i < B; i++)
+        y[i] = i % 3 == 0;
+    pst_runtime *rt;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    pst_device *dev = pst_runtime_device(rt, 0);
+    float *acts[8] = {0}, *dbuf[2];
+    dbuf[0] = calloc(B * 64, sizeof(float));
+    dbuf[1] = calloc(B * 64, sizeof(float));
+    void *inst[8], *chunk[8];
+    const int L = m.nlayers;
+    for (int l = 0; l < L; l++) {
+        acts[l] = m.layers[l].out_width ? calloc((size_t)B * m.layers[l].out_width, 4) : NULL;
+        inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
+        chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
+        pst_layer_io io = {.in = l ? acts[l - 1] : x, .out = acts[l],
+                           .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
+                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
+                           .losses = losses, .correct = &correct, .sparse = emb,
+                           .dsparse = demb};
+        pst_layer_io_point(&io, &m, l, params, grads);
+        m.layers[l].cls->bind(inst[l], &m, l, &io);
+    }
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(dev, &s), PST_OK);
+    const float scale = 1.0f / B;
+    for (int l = 0; l < L; l++)
+        cr_assert_eq(m.layers[l].cls->forward(inst[l], s, B, scale), PST_OK, "%s",
+                     pst_error_detail());
+    for (int l = L - 1; l >= 0; l--) {
+        const pst_layer_class *c = m.layers[l].cls;
+        if (c->wgrad)
+            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m.layers[l].split_rows), PST_OK);
+        if (c->igrad)
+            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
+    }
+    cr_assert_eq(pst_stream_synchronize(s), PST_OK, "%s", pst_error_detail());
+    pst_stream_destroy(s);
+
+    double *p = malloc(sizeof(double) * m.nparams), xd[B * D], ed[B * F * DIM];
+    for (size_t i = 0; i < m.nparams; i++)
+        p[i] = params[i];
+    for (int i = 0; i < B * D; i++)
+        xd[i] = x[i];
+    for (int i = 0; i < B * F * DIM; i++)
+        ed[i] = emb[i];
+    double loss = 0.0;
+    for (int i = 0; i < B; i++)
+        loss += losses[i];
+    const double want = reference(p, xd, ed, y, 1.0);
+    cr_assert_leq(fabs(loss - want), 1e-5 * want, "loss %.9g, float64 %.9g", loss, want);
+    const double h = 1e-5;
+    for (size_t i = 0; i < m.nparams; i++) {
+        const double v = p[i];
+        p[i] = v + h;
+        const double up = reference(p, xd, ed, y, scale);
+        p[i] = v - h;
+        const double down = reference(p, xd, ed, y, scale);
+        p[i] = v;
+        const double fd = (up - down) / (2 * h);
+        cr_assert_leq(fabs(grads[i] - fd), 1e-4 * (1 + fabs(fd)), "%s element %zu: %g, central "
+                      "difference %g", m.tensors[0].name, i, (double)grads[i], fd);
+    }
+    for (int i = 0; i < B * F * DIM; i++) {
+        const double v = ed[i];
+        ed[i] = v + h;
+        const double up = reference(p, xd, ed, y, scale);
+        ed[i] = v - h;
+        const double down = reference(p, xd, ed, y, scale);
+        ed[i] = v;
+        const double fd = (up - down) / (2 * h);
+        cr_assert_leq(fabs(demb[i] - fd), 1e-4 * (1 + fabs(fd)), "embedding value %d: %g, "
+                      "central difference %g", i, (double)demb[i], fd);
+    }
+    for (int l = 0; l < L; l++) {
+        free(inst[l]);
+        free(chunk[l]);
+        free(acts[l]);
+    }
+    free(dbuf[0]);
+    free(dbuf[1]);
+    free(p);
+    free(params);
+    free(grads);
+    pst_runtime_free(rt);
+    pst_model_free(&m);
+}
+
+/* The peer's architecture (torch_dlrm.py: 13 dense, 26 fields of 16, bottom 64, top 128 and
+ * 64): 367 inputs to the top MLP, the tensors of its nn.Linear layers. */
+Test(dlrm, the_peers_shape_and_bad_shapes)
+{
+    pst_model m;
+    const int bottom[1] = {64}, top[2] = {128, 64};
+    cr_assert_eq(pst_model_dlrm(&m, 13, 26, 16, 1, bottom, 2, top), PST_OK);
+    cr_assert_eq(m.layers[2].out_width, 16 + 27 * 26 / 2);
+    const int t0 = pst_model_find_tensor(&m, "t0.weight");
+    cr_assert(t0 >= 0 && m.tensors[t0].shape[0] == 128 && m.tensors[t0].shape[1] == 367);
+    cr_assert_eq(m.nparams, (size_t)(64 * 13 + 64 + 16 * 64 + 16 + 128 * 367 + 128 + 64 * 128 +
+                                     64 + 64 + 1));
+    pst_model_free(&m);
+    cr_assert_eq(pst_model_dlrm(&m, 0, 26, 16, 1, bottom, 2, top), PST_ERR_INVALID);
+    const int zero[1] = {0};
+    cr_assert_eq(pst_model_dlrm(&m, 13, 26, 16, 1, zero, 2, top), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "bottom layer 0 has width 0"), "%s", pst_error_detail());
+    cr_assert_null(m.layers);
+}
