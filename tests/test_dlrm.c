@@ -14,6 +14,8 @@
 #include "common/nn/models/models.h"
 #include "common/rng.h"
 #include "common/runtime/device.h"
+#include "trainer/exec.h"
+#include "trainer/local.h"
 
 enum { B = 6, D = 3, F = 4, DIM = 2, NB = 1, NT = 2 };
 static const int bottom_w[NB] = {5}, top_w[NT] = {6, 4};
@@ -193,4 +195,131 @@ Test(dlrm, the_peers_shape_and_bad_shapes)
     cr_assert_eq(pst_model_dlrm(&m, 13, 26, 16, 1, zero, 2, top), PST_ERR_INVALID);
     cr_assert(strstr(pst_error_detail(), "bottom layer 0 has width 0"), "%s", pst_error_detail());
     cr_assert_null(m.layers);
+}
+
+/* One executor step of the model (cpu:1, cpu:2, and cpu:1 in two micro-batches) over the
+ * same rows: the embeddings' gradient the executor hands back for the push equals the one
+ * the layers give when run by hand (the first test's way), row by row; the devices' split
+ * and the micro-batches only change which rows go together (within 1e-6). */
+static void executor_dsparse(const char *devices, int acc, const float *x, const float *emb,
+                             const int32_t *y, float *dsparse, float *loss)
+{
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    cfg.acc_steps = acc;
+    cfg.optim.kind = PST_OPTIM_SGD;
+    cfg.optim.lr = 0.1f;
+    pst_runtime *rt = NULL;
+    cr_assert_eq(pst_runtime_init(&rt, devices), PST_OK, "%s", pst_error_detail());
+    pst_model m;
+    cr_assert_eq(pst_model_dlrm(&m, D, F, DIM, NB, bottom_w, NT, top_w), PST_OK);
+    tr_plan plan = {0};
+    const tr_exec_settings es = tr_exec_settings_of(&cfg);
+    cr_assert_eq(tr_exec_plan(&plan, &m, &es, cfg.block_bytes, 1, pst_runtime_count(rt)),
+                 PST_OK, "%s", pst_error_detail());
+    tr_link *link;
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_local_init(&link, &ls, &plan), PST_OK, "%s", pst_error_detail());
+    tr_exec_config ec = {.cfg = es, .rt = rt, .model = &m, .max_rows = B, .eval_rows = B,
+                         .link = link, .overlap = 1, .threads = 1};
+    tr_exec *ex = NULL;
+    cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
+    double l = 0.0;
+    cr_assert_eq(tr_exec_step(ex, 0, x, y, B, B, &l), PST_ERR_INVALID, "a step without rows");
+    cr_assert_eq(tr_exec_sync(ex), PST_OK);
+    tr_exec_free(ex);
+    cr_assert_eq(tr_exec_init(&ex, &ec), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_start(ex, 3), PST_OK, "%s", pst_error_detail());
+    tr_exec_set_sparse(ex, emb, dsparse);
+    cr_assert_eq(tr_exec_step(ex, 0, x, y, B, B, &l), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_exec_sync(ex), PST_OK, "%s", pst_error_detail());
+    *loss = (float)l;
+    tr_exec_free(ex);
+    tr_link_free(link);
+    tr_plan_free(&plan);
+    pst_model_free(&m);
+    pst_runtime_free(rt);
+}
+
+Test(dlrm, the_executor_hands_back_the_embeddings_gradient)
+{
+    pst_model m;
+    cr_assert_eq(pst_model_dlrm(&m, D, F, DIM, NB, bottom_w, NT, top_w), PST_OK);
+    float *params = malloc(sizeof(float) * m.nparams), *grads = calloc(m.nparams, sizeof(float));
+    m.init_params(&m, params, 3); /* what tr_exec_start(ex, 3) starts from */
+    float x[B * D], emb[B * F * DIM], want[B * F * DIM], losses[B];
+    int32_t y[B], correct = 0;
+    pst_rng g;
+    pst_rng_seed(&g, 9, 0);
+    for (int i = 0; i < B * D; i++)
+        x[i] = pst_rng_normal(&g);
+    for (int i = 0; i < B * F * DIM; i++)
+        emb[i] = 0.5f * pst_rng_normal(&g);
+    for (int i = 0; i < B; i++)
+        y[i] = i % 2;
+    pst_runtime *rt;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    float *acts[8] = {0}, *dbuf[2] = {calloc(B * 64, 4), calloc(B * 64, 4)};
+    void *inst[8], *chunk[8];
+    const int L = m.nlayers;
+    for (int l = 0; l < L; l++) {
+        acts[l] = m.layers[l].out_width ? calloc((size_t)B * m.layers[l].out_width, 4) : NULL;
+        inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
+        chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
+        pst_layer_io io = {.in = l ? acts[l - 1] : x, .out = acts[l],
+                           .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
+                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
+                           .losses = losses, .correct = &correct, .sparse = emb,
+                           .dsparse = want};
+        pst_layer_io_point(&io, &m, l, params, grads);
+        m.layers[l].cls->bind(inst[l], &m, l, &io);
+    }
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(pst_runtime_device(rt, 0), &s), PST_OK);
+    for (int l = 0; l < L; l++)
+        cr_assert_eq(m.layers[l].cls->forward(inst[l], s, B, 1.0f / B), PST_OK);
+    for (int l = L - 1; l >= 0; l--) {
+        const pst_layer_class *c = m.layers[l].cls;
+        if (c->wgrad)
+            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m.layers[l].split_rows), PST_OK);
+        if (c->igrad)
+            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
+    }
+    cr_assert_eq(pst_stream_synchronize(s), PST_OK);
+    pst_stream_destroy(s);
+    float hand_loss = 0.0f;
+    for (int i = 0; i < B; i++)
+        hand_loss += losses[i];
+    const struct {
+        const char *devices;
+        int acc;
+        int exact;
+    } runs[] = {{"cpu:1", 1, 1}, {"cpu:2", 1, 0}, {"cpu:1", 2, 0}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        float got[B * F * DIM], loss = 0.0f;
+        memset(got, 0xff, sizeof got);
+        executor_dsparse(runs[r].devices, runs[r].acc, x, emb, y, got, &loss);
+        for (int i = 0; i < B * F * DIM; i++)
+            if (runs[r].exact)
+                cr_assert_eq(memcmp(&got[i], &want[i], 4), 0, "%s: value %d is %a, by hand %a",
+                             runs[r].devices, i, (double)got[i], (double)want[i]);
+            else
+                cr_assert_leq(fabsf(got[i] - want[i]), 1e-6f * (1 + fabsf(want[i])),
+                              "%s acc %d: value %d is %g, by hand %g", runs[r].devices,
+                              runs[r].acc, i, (double)got[i], (double)want[i]);
+        cr_assert_leq(fabsf(loss - hand_loss), 1e-5f * hand_loss, "loss %g vs %g", (double)loss,
+                      (double)hand_loss);
+    }
+    for (int l = 0; l < L; l++) {
+        free(inst[l]);
+        free(chunk[l]);
+        free(acts[l]);
+    }
+    free(dbuf[0]);
+    free(dbuf[1]);
+    free(params);
+    free(grads);
+    pst_runtime_free(rt);
+    pst_model_free(&m);
 }

@@ -120,6 +120,11 @@ static pst_status alloc_replica(tr_exec *ex, exec_dev *d, int share_params)
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * (size_t)m->in_width, (void **)&d->x));
     PST_TRY(exec_alloc_dev(d->dev, sizeof(int32_t) * B * (size_t)m->target_width, (void **)&d->y));
     PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B, (void **)&d->losses));
+    if (ex->sparse_width) {
+        PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * ex->sparse_width, (void **)&d->sparse));
+        PST_TRY(exec_alloc_dev(d->dev, sizeof(float) * B * ex->sparse_width,
+                               (void **)&d->dsparse));
+    }
     PST_TRY(exec_alloc_dev(d->dev, sizeof(int32_t), (void **)&d->correct));
     for (int l = 0; l < ex->L; l++) {
         const pst_layer *ly = &m->layers[l];
@@ -155,6 +160,11 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
     }
     ex->D = pst_runtime_count(c->rt);
     ex->L = c->model->nlayers;
+    ex->sparse_width = (size_t)c->model->sparse_fields * (size_t)c->model->sparse_dim;
+    if (ex->sparse_width && c->cfg.pipeline > 1)
+        return pst_error_set(PST_ERR_UNSUPPORTED, "--model %s with --pipeline %d is not built "
+                             "yet: its sparse rows go to one pipeline stage (example: "
+                             "--pipeline 1)", c->model->name, c->cfg.pipeline);
     if (ex->D > PST_DEVICE_MAX_COUNT)
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", ex->D,
                              PST_DEVICE_MAX_COUNT);
@@ -413,6 +423,8 @@ void tr_exec_free(tr_exec *ex)
             pst_device_free(d->dev, d->y);
             pst_device_free(d->dev, d->losses);
             pst_device_free(d->dev, d->correct);
+            pst_device_free(d->dev, d->sparse);
+            pst_device_free(d->dev, d->dsparse);
             /* shared: device 0 owns pbuf[0] (params may point at pbuf[1] by now) */
             void *own = !ex->shared ? d->params : i ? NULL : ex->pbuf[0] ? ex->pbuf[0] : d->params;
             pst_device_free(d->dev, own);

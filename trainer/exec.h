@@ -111,6 +111,12 @@ pst_status tr_exec_eval_batch(tr_exec *ex, const void *x, const int32_t *y, int 
  * probs (rows, target_width, nclasses) in host memory. Errors: PST_ERR_UNSUPPORTED for a
  * model whose loss layer gives none (call after tr_exec_sync). */
 pst_status tr_exec_predict(tr_exec *ex, const void *x, int rows, float *probs);
+/* A model with sparse fields (model.h: the click model): the rows' embeddings for the next
+ * tr_exec_step, tr_exec_eval_batch or tr_exec_predict, sparse (rows, F dim) host floats in
+ * the order of the batch's rows, and where that step writes their gradient (rows, F dim;
+ * NULL: not wanted, as in evaluation). Both stay the caller's and must stay valid until the
+ * step's compute has run (tr_exec_sync, or the step's return when overlap is off). */
+void tr_exec_set_sparse(tr_exec *ex, const float *sparse, float *dsparse);
 /* Test accuracy on device 0 (call after tr_exec_sync). */
 pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc);
 /* A copy of the parameters as f32 (after tr_exec_sync): device 0's, or in a CPU pipeline

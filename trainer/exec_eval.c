@@ -25,6 +25,14 @@ static pst_status forward_rows(tr_exec *ex, const void *x, const int32_t *y, int
                              PST_COPY_HOST_TO_DEVICE));
     PST_TRY(y ? pst_memcpy_async(s, d->y, y, ybytes, PST_COPY_HOST_TO_DEVICE)
               : pst_memset_async(s, d->y, 0, ybytes));
+    if (ex->sparse_width) {
+        if (!ex->sparse_in)
+            return pst_error_set(PST_ERR_INVALID, "model %s reads sparse rows: call "
+                                 "tr_exec_set_sparse before evaluating", m->name);
+        PST_TRY(pst_memcpy_async(s, d->sparse, ex->sparse_in,
+                                 sizeof(float) * (size_t)rows * ex->sparse_width,
+                                 PST_COPY_HOST_TO_DEVICE));
+    }
     for (int k = 0; k < ex->L; k++) {
         PST_TRY(exec_enqueue_weights(ex, d, s, k));
         PST_TRY(m->layers[k].cls->forward(d->inst[k], s, rows, 0.0f));

@@ -122,6 +122,7 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
             .dout = l + 1 < ex->L ? d->dbuf[(ex->L - 2 - l) & 1] : NULL,
             .din = l ? d->dbuf[(ex->L - 1 - l) & 1] : NULL,
             .targets = d->y, .losses = d->losses, .correct = d->correct,
+            .sparse = d->sparse, .dsparse = d->dsparse,
             .save = d->save[l], .work = d->work[l], .scratch = d->scratch[l],
             .max_batch = ex->max_batch,
             .rows_done = ex->rows && m->layers[l].ntensors ? rows_final : NULL,

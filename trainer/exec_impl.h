@@ -51,6 +51,8 @@ typedef struct exec_dev {
     void **inst;                  /* (L) the layers' op arguments on this device */
     void **chunk;                 /* (nchunks) each weight-gradient chunk's arguments */
     float *x;                     /* (max_batch, in_width) floats, or int32 tokens (in_tokens) */
+    float *sparse, *dsparse;      /* a model with sparse fields: (max_batch, F dim) the rows'
+                                   * embeddings and their gradient (NULL otherwise) */
     int32_t *y;                   /* (max_batch, target_width) */
     float **save, **work;         /* (L) each layer's kept activations and scratch; NULL: none */
     float **scratch;              /* (L) per-thread scratch; NULL: none */
@@ -134,6 +136,9 @@ struct tr_exec {
     float *host_params;            /* (nparams) */
     void *host_lowp;               /* (nparams) of pdt when lowp: start and tr_exec_params */
     float *host_losses;            /* (max_batch) */
+    const float *sparse_in;        /* tr_exec_set_sparse: the next step's or evaluation's rows */
+    float *sparse_grad;            /* where the step writes their gradient (NULL: nowhere) */
+    size_t sparse_width;           /* floats of a row's sparse embeddings: F dim */
     int max_batch;
     cpu_set_t compute_cpus;        /* --compute-cpus; pinned only when pin_compute */
     int pin_compute;

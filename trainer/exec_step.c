@@ -35,6 +35,24 @@ void exec_use_newest_params(tr_exec *ex)
 
 /* ---- gather, forward, backward: a device's compute stream ------------------------------ */
 
+/* A model with sparse fields: rows [lo, lo + n) of the caller's embeddings (tr_exec_set_sparse)
+ * to the device. */
+static pst_status sparse_rows_in(tr_exec *ex, exec_dev *d, int lo, int n)
+{
+    if (!ex->sparse_in)
+        return pst_error_set(PST_ERR_INVALID, "model %s reads sparse rows: call "
+                             "tr_exec_set_sparse before its steps", ex->model->name);
+    return pst_memcpy_async(d->compute, d->sparse, ex->sparse_in + (size_t)lo * ex->sparse_width,
+                            sizeof(float) * (size_t)n * ex->sparse_width,
+                            PST_COPY_HOST_TO_DEVICE);
+}
+
+void tr_exec_set_sparse(tr_exec *ex, const float *sparse, float *dsparse)
+{
+    ex->sparse_in = sparse;
+    ex->sparse_grad = dsparse;
+}
+
 /* Gather: device d's rows of micro-batch k (--acc-steps K splits the trainer's rows in K
  * parts, each over the D devices), copied to the device. */
 static pst_status gather(tr_exec *ex, exec_dev *d, int k, const void *x, const int32_t *y,
@@ -54,6 +72,8 @@ static pst_status gather(tr_exec *ex, exec_dev *d, int k, const void *x, const i
     if (d->rows && y)
         PST_TRY(pst_memcpy_async(d->compute, d->y, y + (size_t)d->lo * tw,
                                  sizeof(int32_t) * (size_t)d->rows * tw, PST_COPY_HOST_TO_DEVICE));
+    if (d->rows && ex->sparse_width)
+        PST_TRY(sparse_rows_in(ex, d, d->lo, d->rows));
     return PST_OK;
 }
 
@@ -137,6 +157,10 @@ static pst_status backward(tr_exec *ex, exec_dev *d, long step, int micro)
         }
         exec_mark_end(s, sp);
     }
+    if (ex->sparse_width && ex->sparse_grad) /* the rows' embedding gradients, for the push */
+        PST_TRY(pst_memcpy_async(s, ex->sparse_grad + (size_t)d->lo * ex->sparse_width,
+                                 d->dsparse, sizeof(float) * (size_t)d->rows * ex->sparse_width,
+                                 PST_COPY_DEVICE_TO_HOST));
     return PST_OK;
 }
 

@@ -23,7 +23,8 @@ static pst_status add_linear(pst_model *m, const char *name, int i, int in, int 
 pst_status pst_model_dlrm(pst_model *m, int D, int F, int dim, int nbottom, const int *bottom,
                           int ntop, const int *top)
 {
-    *m = (pst_model){.name = "dlrm", .in_width = D, .nclasses = 2, .target_width = 1,
+    /* nclasses 1: one probability per row, of a click (the bce layer's probs) */
+    *m = (pst_model){.name = "dlrm", .in_width = D, .nclasses = 1, .target_width = 1,
                      .sparse_fields = F, .sparse_dim = dim,
                      .init_params = pst_init_linear_layers};
     pst_status st = PST_OK;

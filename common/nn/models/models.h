@@ -21,8 +21,9 @@ void pst_init_linear_layers(const pst_model *m, float *dst, uint64_t seed);
  * dense features (widths bottom[0..nbottom), then dim, each through a ReLU), the pairwise
  * dot-product interaction with F sparse embeddings of dim values (io->sparse, from the
  * trainer's sparse tables), a top MLP (widths top[0..ntop) through ReLUs, then 1) and
- * binary cross-entropy on that logit. Tensors b<i>.weight/bias and t<i>.weight/bias;
- * initial values as pst_init_linear_layers. Errors: PST_ERR_INVALID for a width, F or dim
+ * binary cross-entropy on that logit (labels 0 or 1; nclasses 1: one probability per
+ * row, of a click). Tensors b<i>.weight/bias and t<i>.weight/bias; initial values as
+ * pst_init_linear_layers. Errors: PST_ERR_INVALID for a width, F or dim
  * below 1, more than PST_MAX_HIDDEN widths on a side. */
 pst_status pst_model_dlrm(pst_model *m, int D, int F, int dim, int nbottom, const int *bottom,
                           int ntop, const int *top);
