@@ -279,7 +279,7 @@ static pst_status parse_optimizer(pst_config *cfg, const char *v, const char *wh
                                   const char *ex)
 {
     if (pst_optim_kind_parse(v, &cfg->optim.kind) != 0)
-        return bad(where, v, "expected sgd, momentum, adam or adamw", ex);
+        return bad(where, v, "expected sgd, momentum, adam, adamw or adagrad", ex);
     return PST_OK;
 }
 
@@ -459,7 +459,7 @@ static const opt options[] = {
     {"loss-scale", "PSTRAIN_LOSS_SCALE", NULL, NULL, "65536", "fp16: the initial dynamic loss scale, a power of two from 2^-24 to 2^24 (PyTorch GradScaler's default 2^16); halved on every overflow, doubled after --loss-scale-window good steps up to 2^24", R_TRAINER, OPT_FLOAT, F(loss_scale), 0x1p-24, 0x1p24, NULL},
     {"loss-scale-window", "PSTRAIN_LOSS_SCALE_WINDOW", NULL, NULL, "2000", "fp16: the loss scale doubles after this many steps without overflow (GradScaler's growth_interval)", R_TRAINER, OPT_LONG, F(loss_scale_window), 1, 1e12, NULL},
     {"seed", "PSTRAIN_SEED", NULL, NULL, "0", "seed of initialization and shuffling", R_TRAINER, OPT_U64, F(seed), 0, 0, NULL},
-    {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam or adamw", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
+    {"optimizer", "PSTRAIN_OPTIMIZER", NULL, NULL, "momentum", "sgd, momentum, adam, adamw or adagrad (eps: --eps; no lr decay, initial accumulator 0)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_optimizer},
     {"lr", "PSTRAIN_LR", NULL, NULL, "0.05", "learning rate", R_TRAINER, OPT_FLOAT, F(optim.lr), 0, 0, NULL},
     {"momentum", "PSTRAIN_MOMENTUM", NULL, NULL, "0.9", "momentum factor (optimizer momentum)", R_TRAINER, OPT_FLOAT, F(optim.momentum), 0, 0, NULL},
     {"beta1", "PSTRAIN_BETA1", NULL, NULL, "0.9", "Adam beta1", R_TRAINER, OPT_FLOAT, F(optim.beta1), 0, 0, NULL},

@@ -32,6 +32,7 @@ int pst_optim_state_floats(pst_optim_kind k)
     case PST_OPTIM_SGD:
         return 0;
     case PST_OPTIM_MOMENTUM:
+    case PST_OPTIM_ADAGRAD:
         return 1;
     case PST_OPTIM_ADAM:
     case PST_OPTIM_ADAMW:
@@ -159,6 +160,26 @@ static void sqrt_in_place(float *x, size_t n)
         x[i] = sqrtf(x[i]);
 }
 
+/* Adagrad over blocks of ADAM_BLOCK: acc += g'*g' (g' = g + wd*p when wd != 0), the
+ * square roots in a SIMD pass, then p -= lr * (g' / (root + eps)): PyTorch's addcmul_,
+ * sqrt, add_(eps) and addcdiv_ order. */
+static void adagrad_update(float *restrict p, float *restrict acc, const float *restrict g,
+                           size_t n, float lr, float wd, float eps)
+{
+    float root[ADAM_BLOCK], d[ADAM_BLOCK];
+    for (size_t off = 0; off < n; off += ADAM_BLOCK) {
+        const size_t len = n - off < ADAM_BLOCK ? n - off : ADAM_BLOCK;
+        for (size_t i = 0; i < len; i++) {
+            d[i] = wd != 0.0f ? pst_optim_l2(g[off + i], wd, p[off + i]) : g[off + i];
+            acc[off + i] = acc[off + i] + d[i] * d[i];
+            root[i] = acc[off + i];
+        }
+        sqrt_in_place(root, len);
+        for (size_t i = 0; i < len; i++)
+            p[off + i] = pst_optim_descend(p[off + i], lr, d[i] / (root[i] + eps));
+    }
+}
+
 /* p = p*decay - step_size * (m / (root/sqrt(bc2) + eps)), PyTorch's addcdiv_ order. */
 static void adam_params(float *restrict p, const float *restrict m,
                                          const float *restrict root, size_t n,
@@ -190,7 +211,7 @@ pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, fl
     int nstate = pst_optim_state_floats(cfg->kind);
     if (nstate < 0 || (unsigned)cfg->schedule >= PST_LR_SCHEDULE_COUNT_)
         return pst_error_set(PST_ERR_INVALID, "optimizer: unknown kind %d or schedule %d; "
-                             "expected sgd, momentum, adam or adamw with constant or "
+                             "expected sgd, momentum, adam, adamw or adagrad with constant or "
                              "warmup_cosine", (int)cfg->kind, (int)cfg->schedule);
     if (t < 1)
         return pst_error_set(PST_ERR_INVALID, "optimizer: update %ld; updates count from 1", t);
@@ -215,6 +236,9 @@ pst_status pst_optim_apply(const pst_optim_config *cfg, long t, float *param, fl
             momentum_update_l2(param, state, grad, n, s.lr, s.mu, s.wd);
         else
             momentum_update(param, state, grad, n, s.lr, s.mu);
+        return PST_OK;
+    case PST_OPTIM_ADAGRAD:
+        adagrad_update(param, state, grad, n, s.lr, s.wd, cfg->eps);
         return PST_OK;
     case PST_OPTIM_ADAM:
     case PST_OPTIM_ADAMW:

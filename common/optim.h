@@ -9,6 +9,8 @@
  *   Adam:      g' = g + wd*p;  m = b1*m + (1-b1)*g'; v = b2*v + (1-b2)*g'^2;
  *              p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)
  *   AdamW:     p *= 1 - lr*wd; then Adam with g' = g.
+ *   Adagrad:   g' = g + wd*p;  acc += g'*g';  p -= lr * (g' / (sqrt(acc) + eps))
+ *              (acc starts at 0, PyTorch's initial_accumulator_value; no lr decay)
  * t is the 1-based update count. lr is the schedule's value at update t (pst_lr_at).
  * The g' = g + wd*p term is skipped when wd == 0, as PyTorch does.
  *
@@ -19,7 +21,7 @@
  * with v updated as b2*v + ((1-b2)*g')*g', and 1-b1, 1-b2, 1-lr*wd rounded to float from
  * double. Elementwise results do not depend on how a buffer is split into calls.
  *
- * Optimizer state is `pst_optim_state_floats(kind)` arrays ([buf] or [m, v]), each
+ * Optimizer state is `pst_optim_state_floats(kind)` arrays ([buf], [m, v] or [acc]), each
  * parallel to the parameters, zero-initialized by the caller; array k of a call starts at
  * state + k*state_stride, so a sub-range [off, off+n) of a buffer of N parameters is
  * updated with (param+off, state+off, stride N, grad+off, n). Thread safe (no shared

@@ -11,6 +11,7 @@ static const char *const kind_names[PST_OPTIM_KIND_COUNT_] = {
     [PST_OPTIM_MOMENTUM] = "momentum",
     [PST_OPTIM_ADAM] = "adam",
     [PST_OPTIM_ADAMW] = "adamw",
+    [PST_OPTIM_ADAGRAD] = "adagrad",
 };
 
 static const char *const schedule_names[PST_LR_SCHEDULE_COUNT_] = {
@@ -119,7 +120,8 @@ pst_status pst_optim_check(const pst_optim_config *o)
             return pst_error_set(PST_ERR_INVALID, "optimizer %s %g out of range %s", f[i].name,
                                  (double)f[i].v, pst_optim_range_text(r, text, sizeof text));
     }
-    if ((o->kind == PST_OPTIM_ADAM || o->kind == PST_OPTIM_ADAMW) && !(o->eps > 0.0f))
+    if ((o->kind == PST_OPTIM_ADAM || o->kind == PST_OPTIM_ADAMW ||
+         o->kind == PST_OPTIM_ADAGRAD) && !(o->eps > 0.0f))
         return pst_error_set(PST_ERR_INVALID, "optimizer eps %g: %s needs eps > 0 (example: "
                              "1e-8)", (double)o->eps, pst_optim_kind_name(o->kind));
     if (o->warmup_steps < 0 || o->total_steps < 0)

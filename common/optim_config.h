@@ -13,6 +13,7 @@ typedef enum pst_optim_kind {
     PST_OPTIM_MOMENTUM,
     PST_OPTIM_ADAM,
     PST_OPTIM_ADAMW,
+    PST_OPTIM_ADAGRAD,  /* the click model's (torch_dlrm.py), dense and sparse */
     PST_OPTIM_KIND_COUNT_
 } pst_optim_kind;
 

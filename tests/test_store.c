@@ -72,6 +72,11 @@ static void optim_for(pst_optim_kind kind, pst_optim_config *o)
         o->total_steps = 10;
         o->min_lr = 0.001f;
         break;
+    case PST_OPTIM_ADAGRAD:
+        o->lr = 0.05f;
+        o->eps = 1e-10f;
+        o->weight_decay = 0.01f;
+        break;
     default:
         break;
     }
@@ -857,12 +862,13 @@ Test(store, async_applies_each_push)
     ps_store_free(st);
 }
 
-/* Momentum and Adam state carry across many steps: the store after 25 sync steps equals a
- * plain loop of pst_optim_apply over the trainer-ordered sums. */
+/* Momentum, Adam and Adagrad state carry across many steps: the store after 25 sync steps
+ * equals a plain loop of pst_optim_apply over the trainer-ordered sums. */
 Test(store, optimizer_state_carried_across_steps)
 {
-    const pst_optim_kind kinds[] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAM, PST_OPTIM_ADAMW};
-    for (int k = 0; k < 3; k++) {
+    const pst_optim_kind kinds[] = {PST_OPTIM_MOMENTUM, PST_OPTIM_ADAM, PST_OPTIM_ADAMW,
+                                    PST_OPTIM_ADAGRAD};
+    for (int k = 0; k < 4; k++) {
         float initial[TOTAL_LEN];
         ps_store *st = make_store(PST_MODE_SYNC, 2, kinds[k], initial);
         pst_optim_config o;
