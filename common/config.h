@@ -73,15 +73,16 @@ typedef struct pst_config {
     long connect_timeout_ms;                       /* how long UNAVAILABLE is retried */
     int server_threads;                            /* pserver completion-queue threads */
     /* model and data */
-    char model[16];                                /* mlp | gpt | synthetic */
+    char model[16];                                /* mlp | gpt | dlrm | synthetic */
     int nhidden;                                   /* --hidden: hidden layers of the mlp */
     int hidden[PST_MAX_HIDDEN];                    /* their widths */
     long params;                                   /* synthetic model size */
     int layers, heads, embd, ctx;                  /* gpt: blocks, heads, channels, context */
+    int sparse_dim;                                /* dlrm: values per embedding row */
     int val_windows;                               /* text: validation windows evaluated */
     int sample;                                    /* gpt: characters generated at the end */
     float temperature;                             /* of that sampling */
-    char dataset[32];                              /* fashion-mnist | mnist | text | kjv */
+    char dataset[32];                              /* fashion-mnist | mnist | text | kjv | ctr */
     char data_dir[PST_PATH_MAX];
     int epochs;
     long steps;                                    /* stop after this many steps (0: epochs) */

@@ -145,7 +145,7 @@ Test(config, gpt_flags_and_text_data_sets)
                       "--embd", "30"), PST_ERR_INVALID);
     expect_detail_has("--embd 30 is not a multiple of --heads 4", NULL);
     cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt2"), PST_ERR_INVALID);
-    expect_detail_has("gpt2", "mlp, gpt or synthetic");
+    expect_detail_has("gpt2", "mlp, gpt, dlrm or synthetic");
     cr_assert_eq(LOAD(&c, PST_ROLE_TRAINER, NOENV, "--model", "gpt", "--dataset", "kjv",
                       "--ctx", "0"), PST_ERR_INVALID);
 }

@@ -169,17 +169,6 @@ out:
 
 /* ---- the loop ------------------------------------------------------------------------- */
 
-/* The summary's view of the final parameters: their count, L2 norm and param_hash. */
-static void summarize_params(tr_summary *sum, const float *params, size_t n)
-{
-    double l2 = 0.0;
-    for (size_t i = 0; i < n; i++)
-        l2 += (double)params[i] * (double)params[i];
-    sum->params = n;
-    sum->param_l2 = sqrt(l2);
-    sum->param_hash = pst_fnv1a(PST_FNV1A_INIT, params, n * sizeof(float));
-}
-
 /* ---- where the time went ---- */
 
 /* Running totals (seconds) of the steps, from which tr_time_split's parts follow: the
@@ -563,6 +552,8 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     double *step_ms = NULL;
     int started = 0, joining = 0;
     long step = -1;
+    if (!strcmp(user_cfg->model, "dlrm")) /* the click model's loop (ctr.c) */
+        return tr_train_ctr(user_cfg, sum);
     memset(sum, 0, sizeof *sum);
     sum->first_step = -1;
 
@@ -840,7 +831,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     if (lines && epochs > 1)
         split_log("the run's time", &sum->time_split, cfg->num_pservers == 0);
     sum->steps = step;
-    summarize_params(sum, params, tr_exec_nparams(ex));
+    tr_summary_params(sum, params, tr_exec_nparams(ex));
     if (cfg->save_params_path[0]) {
         char path[PST_PATH_MAX + 32];
         own_path(path, sizeof path, cfg->save_params_path, cfg);
@@ -888,43 +879,4 @@ error:
     pst_text_free(&text);
     pst_runtime_free(rt);
     return st;
-}
-
-void tr_summary_print(FILE *out, const tr_summary *s)
-{
-    fprintf(out,
-            "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
-            "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
-            "\"param_l2\":%.9g,\"param_hash\":\"%016" PRIx64 "\"",
-            s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
-            s->params, s->param_l2, s->param_hash);
-    /* Per local device (a pipeline's stage), tr_exec_memory's fields. */
-    static const char *const names[4] = {"peak", "param", "grad", "activation"};
-    for (int f = 0; f < 4; f++) {
-        fprintf(out, ",\"%s_bytes_per_device\":[", names[f]);
-        for (int i = 0; i < s->ndevices; i++) {
-            const tr_exec_memory *m = &s->memory[i];
-            const size_t v[4] = {m->peak, m->params, m->grads, m->acts};
-            fprintf(out, "%s%zu", i ? "," : "", v[f]);
-        }
-        fputs("]", out);
-    }
-    fprintf(out, ",\"precision\":\"%s\",\"optimizer_bytes_per_device\":%zu",
-            pst_dtype_name(s->precision), s->optimizer_bytes_per_device);
-    if (s->precision == PST_F16)
-        fprintf(out, ",\"loss_scale\":%.9g,\"skipped_steps\":%ld", (double)s->loss_scale,
-                s->skipped_steps);
-    if (s->text)
-        fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
-    const tr_time_split *t = &s->time_split;
-    char compute[32] = "null", comm[32] = "null";
-    if (t->compute >= 0) {
-        snprintf(compute, sizeof compute, "%.3f", t->compute);
-        snprintf(comm, sizeof comm, "%.3f", t->comm);
-    }
-    fprintf(out, ",\"time_split\":{\"step_ms\":%.3f,\"compute_ms\":%s,\"comm_ms\":%s,"
-                 "\"wait_ms\":%.3f,\"data_ms\":%.3f,\"other_ms\":%.3f}",
-            t->step, compute, comm, t->wait, t->data, t->other);
-    fputs("}\n", out);
-    fflush(out);
 }

@@ -50,6 +50,11 @@ typedef struct tr_summary {
     long first_step;       /* the step this run started at (a resumed job's: > 0); set on
                             * failure too, with `steps` the step it failed in (-1: before
                             * the start) */
+    int ctr;               /* 1: the click model; the fields below */
+    double test_auc, test_logloss, auc_gap; /* on the file's test part; auc_gap: the file's
+                                            * Bayes-optimal AUC minus ours */
+    size_t rows_touched;   /* sparse rows that got a gradient (made) */
+    size_t table_rows, table_bytes; /* the sparse table at the end */
 } tr_summary;
 
 struct pst_prom_metric;
@@ -80,6 +85,12 @@ void tr_job_init(tr_job *job);
  * synthetic model runs --steps (or 20 per epoch) steps of --batch rows and no evaluation.
  * Prints progress on stderr and fills *sum. job: what outlives the run (tr_job); hooks:
  * the tests' faults (test_hooks.h), NULL: none. Errors: device, data, allocation or pserver failures, with their detail. */
+/* The summary's view of the final parameters: their count, L2 norm and param_hash. */
+void tr_summary_params(tr_summary *sum, const float *params, size_t n);
+/* --model dlrm (ctr.c): trains the click model alone on the --data click file, one pass
+ * per epoch in file order (global batches of --batch rows), its sparse rows in an
+ * in-process table; then the AUC and log loss on the file's test part. */
+pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum);
 pst_status tr_train(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
                     tr_summary *sum);
 

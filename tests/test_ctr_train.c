@@ -1,0 +1,203 @@
+/* test_ctr_train.c — the click model trained by the real trainer program (trainer/ctr.c,
+ * --model dlrm --dataset ctr) on a click file with a planted truth written here (the
+ * format of ../shared/peers/ctr_synth.py, its labels drawn from known probabilities):
+ * it learns (test AUC well above chance, near the file's Bayes AUC), it makes exactly one
+ * sparse row per distinct (field, id) of the training rows, two runs give the same bits,
+ * and what it cannot do yet (pservers, pipelines, an optimizer its tables lack) or a
+ * broken file is refused in one line, with a non-zero exit. */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/data/ctr.h"
+#include "common/rng.h"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function" /* child.h's pserver helpers */
+#include "tests/child.h"
+#pragma GCC diagnostic pop
+
+#define TRAINER PST_BIN_DIR "/trainer"
+#define RUN_WAIT_MS 60000
+
+enum { F = 3, D = 2, ROWS = 6000, TEST = 1000 };
+static const uint32_t vocab[F] = {30, 4000, 5}; /* field 1: ids unseen in training too */
+
+static char path[64];
+static size_t distinct_train; /* (field, id) pairs of the training rows */
+static float bayes_auc;
+
+static void put(FILE *f, const void *p, size_t n)
+{
+    cr_assert_eq(fwrite(p, 1, n, f), n); /* little-endian host (x86-64, aarch64) */
+}
+
+/* logit = s[0][id_0] + 0.2 s[1][id_1] + s[2][id_2] + 0.5 x0 - 0.5 x1 - 1, s ~ N(0, 1): the
+ * ids of the small fields carry most of it; field 1's 4,000 ids are seen about once each
+ * (many only in the test part, which then gets the initializer's rows). */
+static void write_click_file(void)
+{
+    snprintf(path, sizeof path, "/tmp/pst_ctr_train_%d.bin", (int)getpid());
+    pst_rng r;
+    pst_rng_seed(&r, 77, 0);
+    static float s[F][4000];
+    for (int f = 0; f < F; f++)
+        for (uint32_t i = 0; i < vocab[f]; i++)
+            s[f][i] = pst_rng_normal(&r);
+    static unsigned char seen[F][4000];
+    static float ptest[TEST], ytest[TEST];
+    static unsigned char rec[ROWS][8 + 4 * D + 4 * F];
+    distinct_train = 0;
+    for (int n = 0; n < ROWS; n++) {
+        float x[D] = {pst_rng_normal(&r), pst_rng_normal(&r)};
+        uint32_t id[F];
+        double logit = 0.5 * x[0] - 0.5 * x[1] - 1.0;
+        for (int f = 0; f < F; f++) {
+            id[f] = (uint32_t)pst_rng_below(&r, vocab[f]);
+            logit += (f == 1 ? 0.2 : 1.0) * s[f][id[f]]; /* the sparse field weak */
+            if (n < ROWS - TEST && !seen[f][id[f]]) {
+                seen[f][id[f]] = 1;
+                distinct_train++;
+            }
+        }
+        const float p = (float)(1.0 / (1.0 + exp(-logit)));
+        const unsigned char y = pst_rng_uniform(&r) < p;
+        memset(rec[n], 0, sizeof rec[n]);
+        rec[n][0] = y;
+        memcpy(rec[n] + 4, &p, 4);
+        memcpy(rec[n] + 8, x, sizeof x);
+        memcpy(rec[n] + 8 + 4 * D, id, sizeof id);
+        if (n >= ROWS - TEST) {
+            ptest[n - (ROWS - TEST)] = p;
+            ytest[n - (ROWS - TEST)] = y;
+        }
+    }
+    static uint64_t scratch[TEST];
+    bayes_auc = (float)pst_auc(ptest, ytest, TEST, scratch);
+    const float ll = (float)pst_logloss(ptest, ytest, TEST);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    const uint32_t head32[4] = {1, F, D, 0};
+    const uint64_t head64[3] = {ROWS, TEST, 77};
+    const uint32_t reserved[2] = {0, 0};
+    put(f, "PSTCTR01", 8);
+    put(f, head32, sizeof head32);
+    put(f, head64, sizeof head64);
+    put(f, &bayes_auc, 4);
+    put(f, &ll, 4);
+    put(f, reserved, sizeof reserved);
+    put(f, vocab, sizeof vocab);
+    put(f, rec, sizeof rec);
+    cr_assert_eq(fclose(f), 0);
+}
+
+static void suite_init(void)
+{
+    write_click_file();
+}
+
+static void suite_fini(void)
+{
+    unlink(path);
+    for (int i = 0; i < nchildren; i++)
+        proc_cleanup(&pool[i]);
+    nchildren = 0;
+}
+
+TestSuite(ctr_train, .init = suite_init, .fini = suite_fini);
+
+static char *train(const char *const extra[], const char *devices, int want_rc, char **err)
+{
+    const char *argv[32] = {TRAINER, "--model", "dlrm", "--data", path, "--batch", "100",
+                            "--epochs", "1", "--seed", "1", "--threads", "1", "--progress",
+                            "none", "--log-level", "warn", "--metrics", ""};
+    int n = 19;
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    char env_dev[32];
+    snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
+    const char *env[] = {env_dev, NULL};
+    char *out = NULL, *e = NULL;
+    const int rc = finish(proc_start(argv, env), "trainer", RUN_WAIT_MS, &out, &e);
+    cr_assert_eq(rc, want_rc, "trainer exited %d, want %d; stderr:\n%s", rc, want_rc, e);
+    if (err)
+        *err = e;
+    else
+        free(e);
+    return out;
+}
+
+/* One epoch of 50 steps: the model learns the planted ids (test AUC within 0.05 of the
+ * Bayes AUC, far above chance), one row per distinct (field, id) trained on, and the same
+ * bits twice, and on cpu:2 the same rows. */
+Test(ctr_train, learns_the_planted_truth_with_one_row_per_id, .timeout = 120)
+{
+    char *out = train(NULL, "cpu:1", 0, NULL);
+    const double auc = summary_value(out, "test_auc"), gap = summary_value(out, "auc_gap");
+    fprintf(stderr, "dlrm on %d rows: test AUC %.4f (Bayes %.4f), log loss %.4f, %g rows\n",
+            ROWS - TEST, auc, (double)bayes_auc, summary_value(out, "test_logloss"),
+            summary_value(out, "rows_touched"));
+    cr_assert_gt(auc, 0.7, "test AUC %.4f", auc);
+    cr_assert_lt(fabs(gap - ((double)bayes_auc - auc)), 1e-4, "auc_gap %g", gap);
+    cr_assert_lt(gap, 0.05, "%.4f short of the Bayes AUC %.4f", gap, (double)bayes_auc);
+    cr_assert_eq((size_t)summary_value(out, "rows_touched"), distinct_train);
+    cr_assert_eq((size_t)summary_value(out, "table_rows"), distinct_train);
+    cr_assert_gt(summary_value(out, "table_bytes"), 0);
+    cr_assert_eq((long)summary_value(out, "steps"), (ROWS - TEST) / 100);
+    char *again = train(NULL, "cpu:1", 0, NULL);
+    cr_assert_str_eq(summary_hash(again).hex, summary_hash(out).hex, "a second run differs");
+    cr_assert_eq(summary_value(again, "test_auc"), auc);
+    char *two = train(NULL, "cpu:2", 0, NULL);
+    cr_assert_eq((size_t)summary_value(two, "rows_touched"), distinct_train);
+    cr_assert_gt(summary_value(two, "test_auc"), 0.7);
+    free(out);
+    free(again);
+    free(two);
+}
+
+/* One line and a non-zero exit for what is not built yet and for a broken file. */
+Test(ctr_train, what_it_cannot_do_is_refused_in_one_line, .timeout = 60)
+{
+    const struct {
+        const char *extra[6];
+        const char *says;
+    } bad[] = {
+        {{"--optimizer", "momentum", NULL}, "sgd, adagrad or adam"},
+        {{"--pipeline", "2", "--micro-batches", "2", NULL}, "--pipeline 2 is not built yet"},
+        {{"--dataset", "kjv", NULL}, "cannot train on --dataset kjv"},
+        {{"--data", "/tmp/pst_no_such_click_file.bin", NULL}, "No such file"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *err = NULL;
+        const char *dev = i == 1 ? "cpu:2" : "cpu:1";
+        char *argv_out = NULL;
+        const char *argv[32] = {TRAINER, "--model", "dlrm", "--data", path, "--progress",
+                                "none", "--log-level", "warn"};
+        int n = 9;
+        for (int k = 0; bad[i].extra[k]; k++)
+            argv[n++] = bad[i].extra[k];
+        argv[n] = NULL;
+        char env_dev[32];
+        snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", dev);
+        const char *env[] = {env_dev, NULL};
+        const int rc = finish(proc_start(argv, env), "trainer", RUN_WAIT_MS, &argv_out, &err);
+        cr_assert_neq(rc, 0, "case %zu exited 0", i);
+        cr_assert(strstr(err, bad[i].says), "case %zu: %s", i, err);
+        cr_assert_eq(strchr(err, '\n'), err + strlen(err) - 1, "case %zu, more than one line:\n%s",
+                     i, err);
+        free(err);
+        free(argv_out);
+    }
+    char env_ps[] = "PSTRAIN_PSERVERS=127.0.0.1:1";
+    const char *argv[] = {TRAINER, "--model", "dlrm", "--data", path, NULL};
+    const char *env[] = {env_ps, NULL};
+    char *out = NULL, *err = NULL;
+    cr_assert_neq(finish(proc_start(argv, env), "trainer", RUN_WAIT_MS, &out, &err), 0);
+    cr_assert(strstr(err, "trains alone for now"), "%s", err);
+    free(out);
+    free(err);
+}

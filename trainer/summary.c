@@ -1,0 +1,62 @@
+/* summary.c — the trainer's summary line (see train.h): what tr_train and the click
+ * model's loop (ctr.c) report at the end of a run. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "common/hash.h"
+#include "trainer/train.h"
+
+void tr_summary_params(tr_summary *sum, const float *params, size_t n)
+{
+    double l2 = 0.0;
+    for (size_t i = 0; i < n; i++)
+        l2 += (double)params[i] * (double)params[i];
+    sum->params = n;
+    sum->param_l2 = sqrt(l2);
+    sum->param_hash = pst_fnv1a(PST_FNV1A_INIT, params, n * sizeof(float));
+}
+
+void tr_summary_print(FILE *out, const tr_summary *s)
+{
+    fprintf(out,
+            "{\"event\":\"summary\",\"test_acc\":%.4f,\"train_loss\":%.6f,"
+            "\"samples_per_s\":%.1f,\"step_ms_median\":%.3f,\"steps\":%ld,\"params\":%zu,"
+            "\"param_l2\":%.9g,\"param_hash\":\"%016" PRIx64 "\"",
+            s->test_acc, s->train_loss, s->samples_per_s, s->step_ms_median, s->steps,
+            s->params, s->param_l2, s->param_hash);
+    /* Per local device (a pipeline's stage), tr_exec_memory's fields. */
+    static const char *const names[4] = {"peak", "param", "grad", "activation"};
+    for (int f = 0; f < 4; f++) {
+        fprintf(out, ",\"%s_bytes_per_device\":[", names[f]);
+        for (int i = 0; i < s->ndevices; i++) {
+            const tr_exec_memory *m = &s->memory[i];
+            const size_t v[4] = {m->peak, m->params, m->grads, m->acts};
+            fprintf(out, "%s%zu", i ? "," : "", v[f]);
+        }
+        fputs("]", out);
+    }
+    fprintf(out, ",\"precision\":\"%s\",\"optimizer_bytes_per_device\":%zu",
+            pst_dtype_name(s->precision), s->optimizer_bytes_per_device);
+    if (s->precision == PST_F16)
+        fprintf(out, ",\"loss_scale\":%.9g,\"skipped_steps\":%ld", (double)s->loss_scale,
+                s->skipped_steps);
+    if (s->text)
+        fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
+    if (s->ctr)
+        fprintf(out, ",\"test_auc\":%.5f,\"test_logloss\":%.5f,\"auc_gap\":%.5f,"
+                     "\"rows_touched\":%zu,\"table_rows\":%zu,\"table_bytes\":%zu",
+                s->test_auc, s->test_logloss, s->auc_gap, s->rows_touched, s->table_rows,
+                s->table_bytes);
+    const tr_time_split *t = &s->time_split;
+    char compute[32] = "null", comm[32] = "null";
+    if (t->compute >= 0) {
+        snprintf(compute, sizeof compute, "%.3f", t->compute);
+        snprintf(comm, sizeof comm, "%.3f", t->comm);
+    }
+    fprintf(out, ",\"time_split\":{\"step_ms\":%.3f,\"compute_ms\":%s,\"comm_ms\":%s,"
+                 "\"wait_ms\":%.3f,\"data_ms\":%.3f,\"other_ms\":%.3f}",
+            t->step, compute, comm, t->wait, t->data, t->other);
+    fputs("}\n", out);
+    fflush(out);
+}
