@@ -17,6 +17,7 @@ PRECISION=bf16 "$here/ps_sync.sh" "$build" 3
 "$here/pipeline.sh" "$build" 4 8
 "$here/pipeline_precision.sh" "$build" 500
 "$here/hashtable.sh" "$build" 2000000 5
+"$here/dlrm.sh" "$build" 3
 "$here/departure.sh" "$build" 3
 "$here/recovery.sh" "$build" 5 3
 "$here/metrics_cost.sh" "$build" 1 3
