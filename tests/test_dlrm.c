@@ -71,6 +71,68 @@ static double reference(const double *p, const double *x, const double *emb, con
     return loss * scale;
 }
 
+/* A batch from seed: x and emb normal (emb times 0.5), label 1 for every `every`-th row. */
+static void make_batch(uint64_t seed, int every, float *x, float *emb, int32_t *y)
+{
+    pst_rng g;
+    pst_rng_seed(&g, seed, 0);
+    for (int i = 0; i < B * D; i++)
+        x[i] = pst_rng_normal(&g);
+    for (int i = 0; i < B * F * DIM; i++)
+        emb[i] = 0.5f * pst_rng_normal(&g);
+    for (int i = 0; i < B; i++)
+        y[i] = i % every == 0;
+}
+
+/* The model's layers bound by hand over one batch (x, emb, y) and run forward then backward
+ * on a cpu:1 stream with loss scale 1/B: the per-row losses, the parameters' gradients
+ * (grads, zeroed first) and the embeddings' (demb). */
+static void run_by_hand(const pst_model *m, const float *params, float *grads, const float *x,
+                        const float *emb, const int32_t *y, float *losses, float *demb)
+{
+    pst_runtime *rt;
+    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
+    memset(grads, 0, sizeof(float) * m->nparams);
+    float *acts[8] = {0}, *dbuf[2] = {calloc(B * 64, sizeof(float)), calloc(B * 64, sizeof(float))};
+    void *inst[8], *chunk[8];
+    int32_t correct = 0;
+    const int L = m->nlayers;
+    for (int l = 0; l < L; l++) {
+        acts[l] = m->layers[l].out_width ? calloc((size_t)B * m->layers[l].out_width, 4) : NULL;
+        inst[l] = calloc(1, m->layers[l].cls->inst_bytes);
+        chunk[l] = calloc(1, m->layers[l].cls->chunk_bytes + 1);
+        pst_layer_io io = {.in = l ? acts[l - 1] : x, .out = acts[l],
+                           .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
+                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
+                           .losses = losses, .correct = &correct, .sparse = emb,
+                           .dsparse = demb};
+        pst_layer_io_point(&io, m, l, params, grads);
+        m->layers[l].cls->bind(inst[l], m, l, &io);
+    }
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(pst_runtime_device(rt, 0), &s), PST_OK);
+    for (int l = 0; l < L; l++)
+        cr_assert_eq(m->layers[l].cls->forward(inst[l], s, B, 1.0f / B), PST_OK, "%s",
+                     pst_error_detail());
+    for (int l = L - 1; l >= 0; l--) {
+        const pst_layer_class *c = m->layers[l].cls;
+        if (c->wgrad)
+            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m->layers[l].split_rows), PST_OK);
+        if (c->igrad)
+            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
+    }
+    cr_assert_eq(pst_stream_synchronize(s), PST_OK, "%s", pst_error_detail());
+    pst_stream_destroy(s);
+    for (int l = 0; l < L; l++) {
+        free(inst[l]);
+        free(chunk[l]);
+        free(acts[l]);
+    }
+    free(dbuf[0]);
+    free(dbuf[1]);
+    pst_runtime_free(rt);
+}
+
 Test(dlrm, loss_and_every_gradient_against_central_differences)
 {
     pst_model m;
@@ -83,50 +145,10 @@ Test(dlrm, loss_and_every_gradient_against_central_differences)
     float *params = malloc(sizeof(float) * m.nparams), *grads = calloc(m.nparams, sizeof(float));
     m.init_params(&m, params, 3);
     float x[B * D], emb[B * F * DIM], demb[B * F * DIM], losses[B];
-    int32_t y[B], correct = 0;
-    pst_rng g;
-    pst_rng_seed(&g, 8, 0);
-    for (int i = 0; i < B * D; i++)
-        x[i] = pst_rng_normal(&g);
-    for (int i = 0; i < B * F * DIM; i++)
-        emb[i] = 0.5f * pst_rng_normal(&g);
-    for (int i = 0; i < B; i++)
-        y[i] = i % 3 == 0;
-    pst_runtime *rt;
-    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
-    pst_device *dev = pst_runtime_device(rt, 0);
-    float *acts[8] = {0}, *dbuf[2];
-    dbuf[0] = calloc(B * 64, sizeof(float));
-    dbuf[1] = calloc(B * 64, sizeof(float));
-    void *inst[8], *chunk[8];
-    const int L = m.nlayers;
-    for (int l = 0; l < L; l++) {
-        acts[l] = m.layers[l].out_width ? calloc((size_t)B * m.layers[l].out_width, 4) : NULL;
-        inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
-        chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
-        pst_layer_io io = {.in = l ? acts[l - 1] : x, .out = acts[l],
-                           .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
-                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
-                           .losses = losses, .correct = &correct, .sparse = emb,
-                           .dsparse = demb};
-        pst_layer_io_point(&io, &m, l, params, grads);
-        m.layers[l].cls->bind(inst[l], &m, l, &io);
-    }
-    pst_stream *s;
-    cr_assert_eq(pst_stream_create(dev, &s), PST_OK);
+    int32_t y[B];
+    make_batch(8, 3, x, emb, y);
+    run_by_hand(&m, params, grads, x, emb, y, losses, demb);
     const float scale = 1.0f / B;
-    for (int l = 0; l < L; l++)
-        cr_assert_eq(m.layers[l].cls->forward(inst[l], s, B, scale), PST_OK, "%s",
-                     pst_error_detail());
-    for (int l = L - 1; l >= 0; l--) {
-        const pst_layer_class *c = m.layers[l].cls;
-        if (c->wgrad)
-            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m.layers[l].split_rows), PST_OK);
-        if (c->igrad)
-            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
-    }
-    cr_assert_eq(pst_stream_synchronize(s), PST_OK, "%s", pst_error_detail());
-    pst_stream_destroy(s);
 
     double *p = malloc(sizeof(double) * m.nparams), xd[B * D], ed[B * F * DIM];
     for (size_t i = 0; i < m.nparams; i++)
@@ -163,17 +185,9 @@ Test(dlrm, loss_and_every_gradient_against_central_differences)
         cr_assert_leq(fabs(demb[i] - fd), 1e-4 * (1 + fabs(fd)), "embedding value %d: %g, "
                       "central difference %g", i, (double)demb[i], fd);
     }
-    for (int l = 0; l < L; l++) {
-        free(inst[l]);
-        free(chunk[l]);
-        free(acts[l]);
-    }
-    free(dbuf[0]);
-    free(dbuf[1]);
     free(p);
     free(params);
     free(grads);
-    pst_runtime_free(rt);
     pst_model_free(&m);
 }
 
@@ -249,45 +263,9 @@ Test(dlrm, the_executor_hands_back_the_embeddings_gradient)
     float *params = malloc(sizeof(float) * m.nparams), *grads = calloc(m.nparams, sizeof(float));
     m.init_params(&m, params, 3); /* what tr_exec_start(ex, 3) starts from */
     float x[B * D], emb[B * F * DIM], want[B * F * DIM], losses[B];
-    int32_t y[B], correct = 0;
-    pst_rng g;
-    pst_rng_seed(&g, 9, 0);
-    for (int i = 0; i < B * D; i++)
-        x[i] = pst_rng_normal(&g);
-    for (int i = 0; i < B * F * DIM; i++)
-        emb[i] = 0.5f * pst_rng_normal(&g);
-    for (int i = 0; i < B; i++)
-        y[i] = i % 2;
-    pst_runtime *rt;
-    cr_assert_eq(pst_runtime_init(&rt, "cpu:1"), PST_OK);
-    float *acts[8] = {0}, *dbuf[2] = {calloc(B * 64, 4), calloc(B * 64, 4)};
-    void *inst[8], *chunk[8];
-    const int L = m.nlayers;
-    for (int l = 0; l < L; l++) {
-        acts[l] = m.layers[l].out_width ? calloc((size_t)B * m.layers[l].out_width, 4) : NULL;
-        inst[l] = calloc(1, m.layers[l].cls->inst_bytes);
-        chunk[l] = calloc(1, m.layers[l].cls->chunk_bytes + 1);
-        pst_layer_io io = {.in = l ? acts[l - 1] : x, .out = acts[l],
-                           .dout = l + 1 < L ? dbuf[(L - 2 - l) & 1] : NULL,
-                           .din = l ? dbuf[(L - 1 - l) & 1] : NULL, .targets = y,
-                           .losses = losses, .correct = &correct, .sparse = emb,
-                           .dsparse = want};
-        pst_layer_io_point(&io, &m, l, params, grads);
-        m.layers[l].cls->bind(inst[l], &m, l, &io);
-    }
-    pst_stream *s;
-    cr_assert_eq(pst_stream_create(pst_runtime_device(rt, 0), &s), PST_OK);
-    for (int l = 0; l < L; l++)
-        cr_assert_eq(m.layers[l].cls->forward(inst[l], s, B, 1.0f / B), PST_OK);
-    for (int l = L - 1; l >= 0; l--) {
-        const pst_layer_class *c = m.layers[l].cls;
-        if (c->wgrad)
-            cr_assert_eq(c->wgrad(inst[l], chunk[l], s, B, 0, m.layers[l].split_rows), PST_OK);
-        if (c->igrad)
-            cr_assert_eq(c->igrad(inst[l], s, B), PST_OK);
-    }
-    cr_assert_eq(pst_stream_synchronize(s), PST_OK);
-    pst_stream_destroy(s);
+    int32_t y[B];
+    make_batch(9, 2, x, emb, y);
+    run_by_hand(&m, params, grads, x, emb, y, losses, want);
     float hand_loss = 0.0f;
     for (int i = 0; i < B; i++)
         hand_loss += losses[i];
@@ -311,15 +289,7 @@ Test(dlrm, the_executor_hands_back_the_embeddings_gradient)
         cr_assert_leq(fabsf(loss - hand_loss), 1e-5f * hand_loss, "loss %g vs %g", (double)loss,
                       (double)hand_loss);
     }
-    for (int l = 0; l < L; l++) {
-        free(inst[l]);
-        free(chunk[l]);
-        free(acts[l]);
-    }
-    free(dbuf[0]);
-    free(dbuf[1]);
     free(params);
     free(grads);
-    pst_runtime_free(rt);
     pst_model_free(&m);
 }
