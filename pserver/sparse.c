@@ -91,6 +91,10 @@ pst_status pst_sparse_check(const pst_sparse_config *c)
     if (!(c->init_std >= 0.0f) || !isfinite(c->init_std))
         return pst_error_set(PST_ERR_INVALID, "sparse table %s: init_std %g, want a finite value "
                              ">= 0 (example: 0.01)", name, (double)c->init_std);
+    if (c->max_rows > 0 && c->max_rows < PST_SPARSE_STRIPES)
+        return pst_error_set(PST_ERR_INVALID, "sparse table %s: max_rows %zu, want 0 (no "
+                             "limit) or at least %d (one row in each stripe)", name, c->max_rows,
+                             PST_SPARSE_STRIPES);
     if (c->evict_after < 0)
         return pst_error_set(PST_ERR_INVALID, "sparse table %s: evict_after %ld, want >= 0 "
                              "steps (0: never)", name, c->evict_after);
@@ -249,11 +253,8 @@ pst_status pst_sparse_create(pst_sparse_table **out, const pst_sparse_config *cf
     if (t->cfg.admit_count == 0)
         t->cfg.admit_count = 1;
     t->row_floats = (size_t)cfg->dim * (size_t)(1 + pst_sparse_state_floats(cfg->optim));
-    t->share = cfg->max_rows ? (cfg->max_rows + PST_SPARSE_STRIPES - 1) / PST_SPARSE_STRIPES : 0;
-    if (t->share && t->share * PST_SPARSE_STRIPES > cfg->max_rows)
-        t->share = cfg->max_rows / PST_SPARSE_STRIPES; /* never more than max_rows in all */
-    if (cfg->max_rows && t->share == 0)
-        t->share = 1;
+    t->share = cfg->max_rows / PST_SPARSE_STRIPES; /* never more than max_rows in all (max_rows
+                                                    * is 0 or at least one per stripe) */
     for (int i = 0; i < PST_SPARSE_STRIPES; i++) {
         pthread_mutex_init(&t->st[i].mu, NULL);
         if (ps_index_reserve(&t->st[i].index) != 0) {

@@ -68,7 +68,9 @@ typedef struct pst_sparse_config {
     uint64_t seed;                  /* of the initializer */
     uint32_t admit_count;           /* the push that creates a row (0 or 1: the first) */
     long evict_after;               /* steps without a push before a row goes (0: never) */
-    size_t max_rows;                /* rows at most, over all stripes (0: no limit) */
+    size_t max_rows;                /* rows at most, over all stripes (0: no limit; else at
+                                     * least PST_SPARSE_STRIPES: each stripe keeps max_rows /
+                                     * PST_SPARSE_STRIPES) */
 } pst_sparse_config;
 
 typedef struct pst_sparse_stats {
@@ -107,7 +109,8 @@ pst_status pst_sparse_pull(pst_sparse_table *t, const uint64_t *keys, size_t n, 
  * initializer by the push that admits it) gets one optimizer update. Nothing is applied
  * when an argument is bad: PST_ERR_INVALID (NULL with n > 0, n over PST_SPARSE_MAX_KEYS,
  * a negative step, a value that is NaN or infinite: the detail names the key);
- * PST_ERR_NOMEM leaves the keys before the one that failed applied. Thread safe. */
+ * PST_ERR_NOMEM leaves the keys before the one that failed applied (and that one too when
+ * the row budget's trim ran out of memory after its update). Thread safe. */
 pst_status pst_sparse_push(pst_sparse_table *t, const uint64_t *keys, size_t n,
                            const float *grads, long step);
 /* Removes the entries that have expired by `step` (evict_after), and frees their memory.

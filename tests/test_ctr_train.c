@@ -163,13 +163,15 @@ Test(ctr_train, learns_the_planted_truth_with_one_row_per_id, .timeout = 120)
 Test(ctr_train, what_it_cannot_do_is_refused_in_one_line, .timeout = 60)
 {
     const struct {
-        const char *extra[6];
+        const char *extra[8];
         const char *says;
     } bad[] = {
         {{"--optimizer", "momentum", NULL}, "sgd, adagrad or adam"},
         {{"--pipeline", "2", "--micro-batches", "2", NULL}, "--pipeline 2 is not built yet"},
         {{"--dataset", "kjv", NULL}, "cannot train on --dataset kjv"},
         {{"--data", "/tmp/pst_no_such_click_file.bin", NULL}, "No such file"},
+        {{"--precision", "fp16", NULL}, "--precision fp16 is not built yet"},
+        {{"--lr-schedule", "warmup_cosine", "--warmup-steps", "5", NULL}, "lr is constant"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *err = NULL;

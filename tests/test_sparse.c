@@ -299,11 +299,15 @@ Test(sparse, bad_input_is_refused_and_nothing_applied)
     cr_assert_eq(pst_sparse_create(&bad, &c), PST_ERR_INVALID);
     cr_assert(strstr(pst_error_detail(), "dim 0"), "%s", pst_error_detail());
     c.dim = 4;
-    c.lr = 0.0f;
+    c.lr = 0.0;
     cr_assert_eq(pst_sparse_create(&bad, &c), PST_ERR_INVALID);
-    c.lr = 0.1f;
+    c.lr = 0.1;
+    c.max_rows = 5; /* fewer than one row a stripe */
+    cr_assert_eq(pst_sparse_create(&bad, &c), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "max_rows 5"), "%s", pst_error_detail());
+    c.max_rows = 0;
     c.optim = PST_SPARSE_ADAM;
-    c.beta2 = 1.0f;
+    c.beta2 = 1.0;
     cr_assert_eq(pst_sparse_create(&bad, &c), PST_ERR_INVALID);
     cr_assert_null(bad);
     pst_sparse_optim o;

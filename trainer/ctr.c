@@ -11,8 +11,10 @@
  * The dense parameters are updated by the in-process store, as for every model trained
  * alone. The sparse table's optimizer is the dense one's kind where the table has it
  * (sgd, adagrad, adam), with --lr and --eps.
- * Not built yet (issue 31): pservers (the sparse tables' wire), admission and eviction
- * flags, checkpoints of the tables. */
+ * Not built yet (issue 31), refused in one line: pservers (the sparse tables' wire), fp16
+ * (the table would need the loss scale and its vote), learning-rate schedules (the table's
+ * lr is constant), a file without dense features. Not kept: --save-params, checkpoints,
+ * metrics and traces (a warning names them), admission and eviction flags. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,9 +132,22 @@ static pst_status evaluate(tr_exec *ex, const pst_ctr *c, pst_sparse_table *t, c
     return st;
 }
 
-/* The table's optimizer: the dense one's kind, where a sparse table has it. */
+/* The table's optimizer: the dense one's kind, where a sparse table has it; what this loop
+ * does not do yet is refused. */
 static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_config *tc)
 {
+    if (cfg->precision == PST_F16)
+        return pst_error_set(PST_ERR_UNSUPPORTED, "--model dlrm with --precision fp16 is not "
+                             "built yet: its sparse rows would need the loss scale (example: "
+                             "--precision bf16)");
+    if (cfg->optim.schedule != PST_LR_CONSTANT)
+        return pst_error_set(PST_ERR_UNSUPPORTED, "--model dlrm with --lr-schedule %s is not "
+                             "built yet: its sparse table's lr is constant (example: "
+                             "--lr-schedule constant)", pst_lr_schedule_name(cfg->optim.schedule));
+    if (cfg->save_params_path[0] || cfg->checkpoint_dir[0] || cfg->trace_path[0] ||
+        cfg->metrics_path[0])
+        PST_WARN("dlrm: --save-params, checkpoints, --metrics and --trace are not kept for "
+                 "the click model yet: ignored");
     pst_sparse_defaults(tc);
     snprintf(tc->name, sizeof tc->name, "dlrm");
     tc->dim = cfg->sparse_dim;
@@ -181,22 +196,40 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         st = pst_ctr_open(&c, cfg->data_dir);
     if (st == PST_OK && c.train_rows == 0)
         st = pst_error_set(PST_ERR_FORMAT, "%s: no training rows", c.path);
+    if (st == PST_OK && (c.dense == 0 || c.test_rows > UINT32_MAX))
+        st = pst_error_set(PST_ERR_UNSUPPORTED, "%s: %d dense features and %llu test rows: "
+                           "the dlrm needs at least 1 dense feature (its bottom MLP's input) "
+                           "and at most 2^32 test rows", c.path, c.dense,
+                           (unsigned long long)c.test_rows);
     if (st == PST_OK)
-        st = pst_model_dlrm(&model, c.dense ? c.dense : 1, c.fields, (int)dim, 1, bottom, 2,
-                            top);
+        st = pst_model_dlrm(&model, c.dense, c.fields, (int)dim, 1, bottom, 2, top);
     if (st == PST_OK)
         st = pst_runtime_init(&rt, cfg->devices);
-    const tr_exec_settings es = tr_exec_settings_of(cfg);
     const int D = rt ? pst_runtime_count(rt) : 1;
+    for (int i = 0; rt && i < D; i++)
+        pst_device_set_memory_limit(pst_runtime_device(rt, i), cfg->device_memory_limit);
+    const size_t B = (size_t)cfg->batch;
+    const long per_epoch = c.train_rows ? (long)((c.train_rows + B - 1) / B) : 1;
+    long total = per_epoch * cfg->epochs;
+    if (cfg->steps > 0 && cfg->steps < total)
+        total = cfg->steps;
+    pst_config run_cfg = *cfg; /* the dense optimizer's schedule needs the run's length */
+    run_cfg.optim.total_steps = total;
+    const tr_exec_settings es = tr_exec_settings_of(&run_cfg);
     if (st == PST_OK)
         st = tr_exec_plan(&plan, &model, &es, cfg->block_bytes, 1, D);
-    const tr_link_settings ls = tr_link_settings_of(cfg, &plan);
+    const tr_link_settings ls = tr_link_settings_of(&run_cfg, &plan);
     if (st == PST_OK)
         st = tr_local_init(&link, &ls, &plan);
-    const size_t B = (size_t)cfg->batch, piece = B > 8192 ? B : 8192;
+    /* evaluation in pieces of at least 1,024 rows: the executor's activations, the batch
+     * buffers and so the process's peak memory are sized by the larger of the two */
+    const size_t piece = B > 1024 ? B : 1024;
+    double *step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
+    if (st == PST_OK && !step_ms)
+        st = pst_error_set(PST_ERR_NOMEM, "dlrm: out of memory");
     tr_exec_config ec = {.cfg = es, .rt = rt, .model = &model, .max_rows = (int)B,
                          .eval_rows = (int)piece, .link = link, .overlap = cfg->overlap,
-                         .threads = cfg->threads};
+                         .threads = tr_threads_per_device(cfg, D)};
     if (st == PST_OK)
         st = tr_exec_init(&ex, &ec);
     if (st == PST_OK)
@@ -207,10 +240,6 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         st = batch_alloc(&b, &c, piece, dim);
     if (st != PST_OK)
         goto done;
-    const long per_epoch = (long)((c.train_rows + B - 1) / B);
-    long total = per_epoch * cfg->epochs;
-    if (cfg->steps > 0 && cfg->steps < total)
-        total = cfg->steps;
     PST_INFO("dlrm: %s, %d dense and %d sparse fields, %llu training rows, %ld steps of %zu "
              "rows; %zu dense parameters, rows of %zu in a sparse table (%s, lr %g)", c.path,
              c.dense, c.fields, (unsigned long long)c.train_rows, total, B, model.nparams, dim,
@@ -220,6 +249,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     long samples = 0;
     sum->first_step = 0;
     for (long step = 0; st == PST_OK && step < total; step++) {
+        const double s0 = pst_clock_s();
         const uint64_t first = (uint64_t)(step % per_epoch) * B;
         const size_t n = c.train_rows - first < B ? (size_t)(c.train_rows - first) : B;
         double loss = 0.0;
@@ -238,6 +268,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
             loss_sum += loss;
             samples += (long)n;
         }
+        step_ms[step] = 1e3 * (pst_clock_s() - s0);
         sum->steps = step + 1;
     }
     const double train_s = pst_clock_s() - t0;
@@ -249,7 +280,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
                                                         : (long)c.train_rows * cfg->epochs) /
                                                train_s
                                          : 0.0;
-        sum->step_ms_median = sum->steps ? 1e3 * train_s / (double)sum->steps : 0.0;
+        sum->step_ms_median = tr_median(step_ms, sum->steps);
         st = evaluate(ex, &c, table, &b, piece, total, dim, sum);
     }
     if (st == PST_OK && !(params = malloc(sizeof(float) * model.nparams)))
@@ -270,6 +301,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         sum->test_acc = 0.0; /* a click model has AUC and log loss instead */
     }
 done:
+    free(step_ms);
     free(params);
     batch_free(&b);
     pst_sparse_free(table);

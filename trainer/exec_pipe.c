@@ -119,7 +119,7 @@ struct exec_pipe {
     pst_event **eval_ev; /* (C) evaluation (replica 0): chunk k's forward has run */
     int *rows, *lo;      /* (R * M) this step's micro-batches, replica r's part of m: rows
                           * [lo, lo + rows) of the trainer's */
-    float *host_losses;  /* (M * mb) per-row losses of the step, row order */
+    float *host_losses;  /* (R * M * mb) per-row losses of the step, row order */
     long messages;       /* activation and gradient copies between stages, all steps */
 };
 
@@ -572,7 +572,7 @@ void exec_pipe_free(tr_exec *ex)
         pst_device *dev = ex->devs[s].dev;
         for (size_t i = 0; pd->inst && i < (size_t)p->M * (size_t)ex->L; i++) {
             free(pd->inst[i]);
-            free(pd->wchunk[i]);
+            free(pd->wchunk ? pd->wchunk[i] : NULL); /* NULL: its allocation failed */
         }
         free(pd->inst);
         free(pd->wchunk);
@@ -669,10 +669,10 @@ static float *slot_of(const exec_pipe *p, int r, int m, int k)
     return pd->slots + (size_t)p->fwd_slot[at(p, 0, m, k)] * pd->slot_floats;
 }
 
-/* A trace span's argument: which replica, chunk and micro-batch. */
+/* A trace span's argument: which replica, chunk (< 1,024) and micro-batch (< 4,096). */
 static long span_arg(int r, int m, int k)
 {
-    return 1000000L * r + 1000L * k + m;
+    return (1024L * r + k) * 4096L + m;
 }
 
 /* Forward of micro-batch m on chunk k of replica r (its input copied in first), with

@@ -3,9 +3,24 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/hash.h"
 #include "trainer/train.h"
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double tr_median(double *v, long n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 void tr_summary_params(tr_summary *sum, const float *params, size_t n)
 {
@@ -43,11 +58,14 @@ void tr_summary_print(FILE *out, const tr_summary *s)
                 s->skipped_steps);
     if (s->text)
         fprintf(out, ",\"val_loss\":%.6f,\"tokens_per_s\":%.1f", s->val_loss, s->tokens_per_s);
-    if (s->ctr)
-        fprintf(out, ",\"test_auc\":%.5f,\"test_logloss\":%.5f,\"auc_gap\":%.5f,"
-                     "\"rows_touched\":%zu,\"table_rows\":%zu,\"table_bytes\":%zu",
-                s->test_auc, s->test_logloss, s->auc_gap, s->rows_touched, s->table_rows,
-                s->table_bytes);
+    if (s->ctr) { /* null where not a number (a test part of one class, NaN predictions) */
+        const double v[3] = {s->test_auc, s->test_logloss, s->auc_gap};
+        static const char *const k[3] = {"test_auc", "test_logloss", "auc_gap"};
+        for (int i = 0; i < 3; i++)
+            fprintf(out, isfinite(v[i]) ? ",\"%s\":%.5f" : ",\"%s\":null", k[i], v[i]);
+        fprintf(out, ",\"rows_touched\":%zu,\"table_rows\":%zu,\"table_bytes\":%zu",
+                s->rows_touched, s->table_rows, s->table_bytes);
+    }
     const tr_time_split *t = &s->time_split;
     char compute[32] = "null", comm[32] = "null";
     if (t->compute >= 0) {

@@ -75,21 +75,6 @@ static void progress_bar(int epoch, int epochs, int b, int nb, double loss, doub
     fflush(stderr);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of v[0..n) (sorts v); 0 for n == 0. */
-static double median(double *v, long n)
-{
-    if (n <= 0)
-        return 0.0;
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---- evaluation ------------------------------------------------------------------------ */
 
 /* The mean loss over the first --val-windows validation windows and the share of their
@@ -629,8 +614,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     }
     /* The cores are shared by the devices: each device splits its layers and optimizer
      * over its share, a thread team of its own (OpenBLAS is single-threaded, see main.c). */
-    int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    int threads_per_device = cores / D > 0 ? cores / D : 1;
+    const int threads_per_device = tr_threads_per_device(cfg, D);
     /* a sequence model's rows are large: evaluate in batches of the training rows */
     tr_exec_config ec = {.cfg = exec_settings, .rt = rt, .model = &model,
                          .max_rows = max_part,
@@ -826,7 +810,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     sum->samples_per_s = train_time > 0 ? (double)samples / train_time : 0.0;
     sum->text = is_text;
     sum->tokens_per_s = is_text ? sum->samples_per_s * cfg->ctx : 0.0;
-    sum->step_ms_median = median(step_ms + first, step - first);
+    sum->step_ms_median = tr_median(step_ms + first, step - first);
     sum->time_split = split_of(&run_time);
     if (lines && epochs > 1)
         split_log("the run's time", &sum->time_split, cfg->num_pservers == 0);

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/error.h"
@@ -85,6 +86,15 @@ void tr_job_init(tr_job *job);
  * synthetic model runs --steps (or 20 per epoch) steps of --batch rows and no evaluation.
  * Prints progress on stderr and fills *sum. job: what outlives the run (tr_job); hooks:
  * the tests' faults (test_hooks.h), NULL: none. Errors: device, data, allocation or pserver failures, with their detail. */
+/* The CPU threads of each of D devices: --threads (0: the machine's cores) shared by them,
+ * at least 1 (OpenBLAS itself runs single-threaded, see main.c). */
+static inline int tr_threads_per_device(const pst_config *cfg, int D)
+{
+    const int cores = cfg->threads > 0 ? cfg->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return cores / D > 0 ? cores / D : 1;
+}
+/* Median of v[0..n) (sorts v); 0 for n == 0. */
+double tr_median(double *v, long n);
 /* The summary's view of the final parameters: their count, L2 norm and param_hash. */
 void tr_summary_params(tr_summary *sum, const float *params, size_t n);
 /* --model dlrm (ctr.c): trains the click model alone on the --data click file, one pass
