@@ -419,6 +419,9 @@ static const opt options[] = {
     {"layers", "PSTRAIN_LAYERS", NULL, NULL, "4", "gpt: transformer blocks", R_TRAINER, OPT_INT, F(layers), 1, 1024, NULL},
     {"heads", "PSTRAIN_HEADS", NULL, NULL, "4", "gpt: attention heads (a divisor of --embd)", R_TRAINER, OPT_INT, F(heads), 1, 1024, NULL},
     {"embd", "PSTRAIN_EMBD", NULL, NULL, "128", "gpt: channels", R_TRAINER, OPT_INT, F(embd), 1, 65536, NULL},
+    {"sparse-admit-count", "PSTRAIN_SPARSE_ADMIT_COUNT", NULL, NULL, "3", "dlrm: a key becomes a row of its sparse table on its C-th push (the pushes before are counted and dropped; pulls get the initializer's values)", R_TRAINER, OPT_INT, F(sparse_admit_count), 1, 1000000000, NULL},
+    {"sparse-evict-after", "PSTRAIN_SPARSE_EVICT_AFTER", NULL, NULL, "1000", "dlrm: a row not pushed for this many steps is removed (0: never)", R_TRAINER, OPT_LONG, F(sparse_evict_after), 0, 1000000000000L, NULL},
+    {"sparse-max-rows", "PSTRAIN_SPARSE_MAX_ROWS", NULL, NULL, "1000000", "dlrm: rows of its sparse table at most, the least recently pushed go first (0: no limit; else at least 16)", R_TRAINER, OPT_LONG, F(sparse_max_rows), 0, 1000000000000L, NULL},
     {"sparse-dim", "PSTRAIN_SPARSE_DIM", NULL, NULL, "16", "dlrm: values per row of its sparse tables (the bottom MLP's output width too)", R_TRAINER, OPT_INT, F(sparse_dim), 1, 4096, NULL},
     {"ctx", "PSTRAIN_CTX", NULL, NULL, "128", "gpt: context (tokens per sequence)", R_TRAINER, OPT_INT, F(ctx), 1, 65536, NULL},
     {"val-windows", "PSTRAIN_VAL_WINDOWS", NULL, NULL, "64", "text: validation windows (stride --ctx from the start of the last 10%) in val_loss", R_TRAINER, OPT_INT, F(val_windows), 1, 1 << 24, NULL},
@@ -496,8 +499,9 @@ static const struct {
 } topics[] = {
     {"Cluster", "role pservers trainers trainer-id pserver-id port bind mode devices "
                 "device-memory-limit server-threads"},
-    {"Model and data", "model hidden params layers heads embd ctx sparse-dim dataset data "
-                       "val-windows sample temperature"},
+    {"Model and data", "model hidden params layers heads embd ctx sparse-dim sparse-admit-count "
+                       "sparse-evict-after sparse-max-rows dataset data val-windows sample "
+                       "temperature"},
     {"Training", "epochs steps batch seed optimizer lr momentum beta1 beta2 eps weight-decay "
                  "lr-schedule warmup-steps min-lr"},
     {"Precision", "precision grad-dtype loss-scale loss-scale-window"},
@@ -679,6 +683,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->embd = 128;
     cfg->ctx = 128;
     cfg->sparse_dim = 16;
+    cfg->sparse_admit_count = 1;
     cfg->val_windows = 64;
     cfg->temperature = 0.8f;
     snprintf(cfg->dataset, sizeof cfg->dataset, "fashion-mnist");

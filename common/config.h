@@ -79,6 +79,9 @@ typedef struct pst_config {
     long params;                                   /* synthetic model size */
     int layers, heads, embd, ctx;                  /* gpt: blocks, heads, channels, context */
     int sparse_dim;                                /* dlrm: values per embedding row */
+    int sparse_admit_count;                        /* dlrm: the push that makes a row */
+    long sparse_evict_after;                       /* dlrm: steps unseen before a row goes */
+    long sparse_max_rows;                          /* dlrm: rows at most (0: no limit) */
     int val_windows;                               /* text: validation windows evaluated */
     int sample;                                    /* gpt: characters generated at the end */
     float temperature;                             /* of that sampling */

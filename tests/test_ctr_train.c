@@ -28,6 +28,7 @@ static const uint32_t vocab[F] = {30, 4000, 5}; /* field 1: ids unseen in traini
 
 static char path[64];
 static size_t distinct_train; /* (field, id) pairs of the training rows */
+static size_t twice_train;    /* of them, those in at least two batches of 100 rows */
 static float bayes_auc;
 
 static void put(FILE *f, const void *p, size_t n)
@@ -48,9 +49,11 @@ static void write_click_file(void)
         for (uint32_t i = 0; i < vocab[f]; i++)
             s[f][i] = pst_rng_normal(&r);
     static unsigned char seen[F][4000];
+    static int batches[F][4000], last_batch[F][4000];
     static float ptest[TEST], ytest[TEST];
     static unsigned char rec[ROWS][8 + 4 * D + 4 * F];
     distinct_train = 0;
+    twice_train = 0;
     for (int n = 0; n < ROWS; n++) {
         float x[D] = {pst_rng_normal(&r), pst_rng_normal(&r)};
         uint32_t id[F];
@@ -61,6 +64,11 @@ static void write_click_file(void)
             if (n < ROWS - TEST && !seen[f][id[f]]) {
                 seen[f][id[f]] = 1;
                 distinct_train++;
+            }
+            if (n < ROWS - TEST && (batches[f][id[f]] == 0 || last_batch[f][id[f]] != n / 100)) {
+                last_batch[f][id[f]] = n / 100; /* a batch pushes a key once */
+                if (++batches[f][id[f]] == 2)
+                    twice_train++;
             }
         }
         const float p = (float)(1.0 / (1.0 + exp(-logit)));
@@ -157,6 +165,27 @@ Test(ctr_train, learns_the_planted_truth_with_one_row_per_id, .timeout = 120)
     free(out);
     free(again);
     free(two);
+}
+
+/* Admission after 2 pushes: exactly the (field, id) pairs of two or more batches become
+ * rows, and every distinct pair's first push is refused; a row budget of 320 holds. */
+Test(ctr_train, admission_and_a_row_budget, .timeout = 60)
+{
+    const char *admit[] = {"--sparse-admit-count", "2", NULL};
+    char *out = train(admit, "cpu:1", 0, NULL);
+    cr_assert_eq((size_t)summary_value(out, "rows_touched"), twice_train, "rows %g, want %zu",
+                 summary_value(out, "rows_touched"), twice_train);
+    cr_assert_eq((size_t)summary_value(out, "pushes_refused"), distinct_train);
+    cr_assert_eq(summary_value(out, "rows_evicted"), 0);
+    free(out);
+    const char *budget[] = {"--sparse-max-rows", "320", NULL};
+    out = train(budget, "cpu:1", 0, NULL);
+    cr_assert_leq(summary_value(out, "table_rows"), 320);
+    cr_assert_eq(summary_value(out, "rows_touched") - summary_value(out, "rows_evicted"),
+                 summary_value(out, "table_rows"));
+    cr_assert_gt(summary_value(out, "rows_evicted"), 0);
+    cr_assert_gt(summary_value(out, "test_auc"), 0.6);
+    free(out);
 }
 
 /* One line and a non-zero exit for what is not built yet and for a broken file. */

@@ -11,10 +11,12 @@
  * The dense parameters are updated by the in-process store, as for every model trained
  * alone. The sparse table's optimizer is the dense one's kind where the table has it
  * (sgd, adagrad, adam), with --lr and --eps.
+ * Admission, eviction by age and the row budget are the table's (--sparse-admit-count,
+ * --sparse-evict-after, --sparse-max-rows); expired rows are swept every 64 steps.
  * Not built yet (issue 31), refused in one line: pservers (the sparse tables' wire), fp16
  * (the table would need the loss scale and its vote), learning-rate schedules (the table's
  * lr is constant), a file without dense features. Not kept: --save-params, checkpoints,
- * metrics and traces (a warning names them), admission and eviction flags. */
+ * metrics and traces (a warning names them). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +153,9 @@ static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_
     pst_sparse_defaults(tc);
     snprintf(tc->name, sizeof tc->name, "dlrm");
     tc->dim = cfg->sparse_dim;
+    tc->admit_count = (uint32_t)cfg->sparse_admit_count;
+    tc->evict_after = cfg->sparse_evict_after;
+    tc->max_rows = (size_t)cfg->sparse_max_rows;
     tc->lr = cfg->optim.lr;
     tc->eps = cfg->optim.eps;
     tc->beta1 = cfg->optim.beta1;
@@ -264,6 +269,8 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
             pst_rows_sum(b.dsparse, b.inverse, n * (size_t)c.fields, dim, b.sums, b.nuniq);
             st = pst_sparse_push(table, b.uniq, b.nuniq, b.sums, step);
         }
+        if (st == PST_OK && cfg->sparse_evict_after > 0 && step % 64 == 63)
+            pst_sparse_sweep(table, step); /* frees expired rows (changes no value) */
         if (st == PST_OK && step >= total - per_epoch) { /* the last epoch's mean */
             loss_sum += loss;
             samples += (long)n;
@@ -292,6 +299,8 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         pst_sparse_stats ts;
         pst_sparse_stats_of(table, &ts);
         sum->rows_touched = (size_t)ts.created;
+        sum->rows_evicted = (size_t)ts.evicted;
+        sum->pushes_refused = (size_t)ts.refused;
         sum->table_rows = ts.rows;
         sum->table_bytes = ts.bytes;
         sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;

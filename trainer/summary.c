@@ -63,8 +63,10 @@ void tr_summary_print(FILE *out, const tr_summary *s)
         static const char *const k[3] = {"test_auc", "test_logloss", "auc_gap"};
         for (int i = 0; i < 3; i++)
             fprintf(out, isfinite(v[i]) ? ",\"%s\":%.5f" : ",\"%s\":null", k[i], v[i]);
-        fprintf(out, ",\"rows_touched\":%zu,\"table_rows\":%zu,\"table_bytes\":%zu",
-                s->rows_touched, s->table_rows, s->table_bytes);
+        fprintf(out, ",\"rows_touched\":%zu,\"rows_evicted\":%zu,\"pushes_refused\":%zu,"
+                     "\"table_rows\":%zu,\"table_bytes\":%zu",
+                s->rows_touched, s->rows_evicted, s->pushes_refused, s->table_rows,
+                s->table_bytes);
     }
     const tr_time_split *t = &s->time_split;
     char compute[32] = "null", comm[32] = "null";

@@ -54,7 +54,10 @@ typedef struct tr_summary {
     int ctr;               /* 1: the click model; the fields below */
     double test_auc, test_logloss, auc_gap; /* on the file's test part; auc_gap: the file's
                                             * Bayes-optimal AUC minus ours */
-    size_t rows_touched;   /* sparse rows that got a gradient (made) */
+    size_t rows_touched;   /* sparse rows made (a key made again after eviction counts
+                            * again) */
+    size_t rows_evicted;   /* removed: unseen for --sparse-evict-after, or the row budget */
+    size_t pushes_refused; /* pushed keys not yet admitted (--sparse-admit-count) */
     size_t table_rows, table_bytes; /* the sparse table at the end */
 } tr_summary;
 
