@@ -71,6 +71,20 @@ static double reference(const double *p, const double *x, const double *emb, con
     return loss * scale;
 }
 
+/* d reference / d *v (a parameter or an embedding value) by central differences, step
+ * 1e-5. */
+static double central_difference(double *p, const double *x, double *emb, const int32_t *y,
+                                 double scale, double *v)
+{
+    const double h = 1e-5, keep = *v;
+    *v = keep + h;
+    const double up = reference(p, x, emb, y, scale);
+    *v = keep - h;
+    const double down = reference(p, x, emb, y, scale);
+    *v = keep;
+    return (up - down) / (2 * h);
+}
+
 /* A batch from seed: x and emb normal (emb times 0.5), label 1 for every `every`-th row. */
 static void make_batch(uint64_t seed, int every, float *x, float *emb, int32_t *y)
 {
@@ -162,26 +176,13 @@ Test(dlrm, loss_and_every_gradient_against_central_differences)
         loss += losses[i];
     const double want = reference(p, xd, ed, y, 1.0);
     cr_assert_leq(fabs(loss - want), 1e-5 * want, "loss %.9g, float64 %.9g", loss, want);
-    const double h = 1e-5;
     for (size_t i = 0; i < m.nparams; i++) {
-        const double v = p[i];
-        p[i] = v + h;
-        const double up = reference(p, xd, ed, y, scale);
-        p[i] = v - h;
-        const double down = reference(p, xd, ed, y, scale);
-        p[i] = v;
-        const double fd = (up - down) / (2 * h);
-        cr_assert_leq(fabs(grads[i] - fd), 1e-4 * (1 + fabs(fd)), "%s element %zu: %g, central "
-                      "difference %g", m.tensors[0].name, i, (double)grads[i], fd);
+        const double fd = central_difference(p, xd, ed, y, scale, &p[i]);
+        cr_assert_leq(fabs(grads[i] - fd), 1e-4 * (1 + fabs(fd)), "parameter %zu: %g, central "
+                      "difference %g", i, (double)grads[i], fd);
     }
     for (int i = 0; i < B * F * DIM; i++) {
-        const double v = ed[i];
-        ed[i] = v + h;
-        const double up = reference(p, xd, ed, y, scale);
-        ed[i] = v - h;
-        const double down = reference(p, xd, ed, y, scale);
-        ed[i] = v;
-        const double fd = (up - down) / (2 * h);
+        const double fd = central_difference(p, xd, ed, y, scale, &ed[i]);
         cr_assert_leq(fabs(demb[i] - fd), 1e-4 * (1 + fabs(fd)), "embedding value %d: %g, "
                       "central difference %g", i, (double)demb[i], fd);
     }

@@ -251,7 +251,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
              pst_sparse_optim_name(tc.optim), tc.lr);
     const double t0 = pst_clock_s();
     double loss_sum = 0.0;
-    long samples = 0;
+    long samples = 0, trained = 0; /* rows of the last epoch's mean; rows of every step */
     sum->first_step = 0;
     for (long step = 0; st == PST_OK && step < total; step++) {
         const double s0 = pst_clock_s();
@@ -275,18 +275,14 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
             loss_sum += loss;
             samples += (long)n;
         }
+        trained += (long)n;
         step_ms[step] = 1e3 * (pst_clock_s() - s0);
         sum->steps = step + 1;
     }
     const double train_s = pst_clock_s() - t0;
     if (st == PST_OK) {
         sum->train_loss = samples ? loss_sum / (double)samples : 0.0;
-        sum->samples_per_s = train_s > 0 ? (double)(sum->steps * (long)B < (long)c.train_rows *
-                                                                              cfg->epochs
-                                                        ? sum->steps * (long)B
-                                                        : (long)c.train_rows * cfg->epochs) /
-                                               train_s
-                                         : 0.0;
+        sum->samples_per_s = train_s > 0 ? (double)trained / train_s : 0.0;
         sum->step_ms_median = tr_median(step_ms, sum->steps);
         st = evaluate(ex, &c, table, &b, piece, total, dim, sum);
     }
