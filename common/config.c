@@ -413,7 +413,7 @@ static const opt options[] = {
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
     {"connect-timeout-ms", "PSTRAIN_CONNECT_TIMEOUT_MS", NULL, NULL, "30000", "how long an unreachable pserver is retried (ms)", R_TRAINER, OPT_LONG, F(connect_timeout_ms), 0, 86400000, NULL},
     {"server-threads", "PSTRAIN_SERVER_THREADS", NULL, NULL, "2", "pserver RPC and update threads", R_PSERVER, OPT_INT, F(server_threads), 1, 256, NULL},
-    {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, gpt (a character language model; unless set: --dataset kjv --batch 16 --optimizer adamw --lr 0.001 --beta2 0.99 --weight-decay 0), dlrm (a click model, trained alone for now; unless set: --dataset ctr --batch 512 --optimizer adagrad --lr 0.05 --eps 1e-10), or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
+    {"model", "PSTRAIN_MODEL", NULL, NULL, "mlp", "mlp, gpt (a character language model; unless set: --dataset kjv --batch 16 --optimizer adamw --lr 0.001 --beta2 0.99 --weight-decay 0), dlrm (a click model, alone or with pservers that hold its sparse tables; unless set: --dataset ctr --batch 512 --optimizer adagrad --lr 0.05 --eps 1e-10), or synthetic (no compute; N fp32 gradients) to measure communication", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_model},
     {"hidden", "PSTRAIN_HIDDEN", NULL, NULL, "1024,1024", "mlp hidden layer widths", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_hidden},
     {"params", "PSTRAIN_PARAMS", NULL, NULL, "25000000", "synthetic model: number of fp32 parameters", R_TRAINER, OPT_LONG, F(params), 1, 4e9, NULL},
     {"layers", "PSTRAIN_LAYERS", NULL, NULL, "4", "gpt: transformer blocks", R_TRAINER, OPT_INT, F(layers), 1, 1024, NULL},
@@ -421,7 +421,7 @@ static const opt options[] = {
     {"embd", "PSTRAIN_EMBD", NULL, NULL, "128", "gpt: channels", R_TRAINER, OPT_INT, F(embd), 1, 65536, NULL},
     {"sparse-admit-count", "PSTRAIN_SPARSE_ADMIT_COUNT", NULL, NULL, "3", "dlrm: a key becomes a row of its sparse table on its C-th push (the pushes before are counted and dropped; pulls get the initializer's values)", R_TRAINER, OPT_INT, F(sparse_admit_count), 1, 1000000000, NULL},
     {"sparse-evict-after", "PSTRAIN_SPARSE_EVICT_AFTER", NULL, NULL, "1000", "dlrm: a row not pushed for this many steps is removed (0: never)", R_TRAINER, OPT_LONG, F(sparse_evict_after), 0, 1000000000000L, NULL},
-    {"sparse-max-rows", "PSTRAIN_SPARSE_MAX_ROWS", NULL, NULL, "1000000", "dlrm: rows of its sparse table at most, the least recently pushed go first (0: no limit; else at least 16)", R_TRAINER, OPT_LONG, F(sparse_max_rows), 0, 1000000000000L, NULL},
+    {"sparse-max-rows", "PSTRAIN_SPARSE_MAX_ROWS", NULL, NULL, "1000000", "dlrm: rows of its sparse table at most (with pservers: on each pserver), the least recently pushed go first (0: no limit; else at least 16)", R_TRAINER, OPT_LONG, F(sparse_max_rows), 0, 1000000000000L, NULL},
     {"sparse-dim", "PSTRAIN_SPARSE_DIM", NULL, NULL, "16", "dlrm: values per row of its sparse tables (the bottom MLP's output width too)", R_TRAINER, OPT_INT, F(sparse_dim), 1, 4096, NULL},
     {"ctx", "PSTRAIN_CTX", NULL, NULL, "128", "gpt: context (tokens per sequence)", R_TRAINER, OPT_INT, F(ctx), 1, 65536, NULL},
     {"val-windows", "PSTRAIN_VAL_WINDOWS", NULL, NULL, "64", "text: validation windows (stride --ctx from the start of the last 10%) in val_loss", R_TRAINER, OPT_INT, F(val_windows), 1, 1 << 24, NULL},
@@ -962,10 +962,6 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "gpt model reads text (--dataset text or kjv), the dlrm click "
                                  "data (--dataset ctr), the mlp images (example: --model gpt "
                                  "--dataset kjv)", cfg->model, cfg->dataset);
-        if (dlrm && cfg->num_pservers > 0)
-            return pst_error_set(PST_ERR_UNSUPPORTED, "--model dlrm trains alone for now: its "
-                                 "sparse tables have no wire to the pservers yet (unset "
-                                 "PSTRAIN_PSERVERS)");
         if (!strcmp(cfg->model, "gpt") && cfg->embd % cfg->heads)
             return pst_error_set(PST_ERR_INVALID, "--embd %d is not a multiple of --heads %d "
                                  "(example: --embd 128 --heads 4)", cfg->embd, cfg->heads);

@@ -47,6 +47,42 @@ void pst_rows_sum(const float *rows, const uint32_t *inverse, size_t n, size_t d
     }
 }
 
+void pst_rows_sum_parts(const float *rows, const uint32_t *inverse, const size_t *bounds, int P,
+                        size_t dim, float *sums, size_t nuniq, float *scratch, uint32_t *mark)
+{
+    if (P <= 1) {
+        pst_rows_sum(rows, inverse, bounds[P > 0 ? P : 0], dim, sums, nuniq);
+        return;
+    }
+    memset(sums, 0, sizeof(float) * nuniq * dim);
+    /* mark[u]: p while key u's sum of part p is being made, p + P once it is added */
+    for (size_t u = 0; u < nuniq; u++)
+        mark[u] = UINT32_MAX;
+    for (uint32_t p = 0; p < (uint32_t)P; p++) {
+        for (size_t i = bounds[p]; i < bounds[p + 1]; i++) {
+            const uint32_t u = inverse[i];
+            float *s = scratch + (size_t)u * dim;
+            const float *r = rows + i * dim;
+            if (mark[u] != p) {
+                mark[u] = p;
+                memset(s, 0, sizeof(float) * dim);
+            }
+            for (size_t j = 0; j < dim; j++)
+                s[j] += r[j];
+        }
+        for (size_t i = bounds[p]; i < bounds[p + 1]; i++) {
+            const uint32_t u = inverse[i];
+            if (mark[u] != p)
+                continue; /* added already */
+            mark[u] = p + (uint32_t)P;
+            float *d = sums + (size_t)u * dim;
+            const float *s = scratch + (size_t)u * dim;
+            for (size_t j = 0; j < dim; j++)
+                d[j] += s[j];
+        }
+    }
+}
+
 pst_status pst_rows_merge(int T, const uint64_t *const keys[], const size_t n[],
                           const float *const rows[], size_t dim, uint64_t *out_keys,
                           float *out_rows, size_t *nout)

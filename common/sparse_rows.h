@@ -28,6 +28,12 @@ pst_status pst_keys_unique(const uint64_t *keys, size_t n, pst_key_at *scratch, 
  * added to zero in ascending i. */
 void pst_rows_sum(const float *rows, const uint32_t *inverse, size_t n, size_t dim, float *sums,
                   size_t nuniq);
+/* The same sums as the pservers make them of P trainers' pushes (pst_rows_merge): rows
+ * [bounds[p], bounds[p + 1]) are part p (P parts, bounds ascending, bounds[P] = n); each
+ * key's rows within a part are added to zero in ascending i, and the parts' sums added in
+ * part order. P = 1 is pst_rows_sum. scratch holds (nuniq, dim) floats, mark nuniq. */
+void pst_rows_sum_parts(const float *rows, const uint32_t *inverse, const size_t *bounds, int P,
+                        size_t dim, float *sums, size_t nuniq, float *scratch, uint32_t *mark);
 /* The union of T sorted unique key lists keys[t][0..n[t]) into out_keys (ascending,
  * *nout of them, at most the sum of n[t]), with out_rows (*nout, dim) = each key's rows
  * added in trainer order (t ascending: the first trainer that has it copied, the next

@@ -268,7 +268,9 @@ int main(int argc, char **argv)
                       "\"pserver_id\":%d,\"initialized\":%d,\"precision\":\"%s\","
                       "\"casts\":%llu,\"pull_casts\":%llu,\"optimizer_steps\":%lld,"
                       "\"casts_per_step\":%llu,\"owned\":%llu,\"skipped_steps\":%ld,"
-                      "\"state_hash\":\"%016llx\"",
+                      "\"state_hash\":\"%016llx\",\"sparse_tables\":%d,\"sparse_rows\":%zu,"
+                      "\"sparse_bytes\":%zu,\"rows_created\":%llu,\"rows_evicted\":%llu,"
+                      "\"pushes_refused\":%llu,\"keys_pulled\":%llu,\"keys_pushed\":%llu",
                       cfg.pserver_id, r.initialized, r.precision,
                       (unsigned long long)r.casts, (unsigned long long)r.pull_casts,
                       (long long)r.optimizer_steps,
@@ -276,7 +278,20 @@ int main(int argc, char **argv)
                                                ? r.casts / (uint64_t)r.optimizer_steps
                                                : 0),
                       (unsigned long long)r.owned, r.skipped_steps,
-                      (unsigned long long)r.state_hash);
+                      (unsigned long long)r.state_hash, r.sparse_tables, r.sparse.rows,
+                      r.sparse.bytes, (unsigned long long)r.sparse.created,
+                      (unsigned long long)r.sparse.evicted,
+                      (unsigned long long)r.sparse.refused,
+                      (unsigned long long)r.sparse.keys_pulled,
+                      (unsigned long long)r.sparse.keys_pushed);
+        if (r.sparse_tables)
+            PST_INFO("sparse tables: %zu rows in %zu bytes here; %llu rows created, %llu "
+                     "evicted, %llu pushed keys refused before admission; %llu keys pulled, "
+                     "%llu pushed", r.sparse.rows, r.sparse.bytes,
+                     (unsigned long long)r.sparse.created, (unsigned long long)r.sparse.evicted,
+                     (unsigned long long)r.sparse.refused,
+                     (unsigned long long)r.sparse.keys_pulled,
+                     (unsigned long long)r.sparse.keys_pushed);
     }
 out:
     pst_metrics_close(&metrics);

@@ -22,6 +22,7 @@
 #include "common/optim.h"
 #include "pserver/shard.h"
 #include "pserver/store.h"
+#include "pserver/tables.h"
 #include "rpc/shm.h"
 
 #define MAX_PARKED 4096
@@ -48,6 +49,7 @@ struct ps_service {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     ps_store *store;              /* NULL until trainer 0's Init */
+    ps_tables *tables;            /* the job's sparse tables: made with the store */
     uint64_t fingerprint;
     uint32_t num_trainers;
     int sync;                     /* sync mode: pulled values are stable until every trainer
@@ -174,6 +176,7 @@ void ps_service_free(ps_service *svc)
         return;
     }
     ps_store_free(svc->store);
+    ps_tables_free(svc->tables); /* its replies' payloads are their own */
     rpc_shm_free(&svc->area); /* after the store, whose values or copy live there */
     free(svc->finished);
     free(svc->watch);
@@ -538,6 +541,12 @@ size_t ps_service_max_request(void *arg, rpc_method m, const char **why)
         const size_t blocks = svc->max_params < PS_MAX_BLOCKS ? svc->max_params : PS_MAX_BLOCKS;
         return (size_t)svc->max_params * sizeof(float) + 64 * blocks + 65536;
     }
+    if (m == RPC_METHOD_PULL_SPARSE || m == RPC_METHOD_PUSH_SPARSE) {
+        const ps_tables *tables = __atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE);
+        *why = tables ? "2^22 keys, and rows of the widest sparse table in f32"
+                      : "no sparse tables before trainer 0's Init: the header alone";
+        return tables ? ps_tables_max_request(tables, m) : RPC_SMALL_REQUEST_MAX;
+    }
     if (m == RPC_METHOD_PUSH) {
         const size_t longest = __atomic_load_n(&svc->max_block, __ATOMIC_ACQUIRE);
         *why = longest ? "the largest block in f32, and the header"
@@ -758,6 +767,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
     ps_store_config sc;
     ps_block_spec *blocks = NULL;
+    ps_tables *tables = NULL;
     float *initial = NULL;
     uint64_t total = 0;
     pst_status st;
@@ -766,7 +776,8 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
                                      &total)) != PST_OK)
         goto out;
     sc.blocks = blocks;
-    if ((st = init_checkpoints(svc, req, &sc)) != PST_OK)
+    if ((st = init_checkpoints(svc, req, &sc)) != PST_OK ||
+        (st = ps_tables_init(&tables, req, sc.mode == PST_MODE_SYNC)) != PST_OK)
         goto out;
     float **values_at = NULL;
     void **lowp_at = NULL;
@@ -810,7 +821,13 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
              (unsigned long long)total, (unsigned long long)req->total_params,
              req->num_trainers, sc.mode == PST_MODE_ASYNC ? "async" : "sync", req->optim->kind,
              req->optim->lr, pst_dtype_name(sc.lowp));
+    if (ps_tables_count(tables))
+        PST_INFO("%d sparse tables, shard %u of %u", ps_tables_count(tables), req->sparse_shard,
+                 req->sparse_shards ? req->sparse_shards : 1);
+    __atomic_store_n(&svc->tables, tables, __ATOMIC_RELEASE);
+    tables = NULL;
 out:
+    ps_tables_free(tables);
     free(blocks);
     free(initial);
     return st;
@@ -910,6 +927,8 @@ static void answer_init(ps_service *svc, rpc_call *call)
     pst_status st = check_joining_trainer(svc, req);
     if (st == PST_OK)
         st = check_block_list(svc, req);
+    if (st == PST_OK && svc->tables)
+        st = ps_tables_check_join(svc->tables, req);
     if (st != PST_OK) {
         fail(call, st);
         return;
@@ -1279,6 +1298,8 @@ void ps_service_cancelled(void *arg, rpc_call *call)
         pull_cancelled(svc, call);
     else if (rpc_call_method(call) == RPC_METHOD_WATCH)
         watch_cancelled(svc, call);
+    else if (rpc_call_method(call) == RPC_METHOD_PULL_SPARSE)
+        ps_tables_cancelled(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), call);
     else if (rpc_call_method(call) == RPC_METHOD_INIT || rpc_call_method(call) == RPC_METHOD_VOTE)
         parked_cancelled(svc, call);
 }
@@ -1646,6 +1667,9 @@ void ps_service_get_report(ps_service *svc, ps_service_report *out)
     }
     out->casts = ps_store_cast_count(store);
     out->owned = ps_store_total_length(store);
+    ps_tables *tables = __atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE);
+    out->sparse_tables = ps_tables_count(tables);
+    ps_tables_totals_of(tables, &out->sparse);
     out->state_hash = ps_store_state_hash(store);
 }
 
@@ -1693,6 +1717,8 @@ static void trainer_done(ps_service *svc, uint32_t id, int early, const char *wh
     if (departs) {
         PST_WARN("%s: failing the pulls that wait for it", svc->departed);
         ps_store_cancel_waiters(store, PST_ERR_STATE);
+        ps_tables_fail_waiting(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), PST_ERR_STATE,
+                               svc->departed);
     }
     if (watch) { /* the trainer is done: nothing left to watch */
         Pstrain__WatchReply wr = PSTRAIN__WATCH_REPLY__INIT;
@@ -1700,6 +1726,14 @@ static void trainer_done(ps_service *svc, uint32_t id, int early, const char *wh
     }
     if (finish_call) {
         Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
+        ps_tables_totals tt;
+        ps_tables_totals_of(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), &tt);
+        reply.sparse_rows = tt.rows;
+        reply.sparse_bytes = tt.bytes;
+        reply.rows_created = tt.created;
+        reply.rows_evicted = tt.evicted;
+        reply.pushes_refused = tt.refused;
+        reply.sparse_hash = tt.hash;
         rpc_call_reply(finish_call, &reply.base, NULL, 0, NULL, NULL);
     }
     if (all) {
@@ -1975,6 +2009,20 @@ static void watch_cancelled(ps_service *svc, rpc_call *call)
     trainer_done(svc, (uint32_t)id, 1, why, NULL);
 }
 
+/* PullSparse and PushSparse go to the sparse tables (tables.h) once trainer 0's Init has
+ * made them. */
+static void handle_sparse(ps_service *svc, rpc_call *call)
+{
+    ps_tables *tables = __atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE);
+    if (!tables)
+        fail(call, pst_error_set(PST_ERR_STATE, "%s before Init: this pserver has no sparse "
+                                 "tables yet", rpc_method_name(rpc_call_method(call))));
+    else if (rpc_call_method(call) == RPC_METHOD_PULL_SPARSE)
+        ps_tables_pull(tables, call);
+    else
+        ps_tables_push(tables, call);
+}
+
 /* The trainer_id a request speaks for (every method has one). */
 static uint32_t claimed_trainer(rpc_call *call)
 {
@@ -1986,6 +2034,8 @@ static uint32_t claimed_trainer(rpc_call *call)
     case RPC_METHOD_FINISH: return ((const Pstrain__FinishRequest *)m)->trainer_id;
     case RPC_METHOD_VOTE: return ((const Pstrain__VoteRequest *)m)->trainer_id;
     case RPC_METHOD_WATCH: return ((const Pstrain__WatchRequest *)m)->trainer_id;
+    case RPC_METHOD_PULL_SPARSE: return ((const Pstrain__PullSparseRequest *)m)->trainer_id;
+    case RPC_METHOD_PUSH_SPARSE: return ((const Pstrain__PushSparseRequest *)m)->trainer_id;
     default: return 0;
     }
 }
@@ -2022,6 +2072,10 @@ void ps_service_handle(void *arg, rpc_call *call)
         break;
     case RPC_METHOD_WATCH:
         handle_watch(svc, call);
+        break;
+    case RPC_METHOD_PULL_SPARSE:
+    case RPC_METHOD_PUSH_SPARSE:
+        handle_sparse(svc, call);
         break;
     default:
         fail(call, pst_error_set(PST_ERR_NOT_FOUND, "unknown method"));
@@ -2147,5 +2201,7 @@ void ps_service_cancel(ps_service *svc)
     pst_error_set(PST_ERR_UNAVAILABLE, "%s", why); /* the detail the pulls are failed with */
     if (store)
         ps_store_cancel_waiters(store, PST_ERR_UNAVAILABLE);
+    ps_tables_fail_waiting(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), PST_ERR_UNAVAILABLE,
+                           why);
     log_casts(svc); /* at shutdown, unless every trainer's Finish has written it */
 }

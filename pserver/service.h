@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "pserver/tables.h"
 #include "rpc/server.h"
 
 typedef struct ps_service ps_service;
@@ -91,6 +92,8 @@ typedef struct ps_service_report {
     uint64_t owned;           /* parameters of this pserver's blocks */
     long skipped_steps;       /* fp16 steps the vote skipped everywhere */
     uint64_t state_hash;      /* ps_store_state_hash: values, optimizer state, versions */
+    int sparse_tables;        /* the job's sparse tables (tables.h), and their totals here */
+    ps_tables_totals sparse;
 } ps_service_report;
 void ps_service_get_report(ps_service *svc, ps_service_report *out);
 void ps_service_free(ps_service *svc); /* after the server is shut down; accepts NULL */

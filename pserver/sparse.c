@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/rng.h"
 #include "pserver/sparse_index.h"
 
@@ -466,4 +467,28 @@ void pst_sparse_foreach(pst_sparse_table *t, pst_sparse_row_fn fn, void *arg)
         }
         pthread_mutex_unlock(&s->mu);
     }
+}
+
+typedef struct hash_arg {
+    uint64_t sum;
+    size_t dim, state;
+} hash_arg;
+
+static void hash_row(void *arg, uint64_t key, const float *values, const float *state,
+                     uint32_t pushes, long last)
+{
+    hash_arg *h = arg;
+    (void)pushes;
+    (void)last;
+    uint64_t x = pst_fnv1a(PST_FNV1A_INIT, &key, sizeof key);
+    x = pst_fnv1a(x, values, sizeof(float) * h->dim);
+    h->sum += pst_fnv1a(x, state, sizeof(float) * h->state);
+}
+
+uint64_t pst_sparse_hash(pst_sparse_table *t)
+{
+    hash_arg h = {0, (size_t)t->cfg.dim,
+                  (size_t)t->cfg.dim * (size_t)pst_sparse_state_floats(t->cfg.optim)};
+    pst_sparse_foreach(t, hash_row, &h);
+    return h.sum;
 }

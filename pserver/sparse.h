@@ -122,6 +122,10 @@ void pst_sparse_stats_of(pst_sparse_table *t, pst_sparse_stats *s);
 typedef void (*pst_sparse_row_fn)(void *arg, uint64_t key, const float *values,
                                   const float *state, uint32_t pushes, long last);
 void pst_sparse_foreach(pst_sparse_table *t, pst_sparse_row_fn fn, void *arg);
+/* The table's state as one number that does not depend on where its rows live: the sum
+ * (mod 2^64) over its rows of FNV-1a(key, values, optimizer state). The shards of a table
+ * on several pservers add up to the hash of the one table holding all their rows. */
+uint64_t pst_sparse_hash(pst_sparse_table *t);
 /* Floats of optimizer state per value (0, 1 or 2). */
 int pst_sparse_state_floats(pst_sparse_optim o);
 

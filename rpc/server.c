@@ -538,8 +538,7 @@ static void on_new_call(rpc_call *c, int success)
                                most, why);
         }
     }
-    if (st == PST_OK && c->method != RPC_METHOD_INIT && c->method != RPC_METHOD_PUSH &&
-        body > RPC_SMALL_REQUEST_MAX) {
+    if (st == PST_OK && !rpc_method_request_payload(c->method) && body > RPC_SMALL_REQUEST_MAX) {
         grpc_byte_buffer_destroy(bb);
         bb = NULL;
         st = pst_error_set(PST_ERR_INVALID, "%s request of %zu bytes: at most %d (it carries "

@@ -47,6 +47,12 @@ static const struct {
                          &pstrain__vote_reply__descriptor},
     [RPC_METHOD_WATCH] = {"Watch", "/pstrain.PServer/Watch",
                           &pstrain__watch_request__descriptor, &pstrain__watch_reply__descriptor},
+    [RPC_METHOD_PULL_SPARSE] = {"PullSparse", "/pstrain.PServer/PullSparse",
+                                &pstrain__pull_sparse_request__descriptor,
+                                &pstrain__pull_sparse_reply__descriptor},
+    [RPC_METHOD_PUSH_SPARSE] = {"PushSparse", "/pstrain.PServer/PushSparse",
+                                &pstrain__push_sparse_request__descriptor,
+                                &pstrain__push_sparse_reply__descriptor},
 };
 
 const char *rpc_method_name(rpc_method m)
@@ -62,6 +68,12 @@ const char *rpc_method_path(rpc_method m)
 const ProtobufCMessageDescriptor *rpc_method_request_desc(rpc_method m)
 {
     return (unsigned)m < RPC_METHOD_COUNT_ ? methods[m].req : NULL;
+}
+
+int rpc_method_request_payload(rpc_method m)
+{
+    return m == RPC_METHOD_INIT || m == RPC_METHOD_PUSH || m == RPC_METHOD_PULL_SPARSE ||
+           m == RPC_METHOD_PUSH_SPARSE;
 }
 
 const ProtobufCMessageDescriptor *rpc_method_reply_desc(rpc_method m)

@@ -38,6 +38,8 @@ typedef enum rpc_method {
     RPC_METHOD_FINISH,
     RPC_METHOD_VOTE,
     RPC_METHOD_WATCH,
+    RPC_METHOD_PULL_SPARSE,
+    RPC_METHOD_PUSH_SPARSE,
     RPC_METHOD_COUNT_
 } rpc_method;
 
@@ -49,6 +51,9 @@ const char *rpc_method_path(rpc_method m);
  * pstrain__push_request__descriptor, pstrain__push_reply__descriptor); NULL out of range. */
 const ProtobufCMessageDescriptor *rpc_method_request_desc(rpc_method m);
 const ProtobufCMessageDescriptor *rpc_method_reply_desc(rpc_method m);
+/* Whether m's requests carry a payload (Init, Push, PullSparse, PushSparse); the others'
+ * bodies are their headers alone. */
+int rpc_method_request_payload(rpc_method m);
 
 /* Called once when the transport no longer needs a payload the caller lent it. */
 typedef void (*rpc_release_fn)(void *arg);

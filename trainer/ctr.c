@@ -23,6 +23,8 @@
 
 #include "common/clock.h"
 #include "common/data/ctr.h"
+#include "common/data/data.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/nn/models/models.h"
 #include "common/sparse_rows.h"
@@ -30,9 +32,19 @@
 #include "trainer/exec.h"
 #include "trainer/local.h"
 #include "trainer/plan.h"
+#include "trainer/remote.h"
 #include "trainer/train.h"
 
 #define FIELD_SHIFT 40 /* a key: the field above, the field-local id (< 2^40) below */
+
+/* Where the sparse rows are: the in-process table (alone) or the pservers' shards. */
+typedef struct ctr_rows_at {
+    pst_sparse_table *local; /* alone */
+    tr_remote *remote;       /* with pservers: table 0 of the Init's list */
+    int S;                   /* pservers (1 alone) */
+    pst_dtype wire;          /* the rows' dtype on the wire: f32, or bf16 (--precision) */
+    uint64_t keys_of[PST_MAX_PSERVERS]; /* distinct keys pulled from each, over the run */
+} ctr_rows_at;
 
 /* The batch buffers of up to `rows` rows. */
 typedef struct ctr_batch {
@@ -43,13 +55,16 @@ typedef struct ctr_batch {
     int32_t *y;           /* (rows) the executor's targets */
     uint64_t *keys;       /* (rows F) */
     pst_key_at *scratch;  /* (rows F) */
-    uint64_t *uniq;       /* (rows F) */
+    uint64_t *uniq;       /* (rows F) the distinct keys, ascending within each pserver's */
     uint32_t *inverse;    /* (rows F) */
+    uint32_t *moved;      /* (rows F) scratch of shard_keys and of the sums' parts */
     float *pulled;        /* (rows F, dim) the distinct keys' rows */
     float *sparse;        /* (rows, F dim) the rows' embeddings */
     float *dsparse;       /* (rows, F dim) their gradients */
     float *sums;          /* (rows F, dim) the distinct keys' summed gradients */
+    float *part;          /* (rows F, dim) one device's sums (pst_rows_sum_parts) */
     size_t nuniq;
+    size_t seg[PST_MAX_PSERVERS + 1]; /* uniq[seg[s], seg[s + 1]): pserver s's keys */
 } ctr_batch;
 
 static pst_status batch_alloc(ctr_batch *b, const pst_ctr *c, size_t rows, size_t dim)
@@ -64,12 +79,15 @@ static pst_status batch_alloc(ctr_batch *b, const pst_ctr *c, size_t rows, size_
     b->scratch = malloc(sizeof(pst_key_at) * n);
     b->uniq = malloc(sizeof(uint64_t) * n);
     b->inverse = malloc(sizeof(uint32_t) * n);
+    b->moved = malloc(sizeof(uint32_t) * n);
     b->pulled = malloc(sizeof(float) * n * dim);
     b->sparse = malloc(sizeof(float) * n * dim);
     b->dsparse = malloc(sizeof(float) * n * dim);
     b->sums = malloc(sizeof(float) * n * dim);
+    b->part = malloc(sizeof(float) * n * dim);
     if (!b->rec || !b->dense || !b->ids || !b->label || !b->y || !b->keys || !b->scratch ||
-        !b->uniq || !b->inverse || !b->pulled || !b->sparse || !b->dsparse || !b->sums)
+        !b->uniq || !b->inverse || !b->moved || !b->pulled || !b->sparse || !b->dsparse ||
+        !b->sums || !b->part)
         return pst_error_set(PST_ERR_NOMEM, "dlrm: out of memory for batches of %zu rows",
                              rows);
     return PST_OK;
@@ -78,15 +96,76 @@ static pst_status batch_alloc(ctr_batch *b, const pst_ctr *c, size_t rows, size_
 static void batch_free(ctr_batch *b)
 {
     void *p[] = {b->rec, b->dense, b->ids, b->label, b->y, b->keys, b->scratch, b->uniq,
-                 b->inverse, b->pulled, b->sparse, b->dsparse, b->sums};
+                 b->inverse, b->moved, b->pulled, b->sparse, b->dsparse, b->sums, b->part};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         free(p[i]);
 }
 
-/* Reads rows [first, first + n) and lays out their embeddings as of `step` (pulled from
- * the table; keys without a row get the initializer's values, and nothing is created). */
-static pst_status batch_load(ctr_batch *b, const pst_ctr *c, pst_sparse_table *t,
-                             uint64_t first, size_t n, long step, size_t dim)
+/* Orders the distinct keys by the pserver that holds them (pst_sparse_pserver_of), each
+ * pserver's still ascending, and points the occurrences at their new places: pserver s's
+ * keys are uniq[seg[s], seg[s + 1]), and so are their rows in every (nuniq, dim) array. */
+static void shard_keys(ctr_batch *b, size_t n, int S)
+{
+    b->seg[0] = 0;
+    for (int s = 1; s <= S; s++)
+        b->seg[s] = S == 1 ? b->nuniq : 0;
+    if (S == 1)
+        return;
+    size_t at[PST_MAX_PSERVERS + 1] = {0};
+    for (size_t u = 0; u < b->nuniq; u++)
+        at[pst_sparse_pserver_of(b->uniq[u], S) + 1]++;
+    for (int s = 0; s < S; s++)
+        at[s + 1] += at[s];
+    memcpy(b->seg, at, sizeof(size_t) * (size_t)(S + 1));
+    uint64_t *to = b->keys; /* the keys are read again only by the next batch_load */
+    for (size_t u = 0; u < b->nuniq; u++) {
+        const size_t v = at[pst_sparse_pserver_of(b->uniq[u], S)]++;
+        b->moved[u] = (uint32_t)v;
+        to[v] = b->uniq[u];
+    }
+    memcpy(b->uniq, to, sizeof(uint64_t) * b->nuniq);
+    for (size_t i = 0; i < n; i++)
+        b->inverse[i] = b->moved[b->inverse[i]];
+}
+
+/* The distinct keys' rows (nuniq, dim) as of `step` into out. */
+static pst_status rows_pull(ctr_rows_at *at, const ctr_batch *b, long step, float *out,
+                            size_t dim)
+{
+    if (at->local)
+        return pst_sparse_pull(at->local, b->uniq, b->nuniq, step, out);
+    const uint64_t *keys[PST_MAX_PSERVERS];
+    size_t n[PST_MAX_PSERVERS];
+    float *rows[PST_MAX_PSERVERS];
+    for (int s = 0; s < at->S; s++) {
+        keys[s] = b->uniq + b->seg[s];
+        n[s] = b->seg[s + 1] - b->seg[s];
+        rows[s] = out + b->seg[s] * dim;
+        at->keys_of[s] += n[s];
+    }
+    return tr_remote_pull_sparse(at->remote, 0, step, at->wire, keys, n, rows);
+}
+
+/* The distinct keys' summed gradients of `step` (b->sums) to the table. */
+static pst_status rows_push(ctr_rows_at *at, const ctr_batch *b, long step, size_t dim)
+{
+    if (at->local)
+        return pst_sparse_push(at->local, b->uniq, b->nuniq, b->sums, step);
+    const uint64_t *keys[PST_MAX_PSERVERS];
+    size_t n[PST_MAX_PSERVERS];
+    const float *rows[PST_MAX_PSERVERS];
+    for (int s = 0; s < at->S; s++) {
+        keys[s] = b->uniq + b->seg[s];
+        n[s] = b->seg[s + 1] - b->seg[s];
+        rows[s] = b->sums + b->seg[s] * dim;
+    }
+    return tr_remote_push_sparse(at->remote, 0, step, at->wire, keys, n, rows);
+}
+
+/* Reads rows [first, first + n) and lays out their embeddings as of `step` (keys without a
+ * row get the initializer's values, and nothing is created). */
+static pst_status batch_load(ctr_batch *b, const pst_ctr *c, ctr_rows_at *at, uint64_t first,
+                             size_t n, long step, size_t dim)
 {
     const pst_ctr_rows out = {b->dense, b->ids, b->label, NULL};
     PST_TRY(pst_ctr_read(c, first, n, b->rec, &out));
@@ -97,14 +176,32 @@ static pst_status batch_load(ctr_batch *b, const pst_ctr *c, pst_sparse_table *t
             b->keys[r * F + f] = (uint64_t)f << FIELD_SHIFT | b->ids[r * F + f];
     }
     PST_TRY(pst_keys_unique(b->keys, n * F, b->scratch, b->uniq, b->inverse, &b->nuniq));
-    PST_TRY(pst_sparse_pull(t, b->uniq, b->nuniq, step, b->pulled));
+    shard_keys(b, n * F, at->S);
+    PST_TRY(rows_pull(at, b, step, b->pulled, dim));
     for (size_t i = 0; i < n * F; i++)
         memcpy(b->sparse + i * dim, b->pulled + (size_t)b->inverse[i] * dim, sizeof(float) * dim);
     return PST_OK;
 }
 
+/* b->sums = each distinct key's gradient rows of this trainer's n rows, summed as the
+ * pservers sum T trainers' pushes: within each of the D devices' rows (the executor's
+ * split, pst_batch_part) in row order, then the devices in order; so T trainers of one
+ * device each push, and the pservers apply, what one process on T devices applies. */
+static void batch_sums(ctr_batch *b, size_t n, size_t F, size_t dim, int D)
+{
+    size_t bounds[PST_DEVICE_MAX_COUNT + 1];
+    bounds[0] = 0;
+    for (int d = 0; d < D; d++) {
+        int lo, hi;
+        pst_batch_part((int)n, d, D, &lo, &hi);
+        bounds[d + 1] = (size_t)hi * F;
+    }
+    pst_rows_sum_parts(b->dsparse, b->inverse, bounds, D, dim, b->sums, b->nuniq, b->part,
+                       b->moved);
+}
+
 /* The click probabilities of the test part, in pieces of `piece` rows: AUC and log loss. */
-static pst_status evaluate(tr_exec *ex, const pst_ctr *c, pst_sparse_table *t, ctr_batch *b,
+static pst_status evaluate(tr_exec *ex, const pst_ctr *c, ctr_rows_at *at, ctr_batch *b,
                            size_t piece, long step, size_t dim, tr_summary *sum)
 {
     const size_t n = (size_t)c->test_rows;
@@ -115,7 +212,7 @@ static pst_status evaluate(tr_exec *ex, const pst_ctr *c, pst_sparse_table *t, c
                         : PST_OK;
     for (size_t r0 = 0; st == PST_OK && r0 < n; r0 += piece) {
         const size_t k = n - r0 < piece ? n - r0 : piece;
-        st = batch_load(b, c, t, c->train_rows + r0, k, step, dim);
+        st = batch_load(b, c, at, c->train_rows + r0, k, step, dim);
         if (st == PST_OK) {
             tr_exec_set_sparse(ex, b->sparse, NULL);
             st = tr_exec_predict(ex, b->dense, (int)k, p + r0);
@@ -179,6 +276,38 @@ static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_
     return pst_sparse_check(tc);
 }
 
+/* The summary's table fields and param_hash: the dense parameters' FNV-1a continued over
+ * the sparse table's hash (pst_sparse_hash, which does not depend on the pservers' split). */
+static void summarize_tables(tr_summary *sum, const tr_sparse_totals *t)
+{
+    sum->rows_touched = (size_t)t->created;
+    sum->rows_evicted = (size_t)t->evicted;
+    sum->pushes_refused = (size_t)t->refused;
+    sum->table_rows = (size_t)t->rows;
+    sum->table_bytes = (size_t)t->bytes;
+    sum->sparse_hash = t->hash;
+    sum->param_hash = pst_fnv1a(sum->param_hash, &t->hash, sizeof t->hash);
+}
+
+/* With pservers: how evenly the keys spread over them (each pserver's share of the
+ * distinct keys pulled, over the run), logged, and the largest share over the mean. */
+static double key_balance(const ctr_rows_at *at)
+{
+    uint64_t total = 0, most = 0;
+    char line[PST_MAX_PSERVERS * 12 + 1] = "";
+    for (int s = 0; s < at->S; s++) {
+        total += at->keys_of[s];
+        most = at->keys_of[s] > most ? at->keys_of[s] : most;
+    }
+    for (int s = 0, k = 0; s < at->S && total && k < (int)sizeof line - 12; s++)
+        k += snprintf(line + k, sizeof line - (size_t)k, "%s%.1f%%", s ? " " : "",
+                      100.0 * (double)at->keys_of[s] / (double)total);
+    if (at->S > 1 && total)
+        PST_INFO("dlrm: the keys pulled by pserver (their share of %llu): %s",
+                 (unsigned long long)total, line);
+    return total ? (double)most * at->S / (double)total : 1.0;
+}
+
 pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
 {
     memset(sum, 0, sizeof *sum);
@@ -189,12 +318,16 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     pst_runtime *rt = NULL;
     tr_plan plan = {0};
     tr_link *link = NULL;
+    tr_remote *remote = NULL;
     tr_exec *ex = NULL;
-    pst_sparse_table *table = NULL;
+    ctr_rows_at at = {.S = 1, .wire = cfg->precision == PST_BF16 ? PST_BF16 : PST_F32};
     ctr_batch b = {0};
     float *params = NULL;
     const size_t dim = (size_t)cfg->sparse_dim;
     const int bottom[1] = {64}, top[2] = {128, 64}; /* the peer's (torch_dlrm.py) */
+    const int S = cfg->num_pservers, T = cfg->trainers, rank = cfg->trainer_id;
+    int started = 0;
+    long step = -1;
     pst_sparse_config tc;
     pst_status st = table_config(cfg, cfg->seed, &tc);
     if (st == PST_OK)
@@ -214,6 +347,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     for (int i = 0; rt && i < D; i++)
         pst_device_set_memory_limit(pst_runtime_device(rt, i), cfg->device_memory_limit);
     const size_t B = (size_t)cfg->batch;
+    const size_t most = (B + (size_t)T - 1) / (size_t)T; /* this trainer's rows at most */
     const long per_epoch = c.train_rows ? (long)((c.train_rows + B - 1) / B) : 1;
     long total = per_epoch * cfg->epochs;
     if (cfg->steps > 0 && cfg->steps < total)
@@ -222,55 +356,68 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     run_cfg.optim.total_steps = total;
     const tr_exec_settings es = tr_exec_settings_of(&run_cfg);
     if (st == PST_OK)
-        st = tr_exec_plan(&plan, &model, &es, cfg->block_bytes, 1, D);
-    const tr_link_settings ls = tr_link_settings_of(&run_cfg, &plan);
-    if (st == PST_OK)
+        st = tr_exec_plan(&plan, &model, &es,
+                          tr_plan_pipelined_bytes(model.nparams, cfg->block_bytes, S), S ? S : 1,
+                          D);
+    tr_link_settings ls = tr_link_settings_of(&run_cfg, &plan);
+    ls.sparse_tables = &tc;
+    ls.nsparse_tables = 1;
+    if (st == PST_OK && S) {
+        st = tr_remote_init(&remote, &ls, &plan);
+        link = remote ? tr_remote_link(remote) : NULL;
+        at = (ctr_rows_at){.remote = remote, .S = S, .wire = at.wire};
+    } else if (st == PST_OK) {
         st = tr_local_init(&link, &ls, &plan);
+        if (st == PST_OK)
+            st = pst_sparse_create(&at.local, &tc);
+    }
     /* evaluation in pieces of at least 1,024 rows: the executor's activations, the batch
      * buffers and so the process's peak memory are sized by the larger of the two */
-    const size_t piece = B > 1024 ? B : 1024;
+    const size_t piece = most > 1024 ? most : 1024;
     double *step_ms = malloc(sizeof(double) * (size_t)(total > 0 ? total : 1));
     if (st == PST_OK && !step_ms)
         st = pst_error_set(PST_ERR_NOMEM, "dlrm: out of memory");
-    tr_exec_config ec = {.cfg = es, .rt = rt, .model = &model, .max_rows = (int)B,
+    tr_exec_config ec = {.cfg = es, .rt = rt, .model = &model, .max_rows = (int)most,
                          .eval_rows = (int)piece, .link = link, .overlap = cfg->overlap,
                          .threads = tr_threads_per_device(cfg, D)};
     if (st == PST_OK)
         st = tr_exec_init(&ex, &ec);
     if (st == PST_OK)
-        st = tr_exec_start(ex, cfg->seed);
-    if (st == PST_OK)
-        st = pst_sparse_create(&table, &tc);
-    if (st == PST_OK)
         st = batch_alloc(&b, &c, piece, dim);
+    if (st == PST_OK) /* with pservers: Init (the tables made), every trainer on trainer 0's */
+        st = tr_exec_start(ex, cfg->seed);
     if (st != PST_OK)
         goto done;
+    started = 1;
     PST_INFO("dlrm: %s, %d dense and %d sparse fields, %llu training rows, %ld steps of %zu "
-             "rows; %zu dense parameters, rows of %zu in a sparse table (%s, lr %g)", c.path,
+             "rows; %zu dense parameters, rows of %zu in a sparse table (%s, lr %g)%s", c.path,
              c.dense, c.fields, (unsigned long long)c.train_rows, total, B, model.nparams, dim,
-             pst_sparse_optim_name(tc.optim), tc.lr);
+             pst_sparse_optim_name(tc.optim), tc.lr, S ? " on the pservers" : "");
     const double t0 = pst_clock_s();
     double loss_sum = 0.0;
     long samples = 0, trained = 0; /* rows of the last epoch's mean; rows of every step */
     sum->first_step = 0;
-    for (long step = 0; st == PST_OK && step < total; step++) {
+    for (step = 0; st == PST_OK && step < total; step++) {
         const double s0 = pst_clock_s();
         const uint64_t first = (uint64_t)(step % per_epoch) * B;
-        const size_t n = c.train_rows - first < B ? (size_t)(c.train_rows - first) : B;
+        const size_t len = c.train_rows - first < B ? (size_t)(c.train_rows - first) : B;
+        int lo, hi; /* this trainer's slice of the global batch */
+        pst_batch_part((int)len, rank, T, &lo, &hi);
+        const size_t n = (size_t)(hi - lo);
         double loss = 0.0;
-        st = batch_load(&b, &c, table, first, n, step, dim);
+        st = batch_load(&b, &c, &at, first + (uint64_t)lo, n, step, dim);
         if (st == PST_OK) {
             tr_exec_set_sparse(ex, b.sparse, b.dsparse);
-            st = tr_exec_step(ex, step, b.dense, b.y, (int)n, (int)n, &loss);
+            st = tr_exec_step(ex, step, b.dense, b.y, (int)n, (int)len, &loss);
         }
         if (st == PST_OK) /* the step's gradients are on the host once its compute has run */
             st = tr_exec_sync(ex);
         if (st == PST_OK) {
-            pst_rows_sum(b.dsparse, b.inverse, n * (size_t)c.fields, dim, b.sums, b.nuniq);
-            st = pst_sparse_push(table, b.uniq, b.nuniq, b.sums, step);
+            batch_sums(&b, n, (size_t)c.fields, dim, D);
+            st = rows_push(&at, &b, step, dim);
         }
-        if (st == PST_OK && cfg->sparse_evict_after > 0 && step % 64 == 63)
-            pst_sparse_sweep(table, step); /* frees expired rows (changes no value) */
+        if (st == PST_OK && at.local && cfg->sparse_evict_after > 0 && step % 64 == 63)
+            pst_sparse_sweep(at.local, step); /* frees expired rows (changes no value) */
         if (st == PST_OK && step >= total - per_epoch) { /* the last epoch's mean */
             loss_sum += loss;
             samples += (long)n;
@@ -284,21 +431,29 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         sum->train_loss = samples ? loss_sum / (double)samples : 0.0;
         sum->samples_per_s = train_s > 0 ? (double)trained / train_s : 0.0;
         sum->step_ms_median = tr_median(step_ms, sum->steps);
-        st = evaluate(ex, &c, table, &b, piece, total, dim, sum);
+        st = evaluate(ex, &c, &at, &b, piece, total, dim, sum);
     }
     if (st == PST_OK && !(params = malloc(sizeof(float) * model.nparams)))
         st = pst_error_set(PST_ERR_NOMEM, "dlrm: out of memory");
     if (st == PST_OK)
         st = tr_exec_params(ex, params);
+    if (st == PST_OK && S) { /* the pservers' tables as their Finish replies say */
+        st = link->ops->finish(link, 0, total, NULL);
+        started = 0;
+    }
     if (st == PST_OK) {
         tr_summary_params(sum, params, model.nparams);
-        pst_sparse_stats ts;
-        pst_sparse_stats_of(table, &ts);
-        sum->rows_touched = (size_t)ts.created;
-        sum->rows_evicted = (size_t)ts.evicted;
-        sum->pushes_refused = (size_t)ts.refused;
-        sum->table_rows = ts.rows;
-        sum->table_bytes = ts.bytes;
+        tr_sparse_totals tt = {0};
+        if (S) {
+            tr_remote_sparse_totals(remote, &tt);
+            sum->key_balance = key_balance(&at);
+        } else {
+            pst_sparse_stats ts;
+            pst_sparse_stats_of(at.local, &ts);
+            tt = (tr_sparse_totals){ts.rows, ts.bytes, ts.created, ts.evicted, ts.refused,
+                                    pst_sparse_hash(at.local)};
+        }
+        summarize_tables(sum, &tt);
         sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
         for (int i = 0; i < sum->ndevices; i++)
             sum->memory[i] = tr_exec_memory_of(ex, i);
@@ -306,10 +461,16 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         sum->test_acc = 0.0; /* a click model has AUC and log loss instead */
     }
 done:
+    if (started && S) { /* leaving early: the pservers tell the other trainers at once */
+        char why[512];
+        snprintf(why, sizeof why, "%s", pst_error_detail());
+        link->ops->finish(link, 1, step, why);
+        pst_error_set(st, "%s", why);
+    }
     free(step_ms);
     free(params);
     batch_free(&b);
-    pst_sparse_free(table);
+    pst_sparse_free(at.local);
     tr_exec_free(ex);
     tr_link_free(link);
     tr_plan_free(&plan);

@@ -21,6 +21,7 @@
 #include "trainer/plan.h"
 
 struct pst_pool;
+struct pst_sparse_config;
 typedef struct tr_link tr_link;
 
 /* The job's settings a link reads, and only those (tr_link_settings_of takes them from
@@ -40,6 +41,10 @@ typedef struct tr_link_settings {
     int shm;                            /* sync payloads through shared memory on one host */
     long rpc_timeout_ms, connect_timeout_ms, peer_timeout_ms;
     const char *token, *tls_ca, *tls_client_cert, *tls_client_key;
+    /* The job's sparse tables (pserver/sparse.h; the caller's array, which outlives the
+     * link): every pserver makes its shard of each at trainer 0's Init. */
+    const struct pst_sparse_config *sparse_tables;
+    int nsparse_tables;
     /* Checkpoints of the in-process store (local.c; the pservers write their own). */
     const char *checkpoint_dir;         /* "": none */
     int checkpoint_keep;

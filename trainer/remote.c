@@ -31,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "pserver/sparse.h"
 #include "rpc/client.h"
 #include "rpc/shm.h"
 #include "rpc/transport.h"
@@ -104,6 +105,20 @@ static void heap_pop(link_sched *ls)
 }
 
 
+/* One pserver's PullSparse or PushSparse of a blocking sparse batch (tr_remote_pull_sparse,
+ * tr_remote_push_sparse). */
+typedef struct sparse_call {
+    struct tr_remote *r;
+    int s;
+    Pstrain__PullSparseRequest pull;
+    Pstrain__PushSparseRequest push;
+    float *rows;   /* pull: where the rows land */
+    size_t n, dim;
+    pst_dtype dtype;
+    void *buf;     /* push: its payload (keys, then rows in dtype), kept across steps */
+    size_t cap;
+} sparse_call;
+
 typedef struct watch_arg {
     struct tr_remote *r;
     int server;
@@ -140,6 +155,8 @@ struct tr_remote {
     int joined[PST_MAX_PSERVERS]; /* its Init here succeeded (this run) */
     rpc_shm area[PST_MAX_PSERVERS]; /* each pserver's values area, read-only (or none) */
     pst_dtype area_dtype[PST_MAX_PSERVERS];
+    sparse_call sparse[PST_MAX_PSERVERS];
+    tr_sparse_totals tables; /* the pservers' at their Finish replies (under mu) */
     /* leaving the job after a failed push (leave_on_push_failure) */
     atomic_int left;
     Pstrain__FinishRequest leave;
@@ -465,6 +482,8 @@ typedef struct init_call {
     Pstrain__OptimConfig optim;
     float *initial;
     char job_id[PST_JOB_ID_MAX + 24]; /* trainer 0's: tr_job_id */
+    Pstrain__SparseTableSpec sparse[64]; /* the job's sparse tables, and pointers to them */
+    Pstrain__SparseTableSpec *sparse_ptrs[64];
     Pstrain__ResumeState states[64];  /* trainer 0's resume_states, and pointers to them */
     Pstrain__ResumeState *state_ptrs[64];
     tr_resume_state state;            /* the reply's (has_state) */
@@ -551,6 +570,28 @@ static void fill_init(init_call *ic, tr_remote *r, int s, const float *params, u
     ic->req.fingerprint = fp;
     ic->req.precision = rpc_dtype_to_wire(cfg->precision);
     ic->req.checkpoint_every = r->base.checkpoint_every;
+    for (int i = 0; i < cfg->nsparse_tables && i < 64; i++) {
+        const pst_sparse_config *t = &cfg->sparse_tables[i];
+        Pstrain__SparseTableSpec *w = &ic->sparse[i];
+        pstrain__sparse_table_spec__init(w);
+        w->name = (char *)t->name;
+        w->dim = (uint32_t)t->dim;
+        w->optim = (char *)pst_sparse_optim_name(t->optim);
+        w->lr = t->lr;
+        w->eps = t->eps;
+        w->beta1 = t->beta1;
+        w->beta2 = t->beta2;
+        w->init_std = t->init_std;
+        w->seed = t->seed;
+        w->admit_count = t->admit_count;
+        w->evict_after = t->evict_after;
+        w->max_rows = t->max_rows;
+        ic->sparse_ptrs[i] = w;
+    }
+    ic->req.n_sparse_tables = (size_t)(cfg->nsparse_tables < 64 ? cfg->nsparse_tables : 64);
+    ic->req.sparse_tables = ic->sparse_ptrs;
+    ic->req.sparse_shard = (uint32_t)s;
+    ic->req.sparse_shards = (uint32_t)cfg->num_pservers;
     if (cfg->trainer_id == 0) {
         ic->req.n_resume_steps = (size_t)r->base.nresume;
         ic->req.resume_steps = (int64_t *)r->base.resume_steps;
@@ -824,11 +865,29 @@ out:
 static void finish_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                         const rpc_payload *payload)
 {
-    (void)reply;
+    tr_remote *r = arg;
     (void)payload;
-    if (st != PST_OK)
-        batch_error(arg, st, detail);
-    batch_done(arg);
+    if (st != PST_OK) {
+        batch_error(r, st, detail);
+    } else { /* the pservers' sparse tables, summed */
+        const Pstrain__FinishReply *fr = (const Pstrain__FinishReply *)reply;
+        pthread_mutex_lock(&r->mu);
+        r->tables.rows += fr->sparse_rows;
+        r->tables.bytes += fr->sparse_bytes;
+        r->tables.created += fr->rows_created;
+        r->tables.evicted += fr->rows_evicted;
+        r->tables.refused += fr->pushes_refused;
+        r->tables.hash += fr->sparse_hash;
+        pthread_mutex_unlock(&r->mu);
+    }
+    batch_done(r);
+}
+
+void tr_remote_sparse_totals(tr_remote *r, tr_sparse_totals *out)
+{
+    pthread_mutex_lock(&r->mu);
+    *out = r->tables;
+    pthread_mutex_unlock(&r->mu);
 }
 
 pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason)
@@ -1056,6 +1115,8 @@ void tr_remote_free(tr_remote *r)
         rpc_shm_free(&r->shm[s]);
         rpc_shm_free(&r->area[s]);
     }
+    for (int s = 0; s < PST_MAX_PSERVERS; s++)
+        free(r->sparse[s].buf);
     for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
         pthread_mutex_destroy(&r->blocks[i].mu);
         free(r->blocks[i].wire_grad);
@@ -1066,6 +1127,115 @@ void tr_remote_free(tr_remote *r)
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+}
+
+/* ---- sparse tables ---------------------------------------------------------------------- */
+
+static void sparse_pulled(void *arg, pst_status st, const char *detail,
+                          const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    sparse_call *c = arg;
+    const Pstrain__PullSparseReply *rep = (const Pstrain__PullSparseReply *)reply;
+    pst_dtype dt = PST_F32;
+    if (st == PST_OK && (rep->count != c->n || rep->dim != c->dim ||
+                         rpc_dtype_from_wire(rep->dtype, &dt) != PST_OK || dt != c->dtype))
+        st = pst_error_set(PST_ERR_FORMAT, "PullSparse: %s answered %llu rows of %u in dtype "
+                           "%d for %zu keys of rows of %zu in %s",
+                           rpc_client_server(c->r->client, c->s),
+                           (unsigned long long)rep->count, rep->dim, (int)rep->dtype, c->n,
+                           c->dim, pst_dtype_name(c->dtype));
+    if (st == PST_OK && (st = rpc_payload_check(payload, dt, c->n * c->dim)) == PST_OK && c->n)
+        st = rpc_payload_read_f32(payload, dt, 0, c->rows, c->n * c->dim);
+    if (st != PST_OK)
+        batch_error(c->r, st, detail ? detail : pst_error_detail());
+    else
+        atomic_fetch_add(&c->r->pulled_bytes, (uint64_t)payload->bytes);
+    batch_done(c->r);
+}
+
+static void sparse_pushed(void *arg, pst_status st, const char *detail,
+                          const ProtobufCMessage *reply, const rpc_payload *payload)
+{
+    sparse_call *c = arg;
+    (void)reply;
+    (void)payload;
+    if (st != PST_OK)
+        batch_error(c->r, st, detail);
+    batch_done(c->r);
+}
+
+static void sparse_released(void *arg)
+{
+    batch_done(((sparse_call *)arg)->r);
+}
+
+pst_status tr_remote_pull_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
+                                 const uint64_t *const keys[], const size_t n[],
+                                 float *const rows[])
+{
+    const size_t dim = (size_t)r->cfg.sparse_tables[table].dim;
+    for (int s = 0; s < r->cfg.num_pservers; s++) {
+        sparse_call *c = &r->sparse[s];
+        *c = (sparse_call){.r = r, .s = s, .rows = rows[s], .n = n[s], .dim = dim,
+                           .dtype = dtype, .buf = c->buf, .cap = c->cap};
+        pstrain__pull_sparse_request__init(&c->pull);
+        c->pull.trainer_id = (uint32_t)r->cfg.trainer_id;
+        c->pull.table = (uint32_t)table;
+        c->pull.step = step;
+        c->pull.dtype = rpc_dtype_to_wire(dtype);
+        c->pull.count = n[s];
+        batch_add(r, 2); /* the reply, the keys' release */
+        pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_PULL_SPARSE,
+                                              &c->pull.base, keys[s], n[s] * sizeof(uint64_t),
+                                              sparse_released, sparse_pulled, c);
+        if (st != PST_OK) { /* the release ran; the reply never comes */
+            batch_error(r, st, pst_error_detail());
+            batch_done(r);
+        }
+    }
+    return batch_wait(r);
+}
+
+pst_status tr_remote_push_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
+                                 const uint64_t *const keys[], const size_t n[],
+                                 const float *const rows[])
+{
+    const size_t dim = (size_t)r->cfg.sparse_tables[table].dim, es = pst_dtype_size(dtype);
+    for (int s = 0; s < r->cfg.num_pservers; s++) {
+        sparse_call *c = &r->sparse[s];
+        const size_t bytes = n[s] * (sizeof(uint64_t) + dim * es);
+        if (bytes > c->cap) {
+            void *buf = realloc(c->buf, bytes);
+            if (!buf) {
+                batch_error(r, PST_ERR_NOMEM, "PushSparse: out of memory");
+                continue;
+            }
+            c->buf = buf;
+            c->cap = bytes;
+        }
+        if (n[s]) {
+            memcpy(c->buf, keys[s], n[s] * sizeof(uint64_t));
+            pst_cast((char *)c->buf + n[s] * sizeof(uint64_t), dtype, rows[s], PST_F32,
+                     n[s] * dim);
+        }
+        pstrain__push_sparse_request__init(&c->push);
+        c->push.trainer_id = (uint32_t)r->cfg.trainer_id;
+        c->push.table = (uint32_t)table;
+        c->push.step = step;
+        c->push.dtype = rpc_dtype_to_wire(dtype);
+        c->push.count = n[s];
+        batch_add(r, 2);
+        pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_PUSH_SPARSE,
+                                              &c->push.base, c->buf, bytes, sparse_released,
+                                              sparse_pushed, c);
+        if (st != PST_OK) {
+            batch_error(r, st, pst_error_detail());
+            batch_done(r);
+        } else {
+            atomic_fetch_add(&r->pushed_bytes, (uint64_t)bytes);
+        }
+    }
+    return batch_wait(r);
 }
 
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out)

@@ -64,9 +64,10 @@ void tr_summary_print(FILE *out, const tr_summary *s)
         for (int i = 0; i < 3; i++)
             fprintf(out, isfinite(v[i]) ? ",\"%s\":%.5f" : ",\"%s\":null", k[i], v[i]);
         fprintf(out, ",\"rows_touched\":%zu,\"rows_evicted\":%zu,\"pushes_refused\":%zu,"
-                     "\"table_rows\":%zu,\"table_bytes\":%zu",
+                     "\"table_rows\":%zu,\"table_bytes\":%zu,\"sparse_hash\":\"%016" PRIx64
+                     "\",\"key_balance\":%.4f",
                 s->rows_touched, s->rows_evicted, s->pushes_refused, s->table_rows,
-                s->table_bytes);
+                s->table_bytes, s->sparse_hash, s->key_balance);
     }
     const tr_time_split *t = &s->time_split;
     char compute[32] = "null", comm[32] = "null";

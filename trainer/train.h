@@ -59,6 +59,10 @@ typedef struct tr_summary {
     size_t rows_evicted;   /* removed: unseen for --sparse-evict-after, or the row budget */
     size_t pushes_refused; /* pushed keys not yet admitted (--sparse-admit-count) */
     size_t table_rows, table_bytes; /* the sparse table at the end */
+    uint64_t sparse_hash;  /* pst_sparse_hash of the table (all pservers' shards); the
+                            * click model's param_hash covers it too */
+    double key_balance;    /* with pservers: the largest pserver's share of the keys over
+                            * the mean share (1: even); 0 alone */
 } tr_summary;
 
 struct pst_prom_metric;
