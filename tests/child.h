@@ -271,18 +271,26 @@ typedef struct param_hash {
     char hex[17];
 } param_hash;
 
-static param_hash summary_hash(const char *out)
+/* A 16-hex-digit field of the summary line (param_hash, the click model's sparse_hash). */
+static param_hash summary_hex(const char *out, const char *key)
 {
     param_hash h = {{0}};
     const char *line = strstr(out, "{\"event\":\"summary\"");
     cr_assert_not_null(line, "no summary line in:\n%s", out);
-    const char *q = strstr(line, "\"param_hash\":\"");
-    cr_assert_not_null(q, "summary has no param_hash: %s", line);
-    q += strlen("\"param_hash\":\"");
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *q = strstr(line, pat);
+    cr_assert_not_null(q, "summary has no %s: %s", key, line);
+    q += strlen(pat);
     size_t len = strspn(q, "0123456789abcdef");
-    cr_assert(len == 16 && q[16] == '"', "param_hash is not 16 hex digits: %s", line);
+    cr_assert(len == 16 && q[16] == '"', "%s is not 16 hex digits: %s", key, line);
     memcpy(h.hex, q, 16);
     return h;
+}
+
+static param_hash summary_hash(const char *out)
+{
+    return summary_hex(out, "param_hash");
 }
 
 /* A number from the summary line of a trainer's stdout. */

@@ -3,8 +3,9 @@
  * format of ../shared/peers/ctr_synth.py, its labels drawn from known probabilities):
  * it learns (test AUC well above chance, near the file's Bayes AUC), it makes exactly one
  * sparse row per distinct (field, id) of the training rows, two runs give the same bits,
- * and what it cannot do yet (pservers, pipelines, an optimizer its tables lack) or a
- * broken file is refused in one line, with a non-zero exit. */
+ * with pservers (2 x 2, sync) it gives the bits of one process on 2 devices, async and bf16
+ * rows learn too, and what it cannot do yet (pipelines, fp16, an optimizer its tables lack)
+ * or a broken file is refused in one line, with a non-zero exit. */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -21,6 +22,7 @@
 #pragma GCC diagnostic pop
 
 #define TRAINER PST_BIN_DIR "/trainer"
+#define PSLAUNCH PST_BIN_DIR "/pslaunch"
 #define RUN_WAIT_MS 60000
 
 enum { F = 3, D = 2, ROWS = 6000, TEST = 1000 };
@@ -185,6 +187,92 @@ Test(ctr_train, admission_and_a_row_budget, .timeout = 60)
                  summary_value(out, "table_rows"));
     cr_assert_gt(summary_value(out, "rows_evicted"), 0);
     cr_assert_gt(summary_value(out, "test_auc"), 0.6);
+    free(out);
+}
+
+/* `pslaunch --pservers S --trainers T -- trainer <train()'s flags> extra`, every trainer on
+ * `devices`: trainer 0's summary line. */
+static char *cluster(int S, int T, const char *const extra[], const char *devices)
+{
+    char s_arg[8], t_arg[8];
+    snprintf(s_arg, sizeof s_arg, "%d", S);
+    snprintf(t_arg, sizeof t_arg, "%d", T);
+    const char *argv[48] = {PSLAUNCH, "--pservers", s_arg, "--trainers", t_arg, "--timeout",
+                            "100", "--", TRAINER, "--model", "dlrm", "--data", path,
+                            "--batch", "100", "--epochs", "1", "--seed", "1", "--threads", "1",
+                            "--progress", "none", "--log-level", "warn", "--metrics", "",
+                            "--connect-timeout-ms", "5000"};
+    int n = 29;
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    char env_dev[32];
+    snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
+    const char *env[] = {env_dev, NULL};
+    char *out = NULL, *err = NULL;
+    const int rc = finish(proc_start(argv, env), "pslaunch", RUN_WAIT_MS, &out, &err);
+    cr_assert_eq(rc, 0, "pslaunch exited %d; stderr:\n%s", rc, err);
+    free(err);
+    return out; /* pslaunch prints trainer 0's summary line last */
+}
+
+/* 2 pservers x 2 trainers of one device each, sync, give the bits of one process on 2
+ * devices: the dense parameters, the sparse table (sparse_hash: values and Adagrad state of
+ * every row, wherever it lives) and its counters, with admission after 2 pushes and
+ * eviction after 8 steps unseen (so rows come, are refused, expire and come back). */
+Test(ctr_train, two_pservers_two_trainers_give_the_bits_of_two_devices, .timeout = 180)
+{
+    const char *extra[] = {"--sparse-admit-count", "2", "--sparse-evict-after", "8", NULL};
+    char *local = train(extra, "cpu:2", 0, NULL);
+    char *dist = cluster(2, 2, extra, "cpu:1");
+    fprintf(stderr, "click model, local cpu:2 and 2 x 2 sync: param_hash %s / %s, sparse_hash "
+            "%s, rows %g / %g, evicted %g / %g, refused %g / %g, key balance %.4f\n",
+            summary_hash(local).hex, summary_hash(dist).hex, summary_hex(dist, "sparse_hash").hex,
+            summary_value(local, "rows_touched"), summary_value(dist, "rows_touched"),
+            summary_value(local, "rows_evicted"), summary_value(dist, "rows_evicted"),
+            summary_value(local, "pushes_refused"), summary_value(dist, "pushes_refused"),
+            summary_value(dist, "key_balance"));
+    cr_assert_str_eq(summary_hash(dist).hex, summary_hash(local).hex, "param_hash differs");
+    cr_assert_str_eq(summary_hex(dist, "sparse_hash").hex, summary_hex(local, "sparse_hash").hex);
+    const char *same[] = {"rows_touched", "rows_evicted", "pushes_refused", "table_rows",
+                          "test_auc", "test_logloss"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        cr_assert_eq(summary_value(dist, same[i]), summary_value(local, same[i]), "%s: %g vs %g",
+                     same[i], summary_value(dist, same[i]), summary_value(local, same[i]));
+    cr_assert_gt(summary_value(dist, "rows_evicted"), 0);
+    cr_assert_gt(summary_value(dist, "pushes_refused"), 0);
+    /* the keys spread over the 2 pservers by their hash: neither holds 60% */
+    cr_assert_lt(summary_value(dist, "key_balance"), 1.2);
+    free(local);
+    free(dist);
+    /* one trainer with 2 pservers: the bits of one device alone */
+    local = train(NULL, "cpu:1", 0, NULL);
+    dist = cluster(2, 1, NULL, "cpu:1");
+    cr_assert_str_eq(summary_hash(dist).hex, summary_hash(local).hex);
+    free(local);
+    free(dist);
+}
+
+/* Async (each push applied at once) and rows in bf16 on the wire (sync) still learn the
+ * planted truth; a row budget holds on each pserver (their tables sum at most 2 x 160). */
+Test(ctr_train, async_bf16_rows_and_a_budget_per_pserver, .timeout = 180)
+{
+    const char *async[] = {"--mode", "async", NULL};
+    char *out = cluster(2, 2, async, "cpu:1");
+    cr_assert_gt(summary_value(out, "test_auc"), 0.7, "async: test AUC %g",
+                 summary_value(out, "test_auc"));
+    free(out);
+    const char *bf16[] = {"--precision", "bf16", NULL};
+    out = cluster(2, 2, bf16, "cpu:1");
+    cr_assert_gt(summary_value(out, "test_auc"), 0.7, "bf16: test AUC %g",
+                 summary_value(out, "test_auc"));
+    free(out);
+    const char *budget[] = {"--sparse-max-rows", "160", NULL};
+    out = cluster(2, 2, budget, "cpu:1");
+    cr_assert_leq(summary_value(out, "table_rows"), 320);
+    cr_assert_gt(summary_value(out, "rows_evicted"), 0);
+    cr_assert_eq(summary_value(out, "rows_touched") - summary_value(out, "rows_evicted"),
+                 summary_value(out, "table_rows"));
     free(out);
 }
 
