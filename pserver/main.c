@@ -42,6 +42,7 @@ typedef struct scrape_view {
     ps_service *svc;
     pst_prom_metric *initialized, *trainers, *connected, *waited_for, *version, *blocks,
         *params, *checkpoint_age;
+    pst_prom_metric *sparse[5]; /* rows, bytes, created, evicted, refused */
 } scrape_view;
 
 static void on_scrape(void *arg)
@@ -60,6 +61,11 @@ static void on_scrape(void *arg)
     pst_prom_set(v->blocks, (double)g.blocks);
     pst_prom_set(v->params, (double)g.params);
     pst_prom_set(v->checkpoint_age, g.checkpoint_age);
+    const double sparse[5] = {(double)g.sparse.rows, (double)g.sparse.bytes,
+                              (double)g.sparse.created, (double)g.sparse.evicted,
+                              (double)g.sparse.refused};
+    for (int i = 0; i < 5; i++)
+        pst_prom_set(v->sparse[i], sparse[i]);
 }
 
 static void register_gauges(scrape_view *v, pst_prom *r, int checkpoints)
@@ -81,6 +87,14 @@ static void register_gauges(scrape_view *v, pst_prom *r, int checkpoints)
                                              "Seconds since the newest checkpoint was written",
                                              NULL)
                             : NULL;
+    static const char *const sparse[5][2] = {
+        {"pstrain_pserver_sparse_rows", "Rows of the sparse tables held here"},
+        {"pstrain_pserver_sparse_bytes", "Bytes the sparse tables here allocated"},
+        {"pstrain_pserver_sparse_rows_created", "Sparse rows made (admitted) so far"},
+        {"pstrain_pserver_sparse_rows_evicted", "Sparse rows removed (age or row budget)"},
+        {"pstrain_pserver_sparse_pushes_refused", "Pushed keys refused before admission"}};
+    for (int i = 0; i < 5; i++)
+        v->sparse[i] = pst_prom_gauge(r, sparse[i][0], sparse[i][1], NULL);
     pst_prom_on_scrape(r, on_scrape, v);
 }
 

@@ -463,6 +463,7 @@ void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
             if (svc->sync && pushed >= 0)
                 g->waited_for = svc->num_trainers - (uint32_t)pushed - svc->nfinished;
         }
+        ps_tables_totals_of(svc->tables, &g->sparse, 0);
         if (svc->ckpt_dir[0] && svc->sync)
             g->checkpoint_age =
                 pst_clock_s() - (double)__atomic_load_n(&svc->ckpt_at_us, __ATOMIC_RELAXED) * 1e-6;
@@ -1669,7 +1670,7 @@ void ps_service_get_report(ps_service *svc, ps_service_report *out)
     out->owned = ps_store_total_length(store);
     ps_tables *tables = __atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE);
     out->sparse_tables = ps_tables_count(tables);
-    ps_tables_totals_of(tables, &out->sparse);
+    ps_tables_totals_of(tables, &out->sparse, 1);
     out->state_hash = ps_store_state_hash(store);
 }
 
@@ -1727,7 +1728,7 @@ static void trainer_done(ps_service *svc, uint32_t id, int early, const char *wh
     if (finish_call) {
         Pstrain__FinishReply reply = PSTRAIN__FINISH_REPLY__INIT;
         ps_tables_totals tt;
-        ps_tables_totals_of(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), &tt);
+        ps_tables_totals_of(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), &tt, 1);
         reply.sparse_rows = tt.rows;
         reply.sparse_bytes = tt.bytes;
         reply.rows_created = tt.created;

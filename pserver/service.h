@@ -122,6 +122,7 @@ typedef struct ps_service_gauges {
     uint64_t params;          /* parameters of this pserver's blocks */
     double checkpoint_age;    /* seconds since the newest checkpoint was written (since the
                                * store was made if none yet); -1: no checkpoints */
+    ps_tables_totals sparse;  /* the sparse tables here (hash 0) */
 } ps_service_gauges;
 void ps_service_gauges_read(ps_service *svc, ps_service_gauges *out);
 

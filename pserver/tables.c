@@ -582,7 +582,7 @@ pst_sparse_table *ps_tables_table(ps_tables *ts, int i)
     return ts && i >= 0 && i < ts->n ? ts->tabs[i].t : NULL;
 }
 
-void ps_tables_totals_of(ps_tables *ts, ps_tables_totals *out)
+void ps_tables_totals_of(ps_tables *ts, ps_tables_totals *out, int with_hash)
 {
     memset(out, 0, sizeof *out);
     for (int i = 0; ts && i < ts->n; i++) {
@@ -593,7 +593,7 @@ void ps_tables_totals_of(ps_tables *ts, ps_tables_totals *out)
         out->created += s.created;
         out->evicted += s.evicted;
         out->refused += s.refused;
-        out->hash += pst_sparse_hash(ts->tabs[i].t);
+        out->hash += with_hash ? pst_sparse_hash(ts->tabs[i].t) : 0;
         out->keys_pulled += __atomic_load_n(&ts->tabs[i].keys_pulled, __ATOMIC_RELAXED);
         out->keys_pushed += __atomic_load_n(&ts->tabs[i].keys_pushed, __ATOMIC_RELAXED);
     }

@@ -51,14 +51,15 @@ void ps_tables_fail_waiting(ps_tables *t, pst_status st, const char *why);
 size_t ps_tables_max_request(const ps_tables *t, rpc_method m);
 int ps_tables_count(const ps_tables *t);
 
-/* Totals over the tables (pst_sparse_stats), and the keys pulled and pushed here. */
+/* Totals over the tables (pst_sparse_stats), and the keys pulled and pushed here; with_hash:
+ * their hash too (a pass over every row; else 0). */
 typedef struct ps_tables_totals {
     size_t rows, bytes;
     uint64_t created, evicted, refused;
     uint64_t keys_pulled, keys_pushed;
     uint64_t hash;  /* the sum of the tables' pst_sparse_hash */
 } ps_tables_totals;
-void ps_tables_totals_of(ps_tables *t, ps_tables_totals *out);
+void ps_tables_totals_of(ps_tables *t, ps_tables_totals *out, int with_hash);
 /* Table i itself (for checkpoints and tests); NULL past the count. */
 pst_sparse_table *ps_tables_table(ps_tables *t, int i);
 /* After the server is shut down (no call left); accepts NULL. */
