@@ -20,12 +20,17 @@ typedef struct stripe {
     uint64_t *row_key; /* (rows_cap) the key of each row: moving the last row needs it */
     size_t rows, rows_cap, pending;
     uint64_t created, evicted, refused;
+    /* the keys removed since the last pst_sparse_take_removed (while logging) */
+    uint64_t *gone;
+    size_t ngone, gone_cap;
+    int gone_lost;     /* the log could not grow: a key is missing from it */
 } stripe;
 
 struct pst_sparse_table {
     pst_sparse_config cfg;
     size_t row_floats; /* dim * (1 + state floats) */
     size_t share;      /* rows per stripe at most (0: no limit) */
+    int log_removals;  /* pst_sparse_log_removals */
     stripe st[PST_SPARSE_STRIPES];
 };
 
@@ -172,14 +177,14 @@ static uint32_t new_row(pst_sparse_table *t, stripe *s, uint64_t key)
 }
 
 /* Removes the entry in slot i (its row, if it has one: the last row moves into its place;
- * a slab with no row left is freed). */
-static void drop_entry(pst_sparse_table *t, stripe *s, size_t i)
+ * a slab with no row left is freed), and returns 1 if it had a row. Counts nothing. */
+static int remove_entry(pst_sparse_table *t, stripe *s, size_t i)
 {
     const uint32_t r = s->index.slots[i].row;
     ps_index_remove(&s->index, i);
     if (r == PENDING) {
         s->pending--;
-        return;
+        return 0;
     }
     const uint32_t last = (uint32_t)(s->rows - 1);
     if (r != last) {
@@ -189,11 +194,32 @@ static void drop_entry(pst_sparse_table *t, stripe *s, size_t i)
         entry_of(s, moved)->row = r;
     }
     s->rows--;
-    s->evicted++;
     if (s->nslabs > 0 && s->rows <= (s->nslabs - 1) * PST_SPARSE_SLAB_ROWS) {
         free(s->slabs[--s->nslabs]);
         s->slabs[s->nslabs] = NULL;
     }
+    return 1;
+}
+
+/* Evicts the entry in slot i (age, the row budget): removed, counted, and logged for the
+ * next delta checkpoint. */
+static void drop_entry(pst_sparse_table *t, stripe *s, size_t i)
+{
+    const uint64_t key = s->index.slots[i].key;
+    s->evicted += (uint64_t)remove_entry(t, s, i);
+    if (!t->log_removals)
+        return;
+    if (s->ngone == s->gone_cap) {
+        const size_t cap = s->gone_cap ? 2 * s->gone_cap : 256;
+        uint64_t *g = realloc(s->gone, cap * sizeof *g);
+        if (!g) {
+            s->gone_lost = 1;
+            return;
+        }
+        s->gone = g;
+        s->gone_cap = cap;
+    }
+    s->gone[s->ngone++] = key;
 }
 
 static inline int expired(const pst_sparse_table *t, const ps_index_entry *e, long step)
@@ -278,6 +304,7 @@ void pst_sparse_free(pst_sparse_table *t)
         free(s->slabs);
         ps_index_free(&s->index);
         free(s->row_key);
+        free(s->gone);
         pthread_mutex_destroy(&s->mu);
     }
     free(t);
@@ -492,3 +519,120 @@ uint64_t pst_sparse_hash(pst_sparse_table *t)
     pst_sparse_foreach(t, hash_row, &h);
     return h.sum;
 }
+
+/* ---- checkpoints --------------------------------------------------------------------- */
+
+void pst_sparse_foreach_entry(pst_sparse_table *t, long since, pst_sparse_row_fn fn, void *arg)
+{
+    const size_t dim = (size_t)t->cfg.dim;
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++) {
+        stripe *s = &t->st[k];
+        pthread_mutex_lock(&s->mu);
+        for (size_t i = 0; i < s->index.cap; i++) {
+            const ps_index_entry *e = &s->index.slots[i];
+            if (e->row == PS_INDEX_EMPTY || e->last < since)
+                continue;
+            const float *row = e->row == PENDING ? NULL : row_at(t, s, e->row);
+            fn(arg, e->key, row, row ? row + dim : NULL, e->pushes, e->last);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+void pst_sparse_log_removals(pst_sparse_table *t, int on)
+{
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++)
+        pthread_mutex_lock(&t->st[k].mu);
+    t->log_removals = on != 0;
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++)
+        pthread_mutex_unlock(&t->st[k].mu);
+}
+
+pst_status pst_sparse_take_removed(pst_sparse_table *t, uint64_t **keys, size_t *n)
+{
+    *keys = NULL;
+    *n = 0;
+    int lost = 0;
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++) {
+        stripe *s = &t->st[k];
+        pthread_mutex_lock(&s->mu);
+        lost |= s->gone_lost;
+        *n += s->ngone;
+    }
+    uint64_t *out = !lost ? malloc(sizeof(uint64_t) * (*n ? *n : 1)) : NULL;
+    size_t at = 0;
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++) { /* the log starts again in any case */
+        stripe *s = &t->st[k];
+        if (out)
+            memcpy(out + at, s->gone, sizeof(uint64_t) * s->ngone);
+        at += s->ngone;
+        s->ngone = 0;
+        s->gone_lost = 0;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (!out) {
+        *n = 0;
+        return pst_error_set(lost ? PST_ERR_STATE : PST_ERR_NOMEM, "sparse table %s: %s",
+                             t->cfg.name, lost ? "a removed key is missing from the log (out of "
+                             "memory when it was removed): write a full checkpoint"
+                             : "out of memory for the removed keys");
+    }
+    *keys = out;
+    return PST_OK;
+}
+
+pst_status pst_sparse_restore(pst_sparse_table *t, uint64_t key, const float *row,
+                              uint32_t pushes, long last)
+{
+    const uint64_t h = pst_sparse_mix(key);
+    stripe *s = &t->st[stripe_of(h)];
+    pst_status st = PST_OK;
+    pthread_mutex_lock(&s->mu);
+    ps_index *x = &s->index;
+    size_t i = ps_index_find(x, key, h);
+    if (x->slots[i].row != PS_INDEX_EMPTY)
+        remove_entry(t, s, i);
+    uint32_t r = PENDING;
+    if (ps_index_reserve(x) != 0) {
+        st = pst_error_set(PST_ERR_NOMEM, "sparse table %s: out of memory restoring key %llu",
+                           t->cfg.name, (unsigned long long)key);
+    } else if (row && (r = new_row(t, s, key)) == PS_INDEX_EMPTY) {
+        st = pst_error_set(PST_ERR_NOMEM, "sparse table %s: out of memory restoring key %llu",
+                           t->cfg.name, (unsigned long long)key);
+    } else {
+        if (row) {
+            s->created--; /* restored, not made: the counters come with the checkpoint */
+            memcpy(row_at(t, s, r), row, sizeof(float) * t->row_floats);
+        } else {
+            s->pending++;
+        }
+        ps_index_put(x, ps_index_find(x, key, h), (ps_index_entry){key, r, pushes, last});
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void pst_sparse_restore_remove(pst_sparse_table *t, uint64_t key)
+{
+    const uint64_t h = pst_sparse_mix(key);
+    stripe *s = &t->st[stripe_of(h)];
+    pthread_mutex_lock(&s->mu);
+    const size_t i = ps_index_find(&s->index, key, h);
+    if (s->index.slots[i].row != PS_INDEX_EMPTY)
+        remove_entry(t, s, i);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void pst_sparse_set_counters(pst_sparse_table *t, uint64_t created, uint64_t evicted,
+                             uint64_t refused)
+{
+    for (int k = 0; k < PST_SPARSE_STRIPES; k++) {
+        stripe *s = &t->st[k];
+        pthread_mutex_lock(&s->mu);
+        s->created = k ? 0 : created;
+        s->evicted = k ? 0 : evicted;
+        s->refused = k ? 0 : refused;
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+

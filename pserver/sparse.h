@@ -4,7 +4,8 @@
  * (pst_sparse_pserver_of). Pure logic: no networking, no threads of its own, no logging.
  *
  * Not for: the wire, the sync sum of the trainers' rows (the caller adds them in trainer
- * order and pushes the sum once), checkpoint files.
+ * order and pushes the sum once), checkpoint files (sparse_ckpt.h; this gives it what it
+ * writes and restores).
  *
  * DESIGN
  * - Stripes. The keys are split over PST_SPARSE_STRIPES stripes by their hash; each stripe
@@ -128,6 +129,29 @@ void pst_sparse_foreach(pst_sparse_table *t, pst_sparse_row_fn fn, void *arg);
 uint64_t pst_sparse_hash(pst_sparse_table *t);
 /* Floats of optimizer state per value (0, 1 or 2). */
 int pst_sparse_state_floats(pst_sparse_optim o);
+
+/* Checkpoints (sparse_ckpt.h writes and reads the files). */
+/* Calls fn for every entry whose last push is at or after step `since` (LONG_MIN: all),
+ * rows and keys waiting for admission alike (values and state NULL for those), stripe by
+ * stripe under each stripe's lock (fn must not call the table). */
+void pst_sparse_foreach_entry(pst_sparse_table *t, long since, pst_sparse_row_fn fn, void *arg);
+/* on: every key evicted from now on (age, the row budget) is logged, for the tombstones of
+ * the next delta checkpoint. Off by default. */
+void pst_sparse_log_removals(pst_sparse_table *t, int on);
+/* The keys logged since the last call (*keys malloc'ed, *n of them; the log starts again).
+ * PST_ERR_STATE when a key could not be logged (out of memory then): the next checkpoint
+ * must be full. PST_ERR_NOMEM. */
+pst_status pst_sparse_take_removed(pst_sparse_table *t, uint64_t **keys, size_t *n);
+/* Puts key's entry as a checkpoint holds it, replacing one of that key: row (values then
+ * optimizer state, dim * (1 + state floats)) or NULL for a key waiting for admission, its
+ * pushes and last step. Counts nothing. Errors: PST_ERR_NOMEM. Thread safe. */
+pst_status pst_sparse_restore(pst_sparse_table *t, uint64_t key, const float *row,
+                              uint32_t pushes, long last);
+/* Removes key's entry, if any (a checkpoint's tombstone). Counts nothing. */
+void pst_sparse_restore_remove(pst_sparse_table *t, uint64_t key);
+/* Sets the counters of pst_sparse_stats (rows created, evicted, pushes refused). */
+void pst_sparse_set_counters(pst_sparse_table *t, uint64_t created, uint64_t evicted,
+                             uint64_t refused);
 
 /* The 64-bit mix of a key (splitmix64's finalizer): stripes, index slots, pservers. */
 static inline uint64_t pst_sparse_mix(uint64_t k)
