@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build install test test-tsan test-nocuda test-gpu demo bench fuzz docs clean
+.PHONY: all deps configure build install test test-tsan test-nocuda test-gpu demo demo-ctr bench fuzz docs clean
 
 all: build
 
@@ -62,6 +62,12 @@ demo: deps
 	@# the build's progress goes to stderr: stdout carries only trainer 0's summary line
 	@$(MAKE) --no-print-directory build >&2
 	@scripts/demo.sh $(BUILD)
+
+# The click model alone on a planted-truth file that ctr-synth writes once into
+# $(BUILD)/data/ (scripts/demo_ctr.sh; about 300,000 rows): stdout carries only its summary.
+demo-ctr: deps
+	@$(MAKE) --no-print-directory build >&2
+	@scripts/demo_ctr.sh $(BUILD)
 
 bench: deps
 	@scripts/deps.sh python3-torch iperf3 libblis4-pthread uthash-dev libgenht1-dev

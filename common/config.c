@@ -951,7 +951,8 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
                                  "--dataset text --data corpus.txt)");
         else if (!cfg->data_dir[0] && !strcmp(cfg->dataset, "ctr"))
             return pst_error_set(PST_ERR_INVALID, "--dataset ctr needs --data FILE, a click "
-                                 "file in ctr_synth.py's format (example: --data ctr.bin)");
+                                 "file in ctr_synth.py's format (scripts/ctr-synth writes "
+                                 "one; example: --data ctr.bin)");
         else if (!cfg->data_dir[0]) /* --data not given: the data set's own directory */
             snprintf(cfg->data_dir, sizeof cfg->data_dir, "/usr/share/datasets/%s",
                      cfg->dataset);

@@ -5,10 +5,7 @@
 
 static uint64_t splitmix64(uint64_t *x)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    return pst_rng_mix(*x += 0x9e3779b97f4a7c15ULL);
 }
 
 static uint64_t rotl(uint64_t x, int k)

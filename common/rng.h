@@ -20,5 +20,14 @@ uint64_t pst_rng_below(pst_rng *r, uint64_t n);
 float pst_rng_uniform(pst_rng *r);
 /* Standard normal (Box-Muller, double precision inside). */
 float pst_rng_normal(pst_rng *r);
+/* splitmix64's output function: a bijection of the 64-bit words in which every input bit
+ * reaches every output bit (a counter's hash, a keyed permutation's round function, the
+ * sparse tables' key hash). */
+static inline uint64_t pst_rng_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
 
 #endif /* PST_RNG_H */

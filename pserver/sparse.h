@@ -42,6 +42,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "common/rng.h"
 
 #define PST_SPARSE_STRIPES 16
 #define PST_SPARSE_SLAB_ROWS 1024
@@ -156,11 +157,7 @@ void pst_sparse_set_counters(pst_sparse_table *t, uint64_t created, uint64_t evi
 /* The 64-bit mix of a key (splitmix64's finalizer): stripes, index slots, pservers. */
 static inline uint64_t pst_sparse_mix(uint64_t k)
 {
-    k ^= k >> 30;
-    k *= 0xbf58476d1ce4e5b9ULL;
-    k ^= k >> 27;
-    k *= 0x94d049bb133111ebULL;
-    return k ^ (k >> 31);
+    return pst_rng_mix(k);
 }
 
 /* The pserver (of n) that holds `key`. */
