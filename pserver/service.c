@@ -778,7 +778,8 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         goto out;
     sc.blocks = blocks;
     if ((st = init_checkpoints(svc, req, &sc)) != PST_OK ||
-        (st = ps_tables_init(&tables, req, sc.mode == PST_MODE_SYNC)) != PST_OK)
+        (st = ps_tables_init(&tables, req, sc.mode == PST_MODE_SYNC, svc->ckpt_dir,
+                             svc->ckpt_keep)) != PST_OK)
         goto out;
     float **values_at = NULL;
     void **lowp_at = NULL;
@@ -807,6 +808,16 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
         svc->specs[i] = blocks[i];
     if (req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK)
         goto out;
+    if (svc->resumed > 0 && (st = ps_tables_resume(tables, svc->resumed)) != PST_OK) {
+        /* the blocks resumed at a step the sparse tables cannot: refused, nothing kept */
+        ps_store_free(svc->store);
+        svc->store = NULL;
+        svc->resumed = 0;
+        svc->has_resume_state = 0;
+        free_membership(svc);
+        rpc_shm_free(&svc->area);
+        goto out;
+    }
     if (req->resume_newest && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0] &&
         (st = resume_async(svc, req, total)) != PST_OK)
         goto out;

@@ -8,6 +8,8 @@
  * gRPC releases it). */
 #include "pserver/tables.h"
 
+#include <errno.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -17,6 +19,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/sparse_rows.h"
+#include "pserver/sparse_ckpt.h"
 #include "rpc/wire.h"
 
 #define PARKED_SLACK 64 /* pulls parked beyond 2 per trainer (retries, abandoned ones) */
@@ -49,6 +52,7 @@ typedef struct table {
     size_t mcap;
     parked_pull *parked;
     int nparked, parked_cap;
+    pst_sparse_ckpt ckpt;   /* its checkpoints (ps_tables.every > 0) */
     pst_status broken;      /* a step could not be applied: every later call fails */
     char why[512];
     uint64_t keys_pulled, keys_pushed; /* __atomic */
@@ -56,6 +60,7 @@ typedef struct table {
 
 struct ps_tables {
     int sync;
+    int64_t every;          /* a checkpoint every this many steps (0: none) */
     uint32_t trainers, shard, shards;
     int n;
     table *tabs;
@@ -105,7 +110,8 @@ static pst_status table_init(table *tab, int index, const pst_sparse_config *c, 
     return pst_sparse_create(&tab->t, c);
 }
 
-pst_status ps_tables_init(ps_tables **out, const Pstrain__InitRequest *req, int sync)
+pst_status ps_tables_init(ps_tables **out, const Pstrain__InitRequest *req, int sync,
+                          const char *ckpt_dir, int keep)
 {
     *out = NULL;
     if (req->n_sparse_tables > PS_TABLES_MAX)
@@ -124,6 +130,8 @@ pst_status ps_tables_init(ps_tables **out, const Pstrain__InitRequest *req, int 
     ts->trainers = req->num_trainers;
     ts->shard = req->sparse_shard;
     ts->shards = shards;
+    ts->every = sync && ckpt_dir && ckpt_dir[0] && req->checkpoint_every > 0
+                    ? req->checkpoint_every : 0;
     pst_status st = PST_OK;
     for (size_t i = 0; st == PST_OK && i < req->n_sparse_tables; i++) {
         pst_sparse_config c;
@@ -131,6 +139,11 @@ pst_status ps_tables_init(ps_tables **out, const Pstrain__InitRequest *req, int 
         if (st == PST_OK) {
             ts->n++; /* freed by ps_tables_free from here on */
             st = table_init(&ts->tabs[i], (int)i, &c, req->num_trainers);
+        }
+        if (st == PST_OK && ts->every) {
+            char dir[4200];
+            snprintf(dir, sizeof dir, "%s/table-%zu", ckpt_dir, i);
+            pst_sparse_ckpt_init(&ts->tabs[i].ckpt, ts->tabs[i].t, dir, keep, -1);
         }
     }
     if (st != PST_OK) {
@@ -450,6 +463,10 @@ static pst_status complete_step_locked(ps_tables *ts, table *tab, parked_pull **
     if (st == PST_OK && pst_sparse_config_of(tab->t)->evict_after > 0 &&
         step % SWEEP_EVERY == SWEEP_EVERY - 1)
         pst_sparse_sweep(tab->t, (long)step); /* frees expired rows (changes no value) */
+    if (st == PST_OK && ts->every && (step + 1) % ts->every == 0 &&
+        (st = pst_sparse_ckpt_save(&tab->ckpt, tab->t, (long)step + 1)) != PST_OK)
+        PST_ERROR("sparse table %d: no checkpoint of step %lld: %s", tab->index,
+                  (long long)step + 1, pst_error_detail());
     for (uint32_t t = 0; t < ts->trainers; t++) {
         free(tab->in[t].keys);
         tab->in[t] = (push_in){0};
@@ -457,7 +474,7 @@ static pst_status complete_step_locked(ps_tables *ts, table *tab, parked_pull **
     tab->have = 0;
     if (st != PST_OK) { /* the step is lost: every later call of this table fails */
         tab->broken = st;
-        snprintf(tab->why, sizeof tab->why, "sparse table %d could not apply step %lld: %s",
+        snprintf(tab->why, sizeof tab->why, "sparse table %d stopped at step %lld: %s",
                  tab->index, (long long)step, pst_error_detail());
         pst_error_set(st, "%s", tab->why);
     } else {
@@ -570,6 +587,22 @@ size_t ps_tables_max_request(const ps_tables *ts, rpc_method m)
         return (size_t)PST_SPARSE_MAX_KEYS * (sizeof(uint64_t) + sizeof(float) * (size_t)dim) +
                RPC_SMALL_REQUEST_MAX;
     return 0;
+}
+
+pst_status ps_tables_resume(ps_tables *ts, int64_t step)
+{
+    for (int i = 0; ts && i < ts->n; i++) {
+        table *tab = &ts->tabs[i];
+        pst_status st = pst_sparse_ckpt_load(tab->ckpt.dir, (long)step, tab->t);
+        if (st != PST_OK)
+            return pst_error_wrap(st, "sparse table %d (%s): resuming at step %lld", i,
+                                  pst_sparse_config_of(tab->t)->name, (long long)step);
+        tab->version = step;
+        char dir[sizeof tab->ckpt.dir];
+        snprintf(dir, sizeof dir, "%s", tab->ckpt.dir); /* init writes its own copy */
+        pst_sparse_ckpt_init(&tab->ckpt, tab->t, dir, tab->ckpt.keep, (long)step);
+    }
+    return PST_OK;
 }
 
 int ps_tables_count(const ps_tables *ts)

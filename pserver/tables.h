@@ -18,8 +18,10 @@
  * disagree with the payload, more than PST_SPARSE_MAX_KEYS keys (PST_ERR_LIMIT), keys not
  * unique and ascending or of another shard, a row that is NaN or infinite
  * (PST_ERR_INVALID), a step ahead of the table's (PST_ERR_STATE). A repeated push (a retry)
- * is answered `duplicate` and counted once.
- * Not for: the dense blocks (store.h), Init's other checks (service.c), checkpoints. */
+ * is answered `duplicate` and counted once. A table checkpoint that cannot be written stops
+ * the table: its later calls fail with the reason.
+ * Not for: the dense blocks (store.h), Init's other checks (service.c), async checkpoints
+ * of the tables (not built: sync mode only). */
 #ifndef PS_TABLES_H
 #define PS_TABLES_H
 
@@ -34,10 +36,18 @@ struct Pstrain__InitRequest;
 typedef struct ps_tables ps_tables;
 
 /* The tables of trainer 0's Init (none is fine): each spec checked (pst_sparse_check),
- * shard < shards. sync: the mode. Errors: PST_ERR_INVALID naming the table and setting,
- * PST_ERR_LIMIT (more than PS_TABLES_MAX), PST_ERR_NOMEM. */
+ * shard < shards. sync: the mode. ckpt_dir non-empty (sync, the Init's checkpoint_every >
+ * 0): table i's checkpoints go to ckpt_dir/table-<i> (sparse_ckpt.h: full and delta files,
+ * `keep` kept) when a step that is a multiple of checkpoint_every has been applied, before
+ * the pulls of that step are answered. Errors: PST_ERR_INVALID naming the table and
+ * setting, PST_ERR_LIMIT (more than PS_TABLES_MAX), PST_ERR_NOMEM. */
 #define PS_TABLES_MAX 64
-pst_status ps_tables_init(ps_tables **out, const struct Pstrain__InitRequest *req, int sync);
+pst_status ps_tables_init(ps_tables **out, const struct Pstrain__InitRequest *req, int sync,
+                          const char *ckpt_dir, int keep);
+/* The job resumes at `step` (the dense shard's): each table loaded from its checkpoint of
+ * that step, its version set to it. Errors: those of pst_sparse_ckpt_load, wrapped with the
+ * table's name. */
+pst_status ps_tables_resume(ps_tables *t, int64_t step);
 /* Whether a joining trainer's Init lists the same tables and shards (PST_ERR_MISMATCH). */
 pst_status ps_tables_check_join(const ps_tables *t, const struct Pstrain__InitRequest *req);
 /* Handlers: answer the call now, or park it (a sync pull of a step not applied yet). */

@@ -4,7 +4,7 @@
  * it learns (test AUC well above chance, near the file's Bayes AUC), it makes exactly one
  * sparse row per distinct (field, id) of the training rows, two runs give the same bits,
  * with pservers (2 x 2, sync) it gives the bits of one process on 2 devices, async and bf16
- * rows learn too, and what it cannot do yet (pipelines, fp16, an optimizer its tables lack)
+ * rows learn too, a killed job resumes from full and delta checkpoints with the same bits, and what it cannot do yet (pipelines, fp16, an optimizer its tables lack)
  * or a broken file is refused in one line, with a non-zero exit. */
 #include <criterion/criterion.h>
 
@@ -16,6 +16,7 @@
 
 #include "common/data/ctr.h"
 #include "common/rng.h"
+#include "pserver/sparse_ckpt.h"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function" /* child.h's pserver helpers */
 #include "tests/child.h"
@@ -274,6 +275,58 @@ Test(ctr_train, async_bf16_rows_and_a_budget_per_pserver, .timeout = 180)
     cr_assert_eq(summary_value(out, "rows_touched") - summary_value(out, "rows_evicted"),
                  summary_value(out, "table_rows"));
     free(out);
+}
+
+/* A job killed as it starts step 17 (PSTRAIN_TEST_HOOKS crash: no Finish, nothing flushed)
+ * with a checkpoint every 5 steps resumes from step 15, whose sparse table is the full file
+ * of step 5 and the deltas of 10 and 15, and ends with the bits of the job that never
+ * stopped: alone on cpu:2 and 2 pservers x 2 trainers, which give the same bits. */
+Test(ctr_train, a_killed_job_resumes_from_full_and_delta_checkpoints, .timeout = 240)
+{
+    const char *extra[] = {"--sparse-admit-count", "2", "--sparse-evict-after", "8",
+                           "--checkpoint-every", "5", "--log-level", "info", NULL};
+    char *ref = train(extra, "cpu:2", 0, NULL);
+    for (int j = 0; j < 2; j++) {
+        char dir[96], env_dir[160], *out = NULL, *err = NULL;
+        snprintf(dir, sizeof dir, "/tmp/pst_ctr_ckpt_%d_%d", (int)getpid(), j);
+        snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
+        const char *argv[48] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout",
+                                "100", "--", TRAINER, "--model", "dlrm", "--data", path,
+                                "--batch", "100", "--epochs", "1", "--seed", "1", "--threads",
+                                "1", "--progress", "none", "--metrics", "",
+                                "--connect-timeout-ms", "5000"};
+        int n = 27;
+        const int first = j == 0 ? 8 : 0; /* alone: the trainer itself, on cpu:2 */
+        for (int i = 0; extra[i]; i++)
+            argv[n++] = extra[i];
+        argv[n] = NULL;
+        const char *devices = j == 0 ? "PSTRAIN_DEVICES=cpu:2" : "PSTRAIN_DEVICES=cpu:1";
+        const char *crash[] = {env_dir, devices, "PSTRAIN_JOB_ID=t", "PSTRAIN_TEST_HOOKS=crash=17",
+                               NULL};
+        const char *const *args = argv + first;
+        int rc = finish(proc_start(args, crash), "job", RUN_WAIT_MS, &out, &err);
+        cr_assert_neq(rc, 0, "the job did not stop at step 17:\n%s", err);
+        free(out);
+        free(err);
+        /* the table's files: the full one of 5, the deltas of 10 and 15 */
+        char table[160];
+        snprintf(table, sizeof table, "%s/t/pserver-0/table-0", dir);
+        long steps[8];
+        cr_assert_eq(pst_sparse_ckpt_steps(table, steps, 8), 3, "%s", table);
+        cr_assert_eq(steps[0], 15);
+        const char *again[] = {env_dir, devices, "PSTRAIN_JOB_ID=t", NULL};
+        rc = finish(proc_start(args, again), "job", RUN_WAIT_MS, &out, &err);
+        cr_assert_eq(rc, 0, "the resumed job exited %d:\n%s", rc, err);
+        cr_assert(strstr(err, "resuming at step 15"), "%s", err);
+        cr_assert_str_eq(summary_hash(out).hex, summary_hash(ref).hex, "other bits after "
+                         "resuming (%s)", j ? "2 x 2" : "alone");
+        free(out);
+        free(err);
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        cr_assert_eq(system(cmd), 0);
+    }
+    free(ref);
 }
 
 /* One line and a non-zero exit for what is not built yet and for a broken file. */

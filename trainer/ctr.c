@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checkpoint.h"
 #include "common/clock.h"
 #include "common/data/ctr.h"
 #include "common/data/data.h"
@@ -29,6 +30,7 @@
 #include "common/nn/models/models.h"
 #include "common/sparse_rows.h"
 #include "pserver/sparse.h"
+#include "pserver/sparse_ckpt.h"
 #include "trainer/exec.h"
 #include "trainer/local.h"
 #include "trainer/plan.h"
@@ -243,10 +245,13 @@ static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_
         return pst_error_set(PST_ERR_UNSUPPORTED, "--model dlrm with --lr-schedule %s is not "
                              "built yet: its sparse table's lr is constant (example: "
                              "--lr-schedule constant)", pst_lr_schedule_name(cfg->optim.schedule));
-    if (cfg->save_params_path[0] || cfg->checkpoint_dir[0] || cfg->trace_path[0] ||
-        cfg->metrics_path[0])
-        PST_WARN("dlrm: --save-params, checkpoints, --metrics and --trace are not kept for "
-                 "the click model yet: ignored");
+    if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC)
+        return pst_error_set(PST_ERR_UNSUPPORTED, "--model dlrm with --mode async and "
+                             "--checkpoint-dir is not built yet: its sparse tables are "
+                             "checkpointed in sync mode (example: --mode sync)");
+    if (cfg->save_params_path[0] || cfg->trace_path[0] || cfg->metrics_path[0])
+        PST_WARN("dlrm: --save-params, --metrics and --trace are not kept for the click model "
+                 "yet: ignored");
     pst_sparse_defaults(tc);
     snprintf(tc->name, sizeof tc->name, "dlrm");
     tc->dim = cfg->sparse_dim;
@@ -274,6 +279,62 @@ static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_
                              "adagrad)", pst_optim_kind_name(cfg->optim.kind));
     }
     return pst_sparse_check(tc);
+}
+
+/* Checkpoints (--checkpoint-dir, sync): the dense blocks' shards are the store's (the
+ * pservers', or the in-process one's in DIR/<job>/pserver-0), the sparse table's are
+ * sparse_ckpt.h's files in each shard's table-0/, both written once step s - 1 is applied
+ * for s a multiple of --checkpoint-every; trainer 0 then writes DIR/<job>/job/step-<s>.ckpt
+ * when it starts step s, which it pulled: every shard of s is whole by then. Those steps are
+ * what trainer 0 offers to resume from (the newest whose every shard is whole is taken). */
+#define JOB_STEP 0x4a525443u /* "CTRJ": the job file's one section, the step (i64) */
+
+typedef struct ctr_ckpt {
+    int on;                       /* --checkpoint-dir and --checkpoint-every, sync mode */
+    long every;
+    char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 40];
+    char table_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 40]; /* alone: the in-process table's */
+    int64_t steps[64];            /* trainer 0: the job's checkpoints, newest first */
+    pst_sparse_ckpt writer;       /* alone */
+} ctr_ckpt;
+
+/* Where the checkpoints go, and trainer 0's offer of steps to resume from (link's). */
+static void ckpt_setup(ctr_ckpt *k, const pst_config *cfg, const char *job_id, tr_link *link)
+{
+    k->on = cfg->checkpoint_dir[0] && cfg->checkpoint_every > 0;
+    if (!k->on)
+        return;
+    k->every = cfg->checkpoint_every;
+    snprintf(k->job_dir, sizeof k->job_dir, "%s/%s/job", cfg->checkpoint_dir, job_id);
+    snprintf(k->table_dir, sizeof k->table_dir, "%s/%s/pserver-0/table-0", cfg->checkpoint_dir,
+             job_id);
+    link->checkpoint_every = k->every;
+    if (cfg->trainer_id != 0 || cfg->resume == PST_RESUME_NEVER)
+        return;
+    long steps[64];
+    const int n = pst_ckpt_list(k->job_dir, steps, 64);
+    for (int i = 0; i < n; i++)
+        k->steps[i] = steps[i];
+    link->resume_steps = k->steps;
+    link->nresume = n;
+}
+
+/* Trainer 0 at the start of step s (its rows pulled): the job's checkpoint of s. */
+static pst_status ckpt_job(const ctr_ckpt *k, const pst_config *cfg, long s)
+{
+    if (!k->on || cfg->trainer_id != 0 || s % k->every != 0)
+        return PST_OK;
+    const int64_t step = s;
+    pst_ckpt_writer w;
+    PST_TRY(pst_ckpt_begin(&w, k->job_dir, s));
+    pst_status st = pst_ckpt_section(&w, JOB_STEP, &step, sizeof step);
+    if (st != PST_OK) {
+        pst_ckpt_abort(&w);
+        return st;
+    }
+    PST_TRY(pst_ckpt_commit(&w));
+    PST_INFO("checkpoint: step %ld of the click model written", s);
+    return pst_ckpt_prune(k->job_dir, cfg->checkpoint_keep);
 }
 
 /* The summary's table fields and param_hash: the dense parameters' FNV-1a continued over
@@ -308,7 +369,7 @@ static double key_balance(const ctr_rows_at *at)
     return total ? (double)most * at->S / (double)total : 1.0;
 }
 
-pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
+pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum)
 {
     memset(sum, 0, sizeof *sum);
     sum->first_step = -1;
@@ -352,8 +413,10 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     long total = per_epoch * cfg->epochs;
     if (cfg->steps > 0 && cfg->steps < total)
         total = cfg->steps;
-    pst_config run_cfg = *cfg; /* the dense optimizer's schedule needs the run's length */
-    run_cfg.optim.total_steps = total;
+    /* The dense optimizer's length (its schedule is constant here): the whole run's, not
+     * --steps, so a run stopped early by --steps resumes as the same job. */
+    pst_config run_cfg = *cfg;
+    run_cfg.optim.total_steps = per_epoch * cfg->epochs;
     const tr_exec_settings es = tr_exec_settings_of(&run_cfg);
     if (st == PST_OK)
         st = tr_exec_plan(&plan, &model, &es,
@@ -362,6 +425,7 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     tr_link_settings ls = tr_link_settings_of(&run_cfg, &plan);
     ls.sparse_tables = &tc;
     ls.nsparse_tables = 1;
+    ctr_ckpt ck = {0};
     if (st == PST_OK && S) {
         st = tr_remote_init(&remote, &ls, &plan);
         link = remote ? tr_remote_link(remote) : NULL;
@@ -384,11 +448,27 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         st = tr_exec_init(&ex, &ec);
     if (st == PST_OK)
         st = batch_alloc(&b, &c, piece, dim);
+    if (st == PST_OK)
+        ckpt_setup(&ck, cfg, ls.job_id, link);
     if (st == PST_OK) /* with pservers: Init (the tables made), every trainer on trainer 0's */
         st = tr_exec_start(ex, cfg->seed);
     if (st != PST_OK)
         goto done;
     started = 1;
+    const long first = (long)link->start_version; /* a resumed job's step (0: a fresh one) */
+    if (link->versions_differ)
+        st = pst_error_set(PST_ERR_MISMATCH, "dlrm: the pservers resumed at different steps "
+                           "(the oldest %lld): remove the newer checkpoints or start afresh "
+                           "(--resume never)", (long long)link->start_version);
+    if (st == PST_OK && first > 0 && at.local)
+        st = pst_sparse_ckpt_load(ck.table_dir, first, at.local);
+    if (st == PST_OK && ck.on && at.local)
+        pst_sparse_ckpt_init(&ck.writer, at.local, ck.table_dir, cfg->checkpoint_keep,
+                             first > 0 ? first : -1);
+    if (st == PST_OK && first > 0)
+        PST_INFO("dlrm: resuming at step %ld of %ld", first, total);
+    if (st != PST_OK)
+        goto done;
     PST_INFO("dlrm: %s, %d dense and %d sparse fields, %llu training rows, %ld steps of %zu "
              "rows; %zu dense parameters, rows of %zu in a sparse table (%s, lr %g)%s", c.path,
              c.dense, c.fields, (unsigned long long)c.train_rows, total, B, model.nparams, dim,
@@ -396,16 +476,20 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
     const double t0 = pst_clock_s();
     double loss_sum = 0.0;
     long samples = 0, trained = 0; /* rows of the last epoch's mean; rows of every step */
-    sum->first_step = 0;
-    for (step = 0; st == PST_OK && step < total; step++) {
+    sum->first_step = first;
+    for (step = first; st == PST_OK && step < total; step++) {
         const double s0 = pst_clock_s();
-        const uint64_t first = (uint64_t)(step % per_epoch) * B;
-        const size_t len = c.train_rows - first < B ? (size_t)(c.train_rows - first) : B;
+        const uint64_t start = (uint64_t)(step % per_epoch) * B; /* the global batch's */
+        const size_t len = c.train_rows - start < B ? (size_t)(c.train_rows - start) : B;
         int lo, hi; /* this trainer's slice of the global batch */
         pst_batch_part((int)len, rank, T, &lo, &hi);
         const size_t n = (size_t)(hi - lo);
         double loss = 0.0;
-        st = batch_load(&b, &c, &at, first + (uint64_t)lo, n, step, dim);
+        st = batch_load(&b, &c, &at, start + (uint64_t)lo, n, step, dim);
+        if (st == PST_OK && step > first)
+            st = ckpt_job(&ck, cfg, step);
+        if (st == PST_OK && first == 0) /* a run resumed from a checkpoint goes past it */
+            tr_test_hooks_step(hooks, step);
         if (st == PST_OK) {
             tr_exec_set_sparse(ex, b.sparse, b.dsparse);
             st = tr_exec_step(ex, step, b.dense, b.y, (int)n, (int)len, &loss);
@@ -418,6 +502,8 @@ pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum)
         }
         if (st == PST_OK && at.local && cfg->sparse_evict_after > 0 && step % 64 == 63)
             pst_sparse_sweep(at.local, step); /* frees expired rows (changes no value) */
+        if (st == PST_OK && at.local && ck.on && (step + 1) % ck.every == 0)
+            st = pst_sparse_ckpt_save(&ck.writer, at.local, step + 1);
         if (st == PST_OK && step >= total - per_epoch) { /* the last epoch's mean */
             loss_sum += loss;
             samples += (long)n;

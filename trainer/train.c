@@ -538,7 +538,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int started = 0, joining = 0;
     long step = -1;
     if (!strcmp(user_cfg->model, "dlrm")) /* the click model's loop (ctr.c) */
-        return tr_train_ctr(user_cfg, sum);
+        return tr_train_ctr(user_cfg, hooks, sum);
     memset(sum, 0, sizeof *sum);
     sum->first_step = -1;
 

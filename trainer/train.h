@@ -104,10 +104,11 @@ static inline int tr_threads_per_device(const pst_config *cfg, int D)
 double tr_median(double *v, long n);
 /* The summary's view of the final parameters: their count, L2 norm and param_hash. */
 void tr_summary_params(tr_summary *sum, const float *params, size_t n);
-/* --model dlrm (ctr.c): trains the click model alone on the --data click file, one pass
- * per epoch in file order (global batches of --batch rows), its sparse rows in an
- * in-process table; then the AUC and log loss on the file's test part. */
-pst_status tr_train_ctr(const pst_config *cfg, tr_summary *sum);
+/* --model dlrm (ctr.c): trains the click model on the --data click file, one pass per
+ * epoch in file order (global batches of --batch rows, each trainer its slice), its
+ * sparse rows in an in-process table alone or on the pservers; then the AUC and log loss
+ * on the file's test part. hooks: the tests' crash (test_hooks.h), NULL: none. */
+pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum);
 pst_status tr_train(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
                     tr_summary *sum);
 
