@@ -28,6 +28,7 @@ typedef struct head {
     uint64_t created, evicted, refused;
     uint64_t entries, tombs;
     uint32_t dim, state_floats, optim, pad;
+    int64_t evict_after;         /* the table's, for an export of the file alone */
     char name[PST_SPARSE_NAME_MAX];
 } head;
 
@@ -168,7 +169,7 @@ pst_status pst_sparse_ckpt_save(pst_sparse_ckpt *w, pst_sparse_table *t, long st
               .created = s.created, .evicted = s.evicted, .refused = s.refused,
               .entries = c.n, .tombs = delta ? ntombs : 0, .dim = (uint32_t)cfg->dim,
               .state_floats = (uint32_t)pst_sparse_state_floats(cfg->optim),
-              .optim = (uint32_t)cfg->optim};
+              .optim = (uint32_t)cfg->optim, .evict_after = cfg->evict_after};
     snprintf(h.name, sizeof h.name, "%s", cfg->name);
     pst_status st = c.nomem ? pst_error_set(PST_ERR_NOMEM, "checkpoint of sparse table %s: out "
                                             "of memory for %zu entries", cfg->name, c.n)
@@ -317,6 +318,29 @@ pst_status pst_sparse_ckpt_load(const char *dir, long step, pst_sparse_table *t)
         PST_TRY(st);
     }
     return PST_OK;
+}
+
+pst_status pst_sparse_ckpt_open(const char *dir, long step, pst_sparse_table **out)
+{
+    *out = NULL;
+    pst_ckpt c;
+    head h;
+    PST_TRY(read_file(&c, &h, dir, step));
+    pst_ckpt_free(&c);
+    pst_sparse_config cfg;
+    pst_sparse_defaults(&cfg);
+    snprintf(cfg.name, sizeof cfg.name, "%s", h.name);
+    cfg.dim = (int)h.dim;
+    cfg.optim = (pst_sparse_optim)h.optim;
+    cfg.evict_after = (long)h.evict_after;
+    pst_status st = pst_sparse_check(&cfg);
+    if (st == PST_OK)
+        st = pst_sparse_create(out, &cfg);
+    if (st == PST_OK && (st = pst_sparse_ckpt_load(dir, step, *out)) != PST_OK) {
+        pst_sparse_free(*out);
+        *out = NULL;
+    }
+    return st == PST_OK ? st : pst_error_wrap(st, "%s/step-%012ld.ckpt", dir, step);
 }
 
 int pst_sparse_ckpt_steps(const char *dir, long *steps, int max)

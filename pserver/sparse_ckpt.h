@@ -48,6 +48,10 @@ pst_status pst_sparse_ckpt_save(pst_sparse_ckpt *w, pst_sparse_table *t, long st
  * PST_ERR_FORMAT (a damaged file, named), PST_ERR_MISMATCH (another table's), PST_ERR_IO,
  * PST_ERR_NOMEM. */
 pst_status pst_sparse_ckpt_load(const char *dir, long step, pst_sparse_table *t);
+/* A new table made from dir's checkpoint of `step`: its name, dim, optimizer and eviction
+ * from the file, the rest sparse.h's defaults (for an export, not for training on).
+ * Errors: those of pst_sparse_ckpt_load, PST_ERR_FORMAT for settings out of range. */
+pst_status pst_sparse_ckpt_open(const char *dir, long step, pst_sparse_table **out);
 /* The steps of dir's checkpoints whose chain is whole (each file there and readable),
  * newest first, at most max. Reads the files. */
 int pst_sparse_ckpt_steps(const char *dir, long *steps, int max);

@@ -8,7 +8,6 @@
  * gRPC releases it). */
 #include "pserver/tables.h"
 
-#include <errno.h>
 
 #include <math.h>
 #include <pthread.h>

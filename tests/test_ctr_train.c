@@ -277,10 +277,21 @@ Test(ctr_train, async_bf16_rows_and_a_budget_per_pserver, .timeout = 180)
     free(out);
 }
 
+/* A number after "key": in a one-line JSON object. */
+static double summary_field_number(const char *out, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *q = strstr(out, pat);
+    cr_assert_not_null(q, "no %s in %s", key, out);
+    return strtod(q + strlen(pat), NULL);
+}
+
 /* A job killed as it starts step 17 (PSTRAIN_TEST_HOOKS crash: no Finish, nothing flushed)
  * with a checkpoint every 5 steps resumes from step 15, whose sparse table is the full file
  * of step 5 and the deltas of 10 and 15, and ends with the bits of the job that never
- * stopped: alone on cpu:2 and 2 pservers x 2 trainers, which give the same bits. */
+ * stopped: alone on cpu:2 and 2 pservers x 2 trainers, which give the same bits; then
+ * sparse-export writes each pserver's rows for serving from its newest checkpoint. */
 Test(ctr_train, a_killed_job_resumes_from_full_and_delta_checkpoints, .timeout = 240)
 {
     const char *extra[] = {"--sparse-admit-count", "2", "--sparse-evict-after", "8",
@@ -320,8 +331,35 @@ Test(ctr_train, a_killed_job_resumes_from_full_and_delta_checkpoints, .timeout =
         cr_assert(strstr(err, "resuming at step 15"), "%s", err);
         cr_assert_str_eq(summary_hash(out).hex, summary_hash(ref).hex, "other bits after "
                          "resuming (%s)", j ? "2 x 2" : "alone");
+        const double live = summary_value(out, "table_rows");
         free(out);
         free(err);
+        if (j == 1) { /* each pserver's rows for serving, from its newest checkpoint (50) */
+            double rows = 0;
+            for (int ps = 0; ps < 2; ps++) {
+                char tdir[160], emb[160];
+                snprintf(tdir, sizeof tdir, "%s/t/pserver-%d/table-0", dir, ps);
+                snprintf(emb, sizeof emb, "%s/%d.emb", dir, ps);
+                const char *exp[] = {PST_BIN_DIR "/sparse-export", tdir, emb, NULL};
+                rc = finish(proc_start(exp, NULL), "sparse-export", RUN_WAIT_MS, &out, &err);
+                cr_assert_eq(rc, 0, "sparse-export exited %d: %s", rc, err);
+                cr_assert(strstr(out, "\"step\":50,"), "%s", out);
+                rows += summary_field_number(out, "rows");
+                free(out);
+                free(err);
+            }
+            /* what a pull at step 50 reads from the tables: rows not expired (<= those held) */
+            cr_assert(rows > 0 && rows <= live, "exported %g rows, the tables hold %g", rows,
+                      live);
+            const char *none[] = {PST_BIN_DIR "/sparse-export", "/tmp/pst_no_such_table",
+                                  "/tmp/pst_no.emb", NULL};
+            rc = finish(proc_start(none, NULL), "sparse-export", RUN_WAIT_MS, &out, &err);
+            cr_assert_eq(rc, 1);
+            cr_assert(strstr(err, "/tmp/pst_no_such_table") && strchr(err, '\n') ==
+                      err + strlen(err) - 1, "%s", err);
+            free(out);
+            free(err);
+        }
         char cmd[160];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         cr_assert_eq(system(cmd), 0);
