@@ -490,6 +490,9 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
             st = ckpt_job(&ck, cfg, step);
         if (st == PST_OK && first == 0) /* a run resumed from a checkpoint goes past it */
             tr_test_hooks_step(hooks, step);
+        if (st == PST_OK && tr_stop_requested()) /* SIGTERM: leaves now, without a checkpoint */
+            st = pst_error_set(PST_ERR_STATE, "stopped by signal at step %ld (the click model "
+                               "writes no checkpoint when stopped: its newest is kept)", step);
         if (st == PST_OK) {
             tr_exec_set_sparse(ex, b.sparse, b.dsparse);
             st = tr_exec_step(ex, step, b.dense, b.y, (int)n, (int)len, &loss);
