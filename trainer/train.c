@@ -36,20 +36,6 @@
 #include "trainer/remote.h"
 #include "trainer/trace.h"
 
-/* The one global: a signal handler (main.c) can reach nothing else. What else outlives a
- * run is in the caller's tr_job. */
-static volatile sig_atomic_t stop_requested;
-
-void tr_request_stop(void)
-{
-    stop_requested = 1;
-}
-
-int tr_stop_requested(void)
-{
-    return stop_requested != 0;
-}
-
 int tr_recoverable(pst_status st)
 {
     return !tr_stop_requested() && (st == PST_ERR_UNAVAILABLE || st == PST_ERR_TIMEOUT ||
@@ -58,7 +44,7 @@ int tr_recoverable(pst_status st)
 
 static pst_status check_stop(void)
 {
-    return stop_requested ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
+    return tr_stop_requested() ? pst_error_set(PST_ERR_STATE, "stopped by signal") : PST_OK;
 }
 
 /* ---- progress ------------------------------------------------------------------------- */
