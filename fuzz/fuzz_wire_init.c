@@ -1,6 +1,6 @@
 /* fuzz_wire_init.c — the Init method's bodies: InitRequest (its block list, optimizer
- * settings and the f32 initial values of trainer 0's payload, read as the pserver reads
- * them) and InitReply. See fuzz/wire_fuzz.h. */
+ * settings, sparse table specs and the f32 initial values of trainer 0's payload, read as
+ * the pserver reads them) and InitReply. See fuzz/wire_fuzz.h. */
 #include "fuzz/fuzz_util.h"
 #include "fuzz/wire_fuzz.h"
 
@@ -37,6 +37,21 @@ static uint64_t use_request(const rpc_message *m)
         h = fuzz_hash_u64(h, (uint64_t)o->warmup_steps);
         h = fuzz_hash_u64(h, (uint64_t)o->total_steps);
     }
+    for (size_t i = 0; i < r->n_sparse_tables; i++) {
+        const Pstrain__SparseTableSpec *t = r->sparse_tables[i];
+        h = fuzz_hash_str(h, t->name);
+        h = fuzz_hash_u64(h, t->dim);
+        h = fuzz_hash_str(h, t->optim);
+        const double d[] = {t->lr, t->eps, t->beta1, t->beta2};
+        h = fuzz_hash(h, d, sizeof d);
+        h = fuzz_hash(h, &t->init_std, sizeof t->init_std);
+        h = fuzz_hash_u64(h, t->seed);
+        h = fuzz_hash_u64(h, t->admit_count);
+        h = fuzz_hash_u64(h, (uint64_t)t->evict_after);
+        h = fuzz_hash_u64(h, t->max_rows);
+    }
+    h = fuzz_hash_u64(h, r->sparse_shard);
+    h = fuzz_hash_u64(h, r->sparse_shards);
     if (sane && r->n_blocks <= (1u << 20))
         h = fuzz_wire_payload(h, rpc_message_payload(m), PSTRAIN__DTYPE__F32, total);
     return h;

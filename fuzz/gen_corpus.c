@@ -118,6 +118,23 @@ static void wire(void)
     init.optim = NULL;
     init.n_resume_steps = 0;
     body("wire_init", "request-trainer1-no-payload", &init.base, NULL, 0);
+    Pstrain__SparseTableSpec tab0 = PSTRAIN__SPARSE_TABLE_SPEC__INIT;
+    Pstrain__SparseTableSpec tab1 = PSTRAIN__SPARSE_TABLE_SPEC__INIT;
+    tab0.name = "field_0", tab0.dim = 16, tab0.optim = "adagrad", tab0.lr = 0.05;
+    tab0.eps = 1e-10, tab0.init_std = 0.01f, tab0.seed = 7, tab0.admit_count = 2;
+    tab0.evict_after = 100, tab0.max_rows = 4096;
+    tab1.name = "field_1", tab1.dim = 8, tab1.optim = "adam", tab1.lr = 0.001;
+    tab1.eps = 1e-8, tab1.beta1 = 0.9, tab1.beta2 = 0.999, tab1.seed = 7;
+    Pstrain__SparseTableSpec *tables[2] = {&tab0, &tab1};
+    init.n_sparse_tables = 2;
+    init.sparse_tables = tables;
+    init.sparse_shard = 1;
+    init.sparse_shards = 2;
+    body("wire_init", "request-sparse-tables", &init.base, NULL, 0);
+    init.n_sparse_tables = 0;
+    init.sparse_tables = NULL;
+    init.sparse_shard = 0;
+    init.sparse_shards = 0;
     Pstrain__InitReply init_rep = PSTRAIN__INIT_REPLY__INIT;
     init_rep.version = 100;
     body("wire_init", "reply", &init_rep.base, NULL, 0);
@@ -171,6 +188,13 @@ static void wire(void)
     body("wire_finish", "request-early", &fin.base, NULL, 0);
     Pstrain__FinishReply fin_rep = PSTRAIN__FINISH_REPLY__INIT;
     body("wire_finish", "reply", &fin_rep.base, NULL, 0);
+    fin_rep.sparse_rows = 3000;
+    fin_rep.sparse_bytes = 1u << 20;
+    fin_rep.rows_created = 3500;
+    fin_rep.rows_evicted = 500;
+    fin_rep.pushes_refused = 1200;
+    fin_rep.sparse_hash = 0x9e3779b97f4a7c15ull;
+    body("wire_finish", "reply-sparse", &fin_rep.base, NULL, 0);
     wire_edges("wire_finish");
 
     Pstrain__VoteRequest vote = PSTRAIN__VOTE_REQUEST__INIT;
@@ -183,6 +207,59 @@ static void wire(void)
     vote_rep.step = 9;
     body("wire_vote", "reply-skip", &vote_rep.base, NULL, 0);
     wire_edges("wire_vote");
+
+    /* PullSparse: 3 keys; the rows of dim 2 are vals (f32, bf16). PushSparse: the keys,
+     * then the rows, in one payload. */
+    const uint64_t keys[3] = {7, 1ull << 40, UINT64_MAX - 1};
+    uint8_t push_f32[sizeof keys + sizeof vals], push_bf[sizeof keys + sizeof bf];
+    memcpy(push_f32, keys, sizeof keys);
+    memcpy(push_f32 + sizeof keys, vals, sizeof vals);
+    memcpy(push_bf, keys, sizeof keys);
+    memcpy(push_bf + sizeof keys, bf, sizeof bf);
+    Pstrain__PullSparseRequest spull = PSTRAIN__PULL_SPARSE_REQUEST__INIT;
+    spull.trainer_id = 1;
+    spull.table = 2;
+    spull.step = 42;
+    spull.dtype = PSTRAIN__DTYPE__F32;
+    spull.count = 3;
+    body("wire_pull_sparse", "request", &spull.base, keys, sizeof keys);
+    spull.dtype = PSTRAIN__DTYPE__BF16;
+    body("wire_pull_sparse", "request-bf16", &spull.base, keys, sizeof keys);
+    spull.count = 4; /* one key more than the payload */
+    body("wire_pull_sparse", "request-count-mismatch", &spull.base, keys, sizeof keys);
+    spull.count = 0;
+    body("wire_pull_sparse", "request-no-keys", &spull.base, NULL, 0);
+    Pstrain__PullSparseReply spull_rep = PSTRAIN__PULL_SPARSE_REPLY__INIT;
+    spull_rep.table = 2;
+    spull_rep.version = 42;
+    spull_rep.count = 3;
+    spull_rep.dim = 2;
+    spull_rep.dtype = PSTRAIN__DTYPE__F32;
+    body("wire_pull_sparse", "reply-f32", &spull_rep.base, vals, sizeof vals);
+    spull_rep.dtype = PSTRAIN__DTYPE__BF16;
+    body("wire_pull_sparse", "reply-bf16", &spull_rep.base, bf, sizeof bf);
+    spull_rep.dim = 3; /* rows wider than the payload */
+    body("wire_pull_sparse", "reply-dim-mismatch", &spull_rep.base, bf, sizeof bf);
+    wire_edges("wire_pull_sparse");
+
+    Pstrain__PushSparseRequest spush = PSTRAIN__PUSH_SPARSE_REQUEST__INIT;
+    spush.trainer_id = 1;
+    spush.table = 2;
+    spush.step = 42;
+    spush.dtype = PSTRAIN__DTYPE__F32;
+    spush.count = 3;
+    body("wire_push_sparse", "request-f32", &spush.base, push_f32, sizeof push_f32);
+    spush.dtype = PSTRAIN__DTYPE__BF16;
+    body("wire_push_sparse", "request-bf16", &spush.base, push_bf, sizeof push_bf);
+    body("wire_push_sparse", "request-part-row", &spush.base, push_bf, sizeof push_bf - 2);
+    spush.count = 4; /* more keys than whole rows follow */
+    body("wire_push_sparse", "request-count-mismatch", &spush.base, push_bf, sizeof push_bf);
+    spush.count = 0; /* every trainer pushes every table each step, no keys too */
+    body("wire_push_sparse", "request-no-keys", &spush.base, NULL, 0);
+    Pstrain__PushSparseReply spush_rep = PSTRAIN__PUSH_SPARSE_REPLY__INIT;
+    spush_rep.duplicate = 1;
+    body("wire_push_sparse", "reply-duplicate", &spush_rep.base, NULL, 0);
+    wire_edges("wire_push_sparse");
 
     Pstrain__WatchRequest watch = PSTRAIN__WATCH_REQUEST__INIT;
     watch.trainer_id = 3;

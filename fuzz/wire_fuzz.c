@@ -1,4 +1,5 @@
-/* wire_fuzz.c — decoding one input three ways, and the payload reads (see wire_fuzz.h). */
+/* wire_fuzz.c — decoding one input three ways, and the payload and key reads (see
+ * wire_fuzz.h). */
 #include "fuzz/wire_fuzz.h"
 
 #include <stdlib.h>
@@ -41,6 +42,63 @@ uint64_t fuzz_wire_payload(uint64_t h, const rpc_payload *p, int w, uint64_t ele
     free(f);
     free(g);
     free(raw);
+    return h;
+}
+
+uint64_t fuzz_wire_keys(uint64_t h, const rpc_payload *p, uint64_t count, size_t *rest)
+{
+    uint64_t one;
+    if (rest)
+        *rest = 0;
+    if (count > p->bytes / sizeof one) {
+        if (count <= SIZE_MAX / sizeof one)
+            FUZZ_CHECK(rpc_payload_read(p, 0, &one, (size_t)count * sizeof one) ==
+                           PST_ERR_INVALID,
+                       "read of keys past the payload");
+        return fuzz_hash_u64(h, (uint64_t)PST_ERR_INVALID);
+    }
+    /* count keys fit in the payload: the buffer is no larger than the input */
+    const size_t n = (size_t)count, after = p->bytes - n * sizeof one;
+    uint64_t *keys = malloc(sizeof one * (n ? n : 1));
+    FUZZ_CHECK(keys != NULL, "out of memory");
+    FUZZ_CHECK(rpc_payload_read(p, 0, keys, n * sizeof one) == PST_OK, "read of the keys");
+    for (size_t i = 0; i < n; i++) {
+        FUZZ_CHECK(rpc_payload_read(p, i * sizeof one, &one, sizeof one) == PST_OK,
+                   "read of one key");
+        FUZZ_CHECK(one == keys[i], "a key read alone differs from the keys read at once");
+    }
+    h = fuzz_hash_u64(h, (uint64_t)PST_OK);
+    h = fuzz_hash(h, keys, n * sizeof one);
+    free(keys);
+    if (rest)
+        *rest = after;
+    return fuzz_hash_u64(h, after);
+}
+
+uint64_t fuzz_wire_payload_after(uint64_t h, const rpc_payload *p, size_t skip, int w,
+                                 uint64_t elems)
+{
+    FUZZ_CHECK(skip <= p->bytes, "skip within the payload");
+    rpc_payload rows = *p;
+    rows.offset += skip;
+    rows.bytes -= skip;
+    if (rows.flat)
+        rows.flat += skip;
+    h = fuzz_wire_payload(h, &rows, w, elems);
+    const pst_dtype dt = (pst_dtype)w;
+    if (rpc_payload_check(&rows, dt, elems) != PST_OK || skip % pst_dtype_size(dt) != 0)
+        return h;
+    const size_t n = (size_t)elems; /* checked: no more than the input's bytes */
+    float *f = malloc(sizeof(float) * (n ? n : 1));
+    float *g = malloc(sizeof(float) * (n ? n : 1));
+    FUZZ_CHECK(f && g, "out of memory");
+    FUZZ_CHECK(rpc_payload_read_f32(&rows, dt, 0, f, n) == PST_OK, "read_f32 of the rows");
+    FUZZ_CHECK(rpc_payload_read_f32(p, dt, skip / pst_dtype_size(dt), g, n) == PST_OK,
+               "read_f32 of the rows from the whole payload");
+    FUZZ_CHECK(memcmp(f, g, sizeof(float) * n) == 0,
+               "the rows read after the keys differ from the rows alone");
+    free(f);
+    free(g);
     return h;
 }
 

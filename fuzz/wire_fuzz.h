@@ -31,4 +31,19 @@ void fuzz_wire_run(const ProtobufCMessageDescriptor *desc, fuzz_wire_use_fn use,
  * the statuses and values hashed in. */
 uint64_t fuzz_wire_payload(uint64_t h, const rpc_payload *p, int w, uint64_t elems);
 
+/* The first `count` u64 keys of the payload (PullSparse and PushSparse send their keys
+ * first), read as the pserver's tables read them (rpc_payload_read) and again one by one;
+ * a payload shorter than that must be an error, not a read. Returns h with the status,
+ * the keys and the bytes after them hashed in; *rest (optional) gets those bytes (0 when
+ * the payload is short). */
+uint64_t fuzz_wire_keys(uint64_t h, const rpc_payload *p, uint64_t count, size_t *rest);
+
+/* fuzz_wire_payload on what follows the payload's first `skip` bytes (a PushSparse's rows
+ * after its keys; skip <= the payload's bytes), and, when those are `elems` elements of w,
+ * the same elements read from the whole payload as the pserver reads them
+ * (rpc_payload_read_f32 from element skip / size) compared with them. Returns h as
+ * fuzz_wire_payload does. */
+uint64_t fuzz_wire_payload_after(uint64_t h, const rpc_payload *p, size_t skip, int w,
+                                 uint64_t elems);
+
 #endif /* PST_FUZZ_WIRE_H */

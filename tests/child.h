@@ -215,7 +215,7 @@ static char *slurp(const char *path)
 /* Waits for a started child within timeout_ms and asserts that it exited (not killed,
  * not hung), naming it with `what`. Returns its exit status; *out / *err (optional)
  * receive its output. */
-static int finish(proc *p, const char *what, int timeout_ms, char **out, char **err)
+static inline int finish(proc *p, const char *what, int timeout_ms, char **out, char **err)
 {
     int done = proc_wait(p, timeout_ms);
     char *o = slurp(p->out_path), *e = slurp(p->err_path); /* what a hung child wrote too */
@@ -288,13 +288,13 @@ static param_hash summary_hex(const char *out, const char *key)
     return h;
 }
 
-static param_hash summary_hash(const char *out)
+static inline param_hash summary_hash(const char *out)
 {
     return summary_hex(out, "param_hash");
 }
 
 /* A number from the summary line of a trainer's stdout. */
-static double summary_value(const char *out, const char *key)
+static inline double summary_value(const char *out, const char *key)
 {
     const char *line = strstr(out, "{\"event\":\"summary\"");
     cr_assert_not_null(line, "no summary line in:\n%s", out);
