@@ -1136,6 +1136,7 @@ static void sparse_pulled(void *arg, pst_status st, const char *detail,
 {
     sparse_call *c = arg;
     const Pstrain__PullSparseReply *rep = (const Pstrain__PullSparseReply *)reply;
+    const int answered = st == PST_OK; /* else detail says why; below, the checks' detail */
     pst_dtype dt = PST_F32;
     if (st == PST_OK && (rep->count != c->n || rep->dim != c->dim ||
                          rpc_dtype_from_wire(rep->dtype, &dt) != PST_OK || dt != c->dtype))
@@ -1147,7 +1148,7 @@ static void sparse_pulled(void *arg, pst_status st, const char *detail,
     if (st == PST_OK && (st = rpc_payload_check(payload, dt, c->n * c->dim)) == PST_OK && c->n)
         st = rpc_payload_read_f32(payload, dt, 0, c->rows, c->n * c->dim);
     if (st != PST_OK)
-        batch_error(c->r, st, detail ? detail : pst_error_detail());
+        batch_error(c->r, st, answered ? pst_error_detail() : detail);
     else
         atomic_fetch_add(&c->r->pulled_bytes, (uint64_t)payload->bytes);
     batch_done(c->r);
