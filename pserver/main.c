@@ -284,7 +284,8 @@ int main(int argc, char **argv)
                       "\"casts_per_step\":%llu,\"owned\":%llu,\"skipped_steps\":%ld,"
                       "\"state_hash\":\"%016llx\",\"sparse_tables\":%d,\"sparse_rows\":%zu,"
                       "\"sparse_bytes\":%zu,\"rows_created\":%llu,\"rows_evicted\":%llu,"
-                      "\"pushes_refused\":%llu,\"keys_pulled\":%llu,\"keys_pushed\":%llu",
+                      "\"pushes_refused\":%llu,\"keys_pulled\":%llu,\"keys_pushed\":%llu,"
+                      "\"sparse_hash\":\"%016llx\"",
                       cfg.pserver_id, r.initialized, r.precision,
                       (unsigned long long)r.casts, (unsigned long long)r.pull_casts,
                       (long long)r.optimizer_steps,
@@ -297,7 +298,8 @@ int main(int argc, char **argv)
                       (unsigned long long)r.sparse.evicted,
                       (unsigned long long)r.sparse.refused,
                       (unsigned long long)r.sparse.keys_pulled,
-                      (unsigned long long)r.sparse.keys_pushed);
+                      (unsigned long long)r.sparse.keys_pushed,
+                      (unsigned long long)r.sparse.hash);
         if (r.sparse_tables)
             PST_INFO("sparse tables: %zu rows in %zu bytes here; %llu rows created, %llu "
                      "evicted, %llu pushed keys refused before admission; %llu keys pulled, "

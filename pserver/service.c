@@ -463,12 +463,13 @@ void ps_service_gauges_read(ps_service *svc, ps_service_gauges *g)
             if (svc->sync && pushed >= 0)
                 g->waited_for = svc->num_trainers - (uint32_t)pushed - svc->nfinished;
         }
-        ps_tables_totals_of(svc->tables, &g->sparse, 0);
         if (svc->ckpt_dir[0] && svc->sync)
             g->checkpoint_age =
                 pst_clock_s() - (double)__atomic_load_n(&svc->ckpt_at_us, __ATOMIC_RELAXED) * 1e-6;
     }
     pthread_mutex_unlock(&svc->mu);
+    /* the tables' own locks, not under svc->mu (a scrape never holds up Init or Finish) */
+    ps_tables_totals_of(__atomic_load_n(&svc->tables, __ATOMIC_ACQUIRE), &g->sparse, 0);
 }
 
 void ps_service_limits(ps_service *svc, uint64_t max_params, uint64_t max_memory)
@@ -760,6 +761,18 @@ static pst_status init_membership(ps_service *svc, const Pstrain__InitRequest *r
     return pst_error_set(PST_ERR_NOMEM, "Init: out of memory");
 }
 
+/* Undoes create_store once the store and the membership tables are made. */
+static void drop_store(ps_service *svc)
+{
+    ps_store_free(svc->store);
+    svc->store = NULL;
+    svc->resumed = 0;
+    svc->has_resume_state = 0;
+    svc->resumed_async = 0;
+    free_membership(svc);
+    rpc_shm_free(&svc->area);
+}
+
 /* Trainer 0's Init makes the store: its settings checked, its blocks and initial values,
  * the checkpoints, the shared values area, the store, the membership tables, then the
  * resume from a checkpoint when trainer 0 offers one. */
@@ -768,7 +781,7 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     const Pstrain__InitRequest *req = (const Pstrain__InitRequest *)rpc_call_request(call);
     ps_store_config sc;
     ps_block_spec *blocks = NULL;
-    ps_tables *tables = NULL;
+    ps_tables *tables = NULL; /* published once the store is whole */
     float *initial = NULL;
     uint64_t total = 0;
     pst_status st;
@@ -806,21 +819,14 @@ static pst_status create_store(ps_service *svc, rpc_call *call)
     __atomic_store_n(&svc->max_block, longest, __ATOMIC_RELEASE);
     for (size_t i = 0; i < req->n_blocks; i++)
         svc->specs[i] = blocks[i];
-    if (req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK)
-        goto out;
-    if (svc->resumed > 0 && (st = ps_tables_resume(tables, svc->resumed)) != PST_OK) {
-        /* the blocks resumed at a step the sparse tables cannot: refused, nothing kept */
-        ps_store_free(svc->store);
-        svc->store = NULL;
-        svc->resumed = 0;
-        svc->has_resume_state = 0;
-        free_membership(svc);
-        rpc_shm_free(&svc->area);
+    if ((req->n_resume_steps > 0 && svc->ckpt_dir[0] && (st = resume(svc, req, total)) != PST_OK) ||
+        /* the blocks resumed at a step the sparse tables cannot: refused */
+        (svc->resumed > 0 && (st = ps_tables_resume(tables, svc->resumed)) != PST_OK) ||
+        (req->resume_newest && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0] &&
+         (st = resume_async(svc, req, total)) != PST_OK)) {
+        drop_store(svc); /* nothing of this Init is kept: trainer 0 may try again */
         goto out;
     }
-    if (req->resume_newest && sc.mode == PST_MODE_ASYNC && svc->ckpt_dir[0] &&
-        (st = resume_async(svc, req, total)) != PST_OK)
-        goto out;
     svc->sync = sc.mode == PST_MODE_SYNC;
     svc->lowp = sc.lowp;
     for (size_t i = 0; i < req->n_blocks; i++) {

@@ -224,7 +224,7 @@ static void drop_entry(pst_sparse_table *t, stripe *s, size_t i)
 
 static inline int expired(const pst_sparse_table *t, const ps_index_entry *e, long step)
 {
-    return t->cfg.evict_after > 0 && step - e->last > t->cfg.evict_after;
+    return pst_sparse_expired(&t->cfg, e->last, step);
 }
 
 /* ---- the optimizers ------------------------------------------------------------------ */

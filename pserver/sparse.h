@@ -160,6 +160,13 @@ static inline uint64_t pst_sparse_mix(uint64_t k)
     return pst_rng_mix(k);
 }
 
+/* Whether a row last pushed at `last` has expired by `step` (evict_after): then it is
+ * absent, whether or not a sweep has removed it yet. */
+static inline int pst_sparse_expired(const pst_sparse_config *c, long last, long step)
+{
+    return c->evict_after > 0 && step - last > c->evict_after;
+}
+
 /* The pserver (of n) that holds `key`. */
 static inline int pst_sparse_pserver_of(uint64_t key, int n)
 {

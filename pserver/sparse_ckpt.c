@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/checkpoint.h"
+#include "common/log.h"
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 enum {
@@ -27,8 +28,9 @@ typedef struct head {
     int64_t step, base;          /* base: the step of the checkpoint a delta follows */
     uint64_t created, evicted, refused;
     uint64_t entries, tombs;
-    uint32_t dim, state_floats, optim, pad;
-    int64_t evict_after;         /* the table's, for an export of the file alone */
+    uint32_t dim, state_floats, optim, admit_count;
+    int64_t evict_after;         /* the table's: a resume must keep them (the same bits), */
+    uint64_t max_rows;           /* and an export of the file alone knows what expired */
     char name[PST_SPARSE_NAME_MAX];
 } head;
 
@@ -169,7 +171,8 @@ pst_status pst_sparse_ckpt_save(pst_sparse_ckpt *w, pst_sparse_table *t, long st
               .created = s.created, .evicted = s.evicted, .refused = s.refused,
               .entries = c.n, .tombs = delta ? ntombs : 0, .dim = (uint32_t)cfg->dim,
               .state_floats = (uint32_t)pst_sparse_state_floats(cfg->optim),
-              .optim = (uint32_t)cfg->optim, .evict_after = cfg->evict_after};
+              .optim = (uint32_t)cfg->optim, .admit_count = cfg->admit_count,
+              .evict_after = cfg->evict_after, .max_rows = cfg->max_rows};
     snprintf(h.name, sizeof h.name, "%s", cfg->name);
     pst_status st = c.nomem ? pst_error_set(PST_ERR_NOMEM, "checkpoint of sparse table %s: out "
                                             "of memory for %zu entries", cfg->name, c.n)
@@ -187,7 +190,19 @@ pst_status pst_sparse_ckpt_save(pst_sparse_ckpt *w, pst_sparse_table *t, long st
         w->deltas = 0;
         w->full = step;
     }
-    return prune(w);
+    if (prune(w) != PST_OK) /* the checkpoint is whole: an old file left is no failure */
+        PST_WARN("%s", pst_error_detail());
+    return PST_OK;
+}
+
+pst_status pst_sparse_step_done(pst_sparse_table *t, pst_sparse_ckpt *w, long every, long step)
+{
+    if (pst_sparse_config_of(t)->evict_after > 0 &&
+        step % PST_SPARSE_SWEEP_EVERY == PST_SPARSE_SWEEP_EVERY - 1)
+        pst_sparse_sweep(t, step);
+    if (w && every > 0 && (step + 1) % every == 0)
+        return pst_sparse_ckpt_save(w, t, step + 1);
+    return PST_OK;
 }
 
 /* ---- reading ---------------------------------------------------------------------------- */
@@ -205,11 +220,17 @@ static pst_status read_file(pst_ckpt *c, head *h, const char *dir, long step)
     }
     memcpy(h, p, sizeof *h);
     h->name[sizeof h->name - 1] = 0;
-    if (h->format != 1 || h->step != step || (h->delta && (h->base < 0 || h->base >= step))) {
+    /* counts no larger than the file: the sizes made from them below cannot wrap */
+    if (h->format != 1 || h->step != step || (h->delta && (h->base < 0 || h->base >= step)) ||
+        h->entries > c->size / 8 || h->tombs > c->size / 8 || h->dim > PST_SPARSE_MAX_DIM ||
+        h->state_floats > 2) {
         pst_ckpt_free(c);
         return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: format %u, step "
-                             "%lld, base %lld: not a sparse table checkpoint of this step", dir,
-                             step, h->format, (long long)h->step, (long long)h->base);
+                             "%lld, base %lld, %llu entries, %llu tombstones, dim %u: not a "
+                             "sparse table checkpoint of this step", dir, step, h->format,
+                             (long long)h->step, (long long)h->base,
+                             (unsigned long long)h->entries, (unsigned long long)h->tombs,
+                             h->dim);
     }
     return PST_OK;
 }
@@ -239,6 +260,14 @@ static pst_status apply(const pst_ckpt *c, const head *h, const char *dir, pst_s
                              "%u, optimizer %u; this job's is %s of dim %d, %s", dir, c->step,
                              h->name, h->dim, h->optim, cfg->name, cfg->dim,
                              pst_sparse_optim_name(cfg->optim));
+    if (h->admit_count != cfg->admit_count || h->evict_after != cfg->evict_after ||
+        h->max_rows != cfg->max_rows)
+        return pst_error_set(PST_ERR_MISMATCH, "checkpoint %s/step-%012ld.ckpt: admission after "
+                             "%u, eviction after %lld, at most %llu rows; this job's are %u, "
+                             "%ld, %zu: resume with the --sparse-* flags it was written with",
+                             dir, c->step, h->admit_count, (long long)h->evict_after,
+                             (unsigned long long)h->max_rows, cfg->admit_count,
+                             cfg->evict_after, cfg->max_rows);
     const uint64_t n = h->entries;
     const void *keys, *pushes, *last, *has_row, *tombs, *rows;
     PST_TRY(section(c, dir, SEC_KEYS, n * sizeof(uint64_t), &keys));
@@ -278,40 +307,43 @@ static pst_status apply(const pst_ckpt *c, const head *h, const char *dir, pst_s
     return st;
 }
 
-/* The full checkpoint step's chain starts from (*full), walking back from `step`. */
-static pst_status chain_start(const char *dir, long step, long *full)
+#define MAX_CHAIN 1024 /* files in one chain at most (a full one every 8 when we write) */
+
+/* The chain of `step`: chain[0] = step, each next the base of the one before, the last a
+ * full file; *n of them. Reads each file (its checksums too). */
+static pst_status chain_of(const char *dir, long step, long *chain, int *n)
 {
+    *n = 0;
     for (long s = step;;) {
+        if (*n == MAX_CHAIN)
+            return pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: a chain of "
+                                 "more than %d files", dir, step, MAX_CHAIN);
         pst_ckpt c;
         head h;
         PST_TRY(read_file(&c, &h, dir, s));
         pst_ckpt_free(&c);
-        if (!h.delta) {
-            *full = s;
+        chain[(*n)++] = s;
+        if (!h.delta)
             return PST_OK;
-        }
         s = (long)h.base;
     }
 }
 
 pst_status pst_sparse_ckpt_load(const char *dir, long step, pst_sparse_table *t)
 {
-    long full = -1;
-    PST_TRY(chain_start(dir, step, &full));
-    /* forward from the full file: each delta's base is the checkpoint just before it */
-    long steps[4096];
-    const int n = pst_ckpt_list(dir, steps, 4096);
+    long chain[MAX_CHAIN];
+    int n = 0;
+    PST_TRY(chain_of(dir, step, chain, &n));
+    /* the full file, then each delta on the one before it (other files in dir, left by an
+     * earlier run, are not of this chain) */
     for (int i = n - 1; i >= 0; i--) {
-        if (steps[i] < full || steps[i] > step)
-            continue;
         pst_ckpt c;
         head h;
-        PST_TRY(read_file(&c, &h, dir, steps[i]));
+        PST_TRY(read_file(&c, &h, dir, chain[i]));
         pst_status st = PST_OK;
-        if (steps[i] > full && !h.delta)
-            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: a full file "
-                               "inside the chain of step %ld from %ld", dir, steps[i], step,
-                               full);
+        if ((i == n - 1) == (h.delta != 0) || (h.delta && h.base != chain[i + 1]))
+            st = pst_error_set(PST_ERR_FORMAT, "checkpoint %s/step-%012ld.ckpt: changed while "
+                               "its chain was read", dir, chain[i]);
         if (st == PST_OK)
             st = apply(&c, &h, dir, t);
         pst_ckpt_free(&c);
@@ -332,7 +364,9 @@ pst_status pst_sparse_ckpt_open(const char *dir, long step, pst_sparse_table **o
     snprintf(cfg.name, sizeof cfg.name, "%s", h.name);
     cfg.dim = (int)h.dim;
     cfg.optim = (pst_sparse_optim)h.optim;
+    cfg.admit_count = h.admit_count;
     cfg.evict_after = (long)h.evict_after;
+    cfg.max_rows = (size_t)h.max_rows;
     pst_status st = pst_sparse_check(&cfg);
     if (st == PST_OK)
         st = pst_sparse_create(out, &cfg);
@@ -349,8 +383,9 @@ int pst_sparse_ckpt_steps(const char *dir, long *steps, int max)
     const int n = pst_ckpt_list(dir, all, 4096);
     int k = 0;
     for (int i = 0; i < n && k < max; i++) {
-        long full;
-        if (chain_start(dir, all[i], &full) == PST_OK)
+        long chain[MAX_CHAIN];
+        int len;
+        if (chain_of(dir, all[i], chain, &len) == PST_OK)
             steps[k++] = all[i];
     }
     return k;
@@ -369,8 +404,9 @@ static int by_key(const void *a, const void *b)
     return x->key < y->key ? -1 : x->key > y->key;
 }
 
-pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path)
+pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path, size_t *count)
 {
+    *count = 0;
     const pst_sparse_config *cfg = pst_sparse_config_of(t);
     collect c = {.dim = (size_t)cfg->dim,
                  .row_floats = (size_t)cfg->dim * (size_t)(1 + pst_sparse_state_floats(cfg->optim))};
@@ -385,8 +421,8 @@ pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path)
     for (size_t i = 0, r = 0; i < c.n; i++) {
         if (!c.has_row[i])
             continue;
-        if (!(cfg->evict_after > 0 && step - (long)c.last[i] > cfg->evict_after))
-            recs[k++] = (record){c.keys[i], r}; /* not expired (sparse.h's rule) */
+        if (!pst_sparse_expired(cfg, (long)c.last[i], step))
+            recs[k++] = (record){c.keys[i], r};
         r++;
     }
     qsort(recs, k, sizeof *recs, by_key);
@@ -399,9 +435,9 @@ pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path)
                            strerror(errno));
     } else {
         const uint32_t dim = (uint32_t)cfg->dim, zero = 0;
-        const uint64_t count = k;
+        const uint64_t records = k;
         int ok = fwrite("PSTEMB01", 1, 8, f) == 8 && fwrite(&dim, 4, 1, f) == 1 &&
-                 fwrite(&zero, 4, 1, f) == 1 && fwrite(&count, 8, 1, f) == 1;
+                 fwrite(&zero, 4, 1, f) == 1 && fwrite(&records, 8, 1, f) == 1;
         for (size_t i = 0; ok && i < k; i++)
             ok = fwrite(&recs[i].key, 8, 1, f) == 1 &&
                  fwrite(c.rows + recs[i].at * c.row_floats, sizeof(float), c.dim, f) == c.dim;
@@ -410,6 +446,8 @@ pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path)
             st = pst_error_set(PST_ERR_IO, "export %s: cannot write it: %s", path,
                                strerror(ok ? errno : e));
             unlink(tmp);
+        } else {
+            *count = k;
         }
     }
     free(recs);

@@ -43,13 +43,22 @@ void pst_sparse_ckpt_init(pst_sparse_ckpt *w, pst_sparse_table *t, const char *d
  * log lost a key), then prunes what no kept checkpoint needs. Errors: PST_ERR_IO naming the
  * file, PST_ERR_NOMEM; on error no file of `step` exists and the next one is full. */
 pst_status pst_sparse_ckpt_save(pst_sparse_ckpt *w, pst_sparse_table *t, long step);
+/* Once every push of `step` is applied to t: its expired rows swept every
+ * PST_SPARSE_SWEEP_EVERY steps (which changes no value), and with a writer (w non-NULL,
+ * every > 0) a checkpoint of step + 1 when that is a multiple of every. Errors: those of
+ * pst_sparse_ckpt_save. */
+#define PST_SPARSE_SWEEP_EVERY 64
+pst_status pst_sparse_step_done(pst_sparse_table *t, pst_sparse_ckpt *w, long every, long step);
 /* Loads dir's checkpoint of `step` into t, which must be empty and have the checkpoint's
- * name, dim and optimizer. Errors: PST_ERR_NOT_FOUND (a file of the chain is missing),
- * PST_ERR_FORMAT (a damaged file, named), PST_ERR_MISMATCH (another table's), PST_ERR_IO,
+ * name, dim, optimizer, admission, eviction and row budget (PST_ERR_MISMATCH otherwise:
+ * a resume with other settings would not give the bits). Applies the step's chain only,
+ * whatever else the directory holds. Errors: PST_ERR_NOT_FOUND (a file of the chain is
+ * missing), PST_ERR_FORMAT (a damaged file, named), PST_ERR_MISMATCH, PST_ERR_IO,
  * PST_ERR_NOMEM. */
 pst_status pst_sparse_ckpt_load(const char *dir, long step, pst_sparse_table *t);
-/* A new table made from dir's checkpoint of `step`: its name, dim, optimizer and eviction
- * from the file, the rest sparse.h's defaults (for an export, not for training on).
+/* A new table made from dir's checkpoint of `step`: its name, dim, optimizer, admission,
+ * eviction and row budget from the file, the rest sparse.h's defaults (for an export, not
+ * for training on).
  * Errors: those of pst_sparse_ckpt_load, PST_ERR_FORMAT for settings out of range. */
 pst_status pst_sparse_ckpt_open(const char *dir, long step, pst_sparse_table **out);
 /* The steps of dir's checkpoints whose chain is whole (each file there and readable),
@@ -58,8 +67,8 @@ int pst_sparse_ckpt_steps(const char *dir, long *steps, int max);
 /* Writes t's rows as of `step` for serving to path (atomically: path.tmp, then renamed):
  * "PSTEMB01", u32 dim, u32 0, u64 count, then count records of u64 key and dim f32
  * values, ascending by key (keys waiting for admission and rows expired by `step` have
- * none: a pull gets the initializer's values for them). Errors: PST_ERR_IO naming the
- * file, PST_ERR_NOMEM. */
-pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path);
+ * none: a pull gets the initializer's values for them); *count = the records written.
+ * Errors: PST_ERR_IO naming the file, PST_ERR_NOMEM. */
+pst_status pst_sparse_export(pst_sparse_table *t, long step, const char *path, size_t *count);
 
 #endif /* PST_PSERVER_SPARSE_CKPT_H */

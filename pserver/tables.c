@@ -22,7 +22,6 @@
 #include "rpc/wire.h"
 
 #define PARKED_SLACK 64 /* pulls parked beyond 2 per trainer (retries, abandoned ones) */
-#define SWEEP_EVERY 64  /* steps between sweeps of expired rows (trainer/ctr.c's too) */
 
 typedef struct parked_pull {
     rpc_call *call;
@@ -89,7 +88,7 @@ static pst_status spec_config(const Pstrain__SparseTableSpec *w, size_t i, pst_s
     c->beta2 = w->beta2;
     c->init_std = w->init_std;
     c->seed = w->seed;
-    c->admit_count = w->admit_count;
+    c->admit_count = w->admit_count ? w->admit_count : 1; /* 0 and 1: the first push */
     c->evict_after = (long)w->evict_after;
     c->max_rows = (size_t)w->max_rows;
     pst_status st = pst_sparse_check(c);
@@ -287,6 +286,11 @@ void ps_tables_pull(ps_tables *ts, rpc_call *call)
     if (st == PST_OK && req->step < 0)
         st = pst_error_set(PST_ERR_INVALID, "PullSparse of sparse table %u: step %lld; steps "
                            "count from 0", req->table, (long long)req->step);
+    if (st == PST_OK && req->count * (uint64_t)tab->dim * sizeof(float) > PS_TABLES_MAX_CALL_BYTES)
+        st = pst_error_set(PST_ERR_LIMIT, "PullSparse of sparse table %u: %llu rows of %d are "
+                           "more than %u MiB in one reply: pull fewer keys a call",
+                           req->table, (unsigned long long)req->count, tab->dim,
+                           PS_TABLES_MAX_CALL_BYTES >> 20);
     if (st == PST_OK && (!pl ? req->count != 0 : pl->bytes != req->count * sizeof(uint64_t)))
         st = pst_error_set(PST_ERR_FORMAT, "PullSparse of sparse table %u: %llu keys but a "
                            "payload of %zu bytes (8 a key)", req->table,
@@ -309,6 +313,11 @@ void ps_tables_pull(ps_tables *ts, rpc_call *call)
     if (tab->broken != PST_OK) {
         st = tab->broken;
         pst_error_set(st, "%s", tab->why);
+    } else if (ts->sync && req->step > version + 1) {
+        st = pst_error_set(PST_ERR_STATE, "PullSparse of step %lld from trainer %u: sparse table "
+                           "%u is at step %lld (sync: a trainer pulls at most the next step)",
+                           (long long)req->step, req->trainer_id, req->table,
+                           (long long)version);
     } else if (ts->sync && req->step > version && tab->nparked == tab->parked_cap) {
         st = pst_error_set(PST_ERR_LIMIT, "PullSparse of sparse table %u: %d pulls wait on it, "
                            "at most %d (2 per trainer, + %d)", req->table, tab->nparked,
@@ -349,24 +358,28 @@ void ps_tables_cancelled(ps_tables *ts, rpc_call *call)
     rpc_call_fail(call, PST_ERR_TIMEOUT, "PullSparse: the client gave up waiting");
 }
 
+/* Fails the pulls parked on tab (rpc_call_fail does not block), and closes it: its later
+ * calls fail at once with the same reason. Called with tab->mu held. */
+static void close_locked(table *tab, pst_status st, const char *why)
+{
+    if (tab->broken == PST_OK) {
+        tab->broken = st;
+        snprintf(tab->why, sizeof tab->why, "sparse table %d: %s", tab->index, why);
+    }
+    for (int k = 0; k < tab->nparked; k++) {
+        rpc_call_fail(tab->parked[k].call, tab->broken, "%s", tab->why);
+        free(tab->parked[k].keys);
+    }
+    tab->nparked = 0;
+}
+
 void ps_tables_fail_waiting(ps_tables *ts, pst_status st, const char *why)
 {
     for (int i = 0; ts && i < ts->n; i++) {
         table *tab = &ts->tabs[i];
         pthread_mutex_lock(&tab->mu);
-        parked_pull *p = tab->parked;
-        const int n = tab->nparked;
-        tab->parked = NULL;
-        tab->nparked = 0;
-        tab->parked = calloc((size_t)tab->parked_cap, sizeof *tab->parked);
-        if (!tab->parked)
-            tab->parked_cap = 0; /* later pulls are refused LIMIT */
+        close_locked(tab, st, why);
         pthread_mutex_unlock(&tab->mu);
-        for (int k = 0; k < n; k++) {
-            rpc_call_fail(p[k].call, st, "PullSparse of sparse table %d: %s", i, why);
-            free(p[k].keys);
-        }
-        free(p);
     }
 }
 
@@ -390,6 +403,10 @@ static pst_status read_push(ps_tables *ts, table *tab, const Pstrain__PushSparse
                              req->trainer_id, ts->trainers);
     const size_t n = (size_t)req->count, elems = n * (size_t)tab->dim;
     const size_t es = pst_dtype_size(dt), want = n * sizeof(uint64_t) + elems * es;
+    if (elems * sizeof(float) > PS_TABLES_MAX_CALL_BYTES) /* count <= 2^22, dim <= 4096 */
+        return pst_error_set(PST_ERR_LIMIT, "PushSparse of sparse table %u: %zu rows of %d are "
+                             "more than %u MiB in one call: push fewer keys a call",
+                             req->table, n, tab->dim, PS_TABLES_MAX_CALL_BYTES >> 20);
     if (pl ? pl->bytes != want : want != 0)
         return pst_error_set(PST_ERR_FORMAT, "PushSparse of sparse table %u: %llu keys of rows "
                              "of %d %s need a payload of %zu bytes (the keys, then the rows), "
@@ -459,11 +476,8 @@ static pst_status complete_step_locked(ps_tables *ts, table *tab, parked_pull **
     const int64_t step = tab->version;
     if (st == PST_OK)
         st = pst_sparse_push(tab->t, keys, n, rows, (long)step);
-    if (st == PST_OK && pst_sparse_config_of(tab->t)->evict_after > 0 &&
-        step % SWEEP_EVERY == SWEEP_EVERY - 1)
-        pst_sparse_sweep(tab->t, (long)step); /* frees expired rows (changes no value) */
-    if (st == PST_OK && ts->every && (step + 1) % ts->every == 0 &&
-        (st = pst_sparse_ckpt_save(&tab->ckpt, tab->t, (long)step + 1)) != PST_OK)
+    if (st == PST_OK && (st = pst_sparse_step_done(tab->t, &tab->ckpt, (long)ts->every,
+                                                   (long)step)) != PST_OK)
         PST_ERROR("sparse table %d: no checkpoint of step %lld: %s", tab->index,
                   (long long)step + 1, pst_error_detail());
     for (uint32_t t = 0; t < ts->trainers; t++) {
@@ -471,23 +485,29 @@ static pst_status complete_step_locked(ps_tables *ts, table *tab, parked_pull **
         tab->in[t] = (push_in){0};
     }
     tab->have = 0;
-    if (st != PST_OK) { /* the step is lost: every later call of this table fails */
-        tab->broken = st;
-        snprintf(tab->why, sizeof tab->why, "sparse table %d stopped at step %lld: %s",
-                 tab->index, (long long)step, pst_error_detail());
-        pst_error_set(st, "%s", tab->why);
-    } else {
-        tab->version = step + 1;
-    }
     *nready = 0;
-    *ready = malloc(sizeof **ready * (size_t)(tab->nparked ? tab->nparked : 1));
-    for (int i = 0; *ready && i < tab->nparked;) {
-        if (st != PST_OK || tab->parked[i].step <= tab->version) {
-            (*ready)[(*nready)++] = tab->parked[i];
-            tab->parked[i] = tab->parked[--tab->nparked];
-        } else {
-            i++;
+    *ready = NULL;
+    if (st == PST_OK) {
+        tab->version = step + 1;
+        /* the pulls of the new step, answered by the caller after the lock */
+        if (tab->nparked && !(*ready = malloc(sizeof **ready * (size_t)tab->nparked)))
+            st = pst_error_set(PST_ERR_NOMEM, "out of memory answering the pulls of step "
+                               "%lld", (long long)step + 1);
+        for (int i = 0; *ready && i < tab->nparked;) {
+            if (tab->parked[i].step <= tab->version) {
+                (*ready)[(*nready)++] = tab->parked[i];
+                tab->parked[i] = tab->parked[--tab->nparked];
+            } else {
+                i++;
+            }
         }
+    }
+    if (st != PST_OK) { /* the step is lost: the table is closed, its waiting pulls failed */
+        char why[400];
+        snprintf(why, sizeof why, "stopped at step %lld: %s", (long long)step,
+                 pst_error_detail());
+        close_locked(tab, st, why);
+        pst_error_set(st, "%s", tab->why);
     }
     return st;
 }
@@ -512,7 +532,7 @@ static void push_async(ps_tables *ts, table *tab, rpc_call *call, push_in *in, i
     const int64_t pushes = ++tab->version;
     pthread_mutex_unlock(&tab->mu);
     if (pst_sparse_config_of(tab->t)->evict_after > 0 &&
-        pushes % (SWEEP_EVERY * (int64_t)ts->trainers) == 0)
+        pushes % (PST_SPARSE_SWEEP_EVERY * (int64_t)ts->trainers) == 0)
         pst_sparse_sweep(tab->t, (long)step);
     answer_push(call, 0);
 }
@@ -559,12 +579,9 @@ void ps_tables_push(ps_tables *ts, rpc_call *call)
     pthread_mutex_unlock(&tab->mu);
     free(in.keys);
     for (int i = 0; i < nready; i++) {
-        parked_pull *p = &ready[i];
-        if (st == PST_OK)
-            answer_pull(tab, p->call, p->keys, p->n, p->step, p->dtype, now);
-        else
-            rpc_call_fail(p->call, st, "%s", tab->why);
-        free(p->keys);
+        answer_pull(tab, ready[i].call, ready[i].keys, ready[i].n, ready[i].step,
+                    ready[i].dtype, now);
+        free(ready[i].keys);
     }
     free(ready);
     if (st != PST_OK)
@@ -580,16 +597,20 @@ size_t ps_tables_max_request(const ps_tables *ts, rpc_method m)
     int dim = 0;
     for (int i = 0; ts && i < ts->n; i++)
         dim = ts->tabs[i].dim > dim ? ts->tabs[i].dim : dim;
+    const size_t keys = (size_t)PST_SPARSE_MAX_KEYS * sizeof(uint64_t);
     if (m == RPC_METHOD_PULL_SPARSE)
-        return (size_t)PST_SPARSE_MAX_KEYS * sizeof(uint64_t) + RPC_SMALL_REQUEST_MAX;
-    if (m == RPC_METHOD_PUSH_SPARSE)
-        return (size_t)PST_SPARSE_MAX_KEYS * (sizeof(uint64_t) + sizeof(float) * (size_t)dim) +
-               RPC_SMALL_REQUEST_MAX;
+        return keys + RPC_SMALL_REQUEST_MAX;
+    if (m == RPC_METHOD_PUSH_SPARSE) /* the keys and at most the call's bytes of f32 rows */
+        return keys + (dim ? PS_TABLES_MAX_CALL_BYTES : 0) + RPC_SMALL_REQUEST_MAX;
     return 0;
 }
 
 pst_status ps_tables_resume(ps_tables *ts, int64_t step)
 {
+    if (ts && ts->n && !ts->every)
+        return pst_error_set(PST_ERR_STATE, "sparse tables: resuming at step %lld without "
+                             "checkpoints of them (sync mode and a checkpoint directory "
+                             "with --checkpoint-every)", (long long)step);
     for (int i = 0; ts && i < ts->n; i++) {
         table *tab = &ts->tabs[i];
         pst_status st = pst_sparse_ckpt_load(tab->ckpt.dir, (long)step, tab->t);

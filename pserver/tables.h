@@ -17,8 +17,10 @@
  * an unknown table (PST_ERR_NOT_FOUND), a dtype other than F32 or BF16, counts that
  * disagree with the payload, more than PST_SPARSE_MAX_KEYS keys (PST_ERR_LIMIT), keys not
  * unique and ascending or of another shard, a row that is NaN or infinite
- * (PST_ERR_INVALID), a step ahead of the table's (PST_ERR_STATE). A repeated push (a retry)
- * is answered `duplicate` and counted once. A table checkpoint that cannot be written stops
+ * (PST_ERR_INVALID), rows of more than PS_TABLES_MAX_CALL_BYTES (PST_ERR_LIMIT), a push of
+ * a step ahead of the table's, a pull of a step past the next (PST_ERR_STATE). In sync mode
+ * a repeated push (a retry) is answered `duplicate` and counted once; in async mode every
+ * push that arrives is applied, a retry too. A table checkpoint that cannot be written stops
  * the table: its later calls fail with the reason.
  * Not for: the dense blocks (store.h), Init's other checks (service.c), async checkpoints
  * of the tables (not built: sync mode only). */
@@ -42,6 +44,8 @@ typedef struct ps_tables ps_tables;
  * the pulls of that step are answered. Errors: PST_ERR_INVALID naming the table and
  * setting, PST_ERR_LIMIT (more than PS_TABLES_MAX), PST_ERR_NOMEM. */
 #define PS_TABLES_MAX 64
+/* The rows of one call at most, in f32 (a trainer sends its keys in calls under it). */
+#define PS_TABLES_MAX_CALL_BYTES (256u << 20)
 pst_status ps_tables_init(ps_tables **out, const struct Pstrain__InitRequest *req, int sync,
                           const char *ckpt_dir, int keep);
 /* The job resumes at `step` (the dense shard's): each table loaded from its checkpoint of
@@ -55,7 +59,8 @@ void ps_tables_pull(ps_tables *t, rpc_call *call);
 void ps_tables_push(ps_tables *t, rpc_call *call);
 /* A parked pull whose client gave up: withdrawn and failed now (the server's on_cancel). */
 void ps_tables_cancelled(ps_tables *t, rpc_call *call);
-/* Fails every parked pull with st and why (shutdown, a trainer left the job). */
+/* Fails every parked pull with st and why (shutdown, a trainer left the job), and every
+ * later call of the tables with the same: the job cannot go on. */
 void ps_tables_fail_waiting(ps_tables *t, pst_status st, const char *why);
 /* The largest request body of PullSparse or PushSparse (0 for other methods). */
 size_t ps_tables_max_request(const ps_tables *t, rpc_method m);

@@ -162,6 +162,37 @@ Test(sparse_ckpt, pruning_keeps_the_chains_of_the_kept)
     pst_sparse_free(t);
 }
 
+/* An earlier run's files stay in the directory (every 4 steps: 4, 8, 12); the job resumed
+ * at 8 checkpoints every 5 (10 full, 15 a delta on 10): loading 15 applies its own chain
+ * only, not the stale delta of 12 that lies between. */
+Test(sparse_ckpt, a_chain_ignores_files_an_earlier_run_left)
+{
+    char d[128];
+    snprintf(d, sizeof d, "%s/stale", dir);
+    pst_sparse_table *old = table(DIM, PST_SPARSE_ADAGRAD);
+    pst_sparse_ckpt w;
+    pst_sparse_ckpt_init(&w, old, d, 100, -1);
+    for (long s = 0; s < 12; s++) {
+        push_step(old, s);
+        if ((s + 1) % 4 == 0)
+            cr_assert_eq(pst_sparse_ckpt_save(&w, old, s + 1), PST_OK);
+    }
+    pst_sparse_table *t = table(DIM, PST_SPARSE_ADAGRAD);
+    cr_assert_eq(pst_sparse_ckpt_load(d, 8, t), PST_OK, "%s", pst_error_detail());
+    pst_sparse_ckpt_init(&w, t, d, 100, 8);
+    for (long s = 8; s < 15; s++) {
+        push_step(t, s);
+        if ((s + 1) % 5 == 0)
+            cr_assert_eq(pst_sparse_ckpt_save(&w, t, s + 1), PST_OK);
+    }
+    pst_sparse_table *again = table(DIM, PST_SPARSE_ADAGRAD);
+    cr_assert_eq(pst_sparse_ckpt_load(d, 15, again), PST_OK, "%s", pst_error_detail());
+    assert_same(t, again, 15);
+    pst_sparse_free(again);
+    pst_sparse_free(t);
+    pst_sparse_free(old);
+}
+
 Test(sparse_ckpt, damaged_missing_or_foreign_files_are_refused)
 {
     char d[128], path[200];
@@ -210,7 +241,8 @@ Test(sparse_ckpt, export_holds_every_row_ascending)
     pst_sparse_table *t = table(DIM, PST_SPARSE_ADAGRAD);
     for (long s = 0; s < 12; s++)
         push_step(t, s);
-    cr_assert_eq(pst_sparse_export(t, 12, path), PST_OK, "%s", pst_error_detail());
+    size_t written = 0;
+    cr_assert_eq(pst_sparse_export(t, 12, path, &written), PST_OK, "%s", pst_error_detail());
     FILE *f = fopen(path, "rb");
     cr_assert_not_null(f);
     char magic[8];
@@ -246,6 +278,7 @@ Test(sparse_ckpt, export_holds_every_row_ascending)
     pst_sparse_stats_of(t, &st);
     live = st.rows;
     cr_assert_eq(count, live);
+    cr_assert_eq(written, count);
     unlink(path);
     pst_sparse_free(t);
 }

@@ -1,22 +1,25 @@
-/* ctr.c — training the click model (--model dlrm --dataset ctr) alone (see train.h).
+/* ctr.c — training the click model (--model dlrm --dataset ctr), alone or with pservers
+ * (see train.h).
  *
- * DESIGN. A step reads its global batch's rows from the click file (common/data/ctr.h: a
- * stream, so the trainer's memory does not grow with the file), turns each row's field ids
- * into keys (field << 40 | id: one table for every field, each field's keys apart), finds
- * the batch's distinct keys (common/sparse_rows.h), pulls their rows from the in-process
- * sparse table (pserver/sparse.h: created on the first push, initializer values before),
- * lays them out per row for the executor, which runs the dense model (the bottom MLP, the
- * interaction, the top MLP, the loss) and hands back the rows' embedding gradients; those
- * are summed per key in row order and pushed to the table as one update of each key's row.
- * The dense parameters are updated by the in-process store, as for every model trained
- * alone. The sparse table's optimizer is the dense one's kind where the table has it
- * (sgd, adagrad, adam), with --lr and --eps.
- * Admission, eviction by age and the row budget are the table's (--sparse-admit-count,
- * --sparse-evict-after, --sparse-max-rows); expired rows are swept every 64 steps.
- * Not built yet (issue 31), refused in one line: pservers (the sparse tables' wire), fp16
- * (the table would need the loss scale and its vote), learning-rate schedules (the table's
- * lr is constant), a file without dense features. Not kept: --save-params, checkpoints,
- * metrics and traces (a warning names them). */
+ * DESIGN. A step reads this trainer's slice of its global batch from the click file
+ * (common/data/ctr.h: a stream, so the trainer's memory does not grow with the file), turns
+ * each row's field ids into keys (field << 40 | id: one table for every field, each field's
+ * keys apart), finds the slice's distinct keys (common/sparse_rows.h), ordered by the
+ * pserver that holds them, pulls their rows (from the in-process sparse table alone,
+ * pserver/sparse.h; from the pservers' shards otherwise, remote.h: keys without a row get
+ * the initializer's values, and nothing is created), lays them out per row for the
+ * executor, which runs the dense model (the bottom MLP, the interaction, the top MLP, the
+ * loss) and hands back the rows' embedding gradients; those are summed per key device by
+ * device, as the pservers sum trainers, and pushed: one update of each key's row a step.
+ * The dense parameters go through the link as for every model. The sparse table's
+ * optimizer is the dense one's kind where the table has it (sgd, adagrad, adam), with --lr
+ * and --eps. Admission, eviction by age and the row budget are the table's
+ * (--sparse-admit-count, --sparse-evict-after, --sparse-max-rows); expired rows are swept
+ * every 64 steps. Checkpoints (sync): see ckpt_setup below.
+ * Not built yet (issue 31), refused in one line: fp16 (the table would need the loss scale
+ * and its vote), learning-rate schedules (the table's lr is constant), checkpoints in
+ * async mode, a file without dense features. Not kept: --save-params, metrics and traces
+ * (a warning names them). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -313,10 +316,24 @@ static void ckpt_setup(ctr_ckpt *k, const pst_config *cfg, const char *job_id, t
         return;
     long steps[64];
     const int n = pst_ckpt_list(k->job_dir, steps, 64);
-    for (int i = 0; i < n; i++)
-        k->steps[i] = steps[i];
+    int whole = 0;
+    for (int i = 0; i < n; i++) { /* the files that read whole and name their own step */
+        pst_ckpt c;
+        uint64_t bytes = 0;
+        int64_t at = -1;
+        if (pst_ckpt_read(&c, k->job_dir, steps[i]) != PST_OK) {
+            PST_WARN("dlrm: %s; trying an older checkpoint", pst_error_detail());
+            continue;
+        }
+        const void *p = pst_ckpt_find(&c, JOB_STEP, &bytes);
+        if (p && bytes == sizeof at)
+            memcpy(&at, p, sizeof at);
+        pst_ckpt_free(&c);
+        if (at == steps[i])
+            k->steps[whole++] = steps[i];
+    }
     link->resume_steps = k->steps;
-    link->nresume = n;
+    link->nresume = whole;
 }
 
 /* Trainer 0 at the start of step s (its rows pulled): the job's checkpoint of s. */
@@ -465,6 +482,12 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
     if (st == PST_OK && ck.on && at.local)
         pst_sparse_ckpt_init(&ck.writer, at.local, ck.table_dir, cfg->checkpoint_keep,
                              first > 0 ? first : -1);
+    if (st == PST_OK && first == 0 && cfg->resume == PST_RESUME_REQUIRE)
+        st = pst_error_set(PST_ERR_NOT_FOUND, "dlrm: --resume require, but no checkpoint of "
+                           "this job is whole in %s (and the shards)", ck.job_dir);
+    if (st == PST_OK && first > total)
+        st = pst_error_set(PST_ERR_INVALID, "dlrm: the checkpoint of step %ld is past this "
+                           "run's %ld steps (--epochs, --steps)", first, total);
     if (st == PST_OK && first > 0)
         PST_INFO("dlrm: resuming at step %ld of %ld", first, total);
     if (st != PST_OK)
@@ -503,10 +526,8 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
             batch_sums(&b, n, (size_t)c.fields, dim, D);
             st = rows_push(&at, &b, step, dim);
         }
-        if (st == PST_OK && at.local && cfg->sparse_evict_after > 0 && step % 64 == 63)
-            pst_sparse_sweep(at.local, step); /* frees expired rows (changes no value) */
-        if (st == PST_OK && at.local && ck.on && (step + 1) % ck.every == 0)
-            st = pst_sparse_ckpt_save(&ck.writer, at.local, step + 1);
+        if (st == PST_OK && at.local) /* the pservers' tables do this themselves */
+            st = pst_sparse_step_done(at.local, ck.on ? &ck.writer : NULL, ck.every, step);
         if (st == PST_OK && step >= total - per_epoch) { /* the last epoch's mean */
             loss_sum += loss;
             samples += (long)n;
@@ -519,7 +540,7 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
     if (st == PST_OK) {
         sum->train_loss = samples ? loss_sum / (double)samples : 0.0;
         sum->samples_per_s = train_s > 0 ? (double)trained / train_s : 0.0;
-        sum->step_ms_median = tr_median(step_ms, sum->steps);
+        sum->step_ms_median = tr_median(step_ms + first, sum->steps - first); /* this run's */
         st = evaluate(ex, &c, &at, &b, piece, total, dim, sum);
     }
     if (st == PST_OK && !(params = malloc(sizeof(float) * model.nparams)))

@@ -35,21 +35,16 @@ int main(int argc, char **argv)
         return 1;
     }
     pst_sparse_table *t = NULL;
+    size_t rows = 0;
     pst_status st = pst_sparse_ckpt_open(argv[1], step, &t);
     if (st == PST_OK)
-        st = pst_sparse_export(t, step, argv[2]);
+        st = pst_sparse_export(t, step, argv[2], &rows);
     if (st != PST_OK) {
         fprintf(stderr, "sparse-export: %s\n", pst_error_detail());
         pst_sparse_free(t);
         return 1;
     }
-    FILE *f = fopen(argv[2], "rb");
-    unsigned long long rows = 0;
-    if (!f || fseek(f, 16, SEEK_SET) != 0 || fread(&rows, 8, 1, f) != 1)
-        rows = 0;
-    if (f)
-        fclose(f);
-    printf("{\"step\":%ld,\"rows\":%llu,\"dim\":%d,\"out\":\"%s\"}\n", step, rows,
+    printf("{\"step\":%ld,\"rows\":%zu,\"dim\":%d,\"out\":\"%s\"}\n", step, rows,
            pst_sparse_config_of(t)->dim, argv[2]);
     pst_sparse_free(t);
     return 0;
