@@ -676,3 +676,44 @@ Test(tables_wire, abandoned_pulls_leave_the_table)
     expect_rows(got, want, keys, 2, "step 1 after the abandoned pulls");
     fixture_stop(ps, cl);
 }
+
+/* A trainer that leaves the job early closes the tables: the pull parked for the step it
+ * will never push fails at once with its reason, and so does every later pull. */
+Test(tables_wire, a_departure_fails_parked_and_later_pulls_at_once)
+{
+    proc *ps;
+    int port;
+    rpc_client *cl = fixture_start(&ps, &port);
+    init_job(cl, 2);
+    const init_args t1 = {.trainer = 1, .ntrainers = 2, .dim = DIM, .shards = 1};
+    EXPECT_STATUS(do_init(cl, &t1), PST_OK);
+    static const uint64_t keys[2] = {4, 9};
+    float g[2 * DIM], rows[2 * DIM];
+    for (int i = 0; i < 2 * DIM; i++)
+        g[i] = 0.01f * (float)i;
+    int dup = -1;
+    EXPECT_STATUS(do_push(cl, 0, 0, keys, 2, g, &dup), PST_OK);
+    pending_pull *p = calloc(1, sizeof *p);
+    cr_assert_not_null(p);
+    pending_start(cl, p, 1, keys, 2);
+    sleep_ms(200);
+    cr_assert_not(pending_is_done(p), "a pull of step 1 was answered before trainer 1 pushed");
+    Pstrain__FinishRequest fin = PSTRAIN__FINISH_REQUEST__INIT;
+    fin.trainer_id = 1;
+    fin.early = 1;
+    fin.step = 0;
+    fin.reason = (char *)"the test sends it away";
+    rpc_message *m = NULL;
+    EXPECT_STATUS(rpc_client_call(cl, 0, RPC_METHOD_FINISH, &fin.base, NULL, 0, &m), PST_OK);
+    rpc_message_free(m);
+    const double t0 = now_ms();
+    pending_wait(p, 5000);
+    cr_assert_eq(p->st, PST_ERR_STATE, "the parked pull: %s: %s", pst_strerror(p->st),
+                 p->detail);
+    cr_assert(strstr(p->detail, "the test sends it away"), "%s", p->detail);
+    EXPECT_REFUSED(do_pull(cl, 1, keys, 2, rows), PST_ERR_STATE, "the test sends it away");
+    cr_assert_lt(now_ms() - t0, 5000.0, "the refusals waited for a deadline");
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+    fixture_stop(ps, cl);
+}
