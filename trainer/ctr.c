@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/checkpoint.h"
 #include "common/clock.h"
 #include "common/data/ctr.h"
 #include "common/data/data.h"
@@ -33,7 +32,6 @@
 #include "common/nn/models/models.h"
 #include "common/sparse_rows.h"
 #include "pserver/sparse.h"
-#include "pserver/sparse_ckpt.h"
 #include "trainer/exec.h"
 #include "trainer/local.h"
 #include "trainer/plan.h"
@@ -42,12 +40,11 @@
 
 #define FIELD_SHIFT 40 /* a key: the field above, the field-local id (< 2^40) below */
 
-/* Where the sparse rows are: the in-process table (alone) or the pservers' shards. */
+/* The sparse table: table 0 of the link (the in-process one alone, the pservers' shards
+ * otherwise: link.h's sparse ops), and how the keys spread over its shards. */
 typedef struct ctr_rows_at {
-    pst_sparse_table *local; /* alone */
-    tr_remote *remote;       /* with pservers: table 0 of the Init's list */
-    int S;                   /* pservers (1 alone) */
-    pst_dtype wire;          /* the rows' dtype on the wire: f32, or bf16 (--precision) */
+    tr_link *link;
+    int S;                   /* shards: pservers (1 alone) */
     uint64_t keys_of[PST_MAX_PSERVERS]; /* distinct keys pulled from each, over the run */
 } ctr_rows_at;
 
@@ -134,37 +131,11 @@ static void shard_keys(ctr_batch *b, size_t n, int S)
 }
 
 /* The distinct keys' rows (nuniq, dim) as of `step` into out. */
-static pst_status rows_pull(ctr_rows_at *at, const ctr_batch *b, long step, float *out,
-                            size_t dim)
+static pst_status rows_pull(ctr_rows_at *at, const ctr_batch *b, long step, float *out)
 {
-    if (at->local)
-        return pst_sparse_pull(at->local, b->uniq, b->nuniq, step, out);
-    const uint64_t *keys[PST_MAX_PSERVERS];
-    size_t n[PST_MAX_PSERVERS];
-    float *rows[PST_MAX_PSERVERS];
-    for (int s = 0; s < at->S; s++) {
-        keys[s] = b->uniq + b->seg[s];
-        n[s] = b->seg[s + 1] - b->seg[s];
-        rows[s] = out + b->seg[s] * dim;
-        at->keys_of[s] += n[s];
-    }
-    return tr_remote_pull_sparse(at->remote, 0, step, at->wire, keys, n, rows);
-}
-
-/* The distinct keys' summed gradients of `step` (b->sums) to the table. */
-static pst_status rows_push(ctr_rows_at *at, const ctr_batch *b, long step, size_t dim)
-{
-    if (at->local)
-        return pst_sparse_push(at->local, b->uniq, b->nuniq, b->sums, step);
-    const uint64_t *keys[PST_MAX_PSERVERS];
-    size_t n[PST_MAX_PSERVERS];
-    const float *rows[PST_MAX_PSERVERS];
-    for (int s = 0; s < at->S; s++) {
-        keys[s] = b->uniq + b->seg[s];
-        n[s] = b->seg[s + 1] - b->seg[s];
-        rows[s] = b->sums + b->seg[s] * dim;
-    }
-    return tr_remote_push_sparse(at->remote, 0, step, at->wire, keys, n, rows);
+    for (int s = 0; s < at->S; s++)
+        at->keys_of[s] += b->seg[s + 1] - b->seg[s];
+    return at->link->ops->sparse_pull(at->link, 0, step, b->uniq, b->seg, out);
 }
 
 /* Reads rows [first, first + n) and lays out their embeddings as of `step` (keys without a
@@ -182,7 +153,7 @@ static pst_status batch_load(ctr_batch *b, const pst_ctr *c, ctr_rows_at *at, ui
     }
     PST_TRY(pst_keys_unique(b->keys, n * F, b->scratch, b->uniq, b->inverse, &b->nuniq));
     shard_keys(b, n * F, at->S);
-    PST_TRY(rows_pull(at, b, step, b->pulled, dim));
+    PST_TRY(rows_pull(at, b, step, b->pulled));
     for (size_t i = 0; i < n * F; i++)
         memcpy(b->sparse + i * dim, b->pulled + (size_t)b->inverse[i] * dim, sizeof(float) * dim);
     return PST_OK;
@@ -284,75 +255,11 @@ static pst_status table_config(const pst_config *cfg, uint64_t seed, pst_sparse_
     return pst_sparse_check(tc);
 }
 
-/* Checkpoints (--checkpoint-dir, sync): the dense blocks' shards are the store's (the
- * pservers', or the in-process one's in DIR/<job>/pserver-0), the sparse table's are
- * sparse_ckpt.h's files in each shard's table-0/, both written once step s - 1 is applied
- * for s a multiple of --checkpoint-every; trainer 0 then writes DIR/<job>/job/step-<s>.ckpt
- * when it starts step s, which it pulled: every shard of s is whole by then. Those steps are
- * what trainer 0 offers to resume from (the newest whose every shard is whole is taken). */
-#define JOB_STEP 0x4a525443u /* "CTRJ": the job file's one section, the step (i64) */
-
-typedef struct ctr_ckpt {
-    int on;                       /* --checkpoint-dir and --checkpoint-every, sync mode */
-    long every;
-    char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 40];
-    char table_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 40]; /* alone: the in-process table's */
-    int64_t steps[64];            /* trainer 0: the job's checkpoints, newest first */
-    pst_sparse_ckpt writer;       /* alone */
-} ctr_ckpt;
-
-/* Where the checkpoints go, and trainer 0's offer of steps to resume from (link's). */
-static void ckpt_setup(ctr_ckpt *k, const pst_config *cfg, const char *job_id, tr_link *link)
-{
-    k->on = cfg->checkpoint_dir[0] && cfg->checkpoint_every > 0;
-    if (!k->on)
-        return;
-    k->every = cfg->checkpoint_every;
-    snprintf(k->job_dir, sizeof k->job_dir, "%s/%s/job", cfg->checkpoint_dir, job_id);
-    snprintf(k->table_dir, sizeof k->table_dir, "%s/%s/pserver-0/table-0", cfg->checkpoint_dir,
-             job_id);
-    link->checkpoint_every = k->every;
-    if (cfg->trainer_id != 0 || cfg->resume == PST_RESUME_NEVER)
-        return;
-    long steps[64];
-    const int n = pst_ckpt_list(k->job_dir, steps, 64);
-    int whole = 0;
-    for (int i = 0; i < n; i++) { /* the files that read whole and name their own step */
-        pst_ckpt c;
-        uint64_t bytes = 0;
-        int64_t at = -1;
-        if (pst_ckpt_read(&c, k->job_dir, steps[i]) != PST_OK) {
-            PST_WARN("dlrm: %s; trying an older checkpoint", pst_error_detail());
-            continue;
-        }
-        const void *p = pst_ckpt_find(&c, JOB_STEP, &bytes);
-        if (p && bytes == sizeof at)
-            memcpy(&at, p, sizeof at);
-        pst_ckpt_free(&c);
-        if (at == steps[i])
-            k->steps[whole++] = steps[i];
-    }
-    link->resume_steps = k->steps;
-    link->nresume = whole;
-}
-
-/* Trainer 0 at the start of step s (its rows pulled): the job's checkpoint of s. */
-static pst_status ckpt_job(const ctr_ckpt *k, const pst_config *cfg, long s)
-{
-    if (!k->on || cfg->trainer_id != 0 || s % k->every != 0)
-        return PST_OK;
-    const int64_t step = s;
-    pst_ckpt_writer w;
-    PST_TRY(pst_ckpt_begin(&w, k->job_dir, s));
-    pst_status st = pst_ckpt_section(&w, JOB_STEP, &step, sizeof step);
-    if (st != PST_OK) {
-        pst_ckpt_abort(&w);
-        return st;
-    }
-    PST_TRY(pst_ckpt_commit(&w));
-    PST_INFO("checkpoint: step %ld of the click model written", s);
-    return pst_ckpt_prune(k->job_dir, cfg->checkpoint_keep);
-}
+/* Checkpoints (--checkpoint-dir, sync) are the link's (the pservers', or the in-process
+ * store's in DIR/<job>/pserver-0: the dense shard and the sparse table's files beside it,
+ * sparse_ckpt.h) and the job state's (job.c), as for every model: trainer 0 writes
+ * DIR/<job>/job/step-<s>.ckpt when it starts step s, which it pulled, so every shard of s
+ * is whole by then; a resumed job starts from the newest step every shard holds. */
 
 /* The summary's table fields and param_hash: the dense parameters' FNV-1a continued over
  * the sparse table's hash (pst_sparse_hash, which does not depend on the pservers' split). */
@@ -386,7 +293,8 @@ static double key_balance(const ctr_rows_at *at)
     return total ? (double)most * at->S / (double)total : 1.0;
 }
 
-pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum)
+pst_status tr_train_ctr(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
+                        tr_summary *sum)
 {
     memset(sum, 0, sizeof *sum);
     sum->first_step = -1;
@@ -398,7 +306,7 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
     tr_link *link = NULL;
     tr_remote *remote = NULL;
     tr_exec *ex = NULL;
-    ctr_rows_at at = {.S = 1, .wire = cfg->precision == PST_BF16 ? PST_BF16 : PST_F32};
+    ctr_rows_at at = {.S = cfg->num_pservers ? cfg->num_pservers : 1};
     ctr_batch b = {0};
     float *params = NULL;
     const size_t dim = (size_t)cfg->sparse_dim;
@@ -442,16 +350,17 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
     tr_link_settings ls = tr_link_settings_of(&run_cfg, &plan);
     ls.sparse_tables = &tc;
     ls.nsparse_tables = 1;
-    ctr_ckpt ck = {0};
     if (st == PST_OK && S) {
         st = tr_remote_init(&remote, &ls, &plan);
         link = remote ? tr_remote_link(remote) : NULL;
-        at = (ctr_rows_at){.remote = remote, .S = S, .wire = at.wire};
     } else if (st == PST_OK) {
         st = tr_local_init(&link, &ls, &plan);
-        if (st == PST_OK)
-            st = pst_sparse_create(&at.local, &tc);
     }
+    at.link = link;
+    char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
+    int64_t candidates[TR_RESUME_CANDIDATES];
+    tr_resume_state candidate_states[TR_RESUME_CANDIDATES];
+    long newest = 0; /* the newest job checkpoint's step, whole or not */
     /* evaluation in pieces of at least 1,024 rows: the executor's activations, the batch
      * buffers and so the process's peak memory are sized by the larger of the two */
     const size_t piece = most > 1024 ? most : 1024;
@@ -466,8 +375,9 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
     if (st == PST_OK)
         st = batch_alloc(&b, &c, piece, dim);
     if (st == PST_OK)
-        ckpt_setup(&ck, cfg, ls.job_id, link);
-    if (st == PST_OK) /* with pservers: Init (the tables made), every trainer on trainer 0's */
+        st = tr_job_checkpoints(job, &run_cfg, &plan, ls.job_id, link, job_dir, sizeof job_dir,
+                                candidates, candidate_states, &newest);
+    if (st == PST_OK) /* Init (the tables made), every trainer on trainer 0's */
         st = tr_exec_start(ex, cfg->seed);
     if (st != PST_OK)
         goto done;
@@ -477,17 +387,8 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
         st = pst_error_set(PST_ERR_MISMATCH, "dlrm: the pservers resumed at different steps "
                            "(the oldest %lld): remove the newer checkpoints or start afresh "
                            "(--resume never)", (long long)link->start_version);
-    if (st == PST_OK && first > 0 && at.local)
-        st = pst_sparse_ckpt_load(ck.table_dir, first, at.local);
-    if (st == PST_OK && ck.on && at.local)
-        pst_sparse_ckpt_init(&ck.writer, at.local, ck.table_dir, cfg->checkpoint_keep,
-                             first > 0 ? first : -1);
-    if (st == PST_OK && first == 0 && cfg->resume == PST_RESUME_REQUIRE)
-        st = pst_error_set(PST_ERR_NOT_FOUND, "dlrm: --resume require, but no checkpoint of "
-                           "this job is whole in %s (and the shards)", ck.job_dir);
-    if (st == PST_OK && first > total)
-        st = pst_error_set(PST_ERR_INVALID, "dlrm: the checkpoint of step %ld is past this "
-                           "run's %ld steps (--epochs, --steps)", first, total);
+    if (st == PST_OK)
+        st = tr_job_check_resume(&run_cfg, link, job_dir, newest, first, total);
     if (st == PST_OK && first > 0)
         PST_INFO("dlrm: resuming at step %ld of %ld", first, total);
     if (st != PST_OK)
@@ -509,8 +410,12 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
         const size_t n = (size_t)(hi - lo);
         double loss = 0.0;
         st = batch_load(&b, &c, &at, start + (uint64_t)lo, n, step, dim);
-        if (st == PST_OK && step > first)
-            st = ckpt_job(&ck, cfg, step);
+        if (st == PST_OK && job_dir[0] && rank == 0 && step > first &&
+            step % cfg->checkpoint_every == 0) { /* every shard of `step` is whole now */
+            long version;
+            const tr_resume_state rs = tr_exec_state(ex, step, &version);
+            st = tr_job_write(&run_cfg, &plan, job_dir, version, &rs);
+        }
         if (st == PST_OK && first == 0) /* a run resumed from a checkpoint goes past it */
             tr_test_hooks_step(hooks, step);
         if (st == PST_OK && tr_stop_requested()) /* SIGTERM: leaves now, without a checkpoint */
@@ -524,10 +429,8 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
             st = tr_exec_sync(ex);
         if (st == PST_OK) {
             batch_sums(&b, n, (size_t)c.fields, dim, D);
-            st = rows_push(&at, &b, step, dim);
+            st = link->ops->sparse_push(link, 0, step, b.uniq, b.seg, b.sums);
         }
-        if (st == PST_OK && at.local) /* the pservers' tables do this themselves */
-            st = pst_sparse_step_done(at.local, ck.on ? &ck.writer : NULL, ck.every, step);
         if (st == PST_OK && step >= total - per_epoch) { /* the last epoch's mean */
             loss_sum += loss;
             samples += (long)n;
@@ -547,23 +450,16 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
         st = pst_error_set(PST_ERR_NOMEM, "dlrm: out of memory");
     if (st == PST_OK)
         st = tr_exec_params(ex, params);
-    if (st == PST_OK && S) { /* the pservers' tables as their Finish replies say */
+    if (st == PST_OK) { /* the pservers' tables: as their Finish replies say */
         st = link->ops->finish(link, 0, total, NULL);
         started = 0;
     }
     if (st == PST_OK) {
         tr_summary_params(sum, params, model.nparams);
-        tr_sparse_totals tt = {0};
-        if (S) {
-            tr_remote_sparse_totals(remote, &tt);
-            sum->key_balance = key_balance(&at);
-        } else {
-            pst_sparse_stats ts;
-            pst_sparse_stats_of(at.local, &ts);
-            tt = (tr_sparse_totals){ts.rows, ts.bytes, ts.created, ts.evicted, ts.refused,
-                                    pst_sparse_hash(at.local)};
-        }
+        tr_sparse_totals tt;
+        link->ops->sparse_totals(link, &tt);
         summarize_tables(sum, &tt);
+        sum->key_balance = S ? key_balance(&at) : 0.0;
         sum->ndevices = D < PST_DEVICE_MAX_COUNT ? D : PST_DEVICE_MAX_COUNT;
         for (int i = 0; i < sum->ndevices; i++)
             sum->memory[i] = tr_exec_memory_of(ex, i);
@@ -571,7 +467,7 @@ pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_su
         sum->test_acc = 0.0; /* a click model has AUC and log loss instead */
     }
 done:
-    if (started && S) { /* leaving early: the pservers tell the other trainers at once */
+    if (started) { /* leaving early: the pservers tell the other trainers at once */
         char why[512];
         snprintf(why, sizeof why, "%s", pst_error_detail());
         link->ops->finish(link, 1, step, why);
@@ -580,7 +476,6 @@ done:
     free(step_ms);
     free(params);
     batch_free(&b);
-    pst_sparse_free(at.local);
     tr_exec_free(ex);
     tr_link_free(link);
     tr_plan_free(&plan);

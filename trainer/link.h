@@ -53,6 +53,14 @@ typedef struct tr_link_settings {
 /* A link's settings from the job's configuration and its block plan. */
 tr_link_settings tr_link_settings_of(const pst_config *cfg, const tr_plan *plan);
 
+/* A job's sparse tables as the link last saw them (the pservers': their Finish replies,
+ * summed; 0 before): rows and bytes held, rows made and evicted, pushes refused before
+ * admission, and the sum of their pst_sparse_hash. */
+typedef struct tr_sparse_totals {
+    uint64_t rows, bytes, created, evicted, refused;
+    uint64_t hash;
+} tr_sparse_totals;
+
 /* Called once per exchange when it has finished; `detail` describes a failure. */
 typedef void (*tr_exchange_fn)(void *arg, pst_status st, const char *detail);
 
@@ -106,6 +114,18 @@ typedef struct tr_link_ops {
     double (*take_held)(tr_link *l);
     /* Payload bytes pushed and pulled so far; NULL: none (training alone). Thread safe. */
     void (*traffic)(tr_link *l, uint64_t *pushed, uint64_t *pulled);
+    /* Sparse tables (the settings' sparse_tables; NULL: the link has none to offer). Keys
+     * are ordered by the pserver that holds them (pst_sparse_pserver_of over the link's
+     * shards, max(1, num_pservers)): keys[seg[s], seg[s + 1]) are shard s's, and so are
+     * their rows (dim f32 each) in rows. Pull: the rows as of `step` (sync: once every
+     * trainer's push of step - 1 is applied). Push: this trainer's summed gradient rows of
+     * `step`, the keys of each shard unique and ascending (every shard gets one, no keys
+     * too); the step's sweep and checkpoint follow it (pst_sparse_step_done). Blocking. */
+    pst_status (*sparse_pull)(tr_link *l, int table, long step, const uint64_t *keys,
+                              const size_t *seg, float *rows);
+    pst_status (*sparse_push)(tr_link *l, int table, long step, const uint64_t *keys,
+                              const size_t *seg, const float *rows);
+    void (*sparse_totals)(tr_link *l, tr_sparse_totals *out);
     /* A trainer other than 0 got SIGTERM: asks trainer 0 (through the pservers) to stop the
      * job at its next step boundary with a checkpoint; this trainer trains on until then.
      * NULL: not offered (training alone). */

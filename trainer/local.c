@@ -10,6 +10,8 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "pserver/shard.h"
+#include "pserver/sparse.h"
+#include "pserver/sparse_ckpt.h"
 #include "pserver/store.h"
 
 typedef struct local_block {
@@ -32,6 +34,10 @@ typedef struct tr_local {
     char ckpt_dir[4200];
     int ckpt_failed;          /* atomic: a shard could not be written (ckpt_error) */
     char ckpt_error[600];
+    /* the job's sparse tables (cfg.sparse_tables), in process: one shard of each, and
+     * their checkpoints beside the store's (ckpt_dir/table-<i>) */
+    pst_sparse_table **tables; /* (cfg.nsparse_tables) */
+    pst_sparse_ckpt *writers;  /* (cfg.nsparse_tables) with checkpoints, else NULL */
 } tr_local;
 
 /* The store's snapshot: the shard of `version` in DIR/pserver-0. A failure is kept and
@@ -81,6 +87,36 @@ static pst_status local_resume(tr_local *lk, float *params)
     return st;
 }
 
+/* The sparse tables, loaded from their checkpoints of the step the store resumed at, and
+ * their checkpoint writers when the job keeps checkpoints. */
+static pst_status local_tables(tr_local *lk)
+{
+    const tr_link_settings *cfg = &lk->cfg;
+    const int n = cfg->nsparse_tables;
+    const int ckpt = cfg->checkpoint_dir[0] && lk->base.checkpoint_every > 0;
+    const long v = (long)lk->base.start_version;
+    if (!n)
+        return PST_OK;
+    lk->tables = calloc((size_t)n, sizeof *lk->tables);
+    lk->writers = ckpt ? calloc((size_t)n, sizeof *lk->writers) : NULL;
+    if (!lk->tables || (ckpt && !lk->writers))
+        return pst_error_set(PST_ERR_NOMEM, "local store: out of memory for %d sparse tables", n);
+    for (int i = 0; i < n; i++) {
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/table-%d", lk->ckpt_dir, i);
+        PST_TRY(pst_sparse_create(&lk->tables[i], &cfg->sparse_tables[i]));
+        if (v > 0) {
+            const pst_status st = pst_sparse_ckpt_load(dir, v, lk->tables[i]);
+            if (st != PST_OK)
+                return pst_error_wrap(st, "sparse table %d: resuming at step %ld", i, v);
+        }
+        if (ckpt)
+            pst_sparse_ckpt_init(&lk->writers[i], lk->tables[i], dir, cfg->checkpoint_keep,
+                                 v > 0 ? v : -1);
+    }
+    return PST_OK;
+}
+
 static pst_status local_start(tr_link *l, float *params, float *const *homes,
                               struct pst_pool *pool)
 {
@@ -113,6 +149,8 @@ static pst_status local_start(tr_link *l, float *params, float *const *homes,
     lk->layout.nstate = lk->store ? ps_store_state_floats(lk->store) : 0;
     if (st == PST_OK && l->nresume > 0 && cfg->checkpoint_dir[0])
         st = local_resume(lk, params);
+    if (st == PST_OK)
+        st = local_tables(lk);
     return st;
 }
 
@@ -222,9 +260,45 @@ static pst_status local_finish(tr_link *l, int early, long step, const char *rea
     return PST_OK;
 }
 
+/* The in-process table is the job's one shard (seg[0], seg[1]). */
+static pst_status local_sparse_pull(tr_link *l, int table, long step, const uint64_t *keys,
+                                    const size_t *seg, float *rows)
+{
+    return pst_sparse_pull(((tr_local *)l)->tables[table], keys, seg[1], step, rows);
+}
+
+static pst_status local_sparse_push(tr_link *l, int table, long step, const uint64_t *keys,
+                                    const size_t *seg, const float *rows)
+{
+    tr_local *lk = (tr_local *)l;
+    PST_TRY(pst_sparse_push(lk->tables[table], keys, seg[1], rows, step));
+    return pst_sparse_step_done(lk->tables[table], lk->writers ? &lk->writers[table] : NULL,
+                                l->checkpoint_every, step);
+}
+
+static void local_sparse_totals(tr_link *l, tr_sparse_totals *out)
+{
+    tr_local *lk = (tr_local *)l;
+    *out = (tr_sparse_totals){0};
+    for (int i = 0; lk->tables && i < lk->cfg.nsparse_tables; i++) {
+        pst_sparse_stats s;
+        pst_sparse_stats_of(lk->tables[i], &s);
+        out->rows += s.rows;
+        out->bytes += s.bytes;
+        out->created += s.created;
+        out->evicted += s.evicted;
+        out->refused += s.refused;
+        out->hash += pst_sparse_hash(lk->tables[i]);
+    }
+}
+
 static void local_free(tr_link *l)
 {
     tr_local *lk = (tr_local *)l;
+    for (int i = 0; lk->tables && i < lk->cfg.nsparse_tables; i++)
+        pst_sparse_free(lk->tables[i]);
+    free(lk->tables);
+    free(lk->writers);
     ps_store_free(lk->store);
     free(lk->blocks);
     free(lk->specs);
@@ -239,6 +313,9 @@ static const tr_link_ops local_ops = {
     .times = local_times,
     .finish = local_finish,
     .free = local_free,
+    .sparse_pull = local_sparse_pull,
+    .sparse_push = local_sparse_push,
+    .sparse_totals = local_sparse_totals,
 };
 
 pst_status tr_local_init(tr_link **out, const tr_link_settings *cfg, const tr_plan *plan)

@@ -883,12 +883,6 @@ static void finish_done(void *arg, pst_status st, const char *detail, const Prot
     batch_done(r);
 }
 
-void tr_remote_sparse_totals(tr_remote *r, tr_sparse_totals *out)
-{
-    pthread_mutex_lock(&r->mu);
-    *out = r->tables;
-    pthread_mutex_unlock(&r->mu);
-}
 
 pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason)
 {
@@ -999,6 +993,12 @@ static pst_status link_ask_stop(tr_link *l)
                                  NULL, watch_done, &r->wargs[0]);
 }
 
+static pst_status link_sparse_pull(tr_link *l, int table, long step, const uint64_t *keys,
+                                   const size_t *seg, float *rows);
+static pst_status link_sparse_push(tr_link *l, int table, long step, const uint64_t *keys,
+                                   const size_t *seg, const float *rows);
+static void link_sparse_totals(tr_link *l, tr_sparse_totals *out);
+
 static const tr_link_ops remote_ops = {
     .start = link_start,
     .ask_stop = link_ask_stop,
@@ -1009,6 +1009,9 @@ static const tr_link_ops remote_ops = {
     .free = link_free,
     .take_held = link_take_held,
     .traffic = link_traffic,
+    .sparse_pull = link_sparse_pull,
+    .sparse_push = link_sparse_push,
+    .sparse_totals = link_sparse_totals,
 };
 
 size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_size,
@@ -1170,42 +1173,58 @@ static void sparse_released(void *arg)
     batch_done(((sparse_call *)arg)->r);
 }
 
-pst_status tr_remote_pull_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
-                                 const uint64_t *const keys[], const size_t n[],
-                                 float *const rows[])
+/* Starts pserver s's call of a blocking sparse batch (batch_wait ends it): its reply and
+ * its payload's release each count once. */
+static void sparse_start(tr_remote *r, int s, rpc_method m, const ProtobufCMessage *req,
+                         const void *payload, size_t bytes, rpc_done_fn done)
 {
+    batch_add(r, 2);
+    const pst_status st = rpc_client_call_async(r->client, s, m, req, payload, bytes,
+                                                sparse_released, done, &r->sparse[s]);
+    if (st != PST_OK) { /* the release ran, no reply comes */
+        batch_error(r, st, pst_error_detail());
+        batch_done(r);
+    }
+}
+
+/* The rows' dtype on the wire: bf16 with --precision bf16, else f32. */
+static pst_dtype sparse_wire(const tr_remote *r)
+{
+    return r->cfg.precision == PST_BF16 ? PST_BF16 : PST_F32;
+}
+
+static pst_status link_sparse_pull(tr_link *l, int table, long step, const uint64_t *keys,
+                                   const size_t *seg, float *rows)
+{
+    tr_remote *r = (tr_remote *)l;
     const size_t dim = (size_t)r->cfg.sparse_tables[table].dim;
     for (int s = 0; s < r->cfg.num_pservers; s++) {
         sparse_call *c = &r->sparse[s];
-        *c = (sparse_call){.r = r, .s = s, .rows = rows[s], .n = n[s], .dim = dim,
-                           .dtype = dtype, .buf = c->buf, .cap = c->cap};
+        const size_t n = seg[s + 1] - seg[s];
+        *c = (sparse_call){.r = r, .s = s, .rows = rows + seg[s] * dim, .n = n, .dim = dim,
+                           .dtype = sparse_wire(r), .buf = c->buf, .cap = c->cap};
         pstrain__pull_sparse_request__init(&c->pull);
         c->pull.trainer_id = (uint32_t)r->cfg.trainer_id;
         c->pull.table = (uint32_t)table;
         c->pull.step = step;
-        c->pull.dtype = rpc_dtype_to_wire(dtype);
-        c->pull.count = n[s];
-        batch_add(r, 2); /* the reply, the keys' release */
-        pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_PULL_SPARSE,
-                                              &c->pull.base, keys[s], n[s] * sizeof(uint64_t),
-                                              sparse_released, sparse_pulled, c);
-        if (st != PST_OK) { /* the release ran; the reply never comes */
-            batch_error(r, st, pst_error_detail());
-            batch_done(r);
-        }
+        c->pull.dtype = rpc_dtype_to_wire(c->dtype);
+        c->pull.count = n;
+        sparse_start(r, s, RPC_METHOD_PULL_SPARSE, &c->pull.base, keys + seg[s],
+                     n * sizeof(uint64_t), sparse_pulled);
     }
     return batch_wait(r);
 }
 
-pst_status tr_remote_push_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
-                                 const uint64_t *const keys[], const size_t n[],
-                                 const float *const rows[])
+static pst_status link_sparse_push(tr_link *l, int table, long step, const uint64_t *keys,
+                                   const size_t *seg, const float *rows)
 {
-    const size_t dim = (size_t)r->cfg.sparse_tables[table].dim, es = pst_dtype_size(dtype);
+    tr_remote *r = (tr_remote *)l;
+    const pst_dtype dt = sparse_wire(r);
+    const size_t dim = (size_t)r->cfg.sparse_tables[table].dim, es = pst_dtype_size(dt);
     for (int s = 0; s < r->cfg.num_pservers; s++) {
         sparse_call *c = &r->sparse[s];
-        const size_t bytes = n[s] * (sizeof(uint64_t) + dim * es);
-        if (bytes > c->cap) {
+        const size_t n = seg[s + 1] - seg[s], bytes = n * (sizeof(uint64_t) + dim * es);
+        if (bytes > c->cap) { /* the payload buffer grows to the largest push, once */
             void *buf = realloc(c->buf, bytes);
             if (!buf) {
                 batch_error(r, PST_ERR_NOMEM, "PushSparse: out of memory");
@@ -1214,29 +1233,30 @@ pst_status tr_remote_push_sparse(tr_remote *r, int table, long step, pst_dtype d
             c->buf = buf;
             c->cap = bytes;
         }
-        if (n[s]) {
-            memcpy(c->buf, keys[s], n[s] * sizeof(uint64_t));
-            pst_cast((char *)c->buf + n[s] * sizeof(uint64_t), dtype, rows[s], PST_F32,
-                     n[s] * dim);
+        if (n) {
+            memcpy(c->buf, keys + seg[s], n * sizeof(uint64_t));
+            pst_cast((char *)c->buf + n * sizeof(uint64_t), dt, rows + seg[s] * dim, PST_F32,
+                     n * dim);
         }
         pstrain__push_sparse_request__init(&c->push);
         c->push.trainer_id = (uint32_t)r->cfg.trainer_id;
         c->push.table = (uint32_t)table;
         c->push.step = step;
-        c->push.dtype = rpc_dtype_to_wire(dtype);
-        c->push.count = n[s];
-        batch_add(r, 2);
-        pst_status st = rpc_client_call_async(r->client, s, RPC_METHOD_PUSH_SPARSE,
-                                              &c->push.base, c->buf, bytes, sparse_released,
-                                              sparse_pushed, c);
-        if (st != PST_OK) {
-            batch_error(r, st, pst_error_detail());
-            batch_done(r);
-        } else {
-            atomic_fetch_add(&r->pushed_bytes, (uint64_t)bytes);
-        }
+        c->push.dtype = rpc_dtype_to_wire(dt);
+        c->push.count = n;
+        sparse_start(r, s, RPC_METHOD_PUSH_SPARSE, &c->push.base, c->buf, bytes,
+                     sparse_pushed);
+        atomic_fetch_add(&r->pushed_bytes, (uint64_t)bytes);
     }
     return batch_wait(r);
+}
+
+static void link_sparse_totals(tr_link *l, tr_sparse_totals *out)
+{
+    tr_remote *r = (tr_remote *)l;
+    pthread_mutex_lock(&r->mu);
+    *out = r->tables;
+    pthread_mutex_unlock(&r->mu);
 }
 
 void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out)

@@ -12,6 +12,12 @@
  * Start: every trainer sends Init to every pserver (trainer 0 with the initial values of
  * the pserver's blocks), then pulls version 0 of every block, so all trainers begin from
  * trainer 0's parameters. Finish: a Finish call to every pserver.
+ * Sparse tables (link.h's sparse ops, pserver/tables.h): one PullSparse or PushSparse per
+ * pserver, all at once, rows in bf16 on the wire with --precision bf16 (f32 otherwise),
+ * each call with its deadline; the tables' totals come with the Finish replies.
+ * Sparse tables (link.h's sparse ops, pserver/tables.h): one PullSparse or PushSparse per
+ * pserver, all at once, rows in bf16 on the wire with --precision bf16 (f32 otherwise);
+ * the tables' totals come with the Finish replies.
  * Errors name the pserver's address and what failed. Thread safety: exchanges of
  * different blocks may be started from any threads; one exchange per block at a time. */
 #ifndef TR_REMOTE_H
@@ -49,27 +55,5 @@ void tr_remote_times(const tr_remote *r, int b, tr_exchange_times *out);
 /* Finish on every pserver (early: leaving at `step` for `reason`, see link.h). A pserver
  * already gone is a warning, not an error. */
 pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason);
-
-/* Sparse tables (pserver/tables.h), table `table` of the settings' list, keys sharded by
- * pst_sparse_pserver_of: one call per pserver s, all at once, for keys[s][0..n[s]) (unique
- * and ascending for a push), rows in f32 here and `dtype` (F32 or BF16) on the wire.
- * Pull: rows[s] (n[s], dim) = the rows as of `step` (sync: answered once every trainer's
- * push of step - 1 is applied). Push: this trainer's summed gradient rows of `step`; in sync
- * mode every pserver gets one, with no keys too. Blocking, each call with its deadline;
- * not concurrent with start or finish. Errors name the pserver. */
-pst_status tr_remote_pull_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
-                                 const uint64_t *const keys[], const size_t n[],
-                                 float *const rows[]);
-pst_status tr_remote_push_sparse(tr_remote *r, int table, long step, pst_dtype dtype,
-                                 const uint64_t *const keys[], const size_t n[],
-                                 const float *const rows[]);
-
-/* The pservers' sparse tables as their Finish replies said, summed (all 0 before a Finish
- * or without tables). */
-typedef struct tr_sparse_totals {
-    uint64_t rows, bytes, created, evicted, refused;
-    uint64_t hash; /* the sum of the pservers' table hashes (pst_sparse_hash) */
-} tr_sparse_totals;
-void tr_remote_sparse_totals(tr_remote *r, tr_sparse_totals *out);
 
 #endif /* TR_REMOTE_H */

@@ -268,91 +268,6 @@ static void split_log(const char *what, const tr_time_split *s, int alone)
                  s->other * pc);
 }
 
-/* ---- checkpoints: the job state (trainer 0, DIR/job) ---- */
-
-enum { JOB_META = 1, JOB_RESUME = 2 };
-
-typedef struct job_meta {
-    int64_t step;         /* the first step to run after resuming */
-    uint64_t fingerprint; /* tr_settings_fingerprint */
-    uint64_t seed;        /* data order and initialization */
-    int64_t trainers, batch;
-} job_meta;
-
-static job_meta job_of(const pst_config *cfg, const tr_plan *plan, long step)
-{
-    return (job_meta){step, tr_settings_fingerprint(plan, cfg), cfg->seed, cfg->trainers,
-                      cfg->batch};
-}
-
-/* The job state of version `version` (every block's: the pservers wrote their shards
- * before answering the pulls a step computes with), and where the trainers stand then,
- * rs (the step to run next, past the version when fp16 skipped steps, and the scaler). */
-static pst_status write_job(const pst_config *cfg, const tr_plan *plan, const char *dir,
-                            long version, const tr_resume_state *rs)
-{
-    const job_meta meta = job_of(cfg, plan, version);
-    pst_ckpt_writer w;
-    PST_TRY(pst_ckpt_begin(&w, dir, version));
-    pst_status st = pst_ckpt_section(&w, JOB_META, &meta, sizeof meta);
-    if (st == PST_OK)
-        st = pst_ckpt_section(&w, JOB_RESUME, rs, sizeof *rs);
-    if (st != PST_OK) {
-        pst_ckpt_abort(&w);
-        return st;
-    }
-    PST_TRY(pst_ckpt_commit(&w));
-    return pst_ckpt_prune(dir, cfg->checkpoint_keep);
-}
-
-/* The steps of the whole job checkpoints of this job in dir, newest first (a damaged one
- * is skipped with one warning line; one of other settings too, except under a --job-id the
- * user named: -1, with the error set, as that job is not this one). */
-static int job_candidates(const pst_config *cfg, const tr_plan *plan, const char *dir,
-                          long resume_limit, int64_t *out, tr_resume_state *states, int max,
-                          long *newest)
-{
-    long steps[64];
-    const int n = pst_ckpt_list(dir, steps, 64);
-    *newest = n ? steps[0] : 0;
-    const job_meta want = job_of(cfg, plan, 0);
-    int k = 0;
-    for (int i = 0; i < n && k < max; i++) {
-        if (resume_limit >= 0 && steps[i] > resume_limit)
-            continue;
-        pst_ckpt c;
-        uint64_t bytes, rbytes;
-        if (pst_ckpt_read(&c, dir, steps[i]) != PST_OK) {
-            PST_WARN("%s; trying an older one", pst_error_detail());
-            continue;
-        }
-        const job_meta *m = pst_ckpt_find(&c, JOB_META, &bytes);
-        const tr_resume_state *rs = pst_ckpt_find(&c, JOB_RESUME, &rbytes);
-        const int ours = m && bytes == sizeof *m && m->step == steps[i];
-        const int other = ours &&
-                          (m->fingerprint != want.fingerprint || m->seed != want.seed ||
-                           m->trainers != want.trainers || m->batch != want.batch);
-        if (other && cfg->job_id[0]) {
-            pst_ckpt_free(&c);
-            pst_error_set(PST_ERR_MISMATCH, "--job-id %s: checkpoint %s/step-%012ld.ckpt is of "
-                          "that job with other settings (plan, optimizer, seed, trainers or "
-                          "batch): resume it with its settings, or name this job another "
-                          "--job-id", cfg->job_id, dir, steps[i]);
-            return -1;
-        }
-        if (!ours || !rs || rbytes != sizeof *rs || other)
-            PST_WARN("checkpoint %s/step-%012ld.ckpt: of another job (other plan, seed, "
-                     "trainers or batch) or of an earlier pstrain; trying an older one", dir,
-                     steps[i]);
-        else {
-            memcpy(&states[k], rs, sizeof *rs); /* the file's bytes may be unaligned */
-            out[k++] = steps[i];
-        }
-        pst_ckpt_free(&c);
-    }
-    return k;
-}
-
 /* Asked to stop (SIGTERM) before step `step`: this trainer's exchanges of the step before
  * are completed, which gives it version `step` of every block, so every pserver holds
  * that version whole; trainer 0 then asks for a checkpoint of it in its Finish and, once
@@ -378,7 +293,7 @@ static void stop_at_boundary(const pst_config *cfg, const tr_plan *plan, tr_exec
     if (!ckpt)
         return;
     if (st == PST_OK)
-        st = write_job(cfg, plan, job_dir, version, &rs);
+        st = tr_job_write(cfg, plan, job_dir, version, &rs);
     if (st == PST_OK)
         PST_INFO("stopped by signal: checkpoint of step %ld written", step);
     else
@@ -437,68 +352,6 @@ static void summarize_devices(tr_summary *sum, const pst_config *cfg, const tr_e
                                  (cfg->precision != PST_F32));
 }
 
-/* How many job checkpoints trainer 0 offers the pservers to resume from, newest first. */
-#define RESUME_CANDIDATES 64
-
-/* Checkpoints: the pservers (or the in-process store) write their shards every
- * --checkpoint-every steps; trainer 0 the job state into job_dir (set here: empty without
- * --checkpoint-dir, or in async mode); a resumed job starts from the newest checkpoint
- * every one of them has whole. Trainer 0 lists the candidates (candidates and states, which
- * the link keeps pointers to: they must outlive it) and *newest, the newest job
- * checkpoint's step, whole or not. job_id: the links' (tr_link_settings), made once.
- * Errors: PST_ERR_MISMATCH (job_candidates said why). */
-static pst_status setup_checkpoints(tr_job *job, const pst_config *cfg, const tr_plan *plan,
-                                    const char *job_id, tr_link *link, char *job_dir,
-                                    size_t dir_size,
-                                    int64_t *candidates, tr_resume_state *states,
-                                    long *newest)
-{
-    const int rank = cfg->trainer_id;
-    if (cfg->checkpoint_dir[0] && cfg->mode == PST_MODE_ASYNC) {
-        /* no common step: each pserver's shard holds its blocks' versions and each
-         * trainer's steps applied, and a resumed trainer goes on from those */
-        link->checkpoint_every = cfg->checkpoint_every;
-        link->resume_newest = rank == 0 && cfg->resume != PST_RESUME_NEVER;
-    } else if (cfg->checkpoint_dir[0]) {
-        snprintf(job_dir, dir_size, "%s/%s/job", cfg->checkpoint_dir, job_id);
-        link->checkpoint_every = cfg->checkpoint_every;
-        if (rank == 0 && cfg->resume != PST_RESUME_NEVER) {
-            link->nresume = job_candidates(cfg, plan, job_dir, job->resume_limit, candidates,
-                                           states, RESUME_CANDIDATES, newest);
-            link->resume_steps = candidates;
-            link->resume_states = states;
-            if (link->nresume < 0)
-                return PST_ERR_MISMATCH;
-        }
-    }
-    return PST_OK;
-}
-
-/* Whether the job may start at step `first` of `total`: --resume require wants the
- * checkpoint it names (trainer 0), and a resumed job cannot start past its end. */
-static pst_status check_resume(const pst_config *cfg, const tr_link *link, const char *job_dir,
-                               long newest, long first, long total)
-{
-    const int rank = cfg->trainer_id;
-    const long job_version = (long)link->start_version;
-    if (cfg->checkpoint_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
-        cfg->mode == PST_MODE_ASYNC && !link->has_start_state)
-        return pst_error_set(PST_ERR_NOT_FOUND, "no pserver holds a whole async checkpoint of "
-                             "this job in its --checkpoint-dir (see their logs), and --resume "
-                             "require does not start afresh (--resume auto does)");
-    if (job_dir[0] && cfg->resume == PST_RESUME_REQUIRE && rank == 0 &&
-        (job_version == 0 || job_version != newest))
-        return pst_error_set(PST_ERR_NOT_FOUND, "the newest checkpoint in %s (step %ld) %s "
-                             "(see the warnings above and the pservers' logs), and --resume "
-                             "require does not fall back (--resume auto uses an older one)",
-                             cfg->checkpoint_dir, newest,
-                             newest ? "is not whole" : "does not exist");
-    if (first > total)
-        return pst_error_set(PST_ERR_INVALID, "the job resumes at step %ld, past its %ld steps "
-                             "(example: --steps %ld)", first, total, first + 1);
-    return PST_OK;
-}
-
 pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks *hooks,
                     tr_summary *sum)
 {
@@ -523,7 +376,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     int started = 0, joining = 0;
     long step = -1;
     if (!strcmp(user_cfg->model, "dlrm")) /* the click model's loop (ctr.c) */
-        return tr_train_ctr(user_cfg, hooks, sum);
+        return tr_train_ctr(job, user_cfg, hooks, sum);
     memset(sum, 0, sizeof *sum);
     sum->first_step = -1;
 
@@ -583,10 +436,10 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
         goto error;
     }
     char job_dir[PST_PATH_MAX + PST_JOB_ID_MAX + 32] = "";
-    int64_t candidates[RESUME_CANDIDATES];
-    tr_resume_state candidate_states[RESUME_CANDIDATES];
+    int64_t candidates[TR_RESUME_CANDIDATES];
+    tr_resume_state candidate_states[TR_RESUME_CANDIDATES];
     long newest = 0; /* the newest job checkpoint's step, whole or not */
-    if ((st = setup_checkpoints(job, cfg, &plan, link_settings.job_id, link, job_dir,
+    if ((st = tr_job_checkpoints(job, cfg, &plan, link_settings.job_id, link, job_dir,
                                 sizeof job_dir, candidates, candidate_states, &newest)) !=
         PST_OK)
         goto error;
@@ -628,7 +481,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     const long first = link->has_start_state ? (long)link->start_state.next_step
                                              : (long)link->start_version;
     long job_version = (long)link->start_version; /* of the newest job state written */
-    if ((st = check_resume(cfg, link, job_dir, newest, first, total)) != PST_OK)
+    if ((st = tr_job_check_resume(cfg, link, job_dir, newest, first, total)) != PST_OK)
         goto error;
     if (first > 0)
         PST_INFO("resuming at step %ld of %ld", first, total);
@@ -710,7 +563,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
              * completes the checkpoint. */
             if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && version > job_version &&
                 version % cfg->checkpoint_every == 0) {
-                if ((st = write_job(cfg, &plan, job_dir, version, &before)) != PST_OK)
+                if ((st = tr_job_write(cfg, &plan, job_dir, version, &before)) != PST_OK)
                     goto error;
                 job_version = version;
             }
@@ -786,7 +639,7 @@ pst_status tr_train(tr_job *job, const pst_config *user_cfg, const tr_test_hooks
     const tr_resume_state end = tr_exec_state(ex, step, &version);
     if (job_dir[0] && rank == 0 && cfg->checkpoint_every > 0 && version > job_version &&
         version % cfg->checkpoint_every == 0 &&
-        (st = write_job(cfg, &plan, job_dir, version, &end)) != PST_OK)
+        (st = tr_job_write(cfg, &plan, job_dir, version, &end)) != PST_OK)
         goto error;
     if (is_text && cfg->sample > 0 && rank == 0 && (st = text_sample(ex, &text, cfg)) != PST_OK)
         goto error;

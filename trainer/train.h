@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/runtime/device.h"
 #include "trainer/exec.h"
+#include "trainer/link.h"
 #include "trainer/test_hooks.h"
 
 /* Where the time of the training steps went (means per step, ms; see tr_time_split). */
@@ -108,7 +109,32 @@ void tr_summary_params(tr_summary *sum, const float *params, size_t n);
  * epoch in file order (global batches of --batch rows, each trainer its slice), its
  * sparse rows in an in-process table alone or on the pservers; then the AUC and log loss
  * on the file's test part. hooks: the tests' crash (test_hooks.h), NULL: none. */
-pst_status tr_train_ctr(const pst_config *cfg, const tr_test_hooks *hooks, tr_summary *sum);
+pst_status tr_train_ctr(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
+                        tr_summary *sum);
+
+/* The job state of checkpoints (job.c), trainer 0's files DIR/<job_id>/job/step-<s>.ckpt.
+ * tr_job_checkpoints: the pservers (or the in-process store) write their shards every
+ * --checkpoint-every steps; trainer 0 the job state into job_dir (set here: empty without
+ * --checkpoint-dir, or in async mode); a resumed job starts from the newest checkpoint
+ * every one of them has whole. Trainer 0 lists the candidates (candidates and states, of
+ * TR_RESUME_CANDIDATES each, which the link keeps pointers to: they must outlive it) and
+ * *newest, the newest job checkpoint's step, whole or not. job_id: the links'
+ * (tr_link_settings), made once. Errors: PST_ERR_MISMATCH (a checkpoint of the --job-id
+ * named with other settings). */
+#define TR_RESUME_CANDIDATES 64
+pst_status tr_job_checkpoints(tr_job *job, const pst_config *cfg, const tr_plan *plan,
+                              const char *job_id, tr_link *link, char *job_dir, size_t dir_size,
+                              int64_t *candidates, tr_resume_state *states, long *newest);
+/* The job state of version `version` (every shard of it whole: the pservers write theirs
+ * before answering the pulls a step computes with), and where the trainers stand then, rs
+ * (the step to run next, past the version when fp16 skipped steps, and the scaler); the
+ * --checkpoint-keep newest kept. */
+pst_status tr_job_write(const pst_config *cfg, const tr_plan *plan, const char *dir,
+                        long version, const tr_resume_state *rs);
+/* Whether the job may start at step `first` of `total`: --resume require wants the
+ * checkpoint it names (trainer 0), and a resumed job cannot start past its end. */
+pst_status tr_job_check_resume(const pst_config *cfg, const tr_link *link, const char *job_dir,
+                               long newest, long first, long total);
 pst_status tr_train(tr_job *job, const pst_config *cfg, const tr_test_hooks *hooks,
                     tr_summary *sum);
 
