@@ -120,12 +120,27 @@ static void suite_fini(void)
 
 TestSuite(ctr_train, .init = suite_init, .fini = suite_fini);
 
-static char *train(const char *const extra[], const char *devices, int want_rc, char **err)
+/* The job on `devices` (PSTRAIN_DEVICES): S == 0 the trainer alone, else `pslaunch
+ * --pservers S --trainers T -- trainer ...`, with the suite's flags and `extra`; asserts
+ * its exit status; stdout (trainer 0's summary last) returned, stderr in *err (or freed). */
+static char *job(int S, int T, const char *const extra[], const char *devices, int want_rc,
+                 char **err)
 {
-    const char *argv[32] = {TRAINER, "--model", "dlrm", "--data", path, "--batch", "100",
-                            "--epochs", "1", "--seed", "1", "--threads", "1", "--progress",
-                            "none", "--log-level", "warn", "--metrics", ""};
-    int n = 19;
+    char s_arg[8], t_arg[8];
+    snprintf(s_arg, sizeof s_arg, "%d", S);
+    snprintf(t_arg, sizeof t_arg, "%d", T);
+    const char *launch[8] = {PSLAUNCH, "--pservers", s_arg, "--trainers", t_arg, "--timeout",
+                             "100", "--"};
+    const char *flags[] = {TRAINER, "--model", "dlrm", "--data", path, "--batch", "100",
+                           "--epochs", "1", "--seed", "1", "--threads", "1", "--progress",
+                           "none", "--log-level", "warn", "--metrics", "",
+                           "--connect-timeout-ms", "5000"};
+    const char *argv[64];
+    int n = 0;
+    for (int i = 0; S && i < 8; i++)
+        argv[n++] = launch[i];
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        argv[n++] = flags[i];
     for (int i = 0; extra && extra[i]; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;
@@ -133,13 +148,23 @@ static char *train(const char *const extra[], const char *devices, int want_rc, 
     snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
     const char *env[] = {env_dev, NULL};
     char *out = NULL, *e = NULL;
-    const int rc = finish(proc_start(argv, env), "trainer", RUN_WAIT_MS, &out, &e);
-    cr_assert_eq(rc, want_rc, "trainer exited %d, want %d; stderr:\n%s", rc, want_rc, e);
+    const int rc = finish(proc_start(argv, env), argv[0], RUN_WAIT_MS, &out, &e);
+    cr_assert_eq(rc, want_rc, "%s exited %d, want %d; stderr:\n%s", argv[0], rc, want_rc, e);
     if (err)
         *err = e;
     else
         free(e);
     return out;
+}
+
+static char *train(const char *const extra[], const char *devices, int want_rc, char **err)
+{
+    return job(0, 1, extra, devices, want_rc, err);
+}
+
+static char *cluster(int S, int T, const char *const extra[], const char *devices)
+{
+    return job(S, T, extra, devices, 0, NULL);
 }
 
 /* One epoch of 50 steps: the model learns the planted ids (test AUC within 0.05 of the
@@ -189,32 +214,6 @@ Test(ctr_train, admission_and_a_row_budget, .timeout = 60)
     cr_assert_gt(summary_value(out, "rows_evicted"), 0);
     cr_assert_gt(summary_value(out, "test_auc"), 0.6);
     free(out);
-}
-
-/* `pslaunch --pservers S --trainers T -- trainer <train()'s flags> extra`, every trainer on
- * `devices`: trainer 0's summary line. */
-static char *cluster(int S, int T, const char *const extra[], const char *devices)
-{
-    char s_arg[8], t_arg[8];
-    snprintf(s_arg, sizeof s_arg, "%d", S);
-    snprintf(t_arg, sizeof t_arg, "%d", T);
-    const char *argv[48] = {PSLAUNCH, "--pservers", s_arg, "--trainers", t_arg, "--timeout",
-                            "100", "--", TRAINER, "--model", "dlrm", "--data", path,
-                            "--batch", "100", "--epochs", "1", "--seed", "1", "--threads", "1",
-                            "--progress", "none", "--log-level", "warn", "--metrics", "",
-                            "--connect-timeout-ms", "5000"};
-    int n = 29;
-    for (int i = 0; extra && extra[i]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    char env_dev[32];
-    snprintf(env_dev, sizeof env_dev, "PSTRAIN_DEVICES=%s", devices);
-    const char *env[] = {env_dev, NULL};
-    char *out = NULL, *err = NULL;
-    const int rc = finish(proc_start(argv, env), "pslaunch", RUN_WAIT_MS, &out, &err);
-    cr_assert_eq(rc, 0, "pslaunch exited %d; stderr:\n%s", rc, err);
-    free(err);
-    return out; /* pslaunch prints trainer 0's summary line last */
 }
 
 /* 2 pservers x 2 trainers of one device each, sync, give the bits of one process on 2
