@@ -31,8 +31,12 @@ float pst_bf16_to_f32(uint16_t b);
 void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n);
 
 /* Put before a function whose loops are integer arithmetic on bit patterns (casts, NaN
- * checks), so that every instruction set gives the same bits: GCC builds it for x86-64-v4
- * (AVX-512), v3 (AVX2) and the baseline, and the loader picks one. Not under the
+ * checks) or elementwise float arithmetic (GELU, LayerNorm, softmax, bias adds), so that
+ * every instruction set gives the same bits: GCC builds it for x86-64-v4 (AVX-512), v3
+ * (AVX2) and the baseline, and the loader picks one. Float loops stay bit-exact because
+ * the build never contracts a*b+c into an FMA (-ffp-contract=off, CMakeLists.txt) and GCC
+ * reorders no float sum without -ffast-math: a wider vector computes each element with the
+ * same operations in the same order. Not under the
  * sanitizers: their runtimes start after the loader runs the clones' resolver, which then
  * crashes the program before main. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                      \

@@ -8,10 +8,13 @@
  * and no two slices write the same cache line when cut at 16 floats. */
 #include "common/nn/layers.h"
 
+#include "common/dtype.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+PST_BIT_EXACT_CLONES
 void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
                              const float *bias, int B, int IC, int OC, int relu, int j0, int j1)
 {
@@ -50,6 +53,7 @@ int pst_row_tile_end(int r, int end)
     return e < end ? e : end;
 }
 
+PST_BIT_EXACT_CLONES
 void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,
                                      const float *inp, int B, int IC, int OC, int accumulate,
                                      int j0, int j1)

@@ -114,6 +114,7 @@ static pst_status run_xent(void *arg)
     return PST_OK;
 }
 
+PST_BIT_EXACT_CLONES
 static pst_status run_add(void *arg)
 {
     const pst_add_args *a = arg;

@@ -6,13 +6,18 @@
  * the pair's scores Q K^T in a (T, T) scratch, the softmax and the causal mask in one pass
  * over each row (masked entries become 0), then P V. The backward recomputes P from the
  * scores and the saved log-sum-exp instead of keeping a (T, T) matrix per head from the
- * forward: the scratch lives for one pair only. */
+ * forward: the scratch lives for one pair only. The element loops are built for AVX-512,
+ * AVX2 and the baseline (PST_BIT_EXACT_CLONES): the same bits on each, and GELU alone took
+ * 12% of a GPT step in SSE2 (docs/benchmarks.md, 2026-11-27 15:40 UTC). */
 #include "common/nn/seq_layers.h"
+
+#include "common/dtype.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
 
+PST_BIT_EXACT_CLONES
 void pst_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                            int B, int T, int C, int c0, int c1)
 {
@@ -26,6 +31,7 @@ void pst_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
         }
 }
 
+PST_BIT_EXACT_CLONES
 void pst_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                             int B, int T, int C, int V, int accumulate, int c0, int c1)
 {
@@ -53,6 +59,7 @@ void pst_embedding_backward(float *dwte, float *dwpe, const float *dout, const i
         }
 }
 
+PST_BIT_EXACT_CLONES
 void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                            const float *w, const float *b, int N, int C, int r0, int r1)
 {
@@ -80,6 +87,7 @@ void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *in
     }
 }
 
+PST_BIT_EXACT_CLONES
 void pst_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
                                   const float *w, const float *mean, const float *rstd, int N,
                                   int C, int dinp_accumulate, int r0, int r1)
@@ -106,6 +114,7 @@ void pst_layernorm_backward_input(float *dinp, const float *dout, const float *i
     }
 }
 
+PST_BIT_EXACT_CLONES
 void pst_layernorm_backward_params(float *dw, float *db, const float *dout, const float *inp,
                                    const float *mean, const float *rstd, int N, int C,
                                    int accumulate, int c0, int c1)
@@ -188,6 +197,7 @@ static inline float exp_neg_f(float x)
 /* One (sequence, head) pair: S = scale * Q K^T by one GEMM into the (T, T) scratch, the
  * softmax of each row over its visible keys j <= t (masked entries set to 0), then
  * Y = P V by another. */
+PST_BIT_EXACT_CLONES
 static void attention_forward_pair(float *out, float *lse, const float *qkv, int T, int C,
                                    int H, int b, int h, float *S)
 {
@@ -230,6 +240,7 @@ void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int 
 /* One pair: P recomputed from S = scale * Q K^T and the saved log-sum-exp; dP = dY V^T;
  * dS = P * (dP - D) * scale with D_t = sum_j P_tj dP_tj; then dQ = dS K, dK = dS^T Q,
  * dV = P^T dY, each one GEMM writing its head's columns of dqkv. */
+PST_BIT_EXACT_CLONES
 static void attention_backward_pair(float *dqkv, const float *dout, const float *qkv,
                                     const float *lse, int T, int C, int H, int b, int h,
                                     float *P, float *dP)
@@ -277,6 +288,7 @@ void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, co
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K 0.044715f
 
+PST_BIT_EXACT_CLONES
 void pst_gelu_forward(float *out, const float *inp, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -285,6 +297,7 @@ void pst_gelu_forward(float *out, const float *inp, int64_t n)
     }
 }
 
+PST_BIT_EXACT_CLONES
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
