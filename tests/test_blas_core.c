@@ -133,3 +133,27 @@ Test(blas_core, trainer_warns_only_under_a_slower_family, .timeout = 120)
     if (tr_blas_core_class(best) == 3)
         cr_assert_eq(trainer_warns("Haswell"), 1, "no warning under Haswell on AVX-512");
 }
+
+Test(blas_core, bf16_line_names_what_the_machine_lacks)
+{
+    char msg[512];
+    tr_bf16_arith_line(&avx2_only, "bf16", msg, sizeof msg);
+    cr_assert(strstr(msg, "compute in fp32"), "%s", msg);
+    cr_assert(strstr(msg, "lacks AVX512_BF16"), "%s", msg);
+    tr_bf16_arith_line(&avx512_bf16, "bf16", msg, sizeof msg);
+    cr_assert(strstr(msg, "has AVX512_BF16, but this OpenBLAS has no sbgemm"), "%s", msg);
+}
+
+Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
+{
+    FILE *p = popen("timeout 60 " TRAINER " --model synthetic --params 1000 --steps 1 "
+                    "--precision bf16 --progress none 2>&1 >/dev/null", "r");
+    cr_assert_not_null(p);
+    char line[1024];
+    int said = 0;
+    while (fgets(line, sizeof line, p))
+        said += strstr(line, "bf16: parameters kept in bf16") &&
+                strstr(line, "compute in fp32") != NULL;
+    cr_assert_eq(pclose(p), 0);
+    cr_assert_eq(said, 1, "the trainer said it %d times", said);
+}

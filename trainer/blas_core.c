@@ -3,6 +3,7 @@
 
 #include <cpuid.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <unistd.h>
@@ -94,6 +95,17 @@ int tr_blas_core_advice(const char *forced, const tr_cpu_features *f, char *msg,
              want == 3 ? "AVX-512 (F, DQ, BW, VL)" : class_isa(want),
              f->avx512bf16 && want == 3 ? " and AVX512_BF16" : "", best, best);
     return 1;
+}
+
+void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, char *msg, size_t n)
+{
+    snprintf(msg, n,
+             "%s: parameters kept in %s on the devices and the wire; GEMMs and every other "
+             "op compute in fp32 (%s)",
+             dtype, dtype,
+             strcmp(dtype, "bf16") != 0 ? "this OpenBLAS has no half-precision GEMM"
+             : f->avx512bf16            ? "the CPU has AVX512_BF16, but this OpenBLAS has no sbgemm"
+                                        : "the CPU lacks AVX512_BF16: no bf16 arithmetic to use");
 }
 
 const char *tr_blas_core_pick(void)

@@ -36,6 +36,13 @@ int tr_blas_core_class(const char *name);
  * it, and returns 1; otherwise returns 0 and leaves msg empty. */
 int tr_blas_core_advice(const char *forced, const tr_cpu_features *f, char *msg, size_t n);
 
+/* What a bf16 or fp16 trainer computes in, as one line for its log: the parameters are
+ * kept in the 2-byte type on the devices and the wire, the arithmetic is fp32 on every CPU
+ * today. bf16 GEMMs (fp32 accumulation) need AVX512_BF16 and a BLAS with sbgemm; Debian's
+ * OpenBLAS 0.3.21 is built without it (no cblas_sbgemm in libopenblas.so), so the line
+ * names which of the two this machine lacks. */
+void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, char *msg, size_t n);
+
 /* The best family for this CPU (tr_blas_core_best of this CPU's features). */
 const char *tr_blas_core_pick(void);
 /* When OPENBLAS_CORETYPE is unset and tr_blas_core_pick() names a core, sets it and

@@ -103,6 +103,10 @@ int main(int argc, char **argv)
     tr_cpu_features_read(&cpu);
     if (tr_blas_core_advice(getenv("OPENBLAS_CORETYPE"), &cpu, advice, sizeof advice))
         PST_WARN("%s", advice);
+    if (cfg.precision != PST_F32) {
+        tr_bf16_arith_line(&cpu, pst_dtype_name(cfg.precision), advice, sizeof advice);
+        PST_INFO("%s", advice);
+    }
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
