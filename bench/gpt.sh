@@ -14,16 +14,21 @@
 #
 # usage: bench/gpt.sh [BUILD_DIR=build] [RUNS=3] [STEPS=500] [LAYERS=4 HEADS=4 EMBD=128 CTX=128 BATCH=16]
 # Both programs get the same environment, OPENBLAS_CORETYPE included (bench/lib.sh), and
-# two threads. pstrain runs them as DEVICES (default cpu:2: two CPU devices of one thread,
-# each computing half of every batch, their gradients summed in device order), its fastest
-# layout on 2 cores (measured against cpu:1 with a 2-thread team: 13.6-15.6k vs 11.1-12.0k
-# tokens/s at 60 steps); DEVICES=cpu:1 for the other.
+# two threads. pstrain runs every layout in LAYOUTS (default "cpu:2 cpu:1": two CPU devices
+# of one thread each, each computing half of every batch with their gradients summed in
+# device order; and one device with a 2-thread team splitting every op) in every precision
+# in PRECISIONS (default "fp32 bf16"); each run of the loop runs every cell once, then the
+# peer once. bf16 is measured only on a CPU with AVX512_BF16, the only CPUs with bf16 arithmetic;
+# elsewhere the bench says so in one line and measures fp32 only. One JSON line per cell:
+# its medians, the ratio to the peer's median, the fraction of the ceiling. DEVICES=cpu:N
+# (the older knob) is the same as LAYOUTS=cpu:N.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; steps=${3:-500}
 L=${4:-4}; H=${5:-4}; C=${6:-128}; T=${7:-128}; B=${8:-16}
-devices=${DEVICES:-cpu:2}
+layouts=${LAYOUTS:-${DEVICES:-cpu:2 cpu:1}}
+precisions=${PRECISIONS:-fp32 bf16}
 peer="$BENCH_PEERS/torch_gpt.py"
 trainer="$build/bin/trainer"
 kjv=/usr/local/share/pstrain/kjv.txt
@@ -33,43 +38,60 @@ bench_need_torch
 [ -s "$kjv" ] || bench_die "$kjv is missing: scripts/deps.sh writes it from Debian's bible-kjv"
 bench_blas_core "$build"
 gemm=$(bench_gemm_build "$build")
-bench_header gpt "\"devices\":\"$devices\",\"runs\":$runs,\"steps\":$steps,\"layers\":$L,\"heads\":$H,\"embd\":$C,\"ctx\":$T,\"batch\":$B,\"threads\":2"
+if [[ " $precisions " == *" bf16 "* ]] && ! grep -qw avx512_bf16 /proc/cpuinfo; then
+  echo '{"bf16":"not measured: this CPU lacks AVX512_BF16 (/proc/cpuinfo), so a bf16 trainer computes in fp32 here; fp32 only"}'
+  precisions=$(echo "$precisions" | tr ' ' '\n' | grep -vx bf16 | xargs)
+fi
+cells=()
+for l in $layouts; do for pr in $precisions; do cells+=("$l/$pr"); done; done
+[ ${#cells[@]} -gt 0 ] || bench_die "LAYOUTS and PRECISIONS leave no cell to run"
+bench_header gpt "\"layouts\":\"$layouts\",\"precisions\":\"$precisions\",\"runs\":$runs,\"steps\":$steps,\"layers\":$L,\"heads\":$H,\"embd\":$C,\"ctx\":$T,\"batch\":$B,\"threads\":2"
 sgemm_peak() { "$gemm" --sgemm-peak --threads 2 --reps 10 | cut -d: -f2 | tr -d '} '; }
 sgemm_before=$(sgemm_peak)
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for i in $(seq 1 "$runs"); do
-  PSTRAIN_DEVICES=$devices "$trainer" --model gpt --dataset kjv --layers "$L" --heads "$H" --embd "$C" --ctx "$T" \
-    --batch "$B" --steps "$steps" --optimizer adamw --lr 1e-3 --beta1 0.9 --beta2 0.99 \
-    --eps 1e-8 --weight-decay 0 --seed 0 --threads 2 --val-windows 64 --progress none \
-    --metrics "" 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
-  echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
+  for c in "${cells[@]}"; do
+    l=${c%/*}; pr=${c#*/}; f="$tmp/p-${l/:/_}-$pr-$i.json"
+    PSTRAIN_DEVICES=$l "$trainer" --model gpt --dataset kjv --layers "$L" --heads "$H" --embd "$C" --ctx "$T" \
+      --batch "$B" --steps "$steps" --optimizer adamw --lr 1e-3 --beta1 0.9 --beta2 0.99 \
+      --eps 1e-8 --weight-decay 0 --seed 0 --threads 2 --val-windows 64 --progress none \
+      --precision "$pr" --metrics "" 2>/dev/null | tail -n 1 > "$f"
+    echo "{\"run\":$i,\"who\":\"pstrain\",\"layout\":\"$l\",\"precision\":\"$pr\",\"result\":$(cat "$f")}"
+  done
   "$BENCH_PY" "$peer" --data "$kjv" --layers "$L" --heads "$H" --embd "$C" --ctx "$T" \
     --batch "$B" --steps "$steps" --threads 2 2>/dev/null | tail -n 1 > "$tmp/t$i.json"
   echo "{\"run\":$i,\"who\":\"torch\",\"result\":$(cat "$tmp/t$i.json")}"
 done
 sgemm_after=$(sgemm_peak)
-"$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "$L" "$C" "$T" <<'PY'
+"$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "$L" "$C" "$T" "${cells[@]}" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
 sgemm_before, sgemm_after = float(sys.argv[3]), float(sys.argv[4])
 L, C, T = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
-p, t = load("p"), load("t")
+cells = sys.argv[8:]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
+t = [json.load(open("%s/t%d.json" % (d, i))) for i in range(1, n + 1)]
 V = t[0]["vocab"]
-out = {"pstrain_tokens_per_s_median": med(p, "tokens_per_s"),
-       "torch_tokens_per_s_median": med(t, "tokens_per_s"),
-       "pstrain_step_ms_median": med(p, "step_ms_median"),
-       "torch_step_ms_median": med(t, "step_ms_median"),
-       "pstrain_val_loss": med(p, "val_loss"), "torch_val_loss": med(t, "val_loss")}
-out["ratio_tokens_per_s"] = round(out["pstrain_tokens_per_s_median"] / out["torch_tokens_per_s_median"], 3)
-out["val_loss_ratio"] = round(out["pstrain_val_loss"] / out["torch_val_loss"], 4)
 flop_per_token = 6 * (L * 12 * C * C + C * V) + 12 * L * T * C
-out["flop_per_token"] = flop_per_token
-out["sgemm_gflops"] = max(sgemm_before, sgemm_after)
-out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
-out["ceiling_tokens_per_s"] = round(out["sgemm_gflops"] * 1e9 / flop_per_token, 1)
-out["fraction_of_ceiling"] = round(out["pstrain_tokens_per_s_median"] / out["ceiling_tokens_per_s"], 3)
-print(json.dumps(out))
+sgemm = max(sgemm_before, sgemm_after)
+ceiling = sgemm * 1e9 / flop_per_token
+for c in cells:
+    layout, precision = c.split("/")
+    p = [json.load(open("%s/p-%s-%s-%d.json" % (d, layout.replace(":", "_"), precision, i)))
+         for i in range(1, n + 1)]
+    out = {"layout": layout, "precision": precision,
+           "pstrain_tokens_per_s_median": med(p, "tokens_per_s"),
+           "torch_tokens_per_s_median": med(t, "tokens_per_s"),
+           "pstrain_step_ms_median": med(p, "step_ms_median"),
+           "torch_step_ms_median": med(t, "step_ms_median"),
+           "pstrain_val_loss": med(p, "val_loss"), "torch_val_loss": med(t, "val_loss")}
+    out["ratio_tokens_per_s"] = round(out["pstrain_tokens_per_s_median"] / out["torch_tokens_per_s_median"], 3)
+    out["val_loss_ratio"] = round(out["pstrain_val_loss"] / out["torch_val_loss"], 4)
+    out["flop_per_token"] = flop_per_token
+    out["sgemm_gflops"] = sgemm
+    out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
+    out["ceiling_tokens_per_s"] = round(ceiling, 1)
+    out["fraction_of_ceiling"] = round(out["pstrain_tokens_per_s_median"] / ceiling, 3)
+    print(json.dumps(out))
 PY

@@ -5,17 +5,26 @@
 # ratio of samples/s medians as JSON lines; the last line also puts pstrain against the
 # machine's ceiling: the 2048^3 sgemm GFLOP/s of OpenBLAS at 2 threads under the same kernels
 # (bench_gemm --sgemm-peak, best of 10, measured before and after the runs, the max kept)
-# divided by 11.2 MFLOP per sample (3 GEMMs x 2 FLOP x the 1.86M weights of 784-1024-1024-10).
+# divided by the FLOP per sample: 3 GEMMs x 2 FLOP x the weights (11.2 MFLOP for 784-1024-1024-10).
 # Not a test: it reports, it never gates.
 #
 # usage: bench/mlp.sh [BUILD_DIR=build] [RUNS=3] [EPOCHS=1] [BATCH=128]
 # Both programs get the same environment, OPENBLAS_CORETYPE included: bench_blas_core
 # (bench/lib.sh) sets it to the trainer's pick for this CPU unless BENCH_CORETYPE says
 # otherwise, so both sides run the same GEMM kernels.
+# pstrain runs in every layout of LAYOUTS (default "cpu:1 cpu:2": one device with a 2-thread
+# team, and two devices of one thread each). After the 784-1024-1024-10 runs, the wider
+# family WIDE (default "2048:64 4096:32 4096:128": hidden width:batch, both hidden layers that
+# wide) trains WIDE_STEPS steps (default 200) per run in each layout, alternating with the
+# peer (its --hidden, --max-steps) the same way. One JSON line per cell: layout, hidden,
+# batch, medians, the ratio to the peer and the fraction of that shape's ceiling.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; epochs=${3:-1}; batch=${4:-128}
+layouts=${LAYOUTS:-cpu:1 cpu:2}
+wide=${WIDE-2048:64 4096:32 4096:128}
+wide_steps=${WIDE_STEPS:-200}
 peer="$BENCH_PEERS/torch_mlp.py"
 trainer="$build/bin/trainer"
 bench_need_built "$build" trainer
@@ -23,39 +32,57 @@ bench_need_peer torch_mlp.py
 bench_need_torch
 bench_blas_core "$build"
 gemm=$(bench_gemm_build "$build")
-bench_header mlp "\"runs\":$runs,\"epochs\":$epochs,\"batch\":$batch,\"threads\":2"
+bench_header mlp "\"layouts\":\"$layouts\",\"wide\":\"$wide\",\"wide_steps\":$wide_steps,\"runs\":$runs,\"epochs\":$epochs,\"batch\":$batch,\"threads\":2"
 sgemm_peak() { "$gemm" --sgemm-peak --threads 2 --reps 10 | cut -d: -f2 | tr -d '} '; }
 sgemm_before=$(sgemm_peak)
-
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-for i in $(seq 1 "$runs"); do
-  "$trainer" --model mlp --hidden 1024,1024 --dataset fashion-mnist --epochs "$epochs" \
-    --batch "$batch" --optimizer momentum --lr 0.05 --momentum 0.9 --seed 0 --threads 2 \
-    --progress none 2>/dev/null | tail -n 1 > "$tmp/p$i.json"
-  echo "{\"run\":$i,\"who\":\"pstrain\",\"result\":$(cat "$tmp/p$i.json")}"
-  "$BENCH_PY" "$peer" --epochs "$epochs" --batch "$batch" --threads 2 2>/dev/null \
-    | tail -n 1 > "$tmp/t$i.json"
-  echo "{\"run\":$i,\"who\":\"torch\",\"result\":$(cat "$tmp/t$i.json")}"
+# shape h:b:steps (steps 0: EPOCHS epochs); results in $tmp/{p-LAYOUT,t}-h-b-i.json
+shapes=("1024:$batch:0")
+for w in $wide; do shapes+=("$w:$wide_steps"); done
+cells=()
+for shape in "${shapes[@]}"; do
+  IFS=: read -r h b n <<< "$shape"
+  if [ "$n" = 0 ]; then len=(--epochs "$epochs"); plen=(--epochs "$epochs")
+  else len=(--epochs 1 --steps "$n"); plen=(--epochs 1 --max-steps "$n"); fi
+  for i in $(seq 1 "$runs"); do
+    for l in $layouts; do
+      f="$tmp/p-${l/:/_}-$h-$b-$i.json"
+      PSTRAIN_DEVICES=$l "$trainer" --model mlp --hidden "$h,$h" --dataset fashion-mnist "${len[@]}" \
+        --batch "$b" --optimizer momentum --lr 0.05 --momentum 0.9 --seed 0 --threads 2 \
+        --progress none 2>/dev/null | tail -n 1 > "$f"
+      echo "{\"run\":$i,\"who\":\"pstrain\",\"layout\":\"$l\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$f")}"
+    done
+    "$BENCH_PY" "$peer" "${plen[@]}" --hidden "$h" --batch "$b" --threads 2 2>/dev/null \
+      | tail -n 1 > "$tmp/t-$h-$b-$i.json"
+    echo "{\"run\":$i,\"who\":\"torch\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$tmp/t-$h-$b-$i.json")}"
+  done
+  for l in $layouts; do cells+=("${l/:/_}/$h/$b"); done
 done
 sgemm_after=$(sgemm_peak)
-"$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" <<'PY'
+"$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "${cells[@]}" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
 sgemm_before, sgemm_after = float(sys.argv[3]), float(sys.argv[4])
-load = lambda p: [json.load(open("%s/%s%d.json" % (d, p, i))) for i in range(1, n + 1)]
-p, t = load("p"), load("t")
+sgemm = max(sgemm_before, sgemm_after)
 med = lambda rs, k: statistics.median(r[k] for r in rs)
-out = {"pstrain_samples_per_s_median": med(p, "samples_per_s"),
-       "torch_samples_per_s_median": med(t, "samples_per_s"),
-       "pstrain_step_ms_median": med(p, "step_ms_median"),
-       "torch_step_ms_median": med(t, "step_ms_median"),
-       "pstrain_test_acc": p[0]["test_acc"], "torch_test_acc": t[0]["test_acc"]}
-out["ratio_samples_per_s"] = round(out["pstrain_samples_per_s_median"] / out["torch_samples_per_s_median"], 3)
-# 3 GEMMs (forward, weight and input gradient) x 2 FLOP per multiply-add x the weights.
-flop_per_sample = 3 * 2 * (784 * 1024 + 1024 * 1024 + 1024 * 10)
-out["sgemm_gflops"] = max(sgemm_before, sgemm_after)
-out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
-out["ceiling_samples_per_s"] = round(out["sgemm_gflops"] * 1e9 / flop_per_sample, 1)
-out["fraction_of_ceiling"] = round(out["pstrain_samples_per_s_median"] / out["ceiling_samples_per_s"], 3)
-print(json.dumps(out))
+for c in sys.argv[5:]:
+    layout, h, b = c.split("/")
+    load = lambda who: [json.load(open("%s/%s-%s-%s-%d.json" % (d, who, h, b, i)))
+                        for i in range(1, n + 1)]
+    p, t = load("p-" + layout), load("t")
+    h = int(h)
+    out = {"layout": layout.replace("_", ":"), "hidden": h, "batch": int(b),
+           "pstrain_samples_per_s_median": med(p, "samples_per_s"),
+           "torch_samples_per_s_median": med(t, "samples_per_s"),
+           "pstrain_step_ms_median": med(p, "step_ms_median"),
+           "torch_step_ms_median": med(t, "step_ms_median"),
+           "pstrain_test_acc": p[0]["test_acc"], "torch_test_acc": t[0]["test_acc"]}
+    out["ratio_samples_per_s"] = round(out["pstrain_samples_per_s_median"] / out["torch_samples_per_s_median"], 3)
+    # 3 GEMMs (forward, weight and input gradient) x 2 FLOP per multiply-add x the weights.
+    flop_per_sample = 3 * 2 * (784 * h + h * h + h * 10)
+    out["sgemm_gflops"] = sgemm
+    out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
+    out["ceiling_samples_per_s"] = round(sgemm * 1e9 / flop_per_sample, 1)
+    out["fraction_of_ceiling"] = round(out["pstrain_samples_per_s_median"] / out["ceiling_samples_per_s"], 3)
+    print(json.dumps(out))
 PY
