@@ -57,7 +57,11 @@ static void linear_bwd_part(void *arg, int part, int nparts)
         }
     }
     if (a->dinp) {
-        pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);
+        if (a->dw) /* balanced against the weight-gradient tiles each part has */
+            pst_linear_dinp_part(a->IC, a->OC, a->row1 ? a->row1 - a->row0 : a->OC, part,
+                                 nparts, &lo, &hi);
+        else
+            pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);
         pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
                                        (int)hi);
         if (a->mask) /* while this slice of dinp is in cache */
