@@ -15,7 +15,6 @@
 #include <math.h>
 #include <string.h>
 
-PST_BIT_EXACT_CLONES
 /* Zeroes columns [j0, j0 + n) of the B rows of c (row stride ldc). A GEMM with beta 0
  * zeroes C and then adds each K block's product to it, exactly as beta 1 on a zeroed C
  * does, so zeroing here and calling with beta 1 gives the same bits; OpenBLAS's own
@@ -30,6 +29,7 @@ static float gemm_slice_beta(float *c, int B, int ldc, int j0, int n)
     return 1.0f;
 }
 
+PST_BIT_EXACT_CLONES
 void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
                              const float *bias, int B, int IC, int OC, int relu, int j0, int j1)
 {
