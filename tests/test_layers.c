@@ -717,42 +717,52 @@ Test(linear_slices, zeroed_slices_give_the_bits_of_a_beta_0_gemm)
     free(inp), free(w), free(dout), free(got), free(want);
 }
 
-/* The input gradient's columns beside the weight gradient's tiles (pst_linear_dinp_part):
- * every column once, in order, at multiples of 16, and each part's multiply-adds within
- * one 16-column cut (plus a tile the cuts cannot move) of an even share. */
+/* The input gradient's columns or rows beside the weight gradient's tiles
+ * (pst_linear_dinp_part): every item once, in order, at multiples of the alignment, and
+ * each part's multiply-adds within one aligned cut (plus a tile the cuts cannot move) of an
+ * even share. */
+static void check_dinp_parts(int64_t items, int64_t item_cost, int align, int wrows,
+                             int64_t wrow_cost)
+{
+    for (int nparts = 1; nparts <= 6; nparts++) {
+        size_t prev = 0;
+        const double share = ((double)wrows * wrow_cost + (double)items * item_cost) / nparts;
+        for (int p = 0; p < nparts; p++) {
+            size_t lo, hi, wlo, whi;
+            pst_linear_dinp_part(items, item_cost, align, wrows, wrow_cost, p, nparts, &lo, &hi);
+            cr_assert_eq(lo, prev, "items %ld rows %d parts %d: part %d starts at %zu, not %zu",
+                         (long)items, wrows, nparts, p, lo, prev);
+            cr_assert_geq(hi, lo);
+            cr_assert(hi % (size_t)align == 0 || hi == (size_t)items, "cut %zu", hi);
+            prev = hi;
+            pst_pool_split((size_t)wrows, p, nparts, PST_ROW_TILE, &wlo, &whi);
+            const double work = (double)(whi - wlo) * wrow_cost + (double)(hi - lo) * item_cost;
+            cr_assert_leq(work, share + (double)align * item_cost + (double)PST_ROW_TILE * wrow_cost,
+                          "items %ld rows %d parts %d part %d: %.0f of %.0f", (long)items, wrows,
+                          nparts, p, work, share);
+        }
+        cr_assert_eq(prev, (size_t)items, "items %ld rows %d parts %d: the cuts end at %zu",
+                     (long)items, wrows, nparts, prev);
+    }
+}
+
 Test(linear_slices, dinp_parts_cover_once_and_balance_the_tiles)
 {
-    const int shapes[][3] = {{128, 128, 128}, {512, 128, 128}, {128, 384, 384}, {128, 512, 512},
-                             {784, 1024, 1024}, {1024, 10, 10}, {100, 700, 300}, {48, 2000, 2000}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (int nparts = 1; nparts <= 6; nparts++) {
-            const int IC = shapes[s][0], OC = shapes[s][1], rows = shapes[s][2];
-            size_t prev = 0;
-            const double share = ((double)rows * IC + (double)IC * OC) / nparts;
-            for (int p = 0; p < nparts; p++) {
-                size_t lo, hi, wlo, whi;
-                pst_linear_dinp_part(IC, OC, rows, p, nparts, &lo, &hi);
-                cr_assert_eq(lo, prev, "IC %d OC %d parts %d: part %d starts at %zu, not %zu",
-                             IC, OC, nparts, p, lo, prev);
-                cr_assert_geq(hi, lo);
-                cr_assert(hi % 16 == 0 || hi == (size_t)IC, "cut %zu", hi);
-                prev = hi;
-                pst_pool_split((size_t)rows, p, nparts, PST_ROW_TILE, &wlo, &whi);
-                const double work = (double)(whi - wlo) * IC + (double)(hi - lo) * OC;
-                /* over the share only by what a cut of 16 columns or a whole tile adds */
-                cr_assert_leq(work, share + 16.0 * OC + (double)PST_ROW_TILE * IC,
-                              "IC %d OC %d parts %d part %d: %.0f of %.0f", IC, OC, nparts, p,
-                              work, share);
-            }
-            cr_assert_eq(prev, (size_t)IC, "IC %d OC %d parts %d: columns end at %zu", IC, OC,
-                         nparts, prev);
-        }
+    /* (IC, OC, B): dinp by columns (IC items of B*OC) and by rows (B items of IC*OC) */
+    const int shapes[][3] = {{128, 128, 2048}, {512, 128, 2048}, {128, 384, 2048},
+                             {128, 512, 64},   {784, 1024, 128}, {1024, 10, 128},
+                             {100, 700, 37},   {48, 2000, 5}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t IC = shapes[s][0], OC = shapes[s][1], B = shapes[s][2];
+        check_dinp_parts(IC, B * OC, 16, (int)OC, B * IC);
+        check_dinp_parts(B, IC * OC, 1, (int)OC, B * IC);
+    }
     /* a one-tile layer on two threads: the second has the tile, the first all of dinp */
     size_t lo, hi, wlo, whi;
     pst_pool_split(128, 1, 2, PST_ROW_TILE, &wlo, &whi);
     cr_assert(wlo == 0 && whi == 128);
-    pst_linear_dinp_part(128, 128, 128, 0, 2, &lo, &hi);
+    pst_linear_dinp_part(128, 2048 * 128, 16, 128, 2048 * 128, 0, 2, &lo, &hi);
     cr_assert(lo == 0 && hi == 128);
-    pst_linear_dinp_part(128, 128, 128, 1, 2, &lo, &hi);
+    pst_linear_dinp_part(128, 2048 * 128, 16, 128, 2048 * 128, 1, 2, &lo, &hi);
     cr_assert(lo == 128 && hi == 128);
 }

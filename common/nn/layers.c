@@ -65,25 +65,26 @@ void pst_linear_forward(float *out, const float *inp, const float *weight, const
 
 /* The end of the prefix of parts 0..p (layers.h, pst_linear_dinp_part), before the running
  * maximum that keeps the cuts in order. */
-static int64_t dinp_cut(int64_t IC, int64_t OC, int rows, int p, int nparts)
+static int64_t dinp_cut(int64_t items, int64_t item_cost, int align, int wrows,
+                        int64_t wrow_cost, int p, int nparts)
 {
     if (p >= nparts - 1)
-        return IC;
-    const int64_t total = (int64_t)rows * IC + IC * OC;
+        return items;
+    const int64_t total = (int64_t)wrows * wrow_cost + items * item_cost;
     size_t lo, hi;
-    pst_pool_split((size_t)rows, p, nparts, PST_ROW_TILE, &lo, &hi); /* parts 0..p: [0, hi) */
-    const int64_t want = total * (p + 1) / nparts - (int64_t)hi * IC;
-    const int64_t cols = want <= 0 ? 0 : (want / OC + 8) / 16 * 16;
-    return cols < IC ? cols : IC;
+    pst_pool_split((size_t)wrows, p, nparts, PST_ROW_TILE, &lo, &hi); /* parts 0..p: [0, hi) */
+    const int64_t want = total * (p + 1) / nparts - (int64_t)hi * wrow_cost;
+    const int64_t n = want <= 0 ? 0 : (want / item_cost + align / 2) / align * align;
+    return n < items ? n : items;
 }
 
-void pst_linear_dinp_part(int IC, int OC, int rows, int part, int nparts, size_t *lo,
-                          size_t *hi)
+void pst_linear_dinp_part(int64_t items, int64_t item_cost, int align, int wrows,
+                          int64_t wrow_cost, int part, int nparts, size_t *lo, size_t *hi)
 {
     int64_t end = 0, start = 0;
     for (int p = 0; p <= part; p++) {
         start = end;
-        const int64_t c = dinp_cut(IC, OC, rows, p, nparts);
+        const int64_t c = dinp_cut(items, item_cost, align, wrows, wrow_cost, p, nparts);
         end = c > end ? c : end;
     }
     *lo = (size_t)start;

@@ -34,15 +34,16 @@ void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float 
 /* The end of row r's tile, or `end` when that comes first. */
 int pst_row_tile_end(int r, int end);
 
-/* Columns [*lo, *hi) of dinp for part `part` of `nparts` when the same parts also compute
- * `rows` rows of dweight, each its whole tiles as pst_pool_split(rows, ..., PST_ROW_TILE)
- * gives them: the cuts bring each prefix of parts nearest to its share of the multiply-adds
- * (rows x IC of dweight plus columns x OC of dinp), at multiples of 16 columns, never
- * backwards; the parts together cover [0, IC) once. A layer of one tile (OC <= 256) would
- * otherwise leave every part but the first idle for its whole weight gradient. The cuts
- * depend only on the shapes and nparts. */
-void pst_linear_dinp_part(int IC, int OC, int rows, int part, int nparts, size_t *lo,
-                          size_t *hi);
+/* The part [*lo, *hi) of dinp's `items` (its columns or its rows, each `item_cost`
+ * multiply-adds) for part `part` of `nparts` when the same parts also compute `wrows` rows
+ * of dweight (each `wrow_cost`), each its whole tiles as pst_pool_split(wrows, ...,
+ * PST_ROW_TILE) gives them: the cuts bring each prefix of parts nearest to its share of all
+ * the multiply-adds, at multiples of `align` items, never backwards; the parts together
+ * cover [0, items) once. A layer of one tile (OC <= 256) would otherwise leave every part
+ * but the one with the tile idle for its whole weight gradient. The cuts depend only on
+ * the arguments. */
+void pst_linear_dinp_part(int64_t items, int64_t item_cost, int align, int wrows,
+                          int64_t wrow_cost, int part, int nparts, size_t *lo, size_t *hi);
 
 /* Slices of the two kernels above, for splitting a layer over threads (same arithmetic
  * per element): columns [j0, j1) of out; rows [j0, j1) of dweight and dbias (j0 and j1,

@@ -17,13 +17,22 @@
  * tests/test_exec.c's reference test), so the same run with another thread count may end
  * with other bits. The weight gradient is split on whole tiles instead (PST_ROW_TILE),
  * because there the executor's chunks, not the threads, decide the cuts. */
+/* Rows rather than columns of the output when a part's rows pack less: by rows a part
+ * packs its rows of the input and all of the weight, by columns all of the input and its
+ * rows of the weight, so rows when the batch is larger than the output (the GPT's 2048
+ * tokens against 128-512 outputs; the MLP's 128 rows against 1024 outputs stay on columns),
+ * and whole rows are zeroed in one pass. Also when the output is too narrow for 16 floats
+ * per part (a 10-class output), so that every part computes instead of one. */
+static int by_rows(int B, int width, int nparts)
+{
+    return nparts > 1 && B >= 2 * nparts && (B > width || width < 16 * nparts);
+}
+
 static void linear_fwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_fwd_args *a = arg;
     size_t j0, j1;
-    if (a->OC < 16 * nparts && a->B >= 2 * nparts) {
-        /* Too narrow for a slice of columns per part (a 10-class output): slices of rows,
-         * so every part computes instead of one. */
+    if (by_rows(a->B, a->OC, nparts)) {
         size_t b0, b1;
         pst_pool_split((size_t)a->B, part, nparts, 1, &b0, &b1);
         pst_linear_forward_cols(a->out + b0 * (size_t)a->OC, a->inp + b0 * (size_t)a->IC, a->w,
@@ -39,8 +48,8 @@ static void linear_bwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_bwd_args *a = arg;
     size_t lo, hi;
+    const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
     if (a->dw) {
-        const int r0 = a->row1 ? a->row0 : 0, r1 = a->row1 ? a->row1 : a->OC;
         /* whole tiles to each thread (r0 is a multiple of PST_ROW_TILE): the bits do not
          * depend on the number of threads */
         pst_pool_split((size_t)(r1 - r0), part, nparts, PST_ROW_TILE, &lo, &hi);
@@ -57,15 +66,26 @@ static void linear_bwd_part(void *arg, int part, int nparts)
         }
     }
     if (a->dinp) {
+        const int64_t B = a->B, IC = a->IC, OC = a->OC;
+        const int rows = by_rows(a->B, a->IC, nparts); /* dinp (B, IC): as the forward */
         if (a->dw) /* balanced against the weight-gradient tiles each part has */
-            pst_linear_dinp_part(a->IC, a->OC, a->row1 ? a->row1 - a->row0 : a->OC, part,
-                                 nparts, &lo, &hi);
+            pst_linear_dinp_part(rows ? B : IC, rows ? IC * OC : B * OC, rows ? 1 : 16,
+                                 r1 - r0, B * IC, part, nparts, &lo, &hi);
         else
-            pst_pool_split((size_t)a->IC, part, nparts, 16, &lo, &hi);
-        pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
-                                       (int)hi);
-        if (a->mask) /* while this slice of dinp is in cache */
-            pst_relu_backward_cols(a->dinp, a->mask, a->B, a->IC, (int)lo, (int)hi);
+            pst_pool_split(rows ? (size_t)B : (size_t)IC, part, nparts, rows ? 1 : 16, &lo, &hi);
+        if (rows) { /* rows [lo, hi), whole */
+            float *d = a->dinp + lo * (size_t)IC;
+            pst_linear_backward_input_cols(d, a->dout + lo * (size_t)OC, a->w, (int)(hi - lo),
+                                           a->IC, a->OC, 0, a->IC);
+            if (a->mask) /* while these rows of dinp are in cache */
+                pst_relu_backward_cols(d, a->mask + lo * (size_t)IC, (int)(hi - lo), a->IC, 0,
+                                       a->IC);
+        } else {
+            pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
+                                           (int)hi);
+            if (a->mask) /* while this slice of dinp is in cache */
+                pst_relu_backward_cols(a->dinp, a->mask, a->B, a->IC, (int)lo, (int)hi);
+        }
     }
 }
 
