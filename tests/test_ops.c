@@ -222,15 +222,11 @@ static void linear_via_pool(pst_stream *s, pst_pool *pool, const float *inp, con
     CHECK_OK(pst_stream_synchronize(s));
 }
 
-Test(ops_parity, linear_split_over_a_pool)
+/* One shape of linear_split_over_a_pool. */
+static void linear_split_shape(pst_stream *s, int B, int IC, int OC, uint64_t seed)
 {
-    pst_runtime *rt;
-    pst_stream *s;
-    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
-    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
-    const int B = 64, IC = 300, OC = 130;
-    float *inp = randn((size_t)B * IC, 91), *w = randn((size_t)OC * IC, 92);
-    float *bias = randn((size_t)OC, 93), *dout = randn((size_t)B * OC, 94);
+    float *inp = randn((size_t)B * IC, seed), *w = randn((size_t)OC * IC, seed + 1);
+    float *bias = randn((size_t)OC, seed + 2), *dout = randn((size_t)B * OC, seed + 3);
     float *r[4], *g[4], *h[4];
     const size_t n[4] = {(size_t)B * OC, (size_t)OC * IC, (size_t)OC, (size_t)B * IC};
     const char *what[4] = {"forward", "dw", "db", "dinp"};
@@ -248,14 +244,15 @@ Test(ops_parity, linear_split_over_a_pool)
         linear_via_pool(s, pool, inp, w, bias, dout, B, IC, OC, h[0], h[1], h[2], h[3]);
         for (int k = 0; k < 4; k++) {
             cr_assert_eq(memcmp(g[k], h[k], sizeof(float) * n[k]), 0,
-                         "%s: %d threads gave other bits the second time", what[k], threads);
+                         "%s (B %d, IC %d, OC %d): %d threads gave other bits the second time",
+                         what[k], B, IC, OC, threads);
             if (threads == 1)
                 cr_assert_eq(memcmp(g[k], r[k], sizeof(float) * n[k]), 0,
                              "%s: a team of one differs from the reference kernel", what[k]);
             for (size_t i = 0; i < n[k]; i++)
                 cr_assert(fabs(g[k][i] - r[k][i]) <= TOL_GEMM_ATOL + TOL_GEMM_RTOL * fabs(r[k][i]),
-                          "%s[%zu], %d threads: %.9g, whole call %.9g", what[k], i, threads,
-                          g[k][i], r[k][i]);
+                          "%s[%zu] (B %d, IC %d, OC %d), %d threads: %.9g, whole call %.9g",
+                          what[k], i, B, IC, OC, threads, g[k][i], r[k][i]);
         }
         pst_pool_free(pool);
     }
@@ -265,6 +262,44 @@ Test(ops_parity, linear_split_over_a_pool)
         free(h[k]);
     }
     free(inp); free(w); free(bias); free(dout);
+}
+
+Test(ops_parity, linear_split_over_a_pool)
+{
+    pst_runtime *rt;
+    pst_stream *s;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
+    linear_split_shape(s, 64, 300, 130, 91);  /* columns: the batch under both widths */
+    linear_split_shape(s, 300, 40, 24, 95);   /* rows: the batch over both (ops_cpu.c) */
+    linear_split_shape(s, 600, 100, 300, 99); /* rows, and dweight past one tile */
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
+
+/* The residual add split over a pool: the bits of one loop, whatever the team. */
+Test(ops_parity, add_split_over_a_pool)
+{
+    pst_runtime *rt;
+    pst_stream *s;
+    CHECK_OK(pst_runtime_init(&rt, "cpu:1"));
+    CHECK_OK(pst_stream_create(pst_runtime_device(rt, 0), &s));
+    const size_t n = 100003;
+    float *src = randn(n, 120), *dst0 = randn(n, 121);
+    float *ref = copy_floats(dst0, n), *got = malloc(sizeof(float) * n);
+    for (size_t j = 0; j < n; j++)
+        ref[j] += src[j];
+    for (int threads = 1; threads <= 3; threads++) {
+        pst_pool *pool;
+        CHECK_OK(pst_pool_init(&pool, threads));
+        memcpy(got, dst0, sizeof(float) * n);
+        pst_add_args a = {.dst = got, .src = src, .n = n, .pool = pool};
+        CHECK_OK(pst_op_add(s, &a));
+        CHECK_OK(pst_stream_synchronize(s));
+        cr_assert_eq(memcmp(got, ref, sizeof(float) * n), 0, "%d threads", threads);
+        pst_pool_free(pool);
+    }
+    free(src); free(dst0); free(ref); free(got);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
 }

@@ -89,6 +89,7 @@ typedef struct pst_add_args {
     float *dst;
     const float *src;
     size_t n;
+    struct pst_pool *pool;       /* CPU only, may be NULL: split over it */
 } pst_add_args;
 
 /* dst (n, of dtype dt) = src (n, of dtype st), rounding to nearest even (dtype.h). */

@@ -58,7 +58,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                   .scratch = io->scratch, .pool = pool};
     k->attproj = (pst_linear_fwd_args){.out = res2, .inp = atty, .w = P[APW], .b = P[APB],
                                        .IC = C, .OC = C, .pool = pool};
-    k->res2 = (pst_add_args){.dst = res2, .src = io->in};
+    k->res2 = (pst_add_args){.dst = res2, .src = io->in, .pool = pool};
     k->ln2 = (pst_layernorm_args){.out = ln2, .mean = mean2, .rstd = rstd2, .inp = res2,
                                   .w = P[LN2W], .b = P[LN2B], .C = C, .pool = pool};
     k->fc = (pst_linear_fwd_args){.out = fch, .inp = ln2, .w = P[FCW], .b = P[FCB], .IC = C,
@@ -66,7 +66,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .pool = pool};
     k->fcproj = (pst_linear_fwd_args){.out = io->out, .inp = fchg, .w = P[FPW], .b = P[FPB],
                                       .IC = 4 * C, .OC = C, .pool = pool};
-    k->res3 = (pst_add_args){.dst = io->out, .src = res2};
+    k->res3 = (pst_add_args){.dst = io->out, .src = res2, .pool = pool};
 
     k->fcproj_b = (pst_linear_bwd_args){.dinp = dfch, .dw = G[FPW], .db = G[FPB],
                                         .dout = io->dout, .inp = fchg, .w = P[FPW],
@@ -80,7 +80,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                       .dout = dln, .inp = res2, .w = P[LN2W],
                                       .saved_mean = mean2, .saved_rstd = rstd2, .C = C,
                                       .accumulate = acc[LN2W], .pool = pool};
-    k->dres2 = (pst_add_args){.dst = dres2, .src = io->dout};
+    k->dres2 = (pst_add_args){.dst = dres2, .src = io->dout, .pool = pool};
     k->attproj_b = (pst_linear_bwd_args){.dinp = datty, .dw = G[APW], .db = G[APB],
                                          .dout = dres2, .inp = atty, .w = P[APW], .IC = C,
                                          .OC = C, .accumulate = acc[APW], .pool = pool};
@@ -96,7 +96,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     k->ln1_in = (pst_layernorm_args){.dinp = io->din, .dout = dln, .inp = io->in,
                                      .w = P[LN1W], .saved_mean = mean1, .saved_rstd = rstd1,
                                      .C = C, .pool = pool};
-    k->din = (pst_add_args){.dst = io->din, .src = dres2};
+    k->din = (pst_add_args){.dst = io->din, .src = dres2, .pool = pool};
 }
 
 static pst_status block_forward(void *inst, pst_stream *s, int B, float scale)
