@@ -18,8 +18,9 @@
 # of one thread each, each computing half of every batch with their gradients summed in
 # device order; and one device with a 2-thread team splitting every op) in every precision
 # in PRECISIONS (default "fp32 bf16"); each run of the loop runs every cell once, then the
-# peer once. bf16 is measured only on a CPU with AVX512_BF16, the only CPUs with bf16 arithmetic;
-# elsewhere the bench says so in one line and measures fp32 only. One JSON line per cell:
+# peer once. bf16 is measured only on a CPU with AVX512_BF16, where bf16 arithmetic could
+# run (pstrain computes in fp32 on every CPU today; its log line says why); elsewhere the
+# bench says so in one line and measures fp32 only. One JSON line per cell:
 # its medians, the ratio to the peer's median, the fraction of the ceiling. DEVICES=cpu:N
 # (the older knob) is the same as LAYOUTS=cpu:N.
 set -euo pipefail
@@ -39,8 +40,8 @@ bench_need_torch
 bench_blas_core "$build"
 gemm=$(bench_gemm_build "$build")
 if [[ " $precisions " == *" bf16 "* ]] && ! grep -qw avx512_bf16 /proc/cpuinfo; then
-  echo '{"bf16":"not measured: this CPU lacks AVX512_BF16 (/proc/cpuinfo), so a bf16 trainer computes in fp32 here; fp32 only"}'
-  precisions=$(echo "$precisions" | tr ' ' '\n' | grep -vx bf16 | xargs)
+  echo '{"bf16":"not measured: this CPU lacks AVX512_BF16 (/proc/cpuinfo), so it has no bf16 arithmetic; fp32 only"}'
+  precisions=$(echo "$precisions" | tr ' ' '\n' | { grep -vx bf16 || true; } | xargs)
 fi
 cells=()
 for l in $layouts; do for pr in $precisions; do cells+=("$l/$pr"); done; done
@@ -52,7 +53,7 @@ sgemm_before=$(sgemm_peak)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for i in $(seq 1 "$runs"); do
   for c in "${cells[@]}"; do
-    l=${c%/*}; pr=${c#*/}; f="$tmp/p-${l/:/_}-$pr-$i.json"
+    l=${c%/*}; pr=${c#*/}; f="$tmp/p-${l//:/_}-$pr-$i.json"
     PSTRAIN_DEVICES=$l "$trainer" --model gpt --dataset kjv --layers "$L" --heads "$H" --embd "$C" --ctx "$T" \
       --batch "$B" --steps "$steps" --optimizer adamw --lr 1e-3 --beta1 0.9 --beta2 0.99 \
       --eps 1e-8 --weight-decay 0 --seed 0 --threads 2 --val-windows 64 --progress none \

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark: pstrain's local trainer vs the PyTorch peer (../shared/peers/torch_mlp.py) on
 # the same MLP 784-1024-1024-10, Fashion-MNIST, SGD momentum 0.9, lr 0.05, seed 0.
-# Runs them alternately, RUNS times each, and prints every run plus the medians and the
-# ratio of samples/s medians as JSON lines; the last line also puts pstrain against the
-# machine's ceiling: the 2048^3 sgemm GFLOP/s of OpenBLAS at 2 threads under the same kernels
+# Runs them alternately, RUNS times each, and prints every run plus, per cell, the medians,
+# the ratio of samples/s medians and pstrain against the machine's ceiling: the 2048^3 sgemm GFLOP/s of OpenBLAS at 2 threads under the same kernels
 # (bench_gemm --sgemm-peak, best of 10, measured before and after the runs, the max kept)
 # divided by the FLOP per sample: 3 GEMMs x 2 FLOP x the weights (11.2 MFLOP for 784-1024-1024-10).
 # Not a test: it reports, it never gates.
@@ -46,7 +45,7 @@ for shape in "${shapes[@]}"; do
   else len=(--epochs 1 --steps "$n"); plen=(--epochs 1 --max-steps "$n"); fi
   for i in $(seq 1 "$runs"); do
     for l in $layouts; do
-      f="$tmp/p-${l/:/_}-$h-$b-$i.json"
+      f="$tmp/p-${l//:/_}-$h-$b-$i.json"
       PSTRAIN_DEVICES=$l "$trainer" --model mlp --hidden "$h,$h" --dataset fashion-mnist "${len[@]}" \
         --batch "$b" --optimizer momentum --lr 0.05 --momentum 0.9 --seed 0 --threads 2 \
         --progress none 2>/dev/null | tail -n 1 > "$f"
@@ -56,7 +55,7 @@ for shape in "${shapes[@]}"; do
       | tail -n 1 > "$tmp/t-$h-$b-$i.json"
     echo "{\"run\":$i,\"who\":\"torch\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$tmp/t-$h-$b-$i.json")}"
   done
-  for l in $layouts; do cells+=("${l/:/_}/$h/$b"); done
+  for l in $layouts; do cells+=("${l//:/_}/$h/$b"); done
 done
 sgemm_after=$(sgemm_peak)
 "$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "${cells[@]}" <<'PY'

@@ -39,6 +39,9 @@ void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n);
  * same operations in the same order. Not under the
  * sanitizers: their runtimes start after the loader runs the clones' resolver, which then
  * crashes the program before main. */
+#if defined(__FAST_MATH__) || defined(__ASSOCIATIVE_MATH__)
+#error "-ffast-math or -fassociative-math reorders float sums: pstrain's bits (and the clones' equality) need IEEE order"
+#endif
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) &&                      \
     !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define PST_BIT_EXACT_CLONES                                                                \

@@ -212,7 +212,7 @@ static void linear_via_pool(pst_stream *s, pst_pool *pool, const float *inp, con
     pst_linear_fwd_args f = {.out = out, .inp = inp, .w = w, .b = bias, .B = B, .IC = IC,
                              .OC = OC, .relu = 1, .pool = pool};
     pst_linear_bwd_args g = {.dinp = dx, .dw = dw, .db = db, .dout = dout, .inp = inp, .w = w,
-                             .B = B, .IC = IC, .OC = OC, .pool = pool};
+                             .B = B, .IC = IC, .OC = OC, .mask = inp, .pool = pool};
     memset(out, 0xff, sizeof(float) * B * OC);
     memset(dw, 0xff, sizeof(float) * OC * IC);
     memset(db, 0xff, sizeof(float) * OC);
@@ -237,6 +237,8 @@ static void linear_split_shape(pst_stream *s, int B, int IC, int OC, uint64_t se
     }
     pst_linear_forward(r[0], inp, w, bias, B, IC, OC, 1);
     pst_linear_backward(r[3], r[1], r[2], dout, inp, w, B, IC, OC, 0);
+    /* the input's ReLU (mask = inp: its negative entries stop the gradient) */
+    pst_relu_backward(r[3], r[3], inp, (int64_t)B * IC);
     for (int threads = 1; threads <= 3; threads++) {
         pst_pool *pool;
         CHECK_OK(pst_pool_init(&pool, threads));

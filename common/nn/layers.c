@@ -15,11 +15,14 @@
 #include <math.h>
 #include <string.h>
 
-/* Zeroes columns [j0, j0 + n) of the B rows of c (row stride ldc). A GEMM with beta 0
- * zeroes C and then adds each K block's product to it, exactly as beta 1 on a zeroed C
- * does, so zeroing here and calling with beta 1 gives the same bits; OpenBLAS's own
- * zeroing of a column slice (sgemm_beta) was 4.5% of a GPT step on a 2-thread team (AMD
- * EPYC, Haswell kernels), where a whole-width C gets one memset. */
+/* Zeroes columns [j0, j0 + n) of the B rows of c (row stride ldc) for the forward's GEMM
+ * (inp @ weight^T). That GEMM with beta 0 zeroes C and then adds each K block's product
+ * to it, exactly as beta 1 on a zeroed C does, so zeroing here and calling with beta 1
+ * gives the same bits; OpenBLAS's own zeroing of a column slice (sgemm_beta) was 4.5% of a
+ * GPT step on a 2-thread team (AMD EPYC, Haswell kernels), where a whole-width C gets one
+ * memset. Not for the input gradient's GEMM (no transposes): on AVX-512 OpenBLAS sends a
+ * small one with beta 0 and alpha 1 to sgemm_direct, which sums in another order than
+ * the blocked path beta 1 takes. */
 static float gemm_slice_beta(float *c, int B, int ldc, int j0, int n)
 {
     if (n == ldc)
@@ -132,9 +135,8 @@ void pst_linear_backward_input_cols(float *dinp, const float *dout, const float 
     if (n <= 0 || B <= 0)
         return;
     /* dinp[:, i0:i1] = dout @ weight[:, i0:i1]. */
-    const float beta = gemm_slice_beta(dinp, B, IC, i0, n);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, n, OC, 1.0f, dout, OC,
-                weight + i0, IC, beta, dinp + i0, IC);
+                weight + i0, IC, 0.0f, dinp + i0, IC);
 }
 
 void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,

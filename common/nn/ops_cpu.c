@@ -10,14 +10,16 @@
 #include "common/nn/ops_impl.h"
 #include "common/pool.h"
 
-/* The linear layer's parts: slices of the output cut at 16 floats (one cache line), so the
- * parts never write the same line (a forward too narrow for that is cut by rows instead). A part whose slice is empty (a 10-wide output over 2
- * threads) does nothing. The number of parts can change the last bits: OpenBLAS's kernels
- * give a column other bits in a GEMM call of another width (AMD EPYC, Haswell kernels; see
- * tests/test_exec.c's reference test), so the same run with another thread count may end
- * with other bits. The weight gradient is split on whole tiles instead (PST_ROW_TILE),
- * because there the executor's chunks, not the threads, decide the cuts. */
-/* Rows rather than columns of the output when a part's rows pack less: by rows a part
+/* The linear layer's parts: slices of the output's rows, or of its columns cut at 16
+ * floats (one cache line) so the parts never write the same line (by_rows says which). A
+ * part whose slice is empty (a 10-wide output over 2 threads) does nothing. The number of
+ * parts can change the last bits: OpenBLAS's kernels give an element other bits in a GEMM
+ * call of another shape (AMD EPYC, Haswell kernels; see tests/test_exec.c's reference
+ * test), so the same run with another thread count may end with other bits; the same
+ * count always gives the same cuts. The weight gradient is split on whole tiles instead
+ * (PST_ROW_TILE), because there the executor's chunks, not the threads, decide the cuts.
+ *
+ * Rows rather than columns of the output when a part's rows pack less: by rows a part
  * packs its rows of the input and all of the weight, by columns all of the input and its
  * rows of the weight, so rows when the batch is larger than the output (the GPT's 2048
  * tokens against 128-512 outputs; the MLP's 128 rows against 1024 outputs stay on columns),
@@ -67,12 +69,13 @@ static void linear_bwd_part(void *arg, int part, int nparts)
     }
     if (a->dinp) {
         const int64_t B = a->B, IC = a->IC, OC = a->OC;
-        const int rows = by_rows(a->B, a->IC, nparts); /* dinp (B, IC): as the forward */
+        /* dinp (B, IC) by rows or columns as the forward; items of `cost` multiply-adds */
+        const int rows = by_rows(a->B, a->IC, nparts), align = rows ? 1 : 16;
+        const int64_t items = rows ? B : IC, cost = rows ? IC * OC : B * OC;
         if (a->dw) /* balanced against the weight-gradient tiles each part has */
-            pst_linear_dinp_part(rows ? B : IC, rows ? IC * OC : B * OC, rows ? 1 : 16,
-                                 r1 - r0, B * IC, part, nparts, &lo, &hi);
+            pst_linear_dinp_part(items, cost, align, r1 - r0, B * IC, part, nparts, &lo, &hi);
         else
-            pst_pool_split(rows ? (size_t)B : (size_t)IC, part, nparts, rows ? 1 : 16, &lo, &hi);
+            pst_pool_split((size_t)items, part, nparts, (size_t)align, &lo, &hi);
         if (rows) { /* rows [lo, hi), whole */
             float *d = a->dinp + lo * (size_t)IC;
             pst_linear_backward_input_cols(d, a->dout + lo * (size_t)OC, a->w, (int)(hi - lo),

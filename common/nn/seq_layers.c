@@ -8,7 +8,7 @@
  * scores and the saved log-sum-exp instead of keeping a (T, T) matrix per head from the
  * forward: the scratch lives for one pair only. The element loops are built for AVX-512,
  * AVX2 and the baseline (PST_BIT_EXACT_CLONES): the same bits on each, and GELU alone took
- * 12% of a GPT step in SSE2 (docs/benchmarks.md, 2026-11-27 15:40 UTC). */
+ * 12% of a GPT step in SSE2 (docs/benchmarks.md, 2026-11-27 14:10 UTC). */
 #include "common/nn/seq_layers.h"
 
 #include "common/dtype.h"
