@@ -66,6 +66,8 @@
 #define RUN_WAIT_MS 60000
 #define EXIT_WAIT_MS 15000
 
+#include "tests/pserver_child.h"
+
 /* ---- child processes (tests/child.h) ------------------------------------------------- */
 
 /* Runs a child to completion within timeout_ms; asserts that it exited (not killed, not
@@ -85,19 +87,6 @@ static void suite_fini(void)
 
 /* ---- the programs ---------------------------------------------------------------------- */
 
-/* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
-/* extra: one more NAME=value for the pserver's environment, or NULL */
-/* extra: up to 4 more variables, NULL-terminated (NULL: none). */
-static int pserver_start_envs(proc **ps, const char *log_level, const char *const *extra)
-{
-    const char *env[7] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1"};
-    for (int i = 0; extra && extra[i] && i < 4; i++)
-        env[2 + i] = extra[i];
-    const char *argv[] = {PSERVER, "--log-level", log_level, NULL};
-    *ps = proc_start(argv, env);
-    return listening_port(*ps, "pserver", LISTEN_WAIT_MS);
-}
-
 static int pserver_start_env2(proc **ps, const char *log_level, const char *extra,
                               const char *extra2)
 {
@@ -113,24 +102,6 @@ static int pserver_start_env(proc **ps, const char *log_level, const char *extra
 static int pserver_start_logging(proc **ps, const char *log_level)
 {
     return pserver_start_env(ps, log_level, NULL);
-}
-
-static int pserver_start(proc **ps)
-{
-    return pserver_start_logging(ps, "warn");
-}
-
-/* SIGTERM, then the pserver must exit 0 (clean shutdown) within the deadline. */
-static void pserver_stop(proc *p)
-{
-    kill(p->pid, SIGTERM);
-    int done = proc_wait(p, EXIT_WAIT_MS);
-    char *err = slurp(p->err_path);
-    cr_assert(done, "pserver did not stop within %d ms of SIGTERM; stderr:\n%s", EXIT_WAIT_MS,
-              err);
-    cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0,
-              "pserver stopped with wait status 0x%x; stderr:\n%s", p->status, err);
-    free(err);
 }
 
 /* argv = head..., then tail... (NULL-terminated lists), into out[max]. */
@@ -1831,34 +1802,6 @@ Test(cluster, async_2_trainers_converges)
 
 #define NB 8 /* floats in the one block of the RPC tests */
 
-/* A client of the pserver on `port`; UNAVAILABLE is retried for connect_timeout_ms. */
-static rpc_client *client_connect(int port, int connect_timeout_ms)
-{
-    static char addr[32];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *servers[] = {addr};
-    rpc_client_config cc = {.servers = servers, .num_servers = 1, .call_timeout_ms = 10000,
-                            .connect_timeout_ms = connect_timeout_ms};
-    rpc_client *cl = NULL;
-    cr_assert_eq(rpc_client_init(&cl, &cc), PST_OK, "%s", pst_error_detail());
-    return cl;
-}
-
-/* A pserver started here and a client of it (gRPC initialized after the fork), and their
- * end: the pserver must then stop cleanly. */
-static rpc_client *fixture_start(proc **ps, int *port)
-{
-    *port = pserver_start(ps);
-    rpc_global_init();
-    return client_connect(*port, 5000);
-}
-
-static void fixture_stop(proc *ps, rpc_client *cl)
-{
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
-}
 
 typedef struct init_args {
     uint32_t trainer, ntrainers;
@@ -1998,7 +1941,7 @@ Test(cluster, retried_push_is_not_double_counted)
     proc *ps;
     int port = pserver_start(&ps);
     rpc_global_init(); /* after the fork/exec of the pserver */
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
 
     float initial[NB], grad[NB], got[NB];
     fill_block(initial, 0.5f, 1.0f);
@@ -2959,7 +2902,7 @@ Test(cluster, limits_refuse_with_their_name_and_the_pserver_serves_on, .timeout 
               "a 100 KB Push before Init: %d %s", r.code, r.detail);
     free(body);
 
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     Pstrain__InitRequest reqs[100];
     status_count sc = {0};
     pthread_mutex_init(&sc.mu, NULL);
@@ -3010,7 +2953,7 @@ Test(cluster, abandoned_pulls_are_released, .timeout = 120)
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 1, 4);
     Pstrain__PullRequest req = PSTRAIN__PULL_REQUEST__INIT;
     req.block = 0;
@@ -3065,7 +3008,7 @@ Test(cluster, large_and_compressed_requests_are_refused)
     cr_log_info("gzip Pull: status %d: %s\n", (int)r.code, r.detail);
     free(body);
     /* and it still serves */
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 1, 2);
     fixture_stop(ps, cl);
 }
@@ -3118,7 +3061,7 @@ Test(cluster, abandoned_votes_are_released, .timeout = 120)
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 4096, 5);
     Pstrain__VoteRequest votes[200];
     const ProtobufCMessage *reqs[200];
@@ -3361,7 +3304,7 @@ Test(cluster, shared_memory_it_cannot_map_is_refused_and_the_pserver_serves_on,
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     float initial[NB];
     fill_block(initial, 0.5f, 1.0f);
     Pstrain__BlockSpec spec = PSTRAIN__BLOCK_SPEC__INIT;
@@ -3446,7 +3389,7 @@ Test(cluster, trainer_leaving_before_its_first_step_to_rejoin_rolls_nothing_back
     proc *ps;
     int port = pserver_start_env(&ps, "info", "PSTRAIN_ON_FAILURE=wait");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 2, 42);
     init_args ia = {.trainer = 1, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
                     .fingerprint = 42};
@@ -3500,7 +3443,7 @@ Test(cluster, trainer_let_go_that_never_comes_back_is_a_departure, .timeout = 60
     int port = pserver_start_env2(&ps, "info", "PSTRAIN_ON_FAILURE=wait",
                                   "PSTRAIN_PEER_TIMEOUT_MS=500");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 2, 42);
     init_args ia = {.trainer = 1, .ntrainers = 2, .optimizer = "sgd", .lr = 1.0f,
                     .fingerprint = 42};
@@ -3673,7 +3616,7 @@ Test(cluster, pserver_exits_0_after_last_finish)
         proc *ps;
         int port = pserver_start(&ps);
         rpc_global_init();
-        rpc_client *cl = client_connect(port, 1000);
+        rpc_client *cl = client_connect(port, 10000, 1000);
         float initial[NB];
         fill_block(initial, 1.0f, 0.0f);
         init_args ia = {.trainer = 0, .ntrainers = 1, .optimizer = "sgd", .lr = 1.0f,
@@ -3704,7 +3647,7 @@ Test(cluster, pulls_reuse_one_context_in_the_steady_state)
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 1000);
+    rpc_client *cl = client_connect(port, 10000, 1000);
     float initial[NB], g[NB], out[NB];
     fill_block(initial, 1.0f, 0.0f);
     fill_block(g, 0.0f, 1.0f);
@@ -4356,7 +4299,7 @@ Test(cluster, values_area_offered_as_a_trainers_segment_is_refused, .timeout = 6
     proc *ps;
     int port = pserver_start_logging(&ps, "info");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     float initial[NBLK];
     for (int i = 0; i < NBLK; i++)
         initial[i] = 0.01f * (float)i;
@@ -4431,7 +4374,7 @@ Test(cluster, slot_rewritten_during_the_step_never_puts_nan_in_the_values, .time
     proc *ps;
     int port = pserver_start(&ps);
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     float *initial = calloc(LEN, sizeof *initial), *w = malloc(LEN * sizeof *w);
     cr_assert(initial && w);
     int shm = 0;
@@ -4490,7 +4433,7 @@ Test(cluster, init_past_max_memory_is_refused_and_the_pserver_serves_on, .timeou
     proc *ps;
     int port = pserver_start_env(&ps, "warn", "PSTRAIN_MAX_MEMORY=256M");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     float *initial = calloc(LEN, sizeof *initial);
     cr_assert_not_null(initial);
     int shm = 0;
@@ -4574,7 +4517,7 @@ Test(cluster, abandoned_calls_give_their_memory_back, .timeout = 120)
     proc *ps;
     int port = pserver_start_logging(&ps, "warn");
     rpc_global_init();
-    rpc_client *cl = client_connect(port, 5000);
+    rpc_client *cl = client_connect(port, 10000, 5000);
     init_job(cl, 1, 4);
     sleep_ms(1500);
     const long before = rss_kb(ps->pid);

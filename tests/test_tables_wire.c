@@ -46,6 +46,8 @@
 #define EXIT_WAIT_MS 15000
 #define ANSWER_WAIT_MS 10000
 
+#include "tests/pserver_child.h"
+
 #define NB 8      /* floats in the one dense block of the job */
 #define DIM 4     /* values per row of sparse table "t" */
 #define LR 0.1    /* its Adagrad's */
@@ -63,57 +65,6 @@ TestSuite(tables_wire, .fini = suite_fini, .timeout = 60);
 
 /* ---- the pserver and its clients ------------------------------------------------------ */
 
-/* Starts a pserver on 127.0.0.1, port 0, into *ps; returns the port it announced. */
-static int pserver_start(proc **ps)
-{
-    const char *env[] = {"PSTRAIN_PORT=0", "PSTRAIN_BIND=127.0.0.1", NULL};
-    const char *argv[] = {PSERVER, "--log-level", "warn", NULL};
-    *ps = proc_start(argv, env);
-    return listening_port(*ps, "pserver", LISTEN_WAIT_MS);
-}
-
-/* SIGTERM, then the pserver must exit 0 (clean shutdown) within the deadline. */
-static void pserver_stop(proc *p)
-{
-    kill(p->pid, SIGTERM);
-    int done = proc_wait(p, EXIT_WAIT_MS);
-    char *err = slurp(p->err_path);
-    cr_assert(done, "pserver did not stop within %d ms of SIGTERM; stderr:\n%s", EXIT_WAIT_MS,
-              err);
-    cr_assert(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0,
-              "pserver stopped with wait status 0x%x; stderr:\n%s", p->status, err);
-    free(err);
-}
-
-/* A client of the pserver on `port` whose calls give up after call_timeout_ms;
- * UNAVAILABLE is retried for 5 s. */
-static rpc_client *client_connect(int port, int call_timeout_ms)
-{
-    static char addr[32];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-    const char *servers[] = {addr};
-    rpc_client_config cc = {.servers = servers, .num_servers = 1,
-                            .call_timeout_ms = call_timeout_ms, .connect_timeout_ms = 5000};
-    rpc_client *cl = NULL;
-    cr_assert_eq(rpc_client_init(&cl, &cc), PST_OK, "%s", pst_error_detail());
-    return cl;
-}
-
-/* A pserver started here and a client of it (gRPC initialized after the fork), and their
- * end: the pserver must then stop cleanly. */
-static rpc_client *fixture_start(proc **ps, int *port)
-{
-    *port = pserver_start(ps);
-    rpc_global_init();
-    return client_connect(*port, 10000);
-}
-
-static void fixture_stop(proc *ps, rpc_client *cl)
-{
-    rpc_client_free(cl);
-    rpc_global_shutdown();
-    pserver_stop(ps);
-}
 
 /* Asserts a call's exact status, with the detail in the message. */
 #define EXPECT_STATUS(call, want)                                                           \
@@ -644,7 +595,7 @@ Test(tables_wire, abandoned_pulls_leave_the_table)
     int port;
     rpc_client *cl = fixture_start(&ps, &port);
     init_job(cl, 1);
-    rpc_client *impatient = client_connect(port, 500);
+    rpc_client *impatient = client_connect(port, 500, 5000);
     enum { ROUND = 40 };
     static const uint64_t keys[2] = {5, 6};
     pending_pull *p = calloc(ROUND, sizeof *p);
