@@ -85,6 +85,22 @@ static pst_status parse_send_window(pst_config *cfg, const char *v, const char *
     return parse_bytes(v, 0, (double)(1ull << 40), 1, where, ex, &cfg->send_window);
 }
 
+static pst_status parse_send_ahead(pst_config *cfg, const char *v, const char *where,
+                                   const char *ex)
+{
+    if (strcasecmp(v, "auto") == 0) {
+        cfg->send_ahead = PST_SEND_AHEAD_AUTO;
+        return PST_OK;
+    }
+    char *e;
+    errno = 0;
+    const long n = strtol(v, &e, 10);
+    if (e == v || *e || errno || n < 0 || n > 1000000)
+        return bad(where, v, "expected a whole number of blocks in 0..1000000 or auto", ex);
+    cfg->send_ahead = (int)n;
+    return PST_OK;
+}
+
 /* The pserver's listen address: an IP literal, as POD_IP gives it: IPv4, or IPv6 with or
  * without brackets (kept with them, as gRPC's host:port wants). A name is not resolved
  * here: a listener binds an address of its own host. */
@@ -408,6 +424,7 @@ static const opt options[] = {
     {"mode", "PSTRAIN_MODE", NULL, NULL, "sync", "sync (sum every trainer's gradient, then update) or async (update per push)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_mode},
     {"block-bytes", "PSTRAIN_BLOCK_BYTES", NULL, NULL, "4M", "largest gradient block sent in one message (bytes; K/M/G suffixes)", R_TRAINER, OPT_BYTES, F(block_bytes), 1024, 1 << 30, NULL},
     {"send-window", "PSTRAIN_SEND_WINDOW", NULL, NULL, "auto", "bytes of pushes in flight per trainer, to all its pservers together; waiting blocks go in forward order (first layer first); auto = one block per pserver (at least two; at least 8M when every pserver is on this host), 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_window},
+    {"send-ahead", "PSTRAIN_SEND_AHEAD", NULL, NULL, "8", "sync, once backward has queued every block of the step: a push starts only if its block is fewer than this many blocks past the trainer's lowest block whose pull has not landed, so no trainer runs ahead of the others on a pserver's shared link (credits, as ByteScheduler's); auto = 4 per pserver (at least 4) where a pserver is on another host, else 0; 0 = no limit", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_send_ahead},
     {"devices", "PSTRAIN_DEVICES", NULL, NULL, "cpu:1", "local devices of this trainer", R_TRAINER, OPT_STR, S(devices), 0, 0, NULL},
     {"device-memory-limit", "PSTRAIN_DEVICE_MEMORY_LIMIT", NULL, NULL, "0", "most bytes of device memory the trainer may allocate on each local device (parameters, gradients, activations); a model that does not fit is refused at start with one line; 0: no limit", R_TRAINER, OPT_BYTES, F(device_memory_limit), 0, 1099511627776.0, NULL},
     {"rpc-timeout-ms", "PSTRAIN_RPC_TIMEOUT_MS", NULL, NULL, "60000", "deadline of one RPC in milliseconds", R_TRAINER, OPT_LONG, F(rpc_timeout_ms), 100, 86400000, NULL},
@@ -507,7 +524,7 @@ static const struct {
     {"Precision", "precision grad-dtype loss-scale loss-scale-window"},
     {"Accumulation and pipelines", "acc-steps pipeline micro-batches schedule virtual-stages "
                                    "partition"},
-    {"Communication", "block-bytes send-window overlap shm rpc-timeout-ms connect-timeout-ms"},
+    {"Communication", "block-bytes send-window send-ahead overlap shm rpc-timeout-ms connect-timeout-ms"},
     {"Checkpoints and recovery", "checkpoint-dir job-id checkpoint-every checkpoint-keep resume "
                                  "on-failure recovery-timeout-ms peer-timeout-ms save-params"},
     {"Security", "token token-file trainer-tokens tls-cert tls-key tls-ca tls-client-cert "
@@ -668,6 +685,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->mode = PST_MODE_SYNC;
     cfg->block_bytes = 4u << 20;
     cfg->send_window = PST_SEND_WINDOW_AUTO;
+    cfg->send_ahead = PST_SEND_AHEAD_AUTO;
     cfg->shm = 1;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
@@ -1125,6 +1143,10 @@ void pst_config_print(FILE *out, const pst_config *cfg)
             json_str(out, "send_window", "auto", &first);
         else
             fprintf(out, ",\"send_window\":%zu", cfg->send_window);
+        if (cfg->send_ahead == PST_SEND_AHEAD_AUTO)
+            json_str(out, "send_ahead", "auto", &first);
+        else
+            fprintf(out, ",\"send_ahead\":%d", cfg->send_ahead);
         json_str(out, "devices", cfg->devices, &first);
         fprintf(out, ",\"device_memory_limit\":%zu", cfg->device_memory_limit);
         json_str(out, "compute_cpus", cfg->compute_cpus, &first);

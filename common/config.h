@@ -29,6 +29,7 @@
 #define PST_CPU_MASK_WORDS 16 /* --compute-cpus: CPUs 0..1023 */
 #define PST_MAX_HIDDEN 16     /* --hidden: most hidden layers */
 #define PST_SEND_WINDOW_AUTO SIZE_MAX /* --send-window auto: the trainer picks (remote.h) */
+#define PST_SEND_AHEAD_AUTO (-1)      /* --send-ahead auto: the trainer picks (remote.h) */
 /* --dataset kjv's text (scripts/deps.sh writes it from Debian's bible-kjv) */
 #define PST_KJV_PATH "/usr/local/share/pstrain/kjv.txt"
 
@@ -67,6 +68,9 @@ typedef struct pst_config {
     size_t block_bytes;
     size_t send_window;                            /* push bytes in flight per trainer (all its
                                                     * pservers), 0: any, PST_SEND_WINDOW_AUTO */
+    int send_ahead;                                /* blocks a push may start past the lowest
+                                                    * block not yet pulled (sync), 0: any,
+                                                    * PST_SEND_AHEAD_AUTO */
     char devices[64];                              /* "cpu:N" */
     size_t device_memory_limit;                    /* bytes per local device, 0: any */
     long rpc_timeout_ms;                           /* deadline of one RPC */

@@ -1624,23 +1624,27 @@ Test(cluster, replicas_equal_shared_under_delays, .timeout = 240)
     }
 }
 
-/* The send window (--send-window) only reorders pushes: one block's worth, none, or one
- * in flight under random delays, the result is the same bits. */
+/* The send window (--send-window) and the credits (--send-ahead) only reorder pushes: one
+ * block's worth, none, or one in flight under random delays, one or two blocks past the
+ * lowest not pulled, the result is the same bits. */
 Test(cluster, send_window_sizes_give_the_same_bits)
 {
     const char *plain[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90", "--",
                            TRAINER, DEVICE_FLAGS, NULL};
     param_hash ref = summary_hash_of(plain, "cpu:2");
-    const char *windows[] = {"0", "8K", "20K", "8K"};
-    for (int i = 0; i < 4; i++) {
-        const char *jitter = i == 3 ? "PSTRAIN_TEST_HOOKS=jitter=5:400" : NULL;
+    const char *windows[] = {"0", "8K", "20K", "8K", "0", "8K"};
+    const char *aheads[] = {"auto", "auto", "auto", "auto", "1", "2"};
+    for (int i = 0; i < 6; i++) {
+        const char *jitter = i >= 3 ? "PSTRAIN_TEST_HOOKS=jitter=5:400" : NULL;
         const char *argv[] = {PSLAUNCH, "--pservers", "2", "--trainers", "2", "--timeout", "90",
-                              "--", TRAINER, DEVICE_FLAGS, "--send-window", windows[i], NULL};
+                              "--", TRAINER, DEVICE_FLAGS, "--send-window", windows[i],
+                              "--send-ahead", aheads[i], NULL};
         child_hooks = jitter;
         param_hash h = summary_hash_of(argv, "cpu:2");
         child_hooks = NULL;
-        cr_assert_str_eq(h.hex, ref.hex, "--send-window %s (jitter %s): param_hash %s vs %s",
-                         windows[i], jitter ? jitter : "none", h.hex, ref.hex);
+        cr_assert_str_eq(h.hex, ref.hex, "--send-window %s --send-ahead %s (jitter %s): "
+                         "param_hash %s vs %s", windows[i], aheads[i],
+                         jitter ? jitter : "none", h.hex, ref.hex);
     }
 }
 
@@ -1774,6 +1778,67 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
         checked++;
     }
     cr_assert_eq(checked, 2, "the first push always came back before the others were queued");
+    cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
+    tr_remote_free(r);
+    tr_plan_free(&plan);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
+}
+
+/* With --send-ahead 1, once the step's blocks are all queued, a push starts only after the
+ * pull of every block below it has landed (the credits): block b's push starts after block
+ * b-1's pull ended, where the window alone only waits for b-1's push to be answered. */
+Test(cluster, send_ahead_holds_pushes_until_the_lowest_pull_landed, .timeout = 60)
+{
+    enum { WNB = 8, WLEN = 1024 };
+    proc *ps;
+    int port = pserver_start(&ps);
+    pst_config cfg;
+    pst_config_defaults(&cfg);
+    cfg.num_pservers = 1;
+    snprintf(cfg.pservers[0], sizeof cfg.pservers[0], "127.0.0.1:%d", port);
+    cfg.trainers = 1;
+    cfg.trainer_id = 0;
+    cfg.block_bytes = WLEN * sizeof(float);
+    cfg.send_window = WLEN * sizeof(float);
+    cfg.send_ahead = 1;
+    cfg.rpc_timeout_ms = 20000;
+    cfg.connect_timeout_ms = 5000;
+    static float params[WNB * WLEN], grads[WNB * WLEN];
+    tr_plan plan;
+    cr_assert_eq(tr_plan_build(&plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
+    tr_remote *r;
+    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
+    cr_assert_eq(tr_remote_init(&r, &ls, &plan), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
+    done_count dc = {.st = PST_OK};
+    pthread_mutex_init(&dc.mu, NULL);
+    pthread_cond_init(&dc.cv, NULL);
+    int checked = 0;
+    /* Backward's order: block 7 starts at once (the step is not all queued yet); the rest
+     * wait for the window. Defined only when all were queued before 7's push came back. */
+    for (long step = 0; step < 40 && !checked; step++) {
+        dc.n = 0;
+        for (int b = WNB - 1; b >= 0; b--)
+            cr_assert_eq(tr_remote_exchange(r, b, step, grads + b * WLEN, 1.0f, params + b * WLEN,
+                                            count_done, &dc), PST_OK);
+        double queued = pst_clock_s();
+        pthread_mutex_lock(&dc.mu);
+        while (dc.n < WNB)
+            pthread_cond_wait(&dc.cv, &dc.mu);
+        pthread_mutex_unlock(&dc.mu);
+        cr_assert_eq(dc.st, PST_OK);
+        tr_exchange_times t[WNB];
+        for (int b = 0; b < WNB; b++)
+            tr_remote_times(r, b, &t[b]);
+        if (t[WNB - 1].push_end < queued)
+            continue;
+        for (int b = 1; b < WNB - 1; b++)
+            cr_assert_geq(t[b].push_start, t[b - 1].pull_end,
+                          "step %ld: block %d's push started before block %d's pull landed",
+                          step, b, b - 1);
+        checked = 1;
+    }
+    cr_assert(checked, "the first push always came back before the others were queued");
     cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
     tr_remote_free(r);
     tr_plan_free(&plan);

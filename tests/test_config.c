@@ -615,6 +615,8 @@ static const bad_case bad_values[] = {
     {T, NULL, NULL, {"--lr", "-1"}, "--lr"},
     {T, NULL, NULL, {"--batch", "abc"}, "--batch"},
     {T, NULL, NULL, {"--block-bytes=12Q"}, "--block-bytes"},
+    {T, NULL, NULL, {"--send-ahead=-1"}, "--send-ahead"},
+    {T, "PSTRAIN_SEND_AHEAD", "many", {0}, "PSTRAIN_SEND_AHEAD"},
     {T, NULL, NULL, {"--mode", "fast"}, "--mode"},
     {T, NULL, NULL, {"--seed=-3"}, "--seed"},
     {T, NULL, NULL, {"--check-config=maybe"}, "--check-config"},

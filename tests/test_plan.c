@@ -178,6 +178,22 @@ Test(plan, send_window_auto_is_one_round)
     tr_plan_free(&p);
 }
 
+/* The credits (remote.h): auto is 4 blocks per pserver, at least 4, and none when every
+ * pserver is on this host; a number stands as it is. */
+Test(plan, send_ahead_auto_is_four_blocks_a_pserver)
+{
+    tr_plan p;
+    cr_assert_eq(tr_plan_build(&p, 5000000, 4u << 20, 1, 1), PST_OK);
+    cr_assert_eq(tr_remote_ahead(PST_SEND_AHEAD_AUTO, &p, 0), 4);
+    cr_assert_eq(tr_remote_ahead(PST_SEND_AHEAD_AUTO, &p, 1), 0);
+    cr_assert_eq(tr_remote_ahead(3, &p, 1), 3);
+    tr_plan_free(&p);
+    cr_assert_eq(tr_plan_build(&p, 5000000, 4u << 20, 4, 1), PST_OK);
+    cr_assert_eq(tr_remote_ahead(PST_SEND_AHEAD_AUTO, &p, 0), 16);
+    cr_assert_eq(tr_remote_ahead(0, &p, 0), 0);
+    tr_plan_free(&p);
+}
+
 /* Segments (a pipeline's stages): blocks tile the buffer and never span two segments; each
  * carries its segment's holders and is owned by one of them; every pserver gets a block;
  * the devices' held elements are their segments' sums; one segment held by every device

@@ -38,6 +38,7 @@ typedef struct tr_link_settings {
     int num_pservers;
     const char (*pservers)[PST_ADDR_MAX];
     size_t send_window;
+    int send_ahead;
     int shm;                            /* sync payloads through shared memory on one host */
     long rpc_timeout_ms, connect_timeout_ms, peer_timeout_ms;
     const char *token, *tls_ca, *tls_client_cert, *tls_client_key;

@@ -21,7 +21,17 @@
  * only makes the last rounds finish together, and the step's tail (their pulls) longer.
  * Where every pserver is on this host (shared memory) there is no link to pace, only the
  * calls' latency to cover: auto is then at least TR_REMOTE_SAME_HOST_WINDOW. The Pulls
- * are not windowed: in sync mode each one waits at the pserver for its push. */
+ * are not windowed: in sync mode each one waits at the pserver for its push.
+ * Credits (sync, --send-ahead): a block's pull is answered only when every trainer pushed
+ * it, so a trainer whose TCP flows got more of a shared pserver link than the others' runs
+ * ahead, its pulls wait for the slowest, and at the end of the step the pserver's upload
+ * still has the pulls of the blocks the slowest pushed last. So once the step's blocks are
+ * all queued (backward is over), a push starts only if its block is fewer than `ahead`
+ * blocks past the lowest block whose exchange has not ended: a trainer ahead waits, and
+ * the link's share goes to the others. Never a deadlock: every block below a trainer's
+ * lowest has ended, so the lowest block not ended anywhere is the next push of every
+ * trainer that has not pushed it, and it is always allowed. Before backward is over
+ * nothing is held: the pushes overlap backward as before. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
@@ -68,6 +78,13 @@ typedef struct link_sched {
     size_t inflight;     /* bytes */
     block_ctx **waiting; /* a binary min-heap by (step, block) */
     int nwaiting;
+    /* credits (sync): the step whose exchanges are queued, how many of them, which have
+     * ended (push answered and pull landed), the lowest that has not */
+    long step;
+    int nqueued;
+    unsigned char *ended; /* (nblocks) */
+    int lowest;
+    int ahead;           /* blocks past `lowest` a push may start; 0: no limit */
 } link_sched;
 
 static int goes_before(const block_ctx *a, const block_ctx *b)
@@ -231,6 +248,17 @@ static void exchange_step_done(block_ctx *c)
 {
     if (atomic_fetch_sub(&c->pending, 1) != 1)
         return;
+    link_sched *ls = &c->r->sched;
+    if (ls->ahead > 0) {
+        pthread_mutex_lock(&ls->mu);
+        if (c->step == ls->step) {
+            ls->ended[c->b->id] = 1;
+            while (ls->lowest < c->r->plan->nblocks && ls->ended[ls->lowest])
+                ls->lowest++;
+        }
+        pthread_mutex_unlock(&ls->mu);
+        link_pump(c->r);
+    }
     pthread_mutex_lock(&c->mu);
     pst_status st = c->err;
     char detail[512];
@@ -432,7 +460,12 @@ static void link_pump(tr_remote *r)
         pthread_mutex_lock(&ls->mu);
         if (ls->nwaiting > 0) {
             size_t bytes = ls->waiting[0]->b->length * pst_dtype_size(r->cfg.grad_dtype);
-            if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
+            const block_ctx *c = ls->waiting[0];
+            const int held = ls->ahead > 0 && c->step == ls->step &&
+                             ls->nqueued == r->plan->nblocks &&
+                             (int)c->b->id >= ls->lowest + ls->ahead;
+            if (!held &&
+                (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window)) {
                 next = ls->waiting[0];
                 heap_pop(ls);
                 ls->inflight += bytes;
@@ -460,6 +493,14 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     c->scale = scale;
     link_sched *ls = &r->sched;
     pthread_mutex_lock(&ls->mu);
+    if (step != ls->step) {
+        ls->step = step;
+        ls->nqueued = 0;
+        ls->lowest = 0;
+        if (ls->ended)
+            memset(ls->ended, 0, (size_t)r->plan->nblocks);
+    }
+    ls->nqueued++;
     heap_push(ls, c);
     pthread_mutex_unlock(&ls->mu);
     link_pump(r);
@@ -821,6 +862,10 @@ pst_status tr_remote_start(tr_remote *r, float *params)
         all_here = all_here && r->shm_on[s];
     r->window = tr_remote_window(cfg->send_window, r->plan, pst_dtype_size(cfg->grad_dtype),
                                  all_here);
+    r->sched.step = -1; /* a step after a rollback starts its credits afresh */
+    r->sched.ahead = cfg->mode == PST_MODE_SYNC
+                         ? tr_remote_ahead(cfg->send_ahead, r->plan, all_here)
+                         : 0;
     /* A push in the call casts into a buffer of its block's; one through shared memory
      * casts into its slot. */
     for (int i = 0; i < r->plan->nblocks && cfg->grad_dtype != PST_F32; i++) {
@@ -1025,6 +1070,15 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
     return same_host && round < TR_REMOTE_SAME_HOST_WINDOW ? TR_REMOTE_SAME_HOST_WINDOW : round;
 }
 
+int tr_remote_ahead(int send_ahead, const tr_plan *plan, int same_host)
+{
+    if (send_ahead != PST_SEND_AHEAD_AUTO)
+        return send_ahead;
+    if (same_host)
+        return 0;
+    return plan->npservers > 1 ? 4 * plan->npservers : 4;
+}
+
 tr_link *tr_remote_link(tr_remote *r)
 {
     return &r->base;
@@ -1053,7 +1107,9 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     /* at most one exchange per block at a time; the window is set by start, once it
      * knows where the pservers are (no exchange comes before) */
     r->sched.waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
-    if (!r->blocks || !r->sched.waiting) {
+    r->sched.ended = calloc((size_t)r->plan->nblocks, 1);
+    r->sched.step = -1;
+    if (!r->blocks || !r->sched.waiting || !r->sched.ended) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
@@ -1126,6 +1182,7 @@ void tr_remote_free(tr_remote *r)
     }
     pthread_mutex_destroy(&r->sched.mu);
     free(r->sched.waiting);
+    free(r->sched.ended);
     free(r->blocks);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
