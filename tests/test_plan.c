@@ -178,7 +178,7 @@ Test(plan, send_window_auto_is_one_round)
     tr_plan_free(&p);
 }
 
-/* The credits (remote.h): auto is 4 blocks per pserver, at least 4, and none when every
+/* The credits (remote.h): auto is 4 blocks per pserver, and none when every
  * pserver is on this host; a number stands as it is. */
 Test(plan, send_ahead_auto_is_four_blocks_a_pserver)
 {

@@ -497,8 +497,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
         ls->step = step;
         ls->nqueued = 0;
         ls->lowest = 0;
-        if (ls->ended)
-            memset(ls->ended, 0, (size_t)r->plan->nblocks);
+        memset(ls->ended, 0, (size_t)r->plan->nblocks);
     }
     ls->nqueued++;
     heap_push(ls, c);
@@ -1076,7 +1075,7 @@ int tr_remote_ahead(int send_ahead, const tr_plan *plan, int same_host)
         return send_ahead;
     if (same_host)
         return 0;
-    return plan->npservers > 1 ? 4 * plan->npservers : 4;
+    return 4 * plan->npservers;
 }
 
 tr_link *tr_remote_link(tr_remote *r)
