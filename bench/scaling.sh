@@ -11,7 +11,8 @@
 #                 only in the cells with S = 1; fp32).
 # The systems alternate within a cell, RUNS times. Beside each measurement: the cost
 # model's prediction (bench/costmodel.py, constants measured here at the start on
-# 127.0.0.1), the busiest link's utilization and the CPU utilization of the 2 cores.
+# 127.0.0.1, the links at iperf3's rate), the busiest link's utilization and the CPU
+# utilization of the 2 cores.
 #
 # usage: bench/scaling.sh [BUILD_DIR=build]      (as root: the lab needs it)
 # env:   LINK=250mbit  PARAMS=5000000  STEPS=10  RUNS=2
@@ -140,6 +141,10 @@ for try in 1 2 3 4 5; do
   [ "$try" = 5 ] && echo "bench: iperf3 between h1 and h0 failed; iperf3_bps is null" >&2
 done
 wait "$ip_srv" 2>/dev/null || true
+# The model prices payload bytes at the rate TCP gets through the link (iperf3's, where
+# measured): tbf counts whole packets, and the headers take about 4% of its rate.
+model_bps=$link_bps
+[ "$iperf_bps" = null ] || model_bps=$iperf_bps
 
 # CPU sampler: /proc/stat's first line every 0.25 s, with a timestamp
 (while :; do
@@ -152,6 +157,7 @@ sampler=$!
 list_json() { "$BENCH_PY" -c 'import json, sys; print(json.dumps(sys.argv[1].split()))' "$1"; }
 list_int() { "$BENCH_PY" -c 'import json, sys; print(json.dumps([int(x) for x in sys.argv[1].split()]))' "$1"; }
 bench_header scaling "\"link\":\"$link\",\"link_bps\":$link_bps,\"iperf3_bps\":$iperf_bps,\
+\"model_link_bps\":$model_bps,\
 \"params\":$params,\"steps\":$steps,\"runs\":$runs,\"trainers\":$(list_int "$trainers_list"),\
 \"pservers\":$(list_int "$pservers_list"),\"precisions\":$(list_json "$precisions"),\
 \"systems\":$(list_json "$systems"),\"hosts\":$hosts,\"netlab\":\"$NETLAB_NAME\",\
@@ -165,11 +171,11 @@ predict() {
   [ "$4" = bf16 ] && upd=$upd_bf16
   case $1 in
     pstrain) "$costmodel" --system pstrain --trainers "$2" --pservers "$3" --params "$params" \
-      --precision "$4" --link-bps "$link_bps" --update-gbps "$upd" --compute-ms "$compute_ms" \
+      --precision "$4" --link-bps "$model_bps" --update-gbps "$upd" --compute-ms "$compute_ms" \
       --block-bytes "${PSTRAIN_BLOCK_BYTES:-4M}" --send-window "${PSTRAIN_SEND_WINDOW:-auto}" --json ;;
-    torch_ddp) "$costmodel" --system ddp --trainers "$2" --params "$params" --link-bps "$link_bps" \
+    torch_ddp) "$costmodel" --system ddp --trainers "$2" --params "$params" --link-bps "$model_bps" \
       --compute-ms "$ddp_compute_ms" --json ;;
-    torch_rpc_ps) "$costmodel" --system torch_rpc_ps --trainers "$2" --params "$params" --link-bps "$link_bps" --json ;;
+    torch_rpc_ps) "$costmodel" --system torch_rpc_ps --trainers "$2" --params "$params" --link-bps "$model_bps" --json ;;
   esac
 }
 
