@@ -1648,9 +1648,7 @@ Test(cluster, send_window_sizes_give_the_same_bits)
     }
 }
 
-/* With room for one block's push, the exchanges queued while it is in flight start lowest
- * block first (forward order: the next forward needs the first layer first), whatever the
- * order they were queued in; and each waits until the push before it was answered. */
+/* Counts the exchanges that ended and keeps the first error. */
 typedef struct done_count {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -1715,11 +1713,14 @@ Test(cluster, refused_push_ends_the_exchange_at_once, .timeout = 40)
     pserver_stop(ps);
 }
 
-Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
+/* One pserver and a link of 8 blocks of 1024 values with room for one block's push, for
+ * the scheduling tests below; `ahead` is its --send-ahead. */
+enum { WNB = 8, WLEN = 1024 };
+static float wparams[WNB * WLEN], wgrads[WNB * WLEN];
+
+static tr_remote *one_block_window(proc **ps, tr_plan *plan, int ahead)
 {
-    enum { WNB = 8, WLEN = 1024 };
-    proc *ps;
-    int port = pserver_start(&ps);
+    int port = pserver_start(ps);
     pst_config cfg;
     pst_config_defaults(&cfg);
     cfg.num_pservers = 1;
@@ -1728,43 +1729,65 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
     cfg.trainer_id = 0;
     cfg.block_bytes = WLEN * sizeof(float);
     cfg.send_window = WLEN * sizeof(float);
+    cfg.send_ahead = ahead;
     cfg.rpc_timeout_ms = 20000;
     cfg.connect_timeout_ms = 5000;
-    static float params[WNB * WLEN], grads[WNB * WLEN];
-    tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
-    cr_assert_eq(plan.nblocks, WNB);
+    cr_assert_eq(tr_plan_build(plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
+    cr_assert_eq(plan->nblocks, WNB);
     tr_remote *r;
-    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
-    cr_assert_eq(tr_remote_init(&r, &ls, &plan), PST_OK, "%s", pst_error_detail());
-    cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
+    const tr_link_settings ls = tr_link_settings_of(&cfg, plan);
+    cr_assert_eq(tr_remote_init(&r, &ls, plan), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(tr_remote_start(r, wparams), PST_OK, "%s", pst_error_detail());
+    return r;
+}
+
+/* Queues the step's exchanges in `order`, waits for all and reads their times. Returns 0
+ * where the first push came back before the rest were queued (their order is then not
+ * defined: on a loaded machine the caller tries another step). */
+static int one_step(tr_remote *r, long step, const int *order, tr_exchange_times *t)
+{
     done_count dc = {.st = PST_OK};
     pthread_mutex_init(&dc.mu, NULL);
     pthread_cond_init(&dc.cv, NULL);
-    int checked = 0;
-    /* The order is only defined when all were queued before the first push came back; on
-     * a loaded machine that may take a few tries. */
-    /* Queued in backward's order (last block first), then in a mixed order: either way the
-     * first queued starts at once and the rest follow lowest block first. */
+    for (int k = 0; k < WNB; k++) {
+        int b = order[k];
+        cr_assert_eq(tr_remote_exchange(r, b, step, wgrads + b * WLEN, 1.0f, wparams + b * WLEN,
+                                        count_done, &dc), PST_OK);
+    }
+    double queued = pst_clock_s();
+    pthread_mutex_lock(&dc.mu);
+    while (dc.n < WNB)
+        pthread_cond_wait(&dc.cv, &dc.mu);
+    pthread_mutex_unlock(&dc.mu);
+    cr_assert_eq(dc.st, PST_OK);
+    for (int b = 0; b < WNB; b++)
+        tr_remote_times(r, b, &t[b]);
+    return t[order[0]].push_end >= queued;
+}
+
+static void one_block_window_end(proc *ps, tr_remote *r, tr_plan *plan)
+{
+    cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
+    tr_remote_free(r);
+    tr_plan_free(plan);
+    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
+}
+
+/* With room for one block's push, the exchanges queued while it is in flight start lowest
+ * block first (forward order: the next forward needs the first layer first), whatever the
+ * order they were queued in (backward's, last block first, or a mixed one; the first
+ * queued starts at once); and each waits until the push before it was answered. */
+Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
+{
+    proc *ps;
+    tr_plan plan;
+    tr_remote *r = one_block_window(&ps, &plan, 0);
     const int orders[2][WNB] = {{7, 6, 5, 4, 3, 2, 1, 0}, {5, 2, 7, 0, 6, 3, 1, 4}};
+    int checked = 0;
     for (long step = 0; step < 40 && checked < 2; step++) {
         const int *order = orders[checked];
-        dc.n = 0;
-        for (int k = 0; k < WNB; k++) {
-            int b = order[k];
-            cr_assert_eq(tr_remote_exchange(r, b, step, grads + b * WLEN, 1.0f, params + b * WLEN,
-                                            count_done, &dc), PST_OK);
-        }
-        double queued = pst_clock_s();
-        pthread_mutex_lock(&dc.mu);
-        while (dc.n < WNB)
-            pthread_cond_wait(&dc.cv, &dc.mu);
-        pthread_mutex_unlock(&dc.mu);
-        cr_assert_eq(dc.st, PST_OK);
         tr_exchange_times t[WNB];
-        for (int b = 0; b < WNB; b++)
-            tr_remote_times(r, b, &t[b]);
-        if (t[order[0]].push_end < queued)
+        if (!one_step(r, step, order, t))
             continue;
         int prev = order[0];
         for (int b = 0; b < WNB; b++) {
@@ -1778,59 +1801,23 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
         checked++;
     }
     cr_assert_eq(checked, 2, "the first push always came back before the others were queued");
-    cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
-    tr_remote_free(r);
-    tr_plan_free(&plan);
-    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
+    one_block_window_end(ps, r, &plan);
 }
 
 /* With --send-ahead 1, once the step's blocks are all queued, a push starts only after the
  * pull of every block below it has landed (the credits): block b's push starts after block
- * b-1's pull ended, where the window alone only waits for b-1's push to be answered. */
+ * b-1's pull ended, where the window alone only waits for b-1's push to be answered. Block
+ * 7, queued first, starts at once (the step is not all queued yet). */
 Test(cluster, send_ahead_holds_pushes_until_the_lowest_pull_landed, .timeout = 60)
 {
-    enum { WNB = 8, WLEN = 1024 };
     proc *ps;
-    int port = pserver_start(&ps);
-    pst_config cfg;
-    pst_config_defaults(&cfg);
-    cfg.num_pservers = 1;
-    snprintf(cfg.pservers[0], sizeof cfg.pservers[0], "127.0.0.1:%d", port);
-    cfg.trainers = 1;
-    cfg.trainer_id = 0;
-    cfg.block_bytes = WLEN * sizeof(float);
-    cfg.send_window = WLEN * sizeof(float);
-    cfg.send_ahead = 1;
-    cfg.rpc_timeout_ms = 20000;
-    cfg.connect_timeout_ms = 5000;
-    static float params[WNB * WLEN], grads[WNB * WLEN];
     tr_plan plan;
-    cr_assert_eq(tr_plan_build(&plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
-    tr_remote *r;
-    const tr_link_settings ls = tr_link_settings_of(&cfg, &plan);
-    cr_assert_eq(tr_remote_init(&r, &ls, &plan), PST_OK, "%s", pst_error_detail());
-    cr_assert_eq(tr_remote_start(r, params), PST_OK, "%s", pst_error_detail());
-    done_count dc = {.st = PST_OK};
-    pthread_mutex_init(&dc.mu, NULL);
-    pthread_cond_init(&dc.cv, NULL);
+    tr_remote *r = one_block_window(&ps, &plan, 1);
+    const int order[WNB] = {7, 6, 5, 4, 3, 2, 1, 0};
     int checked = 0;
-    /* Backward's order: block 7 starts at once (the step is not all queued yet); the rest
-     * wait for the window. Defined only when all were queued before 7's push came back. */
     for (long step = 0; step < 40 && !checked; step++) {
-        dc.n = 0;
-        for (int b = WNB - 1; b >= 0; b--)
-            cr_assert_eq(tr_remote_exchange(r, b, step, grads + b * WLEN, 1.0f, params + b * WLEN,
-                                            count_done, &dc), PST_OK);
-        double queued = pst_clock_s();
-        pthread_mutex_lock(&dc.mu);
-        while (dc.n < WNB)
-            pthread_cond_wait(&dc.cv, &dc.mu);
-        pthread_mutex_unlock(&dc.mu);
-        cr_assert_eq(dc.st, PST_OK);
         tr_exchange_times t[WNB];
-        for (int b = 0; b < WNB; b++)
-            tr_remote_times(r, b, &t[b]);
-        if (t[WNB - 1].push_end < queued)
+        if (!one_step(r, step, order, t))
             continue;
         for (int b = 1; b < WNB - 1; b++)
             cr_assert_geq(t[b].push_start, t[b - 1].pull_end,
@@ -1839,10 +1826,7 @@ Test(cluster, send_ahead_holds_pushes_until_the_lowest_pull_landed, .timeout = 6
         checked = 1;
     }
     cr_assert(checked, "the first push always came back before the others were queued");
-    cr_assert_eq(tr_remote_finish(r, 0, 0, NULL), PST_OK);
-    tr_remote_free(r);
-    tr_plan_free(&plan);
-    cr_assert(proc_wait(ps, EXIT_WAIT_MS), "pserver still running after the trainer finished");
+    one_block_window_end(ps, r, &plan);
 }
 
 /* ---- 2. async mode converges ---------------------------------------------------------- */
