@@ -30,20 +30,27 @@ static int by_rows(int B, int width, int nparts)
     return nparts > 1 && B >= 2 * nparts && (B > width || width < 16 * nparts);
 }
 
+/* Part [lo, hi) of an output (B, width) split by rows or by columns, as a block: rows
+ * [*b0, *b0 + *nb), columns [*c0, *c1). */
+static void part_block(int rows, size_t lo, size_t hi, int B, int width, size_t *b0, int *nb,
+                       int *c0, int *c1)
+{
+    *b0 = rows ? lo : 0;
+    *nb = rows ? (int)(hi - lo) : B;
+    *c0 = rows ? 0 : (int)lo;
+    *c1 = rows ? width : (int)hi;
+}
+
 static void linear_fwd_part(void *arg, int part, int nparts)
 {
     const pst_linear_fwd_args *a = arg;
-    size_t j0, j1;
-    if (by_rows(a->B, a->OC, nparts)) {
-        size_t b0, b1;
-        pst_pool_split((size_t)a->B, part, nparts, 1, &b0, &b1);
-        pst_linear_forward_cols(a->out + b0 * (size_t)a->OC, a->inp + b0 * (size_t)a->IC, a->w,
-                                a->b, (int)(b1 - b0), a->IC, a->OC, a->relu, 0, a->OC);
-        return;
-    }
-    pst_pool_split((size_t)a->OC, part, nparts, 16, &j0, &j1);
-    pst_linear_forward_cols(a->out, a->inp, a->w, a->b, a->B, a->IC, a->OC, a->relu, (int)j0,
-                            (int)j1);
+    const int rows = by_rows(a->B, a->OC, nparts);
+    size_t lo, hi, b0;
+    int nb, c0, c1;
+    pst_pool_split((size_t)(rows ? a->B : a->OC), part, nparts, rows ? 1 : 16, &lo, &hi);
+    part_block(rows, lo, hi, a->B, a->OC, &b0, &nb, &c0, &c1);
+    pst_linear_forward_cols(a->out + b0 * (size_t)a->OC, a->inp + b0 * (size_t)a->IC, a->w,
+                            a->b, nb, a->IC, a->OC, a->relu, c0, c1);
 }
 
 static void linear_bwd_part(void *arg, int part, int nparts)
@@ -76,19 +83,14 @@ static void linear_bwd_part(void *arg, int part, int nparts)
             pst_linear_dinp_part(items, cost, align, r1 - r0, B * IC, part, nparts, &lo, &hi);
         else
             pst_pool_split((size_t)items, part, nparts, (size_t)align, &lo, &hi);
-        if (rows) { /* rows [lo, hi), whole */
-            float *d = a->dinp + lo * (size_t)IC;
-            pst_linear_backward_input_cols(d, a->dout + lo * (size_t)OC, a->w, (int)(hi - lo),
-                                           a->IC, a->OC, 0, a->IC);
-            if (a->mask) /* while these rows of dinp are in cache */
-                pst_relu_backward_cols(d, a->mask + lo * (size_t)IC, (int)(hi - lo), a->IC, 0,
-                                       a->IC);
-        } else {
-            pst_linear_backward_input_cols(a->dinp, a->dout, a->w, a->B, a->IC, a->OC, (int)lo,
-                                           (int)hi);
-            if (a->mask) /* while this slice of dinp is in cache */
-                pst_relu_backward_cols(a->dinp, a->mask, a->B, a->IC, (int)lo, (int)hi);
-        }
+        size_t b0;
+        int nb, c0, c1;
+        part_block(rows, lo, hi, a->B, a->IC, &b0, &nb, &c0, &c1);
+        float *d = a->dinp + b0 * (size_t)IC;
+        pst_linear_backward_input_cols(d, a->dout + b0 * (size_t)OC, a->w, nb, a->IC, a->OC, c0,
+                                       c1);
+        if (a->mask) /* while this block of dinp is in cache */
+            pst_relu_backward_cols(d, a->mask + b0 * (size_t)IC, nb, a->IC, c0, c1);
     }
 }
 
