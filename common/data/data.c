@@ -245,31 +245,28 @@ static pst_status load_images(const char *path, int *n, int *dim, uint8_t **x,
     st = idx_open(&f, path);
     snprintf(opened, opened_size, "%s", f.path);
     if (st != PST_OK)
-        goto error;
+        goto out;
     st = idx_header(&f, IDX_MAGIC_IMAGES, 3, dims, "images");
     if (st != PST_OK)
-        goto error;
+        goto out;
     if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) {
         st = pst_error_set(PST_ERR_FORMAT, "%s: empty dimension in header (%u x %u x %u)",
                            f.path, dims[0], dims[1], dims[2]);
-        goto error;
+        goto out;
     }
     uint64_t pixels = (uint64_t)dims[1] * dims[2];
     if (dims[0] > INT_MAX || pixels > INT_MAX || dims[0] * pixels > SIZE_MAX / 2) {
         st = pst_error_set(PST_ERR_FORMAT, "%s: header announces %u x %u x %u images, too "
                            "large to be real",
                            f.path, dims[0], dims[1], dims[2]);
-        goto error;
+        goto out;
     }
     st = idx_body(&f, (size_t)(dims[0] * pixels), "pixels", x);
     if (st != PST_OK)
-        goto error;
+        goto out;
     *n = (int)dims[0];
     *dim = (int)pixels;
-    idx_close(&f);
-    return PST_OK;
-
-error:
+out: /* st is PST_OK where no check failed */
     idx_close(&f);
     return st;
 }
@@ -285,22 +282,19 @@ static pst_status load_labels(const char *path, int *n, uint8_t **y, char *opene
     st = idx_open(&f, path);
     snprintf(opened, opened_size, "%s", f.path);
     if (st != PST_OK)
-        goto error;
+        goto out;
     st = idx_header(&f, IDX_MAGIC_LABELS, 1, &count, "labels");
     if (st != PST_OK)
-        goto error;
+        goto out;
     if (count == 0 || count > INT_MAX) {
         st = pst_error_set(PST_ERR_FORMAT, "%s: header announces %u labels", f.path, count);
-        goto error;
+        goto out;
     }
     st = idx_body(&f, count, "labels", y);
     if (st != PST_OK)
-        goto error;
+        goto out;
     *n = (int)count;
-    idx_close(&f);
-    return PST_OK;
-
-error:
+out: /* st is PST_OK where no check failed */
     idx_close(&f);
     return st;
 }

@@ -186,6 +186,12 @@ int pst_model_find_tensor(const pst_model *m, const char *name);
 
 /* ---- the layer classes (common/nn/layers/) ---- */
 
+/* Defines the class pst_layer_<id>, named "<id>", whose instance is an `inst_type`; the
+ * rest are its other members as designated initializers (.bind = ..., .forward = ...). */
+#define PST_LAYER_CLASS(id, inst_type, ...)                                                  \
+    const pst_layer_class pst_layer_##id = {.name = #id, .inst_bytes = sizeof(inst_type),    \
+                                            __VA_ARGS__}
+
 /* Linear: out (B, OC) = in (B, IC) @ W^T + b, tensors {W (OC, IC), b (OC)}; flags: */
 #define PST_LINEAR_RELU 1       /* ReLU on the output */
 #define PST_LINEAR_MASK_INPUT 2 /* the input came through a ReLU: din is masked by in > 0 */

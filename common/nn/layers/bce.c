@@ -23,10 +23,4 @@ static const float *bce_probs(void *inst)
     return ((pst_bce_args *)inst)->dlogits; /* scale 0 writes the sigmoids there */
 }
 
-const pst_layer_class pst_layer_bce = {
-    .name = "bce",
-    .inst_bytes = sizeof(pst_bce_args),
-    .bind = bce_bind,
-    .forward = bce_forward,
-    .probs = bce_probs,
-};
+PST_LAYER_CLASS(bce, pst_bce_args, .bind = bce_bind, .forward = bce_forward, .probs = bce_probs);

@@ -51,11 +51,5 @@ static double embedding_cost(const pst_model *m, int layer)
     return (double)m->layers[layer].out_width;
 }
 
-const pst_layer_class pst_layer_embedding = {
-    .name = "embedding",
-    .inst_bytes = sizeof(embedding_inst),
-    .bind = embedding_bind,
-    .forward = embedding_forward,
-    .wgrad = embedding_wgrad,
-    .cost = embedding_cost,
-};
+PST_LAYER_CLASS(embedding, embedding_inst, .bind = embedding_bind, .forward = embedding_forward,
+                .wgrad = embedding_wgrad, .cost = embedding_cost);

@@ -41,11 +41,5 @@ static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int
                             PST_COPY_HOST_TO_DEVICE);
 }
 
-const pst_layer_class pst_layer_fixed_grad = {
-    .name = "fixed_grad",
-    .inst_bytes = sizeof(fixed_inst),
-    .bind = fixed_bind,
-    .forward = fixed_forward,
-    .wgrad = fixed_wgrad,
-    .weights_unread = 1,
-};
+PST_LAYER_CLASS(fixed_grad, fixed_inst, .bind = fixed_bind, .forward = fixed_forward,
+                .wgrad = fixed_wgrad, .weights_unread = 1);

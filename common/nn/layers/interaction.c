@@ -53,11 +53,5 @@ static double interact_cost(const pst_model *m, int layer)
     return (F + 1.0) * F / 2.0 * dim;
 }
 
-const pst_layer_class pst_layer_interaction = {
-    .name = "interaction",
-    .inst_bytes = sizeof(interact_inst),
-    .bind = interact_bind,
-    .forward = interact_forward,
-    .igrad = interact_igrad,
-    .cost = interact_cost,
-};
+PST_LAYER_CLASS(interaction, interact_inst, .bind = interact_bind, .forward = interact_forward,
+                .igrad = interact_igrad, .cost = interact_cost);

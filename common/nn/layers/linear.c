@@ -62,13 +62,6 @@ static pst_status linear_igrad(void *inst, pst_stream *s, int B)
     return pst_op_linear_backward(s, &li->igrad);
 }
 
-const pst_layer_class pst_layer_linear = {
-    .name = "linear",
-    .inst_bytes = sizeof(linear_inst),
-    .chunk_bytes = sizeof(pst_linear_bwd_args),
-    .bind = linear_bind,
-    .forward = linear_forward,
-    .wgrad = linear_wgrad,
-    .igrad = linear_igrad,
-    .rows_updatable = 1,
-};
+PST_LAYER_CLASS(linear, linear_inst, .chunk_bytes = sizeof(pst_linear_bwd_args),
+                .bind = linear_bind, .forward = linear_forward, .wgrad = linear_wgrad,
+                .igrad = linear_igrad, .rows_updatable = 1);

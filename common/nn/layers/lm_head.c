@@ -100,13 +100,6 @@ static double lm_head_cost(const pst_model *m, int layer)
     return T * (double)m->tensors[ly->tensor[2]].numel;
 }
 
-const pst_layer_class pst_layer_lm_head = {
-    .name = "lm_head",
-    .inst_bytes = sizeof(lm_head_inst),
-    .bind = lm_head_bind,
-    .forward = lm_head_forward,
-    .wgrad = lm_head_wgrad,
-    .igrad = lm_head_igrad,
-    .probs = lm_head_probs,
-    .cost = lm_head_cost,
-};
+PST_LAYER_CLASS(lm_head, lm_head_inst, .bind = lm_head_bind, .forward = lm_head_forward,
+                .wgrad = lm_head_wgrad, .igrad = lm_head_igrad, .probs = lm_head_probs,
+                .cost = lm_head_cost);

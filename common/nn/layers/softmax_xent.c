@@ -24,10 +24,5 @@ static const float *xent_probs(void *inst)
     return ((pst_xent_args *)inst)->dlogits; /* scale 0 writes the softmax there */
 }
 
-const pst_layer_class pst_layer_softmax_xent = {
-    .name = "softmax_xent",
-    .inst_bytes = sizeof(pst_xent_args),
-    .bind = xent_bind,
-    .forward = xent_forward,
-    .probs = xent_probs,
-};
+PST_LAYER_CLASS(softmax_xent, pst_xent_args, .bind = xent_bind, .forward = xent_forward,
+                .probs = xent_probs);

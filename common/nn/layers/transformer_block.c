@@ -168,12 +168,5 @@ static double block_cost(const pst_model *m, int layer)
     return T * numel + 2.0 * T * T * C;
 }
 
-const pst_layer_class pst_layer_transformer_block = {
-    .name = "transformer_block",
-    .inst_bytes = sizeof(block_inst),
-    .bind = block_bind,
-    .forward = block_forward,
-    .wgrad = block_wgrad,
-    .igrad = block_igrad,
-    .cost = block_cost,
-};
+PST_LAYER_CLASS(transformer_block, block_inst, .bind = block_bind, .forward = block_forward,
+                .wgrad = block_wgrad, .igrad = block_igrad, .cost = block_cost);
