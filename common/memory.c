@@ -2,7 +2,9 @@
 #include "common/memory.h"
 
 #include <malloc.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 void pst_memory_tune(void)
@@ -23,6 +25,15 @@ void pst_memory_tune_server(void)
      * all free afterwards and all still resident. In the one main arena, malloc_trim gives
      * such memory back (the rpc server calls it after refused calls). */
     mallopt(M_ARENA_MAX, 1);
+}
+
+void pst_memory_huge(void *p, size_t bytes)
+{
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    const uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    const uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (p && hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
 }
 
 unsigned long long pst_memory_available(void)

@@ -8,11 +8,21 @@
 #ifndef PST_MEMORY_H
 #define PST_MEMORY_H
 
+#include <stddef.h>
+
 void pst_memory_tune(void);
 
 /* pst_memory_tune, and one malloc arena, so that malloc_trim can give back what a burst of
  * refused calls left free (see memory.c). For the pserver. */
 void pst_memory_tune_server(void);
+
+/* Advice for a buffer of many MiB that copies stream through (parameters, gradients, the
+ * pserver's blocks): transparent huge pages over the 2 MiB pages wholly inside
+ * [p, p + bytes), so a pass over it takes a TLB miss per 2 MiB instead of per 4 KiB (each
+ * miss a two-level walk under a hypervisor). Call it before the buffer is first written.
+ * Advice only: where the kernel has THP off, or the range holds no whole 2 MiB page,
+ * nothing changes. */
+void pst_memory_huge(void *p, size_t bytes);
 
 /* Bytes of memory this process may use: the machine's physical memory, or its cgroup's
  * limit (cgroup v2 memory.max, as a pod's) when that is lower. */

@@ -22,6 +22,7 @@
 
 #include "common/hash.h"
 #include "common/clock.h"
+#include "common/memory.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -723,8 +724,10 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         const size_t bytes = (size_t)(rows * s->length) * sizeof(float);
         b->mem = aligned_alloc(PS_CACHE_LINE, (bytes + PS_CACHE_LINE - 1) / PS_CACHE_LINE *
                                                   PS_CACHE_LINE);
-        if (b->mem)
+        if (b->mem) {
+            pst_memory_huge(b->mem, bytes);
             memset(b->mem, 0, bytes);
+        }
         if (!b->mem) {
             rc = pst_error_set(PST_ERR_NOMEM,
                                "pserver store: out of memory for block %u (%llu elements)",

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/runtime/device.h"
 #include "common/error.h"
@@ -269,6 +270,50 @@ Test(device_alloc, memory_is_zero_filled_when_reused)
         }
     }
     cr_assert_eq(pst_device_live_bytes(dev), 0);
+    pst_runtime_free(rt);
+}
+
+/* The VmFlags of the mapping that holds address p ("" where none is found). */
+static void vm_flags_at(const void *p, char *flags, size_t size)
+{
+    flags[0] = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert_not_null(f, "/proc/self/smaps");
+    char line[512];
+    int inside = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, size, "%s", line + 8);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* Device and host buffers of many MiB ask for transparent huge pages (pst_memory_huge):
+ * the 2 MiB pages inside them carry the "hg" flag; a small buffer's mapping does not get
+ * it from the allocator. */
+Test(device_alloc, large_buffers_ask_for_huge_pages)
+{
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) != 0)
+        cr_skip_test("this kernel has no transparent huge pages");
+    pst_runtime *rt = make_rt("cpu");
+    pst_device *dev = pst_runtime_device(rt, 0);
+    const size_t big = (size_t)16 << 20;
+    unsigned char *d, *h;
+    CHECK_OK(pst_device_alloc(dev, big, (void **)&d));
+    CHECK_OK(pst_device_alloc_host(dev, big, (void **)&h));
+    char flags[256];
+    vm_flags_at(d + big / 2, flags, sizeof flags);
+    cr_assert(strstr(flags, " hg") != NULL, "device buffer's mapping has VmFlags:%s", flags);
+    vm_flags_at(h + big / 2, flags, sizeof flags);
+    cr_assert(strstr(flags, " hg") != NULL, "host buffer's mapping has VmFlags:%s", flags);
+    cr_assert(all_zero(d, big) && all_zero(h, big));
+    pst_device_free(dev, d);
+    pst_device_free_host(dev, h);
     pst_runtime_free(rt);
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/memory.h"
 #include "common/runtime/device_impl.h"
 
 /* How much of a bad spec string is quoted back in an error detail. */
@@ -333,6 +334,7 @@ pst_status pst_device_alloc_host(pst_device *dev, size_t bytes, void **ptr)
     if (!p)
         return pst_error_set(PST_ERR_NOMEM, "pst_device_alloc_host: %zu bytes for %s",
                              bytes, dev->name);
+    pst_memory_huge(p, rounded);
     memset(p, 0, rounded);
     *ptr = p;
     return PST_OK;

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 #include "common/runtime/device.h"
 #include "common/runtime/device_impl.h"
 #include "common/error.h"
@@ -195,6 +196,7 @@ static pst_status pst_cpu_device_alloc(pst_device *dev, size_t bytes, void **ptr
     if (!base)
         return pst_error_set(PST_ERR_NOMEM, "%s: cannot allocate %zu bytes (%zu live)",
                              dev->name, bytes, pst_device_live_bytes(dev));
+    pst_memory_huge(base, PST_DEVICE_ALIGN + data);
     memset(base, 0, PST_DEVICE_ALIGN + data);
     pst_cpu_alloc_header *h = (pst_cpu_alloc_header *)base;
     h->magic = PST_CPU_ALLOC_MAGIC;
