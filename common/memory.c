@@ -4,7 +4,12 @@
 #include <malloc.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#ifdef __GLIBC__
+#include <gnu/libc-version.h>
+#endif
 #include <unistd.h>
 
 void pst_memory_tune(void)
@@ -34,6 +39,42 @@ void pst_memory_huge(void *p, size_t bytes)
     const uintptr_t hi = ((uintptr_t)p + bytes) & ~(huge - 1);
     if (p && hi > lo)
         (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+}
+
+int pst_memory_huge_heap_env(void)
+{
+#ifdef __GLIBC__
+    int major = 0, minor = 0;
+    if (sscanf(gnu_get_libc_version(), "%d.%d", &major, &minor) != 2 ||
+        major * 1000 + minor < 2035)
+        return 0; /* older glibc has no such tunable */
+    const char *old = getenv("GLIBC_TUNABLES");
+    if (old && strstr(old, "glibc.malloc.hugetlb"))
+        return 0; /* set already (by us before the restart, or by the user) */
+    char thp[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    const int known = f && fgets(thp, sizeof thp, f) != NULL;
+    if (f)
+        fclose(f);
+    if (!known || strstr(thp, "[never]"))
+        return 0;
+    char value[1024];
+    const int n = old && old[0] ? snprintf(value, sizeof value, "%s:glibc.malloc.hugetlb=1", old)
+                                : snprintf(value, sizeof value, "glibc.malloc.hugetlb=1");
+    return n > 0 && (size_t)n < sizeof value && setenv("GLIBC_TUNABLES", value, 1) == 0;
+#else
+    return 0;
+#endif
+}
+
+void pst_exec_self(char **argv)
+{
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return;
+    self[n] = '\0';
+    execv(self, argv);
 }
 
 unsigned long long pst_memory_available(void)

@@ -24,6 +24,21 @@ void pst_memory_tune_server(void);
  * nothing changes. */
 void pst_memory_huge(void *p, size_t bytes);
 
+/* malloc's own heaps ask for transparent huge pages too (where gRPC's receive buffers
+ * live, which every pushed and pulled byte passes through): only glibc can do that, through
+ * its tunable glibc.malloc.hugetlb=1 (glibc 2.35 and later), read once at the program's
+ * start. Where that applies (glibc >= 2.35, the kernel's THP not "never") and
+ * GLIBC_TUNABLES does not name glibc.malloc.hugetlb yet, adds it to the variable and
+ * returns 1: the caller then restarts the program (pst_exec_self) for it to take effect.
+ * Otherwise returns 0 and changes nothing; GLIBC_TUNABLES=glibc.malloc.hugetlb=0 keeps the
+ * heaps on 4 KiB pages. */
+int pst_memory_huge_heap_env(void);
+
+/* Executes this program's binary (/proc/self/exe resolved, so the process keeps its name)
+ * again with the same arguments and the current environment, in this process. Returns only
+ * when that failed. Call before any thread starts. */
+void pst_exec_self(char **argv);
+
 /* Bytes of memory this process may use: the machine's physical memory, or its cgroup's
  * limit (cgroup v2 memory.max, as a pod's) when that is lower. */
 unsigned long long pst_memory_available(void);

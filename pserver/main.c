@@ -100,6 +100,8 @@ static void register_gauges(scrape_view *v, pst_prom *r, int checkpoints)
 
 int main(int argc, char **argv)
 {
+    if (pst_memory_huge_heap_env())
+        pst_exec_self(argv); /* returns only where it failed: 4 KiB pages, as before */
     pst_memory_tune_server();
     pst_config cfg;
     const int done = pst_config_main(&cfg, PST_ROLE_PSERVER, "pserver", argc, argv);

@@ -8,6 +8,7 @@
  * (PST_TSAN_TESTS), which checks that items on one stream never overlap: the counters
  * they bump are plain ints. */
 #include <criterion/criterion.h>
+#include <gnu/libc-version.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/runtime/device.h"
+#include "common/memory.h"
 #include "common/error.h"
 #include "tests/check.h"
 
@@ -315,6 +317,31 @@ Test(device_alloc, large_buffers_ask_for_huge_pages)
     pst_device_free(dev, d);
     pst_device_free_host(dev, h);
     pst_runtime_free(rt);
+}
+
+/* The restart that gives malloc's heaps huge pages: GLIBC_TUNABLES gains
+ * glibc.malloc.hugetlb=1 (after what it held), once; a value the user set is kept. */
+Test(device_alloc, heap_huge_pages_through_glibc_tunables)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char thp[128] = "";
+    if (!f || !fgets(thp, sizeof thp, f) || strstr(thp, "[never]"))
+        cr_skip_test("this kernel has no transparent huge pages");
+    fclose(f);
+    int major = 0, minor = 0;
+    cr_assert_eq(sscanf(gnu_get_libc_version(), "%d.%d", &major, &minor), 2);
+    if (major * 1000 + minor < 2035)
+        cr_skip_test("glibc %s has no glibc.malloc.hugetlb", gnu_get_libc_version());
+    unsetenv("GLIBC_TUNABLES");
+    cr_assert_eq(pst_memory_huge_heap_env(), 1);
+    cr_assert_str_eq(getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1");
+    cr_assert_eq(pst_memory_huge_heap_env(), 0, "set once, not twice");
+    setenv("GLIBC_TUNABLES", "glibc.malloc.check=0", 1);
+    cr_assert_eq(pst_memory_huge_heap_env(), 1);
+    cr_assert_str_eq(getenv("GLIBC_TUNABLES"), "glibc.malloc.check=0:glibc.malloc.hugetlb=1");
+    setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0", 1);
+    cr_assert_eq(pst_memory_huge_heap_env(), 0);
+    cr_assert_str_eq(getenv("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=0");
 }
 
 Test(device_alloc, errors)

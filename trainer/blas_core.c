@@ -6,7 +6,6 @@
 #include <string.h>
 #include <stdlib.h>
 #include <strings.h>
-#include <unistd.h>
 
 static unsigned long long read_xcr0(void)
 {
@@ -115,19 +114,10 @@ const char *tr_blas_core_pick(void)
     return tr_blas_core_best(&f);
 }
 
-void tr_blas_core_reexec(char **argv)
+int tr_blas_core_env(void)
 {
     if (getenv("OPENBLAS_CORETYPE"))
-        return;
+        return 0;
     const char *core = tr_blas_core_pick();
-    if (!core)
-        return;
-    /* Exec the resolved path, not /proc/self/exe, so the process keeps its name. */
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0 || setenv("OPENBLAS_CORETYPE", core, 1) != 0)
-        return;
-    self[n] = '\0';
-    execv(self, argv);
-    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with the default kernels */
+    return core && setenv("OPENBLAS_CORETYPE", core, 1) == 0;
 }

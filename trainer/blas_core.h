@@ -46,8 +46,8 @@ void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, char *msg, 
 /* The best family for this CPU (tr_blas_core_best of this CPU's features). */
 const char *tr_blas_core_pick(void);
 /* When OPENBLAS_CORETYPE is unset and tr_blas_core_pick() names a core, sets it and
- * re-executes /proc/self/exe with the same arguments. Returns only when no re-exec was
- * needed or it failed (then the default kernels are used). */
-void tr_blas_core_reexec(char **argv);
+ * returns 1: the caller restarts the program (pst_exec_self) for OpenBLAS to read it, and
+ * unsets it again where that failed (the default kernels are used). Otherwise returns 0. */
+int tr_blas_core_env(void);
 
 #endif /* TR_BLAS_CORE_H */

@@ -86,7 +86,14 @@ int main(int argc, char **argv)
         puts(core ? core : "");
         return 0;
     }
-    tr_blas_core_reexec(argv);
+    /* Both settings are read once at the start (by OpenBLAS and by glibc): one restart
+     * makes both take effect. */
+    const int blas = tr_blas_core_env();
+    if (pst_memory_huge_heap_env() + blas > 0) {
+        pst_exec_self(argv);
+        if (blas) /* the restart failed: carry on with the default kernels */
+            unsetenv("OPENBLAS_CORETYPE");
+    }
     pst_memory_tune();
     pst_config cfg;
     const int done = pst_config_main(&cfg, PST_ROLE_TRAINER, "trainer", argc, argv);
