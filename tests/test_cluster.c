@@ -1718,7 +1718,9 @@ Test(cluster, refused_push_ends_the_exchange_at_once, .timeout = 40)
 enum { WNB = 8, WLEN = 1024 };
 static float wparams[WNB * WLEN], wgrads[WNB * WLEN];
 
-static tr_remote *one_block_window(proc **ps, tr_plan *plan, int ahead)
+/* With stages 2 the plan is a pipeline's: blocks 0-3 held by device 0 alone, 4-7 by
+ * device 1 (two segments); with 1 every block is held by the one device. */
+static tr_remote *one_block_window(proc **ps, tr_plan *plan, int ahead, int stages)
 {
     int port = pserver_start(ps);
     pst_config cfg;
@@ -1732,7 +1734,11 @@ static tr_remote *one_block_window(proc **ps, tr_plan *plan, int ahead)
     cfg.send_ahead = ahead;
     cfg.rpc_timeout_ms = 20000;
     cfg.connect_timeout_ms = 5000;
-    cr_assert_eq(tr_plan_build(plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
+    const tr_plan_segment segs[2] = {{WNB / 2 * WLEN, 1}, {WNB / 2 * WLEN, 2}};
+    if (stages == 2)
+        cr_assert_eq(tr_plan_build_segments(plan, segs, 2, cfg.block_bytes, 1, 2), PST_OK);
+    else
+        cr_assert_eq(tr_plan_build(plan, WNB * WLEN, cfg.block_bytes, 1, 1), PST_OK);
     cr_assert_eq(plan->nblocks, WNB);
     tr_remote *r;
     const tr_link_settings ls = tr_link_settings_of(&cfg, plan);
@@ -1781,7 +1787,7 @@ Test(cluster, send_window_starts_waiting_blocks_in_forward_order, .timeout = 60)
 {
     proc *ps;
     tr_plan plan;
-    tr_remote *r = one_block_window(&ps, &plan, 0);
+    tr_remote *r = one_block_window(&ps, &plan, 0, 1);
     const int orders[2][WNB] = {{7, 6, 5, 4, 3, 2, 1, 0}, {5, 2, 7, 0, 6, 3, 1, 4}};
     int checked = 0;
     for (long step = 0; step < 40 && checked < 2; step++) {
@@ -1812,7 +1818,7 @@ Test(cluster, send_ahead_holds_pushes_until_the_lowest_pull_landed, .timeout = 6
 {
     proc *ps;
     tr_plan plan;
-    tr_remote *r = one_block_window(&ps, &plan, 1);
+    tr_remote *r = one_block_window(&ps, &plan, 1, 1);
     const int order[WNB] = {7, 6, 5, 4, 3, 2, 1, 0};
     int checked = 0;
     for (long step = 0; step < 40 && !checked; step++) {
@@ -1827,6 +1833,42 @@ Test(cluster, send_ahead_holds_pushes_until_the_lowest_pull_landed, .timeout = 6
     }
     cr_assert(checked, "the first push always came back before the others were queued");
     one_block_window_end(ps, r, &plan);
+}
+
+/* A pipeline's stages (blocks with other holders) wait in queues of their own, taken in
+ * turn: with room for one push, the last stage's blocks queued first (backward's order)
+ * and the first stage's after them, the pushes alternate between the stages, each lowest
+ * block first (4 starts at once: nothing else was queued), where one queue would send
+ * 0-3 before the last stage's rest. With --send-ahead 1 the credits count within each
+ * stage: a block waits for the pull of the block before it in its own stage (and the
+ * stages' order then follows the pulls' landing). */
+Test(cluster, pipeline_stages_take_turns_on_the_link, .timeout = 60)
+{
+    const int order[WNB] = {4, 5, 6, 7, 0, 1, 2, 3};
+    const int turns[WNB] = {4, 0, 5, 1, 6, 2, 7, 3};
+    for (int ahead = 0; ahead <= 1; ahead++) {
+        proc *ps;
+        tr_plan plan;
+        tr_remote *r = one_block_window(&ps, &plan, ahead, 2);
+        int checked = 0;
+        for (long step = 0; step < 40 && !checked; step++) {
+            tr_exchange_times t[WNB];
+            if (!one_step(r, step, order, t))
+                continue;
+            for (int k = 1; !ahead && k < WNB; k++)
+                cr_assert_geq(t[turns[k]].push_start, t[turns[k - 1]].push_end,
+                              "step %ld: block %d's push started before block %d's was "
+                              "answered", step, turns[k], turns[k - 1]);
+            for (int b = 1; ahead && b < WNB; b++)
+                if (b != WNB / 2) /* each stage's first block: no credit to wait for */
+                    cr_assert_geq(t[b].push_start, t[b - 1].pull_end,
+                                  "step %ld: block %d's push started before block %d's pull "
+                                  "landed", step, b, b - 1);
+            checked = 1;
+        }
+        cr_assert(checked, "the first push always came back before the others were queued");
+        one_block_window_end(ps, r, &plan);
+    }
 }
 
 /* ---- 2. async mode converges ---------------------------------------------------------- */

@@ -158,7 +158,8 @@ Test(plan, pipelined_blocks)
     tr_plan_free(&p);
 }
 
-/* The send window (remote.h): auto is one round of blocks (one per pserver, at least two),
+/* The send window (remote.h): auto is one round of the longest block (one per pserver, at
+ * least two),
  * and at least TR_REMOTE_SAME_HOST_WINDOW when every pserver is on this host; a number
  * stands as it is. */
 Test(plan, send_window_auto_is_one_round)
@@ -175,6 +176,16 @@ Test(plan, send_window_auto_is_one_round)
     tr_plan_free(&p);
     cr_assert_eq(tr_plan_build(&p, n, 4u << 20, 1, 1), PST_OK);
     cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 0), 2 * p.blocks[0].length * 4);
+    tr_plan_free(&p);
+    /* A pipeline's plan starts with a short segment's block: the round is of the longest. */
+    const tr_plan_segment segs[2] = {{100, 1}, {1000000, 2}};
+    cr_assert_eq(tr_plan_build_segments(&p, segs, 2, 1u << 20, 2, 2), PST_OK);
+    cr_assert_eq(p.blocks[0].length, 100);
+    size_t longest = 0;
+    for (int b = 0; b < p.nblocks; b++)
+        longest = p.blocks[b].length > longest ? p.blocks[b].length : longest;
+    cr_assert_gt(longest, 100);
+    cr_assert_eq(tr_remote_window(PST_SEND_WINDOW_AUTO, &p, 4, 0), 2 * longest * 4);
     tr_plan_free(&p);
 }
 

@@ -7,7 +7,7 @@
  * bounded.
  * Scheduling (after P3 and ByteScheduler's credits): the trainer's network link lets at
  * most `window` bytes of Pushes be in flight (from the call until its answer), to all its
- * pservers together; the others wait in one queue taken lowest (step, block) first. The
+ * pservers together; the others wait in a queue taken lowest (step, block) first. The
  * window is the trainer's, not each pserver's, because the pushes to every pserver share
  * the one link the trainer has: with a window per pserver, S pservers put S windows on it
  * at once, every block shares the link with every other and they all finish together at
@@ -31,7 +31,14 @@
  * the link's share goes to the others. Never a deadlock: every block below a trainer's
  * lowest has ended, so the lowest block not ended anywhere is the next push of every
  * trainer that has not pushed it, and it is always allowed. Before backward is over
- * nothing is held: the pushes overlap backward as before. */
+ * nothing is held: the pushes overlap backward as before.
+ * Pipelines: each stage (the blocks with the same holders, plan.h) waits in a queue of its
+ * own, and the window takes the queues' heads in turn (lowest step first), so every stage
+ * has its pushes in flight as soon as its backward made them, as Paddle's per-device
+ * streams do, instead of the first stage's blocks overtaking the last stage's rest. The
+ * credits count within each queue (a stage's lowest block not ended); the argument above
+ * holds queue by queue, since every trainer has the same plan. Without a pipeline there
+ * is one queue and all this is the one lowest-first queue. */
 #include "trainer/remote.h"
 
 #include <pthread.h>
@@ -67,24 +74,38 @@ typedef struct block_ctx {
     char detail[512];
     tr_exchange_times times;
     /* waiting for the window */
+    int queue;          /* its holders' queue (link_sched) */
+    int rank;           /* its place in that queue's blocks, in buffer order */
     long step;
     const float *grad;
     float scale;
 } block_ctx;
 
+/* Exchanges waiting for the window, of blocks with the same holders (a pipeline's stage). */
+typedef struct link_queue {
+    uint64_t holders;
+    block_ctx **heap; /* a binary min-heap by (step, block) */
+    int n;
+    int *blocks;       /* its blocks, in buffer order (nblocks) */
+    int nblocks;
+    int lowest;        /* credits: the rank of its lowest block whose exchange has not ended */
+} link_queue;
+
 /* The trainer's window: the exchanges in flight and those waiting. */
 typedef struct link_sched {
     pthread_mutex_t mu;
     size_t inflight;     /* bytes */
-    block_ctx **waiting; /* a binary min-heap by (step, block) */
-    int nwaiting;
+    link_queue *queues;  /* one per set of holders, in the order of their first block */
+    int nqueues;
+    int turn;            /* the queue whose head goes first among equals */
+    block_ctx **slots;   /* (nblocks): the queues' heaps, end to end */
+    int *order;          /* (nblocks): the queues' blocks, end to end */
     /* credits (sync): the step whose exchanges are queued, how many of them, which have
-     * ended (push answered and pull landed), the lowest that has not */
+     * ended (push answered and pull landed); each queue's lowest that has not */
     long step;
     int nqueued;
     unsigned char *ended; /* (nblocks) */
-    int lowest;
-    int ahead;           /* blocks past `lowest` a push may start; 0: no limit */
+    int ahead;           /* blocks past a queue's lowest a push may start; 0: no limit */
 } link_sched;
 
 static int goes_before(const block_ctx *a, const block_ctx *b)
@@ -92,33 +113,33 @@ static int goes_before(const block_ctx *a, const block_ctx *b)
     return a->step != b->step ? a->step < b->step : a->b->id < b->b->id;
 }
 
-static void heap_push(link_sched *ls, block_ctx *c)
+static void heap_push(link_queue *q, block_ctx *c)
 {
-    int i = ls->nwaiting++;
-    while (i > 0 && goes_before(c, ls->waiting[(i - 1) / 2])) {
-        ls->waiting[i] = ls->waiting[(i - 1) / 2];
+    int i = q->n++;
+    while (i > 0 && goes_before(c, q->heap[(i - 1) / 2])) {
+        q->heap[i] = q->heap[(i - 1) / 2];
         i = (i - 1) / 2;
     }
-    ls->waiting[i] = c;
+    q->heap[i] = c;
 }
 
-static void heap_pop(link_sched *ls)
+static void heap_pop(link_queue *q)
 {
-    block_ctx *last = ls->waiting[--ls->nwaiting];
-    int i = 0, n = ls->nwaiting;
+    block_ctx *last = q->heap[--q->n];
+    int i = 0, n = q->n;
     for (;;) {
         int k = 2 * i + 1;
         if (k >= n)
             break;
-        if (k + 1 < n && goes_before(ls->waiting[k + 1], ls->waiting[k]))
+        if (k + 1 < n && goes_before(q->heap[k + 1], q->heap[k]))
             k++;
-        if (!goes_before(ls->waiting[k], last))
+        if (!goes_before(q->heap[k], last))
             break;
-        ls->waiting[i] = ls->waiting[k];
+        q->heap[i] = q->heap[k];
         i = k;
     }
     if (n > 0)
-        ls->waiting[i] = last;
+        q->heap[i] = last;
 }
 
 
@@ -253,8 +274,9 @@ static void exchange_step_done(block_ctx *c)
         pthread_mutex_lock(&ls->mu);
         if (c->step == ls->step) {
             ls->ended[c->b->id] = 1;
-            while (ls->lowest < c->r->plan->nblocks && ls->ended[ls->lowest])
-                ls->lowest++;
+            link_queue *q = &ls->queues[c->queue];
+            while (q->lowest < q->nblocks && ls->ended[q->blocks[q->lowest]])
+                q->lowest++;
         }
         pthread_mutex_unlock(&ls->mu);
         link_pump(c->r);
@@ -449,8 +471,60 @@ static void exchange_start(block_ctx *c)
         start_pull(c, step + 1);
 }
 
-/* Starts waiting exchanges, lowest (step, block) first, while the window has room (an
- * exchange larger than the window starts when nothing else is in flight). */
+/* One queue per set of holders (without a pipeline every device holds every block: one
+ * queue), in the order of their first block; each queue's heap is its blocks' share of
+ * the slots. */
+static void make_queues(tr_remote *r)
+{
+    link_sched *ls = &r->sched;
+    for (int i = 0; i < r->plan->nblocks; i++) {
+        block_ctx *c = &r->blocks[i];
+        int q = 0;
+        while (q < ls->nqueues && ls->queues[q].holders != c->b->holders)
+            q++;
+        if (q == ls->nqueues)
+            ls->queues[ls->nqueues++].holders = c->b->holders;
+        c->queue = q;
+        c->rank = ls->queues[q].nblocks++;
+    }
+    for (int q = 0, at = 0; q < ls->nqueues; q++) {
+        ls->queues[q].heap = ls->slots + at;
+        ls->queues[q].blocks = ls->order + at;
+        at += ls->queues[q].nblocks;
+    }
+    for (int i = 0; i < r->plan->nblocks; i++)
+        ls->queues[r->blocks[i].queue].blocks[r->blocks[i].rank] = i;
+}
+
+/* The queue whose head starts next: among the heads of the lowest step, the first from
+ * `turn` on that the credits do not hold; -1 where none may start. */
+static int next_queue(const tr_remote *r, const link_sched *ls)
+{
+    long step = 0;
+    int any = 0;
+    for (int q = 0; q < ls->nqueues; q++)
+        if (ls->queues[q].n > 0 && (!any || ls->queues[q].heap[0]->step < step)) {
+            step = ls->queues[q].heap[0]->step;
+            any = 1;
+        }
+    for (int k = 0; any && k < ls->nqueues; k++) {
+        const int q = (ls->turn + k) % ls->nqueues;
+        const block_ctx *c = ls->queues[q].n > 0 ? ls->queues[q].heap[0] : NULL;
+        if (!c || c->step != step)
+            continue;
+        const int held = ls->ahead > 0 && c->step == ls->step &&
+                         ls->nqueued == r->plan->nblocks &&
+                         c->rank >= ls->queues[q].lowest + ls->ahead;
+        if (!held)
+            return q;
+    }
+    return -1;
+}
+
+/* Starts waiting exchanges while the window has room (an exchange larger than the window
+ * starts when nothing else is in flight): each queue's lowest (step, block) first, and the
+ * queues (a pipeline's stages) in turn, so every stage has its pushes in flight as soon as
+ * its backward has made them. */
 static void link_pump(tr_remote *r)
 {
     link_sched *ls = &r->sched;
@@ -458,17 +532,15 @@ static void link_pump(tr_remote *r)
     for (;;) {
         block_ctx *next = NULL;
         pthread_mutex_lock(&ls->mu);
-        if (ls->nwaiting > 0) {
-            size_t bytes = ls->waiting[0]->b->length * pst_dtype_size(r->cfg.grad_dtype);
-            const block_ctx *c = ls->waiting[0];
-            const int held = ls->ahead > 0 && c->step == ls->step &&
-                             ls->nqueued == r->plan->nblocks &&
-                             (int)c->b->id >= ls->lowest + ls->ahead;
-            if (!held &&
-                (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window)) {
-                next = ls->waiting[0];
-                heap_pop(ls);
+        const int q = next_queue(r, ls);
+        if (q >= 0) {
+            block_ctx *c = ls->queues[q].heap[0];
+            const size_t bytes = c->b->length * pst_dtype_size(r->cfg.grad_dtype);
+            if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
+                next = c;
+                heap_pop(&ls->queues[q]);
                 ls->inflight += bytes;
+                ls->turn = (q + 1) % ls->nqueues;
             }
         }
         pthread_mutex_unlock(&ls->mu);
@@ -496,11 +568,12 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
     if (step != ls->step) {
         ls->step = step;
         ls->nqueued = 0;
-        ls->lowest = 0;
+        for (int q = 0; q < ls->nqueues; q++)
+            ls->queues[q].lowest = 0;
         memset(ls->ended, 0, (size_t)r->plan->nblocks);
     }
     ls->nqueued++;
-    heap_push(ls, c);
+    heap_push(&ls->queues[c->queue], c);
     pthread_mutex_unlock(&ls->mu);
     link_pump(r);
     return PST_OK;
@@ -1063,9 +1136,12 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
 {
     if (send_window != PST_SEND_WINDOW_AUTO)
         return send_window;
-    /* the blocks differ by at most one element, the longer ones first (plan.h) */
+    /* a round of the longest block (a pipeline's segments make shorter ones too) */
+    size_t longest = 0;
+    for (int b = 0; b < plan->nblocks; b++)
+        longest = plan->blocks[b].length > longest ? plan->blocks[b].length : longest;
     const int blocks = plan->npservers > 2 ? plan->npservers : 2;
-    const size_t round = (size_t)blocks * plan->blocks[0].length * wire_size;
+    const size_t round = (size_t)blocks * longest * wire_size;
     return same_host && round < TR_REMOTE_SAME_HOST_WINDOW ? TR_REMOTE_SAME_HOST_WINDOW : round;
 }
 
@@ -1105,10 +1181,13 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
     /* at most one exchange per block at a time; the window is set by start, once it
      * knows where the pservers are (no exchange comes before) */
-    r->sched.waiting = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
+    r->sched.slots = calloc((size_t)r->plan->nblocks, sizeof(block_ctx *));
+    r->sched.queues = calloc((size_t)r->plan->nblocks, sizeof(link_queue));
+    r->sched.order = calloc((size_t)r->plan->nblocks, sizeof(int));
     r->sched.ended = calloc((size_t)r->plan->nblocks, 1);
     r->sched.step = -1;
-    if (!r->blocks || !r->sched.waiting || !r->sched.ended) {
+    if (!r->blocks || !r->sched.slots || !r->sched.queues || !r->sched.order ||
+        !r->sched.ended) {
         st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the block plan");
         goto error;
     }
@@ -1130,6 +1209,7 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
         c->pull.block = c->b->id;
         c->pull.dtype = PSTRAIN__DTYPE__F32;
     }
+    make_queues(r);
     rpc_global_init();
     r->rpc_inited = 1;
     const rpc_tls_files tls = {.ca = cfg->tls_ca, .client_cert = cfg->tls_client_cert,
@@ -1180,7 +1260,9 @@ void tr_remote_free(tr_remote *r)
         free(r->blocks[i].wire_grad);
     }
     pthread_mutex_destroy(&r->sched.mu);
-    free(r->sched.waiting);
+    free(r->sched.slots);
+    free(r->sched.queues);
+    free(r->sched.order);
     free(r->sched.ended);
     free(r->blocks);
     pthread_mutex_destroy(&r->mu);
