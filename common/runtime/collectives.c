@@ -125,18 +125,32 @@ pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
     return pst_comm_reduce_some(c, bufs, n, root, streams, c ? pst_devices_first(c->count) : 0);
 }
 
-pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
-                                pst_stream *const streams[], uint64_t members)
+/* What both collectives do around their backend's call: only the comm's devices take
+ * part; the checks; nothing to do with no bytes or the root alone; the comm's lock. */
+static pst_status run_some(pst_comm *c, int reduce, void *const bufs[], size_t bytes, int root,
+                           pst_stream *const streams[], uint64_t members)
 {
     if (c)
         members &= pst_devices_first(c->count);
-    PST_TRY(check_members("pst_comm_reduce", c, (void *const *)bufs, n, root, streams, members));
-    if (n == 0 || members == ((uint64_t)1 << root))
-        return PST_OK; /* the sum of one buffer is itself */
+    PST_TRY(check_members(reduce ? "pst_comm_reduce" : "pst_comm_broadcast_bytes", c, bufs,
+                          bytes / sizeof(float), root, streams, members));
+    if (bytes == 0 || members == ((uint64_t)1 << root))
+        return PST_OK; /* the sum of one buffer is itself; nobody else to copy to */
     pthread_mutex_lock(&c->mu);
-    pst_status st = c->iface->reduce(c, bufs, n, root, streams, members);
+    pst_status st = reduce ? c->iface->reduce(c, (float *const *)bufs, bytes / sizeof(float),
+                                              root, streams, members)
+                           : c->iface->broadcast(c, bufs, bytes, root, streams, members);
     pthread_mutex_unlock(&c->mu);
     return st;
+}
+
+pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
+                                pst_stream *const streams[], uint64_t members)
+{
+    if (n > SIZE_MAX / sizeof(float)) /* as check_members says it, before n * 4 wraps */
+        return pst_error_set(PST_ERR_INVALID, "pst_comm_reduce: %zu floats do not fit in memory",
+                             n);
+    return run_some(c, 1, (void *const *)bufs, n * sizeof(float), root, streams, members);
 }
 
 pst_status pst_comm_broadcast(pst_comm *c, float *const bufs[], size_t n, int root,
@@ -155,16 +169,7 @@ pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t byte
 pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                    pst_stream *const streams[], uint64_t members)
 {
-    if (c)
-        members &= pst_devices_first(c->count);
-    PST_TRY(check_members("pst_comm_broadcast_bytes", c, bufs, bytes / sizeof(float), root,
-                          streams, members));
-    if (bytes == 0 || members == ((uint64_t)1 << root))
-        return PST_OK; /* nobody else to copy to */
-    pthread_mutex_lock(&c->mu);
-    pst_status st = c->iface->broadcast(c, bufs, bytes, root, streams, members);
-    pthread_mutex_unlock(&c->mu);
-    return st;
+    return run_some(c, 0, bufs, bytes, root, streams, members);
 }
 
 /* ---- host implementation ----------------------------------------------------------- */
