@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
@@ -71,7 +72,7 @@ struct cl_call {
     int64_t first_unavailable_ms; /* 0: no UNAVAILABLE yet */
     int backoff_ms;
     int64_t retry_at_ms;
-    struct cl_call *prev, *next; /* active list */
+    LIST_ENTRY(cl_call) link;    /* active list */
     struct cl_call *wnext;       /* retry list */
 };
 
@@ -103,7 +104,7 @@ struct rpc_client {
     pthread_cond_t cv;
     int closing;
     int nactive;
-    struct cl_call *active;
+    LIST_HEAD(, cl_call) active;
     struct cl_call *waiting;
     char **gone;       /* (nservers) why a server was given up (rpc_client_give_up), or NULL */
     int tls;            /* the channels are TLS (rpc/transport.h) */
@@ -242,12 +243,7 @@ static void call_drop(struct cl_call *c)
     if (c->has_payload)
         grpc_slice_unref(c->payload);
     pthread_mutex_lock(&cl->mu);
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        cl->active = c->next;
-    if (c->next != NULL)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     if (--cl->nactive == 0)
         pthread_cond_broadcast(&cl->cv);
     pthread_mutex_unlock(&cl->mu);
@@ -511,6 +507,7 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
     rpc_client *cl = calloc(1, sizeof(*cl));
     if (cl == NULL)
         return pst_error_set(PST_ERR_NOMEM, "rpc client");
+    LIST_INIT(&cl->active);
     pthread_mutex_init(&cl->mu, NULL);
     pthread_cond_init(&cl->cv, NULL);
     cl->call_timeout_ms = cfg->call_timeout_ms == 0 ? 60000 : cfg->call_timeout_ms;
@@ -604,7 +601,8 @@ void rpc_client_give_up(rpc_client *cl, int server, const char *why)
     }
     /* Calls in flight to it would wait for their deadline (a silent server keeps the
      * connection open): cancelled as unavailable, they end now with `why`. */
-    for (struct cl_call *c = cl->active; c != NULL; c = c->next)
+    struct cl_call *c;
+    LIST_FOREACH(c, &cl->active, link)
         if (c->server == server && c->gcall != NULL)
             grpc_call_cancel_with_status(c->gcall, GRPC_STATUS_UNAVAILABLE, "given up", NULL);
     pthread_mutex_unlock(&cl->mu);
@@ -669,10 +667,7 @@ static pst_status call_start(rpc_client *cl, int server, rpc_method method,
     c->arg = arg;
     c->keep = keep;
     pthread_mutex_lock(&cl->mu);
-    c->next = cl->active;
-    if (cl->active != NULL)
-        cl->active->prev = c;
-    cl->active = c;
+    LIST_INSERT_HEAD(&cl->active, c, link);
     cl->nactive++;
     pthread_mutex_unlock(&cl->mu);
     st = attempt_start(c);
@@ -759,7 +754,8 @@ void rpc_client_free(rpc_client *cl)
         return;
     pthread_mutex_lock(&cl->mu);
     cl->closing = 1;
-    for (struct cl_call *c = cl->active; c != NULL; c = c->next)
+    struct cl_call *c;
+    LIST_FOREACH(c, &cl->active, link)
         if (c->gcall != NULL)
             grpc_call_cancel(c->gcall, NULL);
     struct cl_call *waiting = cl->waiting;

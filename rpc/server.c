@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/queue.h>
 #include <time.h>
 
 #include <errno.h>
@@ -99,7 +100,7 @@ struct rpc_call {
     grpc_slice status_details;
     grpc_metadata trail;
     char trail_val[16];
-    struct rpc_call *prev, *next; /* the server's list of arrived calls */
+    LIST_ENTRY(rpc_call) link;    /* the server's list of arrived calls */
     struct rpc_call *fail_next;   /* fail_pending's work list */
 };
 
@@ -148,7 +149,7 @@ struct rpc_server {
     int shutdown_done; /* its tag arrived */
     int finished;      /* shutdown complete: threads joined, queue destroyed */
     int grpc_live;     /* calls (registered or generic) whose gRPC side is alive */
-    struct rpc_call *calls;
+    LIST_HEAD(, rpc_call) calls;
 };
 
 /* ---- call lifetime ------------------------------------------------------------------- */
@@ -172,12 +173,7 @@ static void call_unref(rpc_call *c)
         return;
     rpc_server *s = c->srv;
     pthread_mutex_lock(&s->mu);
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        s->calls = c->next;
-    if (c->next != NULL)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     pthread_mutex_unlock(&s->mu);
     call_destroy(c);
 }
@@ -478,10 +474,7 @@ static void on_new_call(rpc_call *c, int success)
     s->grpc_live++;
     const int live = s->grpc_live;
     int repost = !s->shutting;
-    c->next = s->calls;
-    if (s->calls != NULL)
-        s->calls->prev = c;
-    s->calls = c;
+    LIST_INSERT_HEAD(&s->calls, c, link);
     pthread_mutex_unlock(&s->mu);
     if (repost)
         request_registered(s, c->method);
@@ -621,7 +614,7 @@ static int expire_due(rpc_server *s, const char *detail)
     int n = 0;
     const int64_t now = (int64_t)(pst_clock_s() * 1e3);
     pthread_mutex_lock(&s->mu);
-    for (rpc_call *c = s->calls; c != NULL && n < 64; c = c->next) {
+    for (rpc_call *c = LIST_FIRST(&s->calls); c != NULL && n < 64; c = LIST_NEXT(c, link)) {
         if (c->expired || c->method == RPC_METHOD_WATCH || atomic_load(&c->completed) ||
             now - c->arrived_ms <= s->max_wait_ms)
             continue;
@@ -752,6 +745,7 @@ pst_status rpc_server_init(rpc_server **out, const rpc_server_config *cfg)
     rpc_server *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return pst_error_set(PST_ERR_NOMEM, "rpc server");
+    LIST_INIT(&s->calls);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->handler = cfg->handler;
@@ -886,7 +880,8 @@ static void fail_pending(rpc_server *s)
 {
     rpc_call *to_fail = NULL;
     pthread_mutex_lock(&s->mu);
-    for (rpc_call *c = s->calls; c != NULL; c = c->next) {
+    rpc_call *c;
+    LIST_FOREACH(c, &s->calls, link) {
         if (atomic_exchange(&c->completed, 1))
             continue;
         c->fail_next = to_fail;
@@ -960,9 +955,9 @@ void rpc_server_free(rpc_server *s)
         return;
     rpc_server_shutdown(s, 1);
     /* Calls the owner never completed after a shutdown-time failure. */
-    rpc_call *c = s->calls;
+    rpc_call *c = LIST_FIRST(&s->calls);
     while (c != NULL) {
-        rpc_call *next = c->next;
+        rpc_call *next = LIST_NEXT(c, link);
         call_destroy(c);
         c = next;
     }

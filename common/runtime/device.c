@@ -137,6 +137,8 @@ pst_status pst_runtime_init(pst_runtime **out, const char *spec)
     rt = calloc(1, sizeof *rt);
     if (!rt)
         return pst_error_set(PST_ERR_NOMEM, "pst_runtime_init: out of memory");
+    LIST_INIT(&rt->streams);
+    LIST_INIT(&rt->events);
     rt->iface = &pst_cpu_backend_iface;
 #ifdef PSTRAIN_HAVE_CUDA
     if (kind == PST_BACKEND_CUDA)
@@ -201,12 +203,9 @@ void pst_runtime_free(pst_runtime *rt)
      * rt->mu, so their work items may still create or destroy other objects. */
     for (;;) {
         pthread_mutex_lock(&rt->mu);
-        pst_stream *s = rt->streams;
-        if (s) {
-            rt->streams = s->next;
-            if (s->next)
-                s->next->prev = NULL;
-        }
+        pst_stream *s = LIST_FIRST(&rt->streams);
+        if (s)
+            LIST_REMOVE(s, link);
         pthread_mutex_unlock(&rt->mu);
         if (!s)
             break;
@@ -214,12 +213,9 @@ void pst_runtime_free(pst_runtime *rt)
     }
     for (;;) {
         pthread_mutex_lock(&rt->mu);
-        pst_event *ev = rt->events;
-        if (ev) {
-            rt->events = ev->next;
-            if (ev->next)
-                ev->next->prev = NULL;
-        }
+        pst_event *ev = LIST_FIRST(&rt->events);
+        if (ev)
+            LIST_REMOVE(ev, link);
         pthread_mutex_unlock(&rt->mu);
         if (!ev)
             break;
@@ -388,10 +384,7 @@ pst_status pst_stream_create(pst_device *dev, pst_stream **out)
         return st;
     }
     pthread_mutex_lock(&rt->mu);
-    s->next = rt->streams;
-    if (rt->streams)
-        rt->streams->prev = s;
-    rt->streams = s;
+    LIST_INSERT_HEAD(&rt->streams, s, link);
     pthread_mutex_unlock(&rt->mu);
     *out = s;
     return PST_OK;
@@ -403,12 +396,7 @@ void pst_stream_destroy(pst_stream *s)
         return;
     pst_runtime *rt = s->dev->rt;
     pthread_mutex_lock(&rt->mu);
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        rt->streams = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
+    LIST_REMOVE(s, link);
     pthread_mutex_unlock(&rt->mu);
     stream_release(s);
 }
@@ -501,10 +489,7 @@ pst_status pst_event_create(pst_device *dev, pst_event **out)
         return st;
     }
     pthread_mutex_lock(&rt->mu);
-    ev->next = rt->events;
-    if (rt->events)
-        rt->events->prev = ev;
-    rt->events = ev;
+    LIST_INSERT_HEAD(&rt->events, ev, link);
     pthread_mutex_unlock(&rt->mu);
     *out = ev;
     return PST_OK;
@@ -516,12 +501,7 @@ void pst_event_destroy(pst_event *ev)
         return;
     pst_runtime *rt = ev->dev->rt;
     pthread_mutex_lock(&rt->mu);
-    if (ev->prev)
-        ev->prev->next = ev->next;
-    else
-        rt->events = ev->next;
-    if (ev->next)
-        ev->next->prev = ev->prev;
+    LIST_REMOVE(ev, link);
     pthread_mutex_unlock(&rt->mu);
     event_release(ev);
 }

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/queue.h>
 
 #include "common/runtime/device.h"
 #include "common/error.h"
@@ -80,13 +81,13 @@ struct pst_device {
 struct pst_stream {
     pst_device *dev;
     int id;                        /* unique within the runtime, in creation order */
-    pst_stream *prev, *next;       /* rt->streams registry, guarded by rt->mu */
+    LIST_ENTRY(pst_stream) link;   /* rt->streams registry, guarded by rt->mu */
     void *ctx;                     /* backend state */
 };
 
 struct pst_event {
     pst_device *dev;
-    pst_event *prev, *next;        /* rt->events registry, guarded by rt->mu */
+    LIST_ENTRY(pst_event) link;    /* rt->events registry, guarded by rt->mu */
     void *ctx;                     /* backend state */
 };
 
@@ -109,8 +110,8 @@ struct pst_runtime {
     int count;                     /* number of devices */
     pst_device *devices;           /* (count) */
     pthread_mutex_t mu;            /* guards streams, events, next_stream_id */
-    pst_stream *streams;           /* live streams, freed by pst_runtime_free if left */
-    pst_event *events;             /* live events, likewise */
+    LIST_HEAD(, pst_stream) streams; /* live streams, freed by pst_runtime_free if left */
+    LIST_HEAD(, pst_event) events;   /* live events, likewise */
     int next_stream_id;
     void *ctx;                     /* backend state */
 };
