@@ -2089,11 +2089,12 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
         float *initial = calloc(L, sizeof(float));
         ps_store *st = NULL;
         cr_assert_eq(ps_store_init(&st, &cfg, initial), PST_OK, "%s", pst_error_detail());
-        /* At least PUSHES, and on until one was refused (the writer may have been off its
-         * core for a while): both outcomes in every case. */
+        /* At least PUSHES, and on until one was refused and one applied (the writer may
+         * have been off its core for a while, on either value): both outcomes in every
+         * case. */
         int64_t next = 0; /* async: one past the last accepted step */
-        int refused_here = 0;
-        for (int p = 0; p < PUSHES || (!refused_here && p < 200000); p++) {
+        int refused_here = 0, applied_here = 0;
+        for (int p = 0; p < PUSHES || ((!refused_here || !applied_here) && p < 200000); p++) {
             const uint32_t t = (uint32_t)(p % cases[c].trainers);
             const int64_t step = cases[c].mode == PST_MODE_SYNC ? ps_store_version(st, 0) : next;
             const pst_status rc =
@@ -2106,6 +2107,7 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
                 continue;
             }
             applied++;
+            applied_here++;
             next++;
             float v;
             int64_t version;
