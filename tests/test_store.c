@@ -1695,6 +1695,7 @@ typedef struct lowp_reader {
     ps_store *st;
     pst_dtype dt;
     volatile int stop; /* written before join; the reader polls it between pulls */
+    int reading;       /* set after its first pull: the pushes start then */
     int pulls, mismatches, missing;
     uint16_t want[ASYNC_LEN];
 } lowp_reader;
@@ -1721,6 +1722,8 @@ static void *lowp_reader_main(void *arg)
         if (ps_store_pull(r->st, (uint32_t)(k % ASYNC_NB), 0, &w, lowp_check_answer, r) !=
             PST_OK)
             r->missing++;
+        if (k == 0)
+            __atomic_store_n(&r->reading, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
@@ -1751,6 +1754,11 @@ Test(store, lowp_multithreaded_async_copy_matches_values, .timeout = 20)
     r.dt = PST_F16;
     pthread_t rth;
     cr_assert_eq(pthread_create(&rth, NULL, lowp_reader_main, &r), 0);
+    /* The pushes start once the puller runs (on a loaded machine it once had not pulled
+     * before 100 steps of pushes were over). */
+    for (int ms = 0; !__atomic_load_n(&r.reading, __ATOMIC_ACQUIRE) && ms < 10000; ms++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    cr_assert(__atomic_load_n(&r.reading, __ATOMIC_ACQUIRE), "the puller did not start in 10 s");
     async_worker w[T];
     pthread_t th[T];
     for (int t = 0; t < T; t++) {
