@@ -285,7 +285,7 @@ static void vm_flags_at(const void *p, char *flags, size_t size)
     int inside = 0;
     while (fgets(line, sizeof line, f)) {
         unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) { /* a mapping's first line */
             inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
         } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
             snprintf(flags, size, "%s", line + 8);
@@ -325,9 +325,11 @@ Test(device_alloc, heap_huge_pages_through_glibc_tunables)
 {
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
     char thp[128] = "";
-    if (!f || !fgets(thp, sizeof thp, f) || strstr(thp, "[never]"))
+    const int known = f && fgets(thp, sizeof thp, f);
+    if (f)
+        fclose(f);
+    if (!known || strstr(thp, "[never]"))
         cr_skip_test("this kernel has no transparent huge pages");
-    fclose(f);
     int major = 0, minor = 0;
     cr_assert_eq(sscanf(gnu_get_libc_version(), "%d.%d", &major, &minor), 2);
     if (major * 1000 + minor < 2035)
