@@ -1204,11 +1204,15 @@ Test(cluster, sigterm_checkpoints_the_step_it_stops_at, .timeout = 480)
         snprintf(env_dir, sizeof env_dir, "PSTRAIN_CHECKPOINT_DIR=%s", dir);
         const char *env[] = {env_dir, "PSTRAIN_DEVICES=cpu:1", "PSTRAIN_JOB_ID=t", NULL};
         const char *args[64];
-        const char *more[] = {"--checkpoint-every", "1000", "--log-level", "info", NULL};
+        /* alone: the per-step metrics say when it trains (a SIGTERM before its handler,
+         * while a loaded machine still starts the program, would end it uncaught) */
+        char metrics[96];
+        snprintf(metrics, sizeof metrics, "%s/steps.jsonl", dir);
+        const char *more[] = {"--checkpoint-every", "1000", "--log-level", "info",
+                              j ? NULL : "--metrics", metrics, NULL};
         with_args(args, jobs[j], more);
         proc *p = proc_start(args, env);
-        if (j)
-            wait_for_text(p->err_path, "joined");
+        wait_for_text(j ? p->err_path : metrics, j ? "joined" : "\"step\"");
         usleep((j ? 500 : 1000) * 1000); /* some steps on */
         const pid_t victim = j == 0   ? p->pid
                              : j == 1 ? find_process(p->pid, TRAINER, "PSTRAIN_TRAINER_ID=0")
