@@ -219,56 +219,52 @@ static pst_status parse_hidden(pst_config *cfg, const char *v, const char *where
     return PST_OK;
 }
 
-static pst_status parse_resume(pst_config *cfg, const char *v, const char *where,
-                               const char *ex)
+/* One word a keyword option takes, and its value. */
+typedef struct {
+    const char *word;
+    int value;
+} keyword;
+
+/* *out = the value of v's word in kw (case-insensitive; the list ends with a NULL word),
+ * else the error "expected a, b or c". */
+static pst_status keyword_value(const keyword *kw, const char *v, const char *where,
+                                const char *ex, int *out)
 {
-    if (strcasecmp(v, "auto") == 0)
-        cfg->resume = PST_RESUME_AUTO;
-    else if (strcasecmp(v, "never") == 0)
-        cfg->resume = PST_RESUME_NEVER;
-    else if (strcasecmp(v, "require") == 0)
-        cfg->resume = PST_RESUME_REQUIRE;
-    else
-        return bad(where, v, "expected auto, never or require", ex);
-    return PST_OK;
+    char what[160] = "expected ";
+    int n = 0;
+    for (; kw[n].word; n++)
+        if (strcasecmp(v, kw[n].word) == 0) {
+            *out = kw[n].value;
+            return PST_OK;
+        }
+    for (int i = 0; i < n; i++)
+        snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s",
+                 i == 0 ? "" : i == n - 1 ? " or " : ", ", kw[i].word);
+    return bad(where, v, what, ex);
 }
 
-static pst_status parse_on_failure(pst_config *cfg, const char *v, const char *where,
-                                   const char *ex)
-{
-    if (strcasecmp(v, "fail") == 0)
-        cfg->on_failure = PST_ON_FAILURE_FAIL;
-    else if (strcasecmp(v, "wait") == 0)
-        cfg->on_failure = PST_ON_FAILURE_WAIT;
-    else
-        return bad(where, v, "expected wait or fail", ex);
-    return PST_OK;
-}
+/* The parser fn of a keyword option: cfg->field, of type `type`, from the words and values
+ * listed as {"word", value}, ... */
+#define KEYWORD_OPTION(fn, field, type, ...)                                                  \
+    static pst_status fn(pst_config *cfg, const char *v, const char *where, const char *ex)  \
+    {                                                                                         \
+        static const keyword words[] = {__VA_ARGS__, {NULL, 0}};                              \
+        int k;                                                                                \
+        PST_TRY(keyword_value(words, v, where, ex, &k));                                      \
+        cfg->field = (type)k;                                                                 \
+        return PST_OK;                                                                        \
+    }
 
-static pst_status parse_shm(pst_config *cfg, const char *v, const char *where, const char *ex)
-{
-    if (strcasecmp(v, "auto") == 0)
-        cfg->shm = 1;
-    else if (strcasecmp(v, "off") == 0)
-        cfg->shm = 0;
-    else
-        return bad(where, v, "expected auto or off", ex);
-    return PST_OK;
-}
-
-static pst_status parse_pipe_schedule(pst_config *cfg, const char *v, const char *where,
-                                      const char *ex)
-{
-    if (strcasecmp(v, "gpipe") == 0)
-        cfg->schedule = PST_SCHEDULE_GPIPE;
-    else if (strcasecmp(v, "1f1b") == 0)
-        cfg->schedule = PST_SCHEDULE_1F1B;
-    else if (strcasecmp(v, "interleaved") == 0)
-        cfg->schedule = PST_SCHEDULE_INTERLEAVED;
-    else
-        return bad(where, v, "expected gpipe, 1f1b or interleaved", ex);
-    return PST_OK;
-}
+KEYWORD_OPTION(parse_resume, resume, int, {"auto", PST_RESUME_AUTO},
+               {"never", PST_RESUME_NEVER}, {"require", PST_RESUME_REQUIRE})
+KEYWORD_OPTION(parse_on_failure, on_failure, int, {"wait", PST_ON_FAILURE_WAIT},
+               {"fail", PST_ON_FAILURE_FAIL})
+KEYWORD_OPTION(parse_shm, shm, int, {"auto", 1}, {"off", 0})
+KEYWORD_OPTION(parse_pipe_schedule, schedule, pst_schedule, {"gpipe", PST_SCHEDULE_GPIPE},
+               {"1f1b", PST_SCHEDULE_1F1B}, {"interleaved", PST_SCHEDULE_INTERLEAVED})
+KEYWORD_OPTION(parse_progress, progress, pst_progress, {"auto", PST_PROGRESS_AUTO},
+               {"bar", PST_PROGRESS_BAR}, {"lines", PST_PROGRESS_LINES},
+               {"none", PST_PROGRESS_NONE})
 
 /* Layers per model chunk, first to last: "2,3,3,2" (empty: balanced by compute). */
 static pst_status parse_partition(pst_config *cfg, const char *v, const char *where,
@@ -313,19 +309,6 @@ static pst_status parse_log_level(pst_config *cfg, const char *v, const char *wh
     if (pst_log_level_parse(v, &cfg->log_level) != 0)
         return bad(where, v, "expected debug, info, warn, error or off", ex);
     return PST_OK;
-}
-
-static pst_status parse_progress(pst_config *cfg, const char *v, const char *where,
-                                 const char *ex)
-{
-    static const char *const names[] = {"auto", "bar", "lines", "none"};
-    for (int i = 0; i < 4; i++) {
-        if (strcasecmp(v, names[i]) == 0) {
-            cfg->progress = (pst_progress)i;
-            return PST_OK;
-        }
-    }
-    return bad(where, v, "expected auto, bar, lines or none", ex);
 }
 
 static pst_status parse_trace_steps(pst_config *cfg, const char *v, const char *where,

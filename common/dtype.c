@@ -141,24 +141,16 @@ void pst_cast(void *dst, pst_dtype dt, const void *src, pst_dtype st, size_t n)
         D y = CONVERT(x);                                                                  \
         memcpy(d + sizeof(D) * i, &y, sizeof(D));                                          \
     }
-    if (st == PST_F32 && dt == PST_F16) {
-        CAST_LOOP(float, uint16_t, pst_f16_from_f32);
-        return;
-    }
-    if (st == PST_F16 && dt == PST_F32) {
-        CAST_LOOP(uint16_t, float, pst_f32_from_f16);
-        return;
-    }
-    if (st == PST_F32 && dt == PST_BF16) {
-        CAST_LOOP(float, uint16_t, pst_bf16_from_f32);
-        return;
-    }
-    if (st == PST_BF16 && dt == PST_F32) {
-        CAST_LOOP(uint16_t, float, pst_f32_from_bf16);
-        return;
-    }
+    if (st == PST_F32 && dt == PST_F16)
+        CAST_LOOP(float, uint16_t, pst_f16_from_f32)
+    else if (st == PST_F16 && dt == PST_F32)
+        CAST_LOOP(uint16_t, float, pst_f32_from_f16)
+    else if (st == PST_F32 && dt == PST_BF16)
+        CAST_LOOP(float, uint16_t, pst_bf16_from_f32)
+    else if (st == PST_BF16 && dt == PST_F32)
+        CAST_LOOP(uint16_t, float, pst_f32_from_bf16)
+    else /* f16 <-> bf16 through an exact f32 intermediate */
+        for (size_t i = 0; i < n; i++)
+            store_f32(dst, dt, i, load_f32(src, st, i));
 #undef CAST_LOOP
-    /* f16 <-> bf16 through an exact f32 intermediate. */
-    for (size_t i = 0; i < n; i++)
-        store_f32(dst, dt, i, load_f32(src, st, i));
 }

@@ -5,9 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define PST_DETAIL_MAX 512
-
-static _Thread_local char detail[PST_DETAIL_MAX];
+static _Thread_local char detail[PST_ERROR_DETAIL_MAX];
 
 static const char *const names[PST_ERR_COUNT_] = {
     [PST_OK] = "ok",
@@ -46,7 +44,7 @@ pst_status pst_error_set(pst_status st, const char *fmt, ...)
 
 pst_status pst_error_wrap(pst_status st, const char *fmt, ...)
 {
-    char prefix[PST_DETAIL_MAX], old[PST_DETAIL_MAX];
+    char prefix[PST_ERROR_DETAIL_MAX], old[PST_ERROR_DETAIL_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
@@ -67,4 +65,30 @@ const char *pst_error_detail(void)
 void pst_error_clear(void)
 {
     detail[0] = '\0';
+}
+
+void pst_sticky_reset(pst_sticky *s)
+{
+    s->status = PST_OK;
+    s->detail[0] = '\0';
+}
+
+void pst_sticky_fail(pst_sticky *s, pst_status st, const char *detail)
+{
+    if (st == PST_OK || s->status != PST_OK)
+        return;
+    s->status = st;
+    snprintf(s->detail, sizeof s->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
+}
+
+pst_status pst_sticky_read(const pst_sticky *s, char out[PST_ERROR_DETAIL_MAX])
+{
+    if (s->status != PST_OK)
+        memcpy(out, s->detail, PST_ERROR_DETAIL_MAX);
+    return s->status;
+}
+
+pst_status pst_sticky_raise(pst_status st, const char detail[PST_ERROR_DETAIL_MAX])
+{
+    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail);
 }

@@ -48,6 +48,32 @@ const char *pst_error_detail(void);
 
 void pst_error_clear(void);
 
+/* Bytes of a detail, its NUL included (longer ones are truncated). */
+#define PST_ERROR_DETAIL_MAX 512
+
+/* A sticky status: the first failure of something several threads report to (a device
+ * stream, a mark, a flag, a batch of calls) with its detail, carried to the threads that
+ * wait on it. Its owner's lock guards it. */
+typedef struct pst_sticky {
+    pst_status status; /* PST_OK until the first failure */
+    char detail[PST_ERROR_DETAIL_MAX];
+} pst_sticky;
+
+/* Not failed (a recycled one starts again here). */
+void pst_sticky_reset(pst_sticky *s);
+
+/* Records the failure st with its detail (NULL or "": st's name) unless s has failed
+ * already: the first failure is the one kept. PST_OK changes nothing. */
+void pst_sticky_fail(pst_sticky *s, pst_status st, const char *detail);
+
+/* s's status; when failed, its detail is copied into `out`, to be reported after the
+ * owner's lock is let go (pst_sticky_raise). */
+pst_status pst_sticky_read(const pst_sticky *s, char out[PST_ERROR_DETAIL_MAX]);
+
+/* PST_OK, or st with `detail` (from pst_sticky_read) set as the calling thread's error:
+ * the cause as it was, unprefixed. */
+pst_status pst_sticky_raise(pst_status st, const char detail[PST_ERROR_DETAIL_MAX]);
+
 /* Evaluates a pst_status expression and returns it from the caller when not PST_OK. */
 #define PST_TRY(expr)                         \
     do {                                      \

@@ -9,6 +9,7 @@
 #define PST_MEMORY_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 void pst_memory_tune(void);
 
@@ -38,6 +39,21 @@ int pst_memory_huge_heap_env(void);
  * again with the same arguments and the current environment, in this process. Returns only
  * when that failed. Call before any thread starts. */
 void pst_exec_self(char **argv);
+
+/* Frees every node of the singly linked list at head (an lvalue, left NULL), whose nodes
+ * link through member `next` and own nothing else. A statement: PST_FREE_LIST(h, next); */
+#define PST_FREE_LIST(head, next)                                                             \
+    for (void *pst_node_; (pst_node_ = (head)) != NULL; free(pst_node_))                      \
+    (head) = (head)->next
+
+/* free() of every argument, in order: PST_FREE_ALL(a->x, a->y, a->z); */
+#define PST_FREE_ALL(...)                                                                     \
+    pst_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
+static inline void pst_free_all(void *const ptrs[], size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+}
 
 /* Bytes of memory this process may use: the machine's physical memory, or its cgroup's
  * limit (cgroup v2 memory.max, as a pod's) when that is lower. */

@@ -50,33 +50,20 @@ static int index_of(const char *const *names, int n, const char *s)
     return -1;
 }
 
-const char *pst_optim_kind_name(pst_optim_kind k)
-{
-    return name_of(kind_names, PST_OPTIM_KIND_COUNT_, (int)k);
-}
+/* pst_<id>_name(k) and pst_<id>_parse(s, &k) over names, the n names of type's values */
+#define NAMES_API(id, type, names, n)                                                         \
+    const char *pst_##id##_name(type k) { return name_of(names, n, (int)k); }                 \
+    int pst_##id##_parse(const char *s, type *out)                                            \
+    {                                                                                         \
+        const int i = index_of(names, n, s);                                                  \
+        if (i < 0)                                                                            \
+            return -1;                                                                        \
+        *out = (type)i;                                                                       \
+        return 0;                                                                             \
+    }
 
-int pst_optim_kind_parse(const char *s, pst_optim_kind *out)
-{
-    const int i = index_of(kind_names, PST_OPTIM_KIND_COUNT_, s);
-    if (i < 0)
-        return -1;
-    *out = (pst_optim_kind)i;
-    return 0;
-}
-
-const char *pst_lr_schedule_name(pst_lr_schedule s)
-{
-    return name_of(schedule_names, PST_LR_SCHEDULE_COUNT_, (int)s);
-}
-
-int pst_lr_schedule_parse(const char *s, pst_lr_schedule *out)
-{
-    const int i = index_of(schedule_names, PST_LR_SCHEDULE_COUNT_, s);
-    if (i < 0)
-        return -1;
-    *out = (pst_lr_schedule)i;
-    return 0;
-}
+NAMES_API(optim_kind, pst_optim_kind, kind_names, PST_OPTIM_KIND_COUNT_)
+NAMES_API(lr_schedule, pst_lr_schedule, schedule_names, PST_LR_SCHEDULE_COUNT_)
 
 /* ---- ranges ---------------------------------------------------------------------------- */
 

@@ -32,6 +32,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 
 enum { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM };
 enum { MAX_SCRAPE_FNS = 8 };
@@ -68,19 +69,15 @@ struct pst_prom_server {
 
 /* ---- values ----------------------------------------------------------------------------- */
 
-static uint64_t bits_of(double v)
-{
-    uint64_t b;
-    memcpy(&b, &v, sizeof b);
-    return b;
-}
-
-static double double_of(uint64_t b)
-{
+/* a double's bits and back, through a union (C11 6.5.2.3 reads the bits as the other type) */
+typedef union {
     double v;
-    memcpy(&v, &b, sizeof v);
-    return v;
-}
+    uint64_t b;
+} pun64;
+
+static uint64_t bits_of(double v) { return (pun64){.v = v}.b; }
+
+static double double_of(uint64_t b) { return (pun64){.b = b}.v; }
 
 static void atomic_add_double(_Atomic uint64_t *a, double v)
 {
@@ -136,12 +133,7 @@ void pst_prom_free(pst_prom *r)
         return;
     for (pst_prom_metric *m = r->head, *next; m; m = next) {
         next = m->next;
-        free(m->name);
-        free(m->help);
-        free(m->labels);
-        free(m->bounds);
-        free((void *)m->buckets);
-        free(m);
+        PST_FREE_ALL(m->name, m->help, m->labels, m->bounds, (void *)m->buckets, m);
     }
     free(r);
 }
@@ -157,10 +149,7 @@ static pst_prom_metric *add(pst_prom *r, int kind, const char *name, const char 
     m->help = strdup(help ? help : "");
     m->labels = labels && labels[0] ? strdup(labels) : NULL;
     if (!m->name || !m->help || (labels && labels[0] && !m->labels)) {
-        free(m->name);
-        free(m->help);
-        free(m->labels);
-        free(m);
+        PST_FREE_ALL(m->name, m->help, m->labels, m);
         return NULL;
     }
     if (r->tail)

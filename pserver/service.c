@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/memory.h"
 #include "common/prom.h"
 #include "common/log.h"
 #include "common/optim.h"
@@ -114,15 +115,11 @@ struct ps_service {
                                    * block's lock, and mu is taken before block locks):
                                    * microseconds of pst_clock_s() of the newest
                                    * checkpoint written, or of the store's making */
-    /* same host (rpc/shm.h): each trainer's segment, mapped at its Init. A newer Init's
-     * segment replaces the entry; the older stays mapped until the service is freed, as a
-     * call of the trainer's previous process may still be reading it. */
+    /* same host (rpc/shm.h): each trainer's segment, mapped at its Init */
     int shm_enabled;
     rpc_shm area;                 /* the values pulls are served from, shared (sync): the
                                    * store's copy in lowp (its f32 master when lowp is f32) */
-    rpc_shm **shm;                /* (num_trainers) atomic entries; NULL until the first */
-    rpc_shm **shm_retired;
-    size_t nshm_retired;
+    rpc_shm_peers peers;
     /* limits */
     uint64_t max_params;          /* an Init that would hold more is refused (0: none) */
     uint64_t max_memory;          /* bytes of blocks, the same (ps_service_limits) */
@@ -178,23 +175,9 @@ void ps_service_free(ps_service *svc)
     ps_store_free(svc->store);
     ps_tables_free(svc->tables); /* its replies' payloads are their own */
     rpc_shm_free(&svc->area); /* after the store, whose values or copy live there */
-    free(svc->finished);
-    free(svc->watch);
-    free(svc->joined);
-    free(svc->let_go_at);
-    free(svc->block_ids);
-    free(svc->specs);
-    for (uint32_t t = 0; svc->shm && t < svc->num_trainers; t++)
-        if (svc->shm[t]) {
-            rpc_shm_free(svc->shm[t]);
-            free(svc->shm[t]);
-        }
-    for (size_t i = 0; i < svc->nshm_retired; i++) {
-        rpc_shm_free(svc->shm_retired[i]);
-        free(svc->shm_retired[i]);
-    }
-    free(svc->shm);
-    free(svc->shm_retired);
+    PST_FREE_ALL(svc->finished, svc->watch, svc->joined, svc->let_go_at, svc->block_ids,
+                 svc->specs);
+    rpc_shm_peers_free(&svc->peers);
     for (int k = 0; k < 2; k++) {
         free(svc->votes[k].voted);
         free(svc->votes[k].calls);
@@ -308,10 +291,7 @@ static void async_snapshot(ps_service *svc, ps_store *store, int64_t pushes)
     } else {
         checkpoint_failed(svc);
     }
-    free(values);
-    free(state);
-    free(versions);
-    free(steps);
+    PST_FREE_ALL(values, state, versions, steps);
     __atomic_store_n(&svc->async_saving, 0, __ATOMIC_RELEASE);
 }
 
@@ -342,10 +322,7 @@ static pst_status resume_async(ps_service *svc, const Pstrain__InitRequest *req,
         PST_WARN("no whole async checkpoint of this job here in %s: starting from trainer 0's "
                  "values", svc->ckpt_dir);
     }
-    free(values);
-    free(state);
-    free(versions);
-    free(steps);
+    PST_FREE_ALL(values, state, versions, steps);
     return st;
 }
 
@@ -483,13 +460,6 @@ void ps_service_shm(ps_service *svc, int enabled)
     svc->shm_enabled = enabled != 0;
 }
 
-/* The segment of trainer t (NULL: none). Any thread; the entry is published once mapped. */
-static const rpc_shm *trainer_shm(ps_service *svc, uint32_t t)
-{
-    rpc_shm **all = __atomic_load_n(&svc->shm, __ATOMIC_ACQUIRE);
-    return all && t < svc->num_trainers ? __atomic_load_n(&all[t], __ATOMIC_ACQUIRE) : NULL;
-}
-
 /* Maps the segment a sync trainer offers in its Init (rpc/shm.h); returns whether the
  * trainer may use it. A segment that cannot be mapped (another host or container, or not
  * the trainer's) is no error: the payloads stay in the calls. Called with svc->mu held. */
@@ -499,40 +469,18 @@ static int attach_shm_locked(ps_service *svc, const Pstrain__InitRequest *req)
     if (!req->shm_name || !req->shm_name[0] || !svc->shm_enabled || !svc->sync ||
         t >= svc->num_trainers)
         return 0;
-    if (svc->shm && svc->shm[t] && svc->nshm_retired >= 2 * (size_t)svc->num_trainers + 16) {
-        /* Replaced segments stay mapped while the store lives (a call of the trainer's
-         * earlier process may still read one): their number is bounded. */
-        PST_WARN("trainer %u: payloads in the calls, not in shared memory: this store has "
-                 "replaced %zu segments already", t, svc->nshm_retired);
-        return 0;
-    }
-    if (!svc->shm) {
-        rpc_shm **all = calloc(svc->num_trainers, sizeof *all);
-        if (!all)
-            return 0;
-        __atomic_store_n(&svc->shm, all, __ATOMIC_RELEASE);
-    }
-    rpc_shm *seg = malloc(sizeof *seg);
-    rpc_shm **retired = realloc(svc->shm_retired, (svc->nshm_retired + 1) * sizeof *retired);
-    if (retired)
-        svc->shm_retired = retired;
-    if (!seg || !retired) {
-        free(seg);
-        return 0;
-    }
-    if (rpc_shm_attach(seg, req->shm_name, req->shm_nonce, ps_store_total_length(svc->store),
-                       &svc->area) != PST_OK) {
+    const pst_status st = rpc_shm_peers_attach(&svc->peers, svc->num_trainers, t,
+                                               req->shm_name, req->shm_nonce,
+                                               ps_store_total_length(svc->store), &svc->area);
+    if (st == PST_ERR_LIMIT)
+        PST_WARN("trainer %u: payloads in the calls, not in shared memory: %s", t,
+                 pst_error_detail());
+    else if (st != PST_OK)
         PST_INFO("trainer %u: payloads in the calls, not in shared memory: %s", t,
                  pst_error_detail());
-        free(seg);
-        return 0;
-    }
-    rpc_shm *old = svc->shm[t];
-    if (old)
-        svc->shm_retired[svc->nshm_retired++] = old;
-    __atomic_store_n(&svc->shm[t], seg, __ATOMIC_RELEASE);
-    PST_INFO("trainer %u is on this host: payloads through shared memory", t);
-    return 1;
+    else
+        PST_INFO("trainer %u is on this host: payloads through shared memory", t);
+    return st == PST_OK;
 }
 
 size_t ps_service_max_request(void *arg, rpc_method m, const char **why)
@@ -727,11 +675,7 @@ static void free_membership(ps_service *svc)
         free(svc->votes[k].calls);
         svc->votes[k] = (vote_slot){0};
     }
-    free(svc->specs);
-    free(svc->finished);
-    free(svc->watch);
-    free(svc->joined);
-    free(svc->block_ids);
+    PST_FREE_ALL(svc->specs, svc->finished, svc->watch, svc->joined, svc->block_ids);
     svc->specs = NULL;
     svc->joined = NULL;
     svc->watch = NULL;
@@ -1076,7 +1020,7 @@ static pst_status fill_raw_from_payload(void *arg, void *dst, uint64_t first, ui
 static pst_status shm_slot(ps_service *svc, ps_store *store, uint32_t t, uint32_t block,
                            int pull, unsigned char **out, uint64_t *length)
 {
-    const rpc_shm *seg = trainer_shm(svc, t);
+    const rpc_shm *seg = rpc_shm_peers_get(&svc->peers, t);
     uint64_t off = 0, len = 0;
     if (!seg)
         return pst_error_set(PST_ERR_STATE, "%s of block %u in shared memory: trainer %u set "
@@ -2072,32 +2016,17 @@ void ps_service_handle(void *arg, rpc_call *call)
                                  claimed_trainer(call)));
         return;
     }
-    switch (rpc_call_method(call)) {
-    case RPC_METHOD_INIT:
-        handle_init(svc, call);
-        break;
-    case RPC_METHOD_PUSH:
-        handle_push(svc, call);
-        break;
-    case RPC_METHOD_PULL:
-        handle_pull(svc, call);
-        break;
-    case RPC_METHOD_FINISH:
-        handle_finish(svc, call);
-        break;
-    case RPC_METHOD_VOTE:
-        handle_vote(svc, call);
-        break;
-    case RPC_METHOD_WATCH:
-        handle_watch(svc, call);
-        break;
-    case RPC_METHOD_PULL_SPARSE:
-    case RPC_METHOD_PUSH_SPARSE:
-        handle_sparse(svc, call);
-        break;
-    default:
+    static void (*const handlers[RPC_METHOD_COUNT_])(ps_service *, rpc_call *) = {
+        [RPC_METHOD_INIT] = handle_init,          [RPC_METHOD_PUSH] = handle_push,
+        [RPC_METHOD_PULL] = handle_pull,          [RPC_METHOD_FINISH] = handle_finish,
+        [RPC_METHOD_VOTE] = handle_vote,          [RPC_METHOD_WATCH] = handle_watch,
+        [RPC_METHOD_PULL_SPARSE] = handle_sparse, [RPC_METHOD_PUSH_SPARSE] = handle_sparse,
+    };
+    const unsigned m = (unsigned)rpc_call_method(call);
+    if (m < RPC_METHOD_COUNT_ && handlers[m])
+        handlers[m](svc, call);
+    else
         fail(call, pst_error_set(PST_ERR_NOT_FOUND, "unknown method"));
-    }
 }
 
 /* Inits still waiting for trainer 0 when their client's deadline is near are answered

@@ -11,6 +11,7 @@
 
 #include "common/checkpoint.h"
 #include "common/log.h"
+#include "common/memory.h"
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
 enum {
@@ -90,11 +91,7 @@ static void collect_entry(void *arg, uint64_t key, const float *values, const fl
 
 static void collect_free(collect *c)
 {
-    free(c->keys);
-    free(c->pushes);
-    free(c->last);
-    free(c->has_row);
-    free(c->rows);
+    PST_FREE_ALL(c->keys, c->pushes, c->last, c->has_row, c->rows);
 }
 
 static pst_status write_file(const char *dir, const head *h, const collect *c,

@@ -821,14 +821,9 @@ void ps_store_free(ps_store *st)
         free(b->mem);
         if (b->lowp_own)
             free(b->lowp);
-        free(b->pushed);
-        free(b->row_bf16);
-        free(b->last_step);
+        PST_FREE_ALL(b->pushed, b->row_bf16, b->last_step);
     }
-    free(st->blocks);
-    free(st->by_id);
-    free(st->snap_values);
-    free(st->snap_state);
+    PST_FREE_ALL(st->blocks, st->by_id, st->snap_values, st->snap_state);
     if (st->snap_mu_ok)
         pthread_mutex_destroy(&st->snap_mu);
     free(st);

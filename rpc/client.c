@@ -41,6 +41,7 @@
 #include <grpc/support/time.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 
 enum {
     CL_BACKOFF_FIRST_MS = 50,
@@ -794,10 +795,7 @@ void rpc_client_free(rpc_client *cl)
     }
     if (cl->has_auth)
         grpc_slice_unref(cl->auth.value);
-    free(cl->chans);
-    free(cl->addrs);
-    free(cl->reg);
-    free(cl->gone);
+    PST_FREE_ALL(cl->chans, cl->addrs, cl->reg, cl->gone);
     pthread_cond_destroy(&cl->cv);
     pthread_mutex_destroy(&cl->mu);
     free(cl);

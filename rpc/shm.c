@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -209,4 +210,134 @@ void rpc_shm_free(rpc_shm *s)
     if (s->fd >= 0)
         close(s->fd);
     shm_empty(s);
+}
+
+/* ---- the pserver's side: its trainers' segments --------------------------------------- */
+
+pst_status rpc_shm_peers_attach(rpc_shm_peers *p, uint32_t n, uint32_t i, const char *name,
+                                uint64_t nonce, uint64_t total, const rpc_shm *mine)
+{
+    if (!p->seg) {
+        rpc_shm **all = n ? calloc(n, sizeof *all) : NULL;
+        if (!all)
+            return pst_error_set(PST_ERR_NOMEM, "shared memory of %u trainers: out of memory",
+                                 n);
+        p->n = n;
+        __atomic_store_n(&p->seg, all, __ATOMIC_RELEASE);
+    }
+    if (i >= p->n)
+        return pst_error_set(PST_ERR_INVALID, "shared memory of trainer %u: the job has %u",
+                             i, p->n);
+    rpc_shm *old = p->seg[i];
+    if (old && p->nretired >= 2 * (size_t)p->n + 16)
+        return pst_error_set(PST_ERR_LIMIT, "shared memory of trainer %u: %zu segments "
+                             "replaced already", i, p->nretired);
+    rpc_shm *seg = malloc(sizeof *seg);
+    rpc_shm **retired = realloc(p->retired, (p->nretired + 1) * sizeof *retired);
+    if (retired)
+        p->retired = retired;
+    if (!seg || !retired) {
+        free(seg);
+        return pst_error_set(PST_ERR_NOMEM, "shared memory of trainer %u: out of memory", i);
+    }
+    const pst_status st = rpc_shm_attach(seg, name, nonce, total, mine);
+    if (st != PST_OK) {
+        free(seg);
+        return st;
+    }
+    if (old)
+        p->retired[p->nretired++] = old;
+    __atomic_store_n(&p->seg[i], seg, __ATOMIC_RELEASE);
+    return PST_OK;
+}
+
+const rpc_shm *rpc_shm_peers_get(const rpc_shm_peers *p, uint32_t i)
+{
+    rpc_shm **all = __atomic_load_n(&p->seg, __ATOMIC_ACQUIRE);
+    return all && i < p->n ? __atomic_load_n(&all[i], __ATOMIC_ACQUIRE) : NULL;
+}
+
+void rpc_shm_peers_free(rpc_shm_peers *p)
+{
+    for (uint32_t i = 0; p->seg && i < p->n; i++)
+        if (p->seg[i]) {
+            rpc_shm_free(p->seg[i]);
+            free(p->seg[i]);
+        }
+    for (size_t i = 0; i < p->nretired; i++) {
+        rpc_shm_free(p->retired[i]);
+        free(p->retired[i]);
+    }
+    free(p->seg);
+    free(p->retired);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- the trainer's side: one pserver's link ------------------------------------------- */
+
+pst_status rpc_shm_link_offer(rpc_shm_link *l, uint64_t total)
+{
+    rpc_shm_link_free(l);
+    return rpc_shm_create(&l->seg, total);
+}
+
+int rpc_shm_link_answer(rpc_shm_link *l, int taken)
+{
+    l->on = taken && l->seg.base;
+    if (!l->on)
+        rpc_shm_free(&l->seg);
+    return l->on;
+}
+
+pst_status rpc_shm_link_attach_area(rpc_shm_link *l, const char *name, uint64_t nonce,
+                                    pst_dtype dtype, size_t bytes)
+{
+    if (!l->on)
+        return pst_error_set(PST_ERR_STATE, "values area %.80s: no shared memory with this "
+                             "pserver", name ? name : "(none)");
+    PST_TRY(rpc_shm_attach_area(&l->area, name, nonce, bytes));
+    l->area_dtype = dtype;
+    return PST_OK;
+}
+
+void *rpc_shm_link_push_slot(const rpc_shm_link *l, uint64_t shard_off, uint64_t length)
+{
+    return l->on ? rpc_shm_push_slot(&l->seg, shard_off, length) : NULL;
+}
+
+void rpc_shm_link_pull_asks(const rpc_shm_link *l, pst_dtype dtype, int *slot, int *values)
+{
+    *slot = l->on;
+    *values = l->area.base && dtype == l->area_dtype;
+}
+
+pst_status rpc_shm_link_pulled(const rpc_shm_link *l, int slot, int values,
+                               const rpc_payload *in_call, uint64_t shard_off,
+                               size_t area_off, uint64_t length, pst_dtype dtype,
+                               rpc_payload *out)
+{
+    if (!slot && !values) {
+        *out = in_call ? *in_call : (rpc_payload){0};
+        return PST_OK;
+    }
+    const void *at = NULL;
+    if (values)
+        at = l->area.base && dtype == l->area_dtype
+                 ? (const char *)rpc_shm_area(&l->area) + area_off
+                 : NULL;
+    else
+        at = l->on ? rpc_shm_pull_slot(&l->seg, shard_off, length) : NULL;
+    if (!at)
+        return pst_error_set(PST_ERR_FORMAT, "answered in shared memory this trainer did not "
+                             "set up with the pserver (%s)",
+                             values ? "a values area" : "a pull slot");
+    *out = rpc_payload_shared(at, (size_t)length * pst_dtype_size(dtype), 0);
+    return PST_OK;
+}
+
+void rpc_shm_link_free(rpc_shm_link *l)
+{
+    rpc_shm_free(&l->seg);
+    rpc_shm_free(&l->area);
+    l->on = 0;
 }

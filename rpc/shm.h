@@ -36,7 +36,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
+#include "rpc/wire.h"
 
 #define RPC_SHM_HEADER 64      /* bytes before the first slot (the nonce first) */
 #define RPC_SHM_NAME_MAX 64
@@ -88,5 +90,79 @@ void *rpc_shm_area(const rpc_shm *s);
 
 /* Unmaps (and closes the trainer's memfd); *s is then empty. Accepts an empty one. */
 void rpc_shm_free(rpc_shm *s);
+
+/* ---- the pserver's side: its trainers' segments --------------------------------------- */
+
+/* The segments a pserver's peers (trainers 0..n-1) offered and it mapped. A peer's newer
+ * segment (its process restarted) replaces the older one, which stays mapped while the
+ * table lives, as a call of the earlier process may still read it: at most 2n + 16 are kept
+ * so. Any thread looks a segment up without a lock; the caller serializes the attaches. An
+ * all-zero table is empty. */
+typedef struct rpc_shm_peers {
+    rpc_shm **seg;      /* (n) entries, each published with a release store; NULL: none yet */
+    uint32_t n;         /* set with seg, at the first attach */
+    rpc_shm **retired;  /* the replaced segments */
+    size_t nretired;
+} rpc_shm_peers;
+
+/* Maps peer i's segment `name` (rpc_shm_attach's checks, for a shard of `total` elements,
+ * never `mine`) and makes it peer i's; the table is sized for n peers at its first attach.
+ * Errors (the peer's payloads then stay in the calls; its older segment stays its own):
+ * PST_ERR_UNAVAILABLE (not mappable, with why), PST_ERR_LIMIT (too many replaced already),
+ * PST_ERR_INVALID (i not below the table's n), PST_ERR_NOMEM. */
+pst_status rpc_shm_peers_attach(rpc_shm_peers *p, uint32_t n, uint32_t i, const char *name,
+                                uint64_t nonce, uint64_t total, const rpc_shm *mine);
+
+/* Peer i's segment, or NULL (none, or i out of range). Any thread. */
+const rpc_shm *rpc_shm_peers_get(const rpc_shm_peers *p, uint32_t i);
+
+/* Unmaps every segment, the replaced ones too; *p is then empty. */
+void rpc_shm_peers_free(rpc_shm_peers *p);
+
+/* ---- the trainer's side: one pserver's link ------------------------------------------- */
+
+/* What a trainer shares with one pserver on its host: its own segment, offered in the
+ * Init, used once the pserver says it mapped it (`on`), and the pserver's values area,
+ * mapped read-only when the pserver names one. An all-zero link is empty. */
+typedef struct rpc_shm_link {
+    rpc_shm seg;          /* the trainer's segment for the pserver's shard */
+    int on;               /* the pserver mapped seg: payloads go through it */
+    rpc_shm area;         /* the pserver's values area, or empty */
+    pst_dtype area_dtype; /* the dtype of the area's values */
+} rpc_shm_link;
+
+/* Makes the segment to offer for a shard of `total` elements, after releasing what the link
+ * held (a start again). Errors as rpc_shm_create: the link then stays empty. */
+pst_status rpc_shm_link_offer(rpc_shm_link *l, uint64_t total);
+
+/* The pserver's answer to the offer: taken or not (a segment not taken is released).
+ * Returns whether the link is on. */
+int rpc_shm_link_answer(rpc_shm_link *l, int taken);
+
+/* Maps the values area the pserver named (its blocks take `bytes` bytes, their values of
+ * `dtype`), read-only, on a link that is on. Errors as rpc_shm_attach_area, PST_ERR_STATE
+ * on a link that is off: pulls then use the slots. */
+pst_status rpc_shm_link_attach_area(rpc_shm_link *l, const char *name, uint64_t nonce,
+                                    pst_dtype dtype, size_t bytes);
+
+/* Where a push of the block at element `shard_off` (`length` elements) goes: its push slot
+ * when the link is on, else NULL (in the call). */
+void *rpc_shm_link_push_slot(const rpc_shm_link *l, uint64_t shard_off, uint64_t length);
+
+/* How a pull of that block in `dtype` asks to be answered: *slot, in its pull slot (the
+ * link is on); *values, read from the values area at `area_off` (the area holds `dtype`). */
+void rpc_shm_link_pull_asks(const rpc_shm_link *l, pst_dtype dtype, int *slot, int *values);
+
+/* Where a pull's values came, as the reply says (`slot`, `values`: its shm and shm_values),
+ * as one payload view of `length` elements of `dtype`: in_call (NULL: none), or in shared
+ * memory: the block's pull slot or the values area at `area_off`. Errors: PST_ERR_FORMAT
+ * for an answer in shared memory this link does not have. */
+pst_status rpc_shm_link_pulled(const rpc_shm_link *l, int slot, int values,
+                               const rpc_payload *in_call, uint64_t shard_off,
+                               size_t area_off, uint64_t length, pst_dtype dtype,
+                               rpc_payload *out);
+
+/* Releases the segment and the area; the link is then empty (off). */
+void rpc_shm_link_free(rpc_shm_link *l);
 
 #endif /* PST_RPC_SHM_H */

@@ -15,6 +15,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "common/memory.h"
+
 struct rpc_transport {
     const struct transport_kind *kind;
     int server;
@@ -255,8 +257,5 @@ void rpc_transport_free(rpc_transport *t)
         return;
     if (t->key) /* a private key: not left in freed memory */
         memset(t->key, 0, strlen(t->key));
-    free(t->cert);
-    free(t->key);
-    free(t->ca);
-    free(t);
+    PST_FREE_ALL(t->cert, t->key, t->ca, t);
 }

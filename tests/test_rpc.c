@@ -40,6 +40,7 @@
 #include <grpc/slice.h>
 
 #include "common/dtype.h"
+#include "common/dtype_math.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
@@ -1151,6 +1152,122 @@ Test(shm, a_segment_of_the_process_itself_is_refused)
     rpc_shm_free(&p);
     rpc_shm_free(&t);
     rpc_shm_free(&area);
+}
+
+/* The pserver's table of its trainers' segments: a trainer's newer segment replaces its
+ * older one, which stays mapped (a call of the earlier process may still read it) up to the
+ * bound of 2n + 16 replaced; a refused one leaves the older in place; peers out of range
+ * are refused or absent. */
+Test(shm, the_pservers_table_keeps_replaced_segments_mapped)
+{
+    rpc_shm_peers peers = {0};
+    rpc_shm t0, t1;
+    cr_assert_eq(rpc_shm_create(&t0, 64), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_create(&t1, 64), PST_OK, "%s", pst_error_detail());
+    cr_assert_null(rpc_shm_peers_get(&peers, 0));
+    cr_assert_eq(rpc_shm_peers_attach(&peers, 1, 0, t0.name, t0.nonce, 64, NULL), PST_OK, "%s",
+                 pst_error_detail());
+    const rpc_shm *first = rpc_shm_peers_get(&peers, 0);
+    cr_assert_not_null(first);
+    cr_assert_eq(first->nonce, t0.nonce);
+    float *seen = rpc_shm_push_slot(first, 0, 4);
+    ((float *)rpc_shm_push_slot(&t0, 0, 4))[0] = 3.5f;
+    cr_assert_eq(seen[0], 3.5f);
+    cr_assert_eq(rpc_shm_peers_attach(&peers, 1, 1, t1.name, t1.nonce, 64, NULL),
+                 PST_ERR_INVALID);
+    cr_assert_null(rpc_shm_peers_get(&peers, 1));
+    /* a refused offer keeps the peer's segment */
+    cr_assert_eq(rpc_shm_peers_attach(&peers, 1, 0, t1.name, t1.nonce ^ 1, 64, NULL),
+                 PST_ERR_UNAVAILABLE);
+    cr_assert_eq(rpc_shm_peers_get(&peers, 0), first);
+    /* replaced: the new one is the peer's, the old one still mapped */
+    for (int i = 0; i < 18; i++) {
+        cr_assert_eq(rpc_shm_peers_attach(&peers, 1, 0, i % 2 ? t0.name : t1.name,
+                                          i % 2 ? t0.nonce : t1.nonce, 64, NULL),
+                     PST_OK, "replacement %d: %s", i, pst_error_detail());
+        cr_assert_eq(rpc_shm_peers_get(&peers, 0)->nonce, i % 2 ? t0.nonce : t1.nonce);
+    }
+    cr_assert_eq(seen[0], 3.5f, "a replaced segment stays mapped");
+    cr_assert_eq(peers.nretired, 18);
+    cr_assert_eq(rpc_shm_peers_attach(&peers, 1, 0, t1.name, t1.nonce, 64, NULL),
+                 PST_ERR_LIMIT);
+    cr_assert(strstr(pst_error_detail(), "replaced already"), "%s", pst_error_detail());
+    rpc_shm_peers_free(&peers);
+    cr_assert_null(rpc_shm_peers_get(&peers, 0));
+    rpc_shm_peers_free(&peers); /* an empty one is accepted */
+    rpc_shm_free(&t0);
+    rpc_shm_free(&t1);
+}
+
+/* The trainer's link with one pserver: off until the pserver takes the segment (pushes then
+ * go in the call, pulls ask for no shared memory); on, a push goes to its slot and a pull
+ * answered there is read from it; an answer in shared memory the link has not (a values
+ * area never mapped, or a link that is off) is refused; a reply's own payload is taken as
+ * it is. */
+Test(shm, the_trainers_link_places_pushes_and_reads_pulls)
+{
+    rpc_shm_link l = {0};
+    int slot = -1, values = -1;
+    rpc_shm_link_pull_asks(&l, PST_F32, &slot, &values);
+    cr_assert(!slot && !values);
+    cr_assert_null(rpc_shm_link_push_slot(&l, 0, 8));
+    cr_assert_eq(rpc_shm_link_offer(&l, 32), PST_OK, "%s", pst_error_detail());
+    cr_assert_not_null(l.seg.base);
+    cr_assert_null(rpc_shm_link_push_slot(&l, 0, 8), "not on before the pserver's answer");
+    cr_assert_eq(rpc_shm_link_answer(&l, 0), 0);
+    cr_assert_null(l.seg.base, "a segment not taken is released");
+    rpc_payload out;
+    cr_assert_eq(rpc_shm_link_pulled(&l, 1, 0, NULL, 0, 0, 8, PST_F32, &out), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "a pull slot"), "%s", pst_error_detail());
+
+    cr_assert_eq(rpc_shm_link_offer(&l, 32), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(rpc_shm_link_answer(&l, 1), 1);
+    float *push = rpc_shm_link_push_slot(&l, 8, 8);
+    cr_assert_eq((void *)push, rpc_shm_push_slot(&l.seg, 8, 8));
+    cr_assert_null(rpc_shm_link_push_slot(&l, 30, 8), "outside the shard");
+    rpc_shm_link_pull_asks(&l, PST_BF16, &slot, &values);
+    cr_assert(slot && !values, "no values area: the slots");
+    float *pull = rpc_shm_pull_slot(&l.seg, 8, 8);
+    for (int i = 0; i < 8; i++)
+        pull[i] = (float)i + 0.25f;
+    cr_assert_eq(rpc_shm_link_pulled(&l, 1, 0, NULL, 8, 0, 8, PST_F32, &out), PST_OK, "%s",
+                 pst_error_detail());
+    float got[8];
+    cr_assert_eq(rpc_payload_read_f32(&out, PST_F32, 0, got, 8), PST_OK, "%s",
+                 pst_error_detail());
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(got[i], (float)i + 0.25f);
+    cr_assert_eq(rpc_shm_link_pulled(&l, 0, 1, NULL, 8, 0, 8, PST_F32, &out), PST_ERR_FORMAT);
+    cr_assert(strstr(pst_error_detail(), "a values area"), "%s", pst_error_detail());
+    const rpc_payload in_call = rpc_payload_shared(got, sizeof got, 0);
+    cr_assert_eq(rpc_shm_link_pulled(&l, 0, 0, &in_call, 8, 0, 8, PST_F32, &out), PST_OK);
+    cr_assert_eq(out.flat, in_call.flat);
+
+    /* a values area in bf16: pulls in bf16 ask for it and read it; f32 pulls do not */
+    rpc_shm a;
+    cr_assert_eq(rpc_shm_create_area(&a, 64), PST_OK, "%s", pst_error_detail());
+    uint16_t *v = rpc_shm_area(&a);
+    for (int i = 0; i < 8; i++)
+        v[i] = pst_bf16_from_f32((float)i);
+    cr_assert_eq(rpc_shm_link_attach_area(&l, a.name, a.nonce, PST_BF16, 64), PST_OK, "%s",
+                 pst_error_detail());
+    rpc_shm_link_pull_asks(&l, PST_BF16, &slot, &values);
+    cr_assert(slot && values);
+    rpc_shm_link_pull_asks(&l, PST_F32, &slot, &values);
+    cr_assert(slot && !values);
+    cr_assert_eq(rpc_shm_link_pulled(&l, 1, 1, NULL, 8, 0, 8, PST_BF16, &out), PST_OK, "%s",
+                 pst_error_detail());
+    cr_assert_eq(rpc_payload_read_f32(&out, PST_BF16, 0, got, 8), PST_OK, "%s",
+                 pst_error_detail());
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(got[i], (float)i);
+    cr_assert_eq(rpc_shm_link_pulled(&l, 1, 1, NULL, 8, 0, 8, PST_F32, &out), PST_ERR_FORMAT,
+                 "an area of another dtype");
+    rpc_shm_link_free(&l);
+    cr_assert(!l.on && !l.seg.base && !l.area.base);
+    cr_assert_eq(rpc_shm_link_attach_area(&l, a.name, a.nonce, PST_BF16, 64), PST_ERR_STATE);
+    rpc_shm_link_free(&l);
+    rpc_shm_free(&a);
 }
 
 /* A pserver's values area: blocks at 64-byte boundaries, mapped read-only by another

@@ -29,6 +29,7 @@
 #include "common/data/data.h"
 #include "common/hash.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "common/nn/models/models.h"
 #include "common/sparse_rows.h"
 #include "pserver/sparse.h"
@@ -201,9 +202,7 @@ static pst_status evaluate(tr_exec *ex, const pst_ctr *c, ctr_rows_at *at, ctr_b
         sum->test_logloss = pst_logloss(p, y, n);
         sum->auc_gap = (double)c->bayes_auc - sum->test_auc;
     }
-    free(p);
-    free(y);
-    free(scratch);
+    PST_FREE_ALL(p, y, scratch);
     return st;
 }
 

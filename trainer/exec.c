@@ -40,6 +40,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/memory.h"
 #include "trainer/exec_pipe.h"
 #include "trainer/exec_step.h"
 
@@ -440,11 +441,7 @@ void tr_exec_free(tr_exec *ex)
             for (int l = 0; d->acts && l < ex->L; l++)
                 pst_device_free(d->dev, d->acts[l]);
         }
-        free(d->casts);
-        free(d->acts);
-        free(d->save);
-        free(d->work);
-        free(d->scratch);
+        PST_FREE_ALL(d->casts, d->acts, d->save, d->work, d->scratch);
         pst_pool_free(d->pool);
     }
     if (ex->pbuf[1])
@@ -454,14 +451,8 @@ void tr_exec_free(tr_exec *ex)
     free(ex->homes);
     free(ex->blocks);
     exec_layout_free(&ex->lay);
-    free(ex->rows);
-    free(ex->host_params);
-    free(ex->host_lowp);
-    free(ex->host_losses);
-    free(ex->devs);
-    free(ex->send_streams);
-    free(ex->recv_streams);
-    free(ex);
+    PST_FREE_ALL(ex->rows, ex->host_params, ex->host_lowp, ex->host_losses, ex->devs,
+                 ex->send_streams, ex->recv_streams, ex);
 }
 
 size_t tr_exec_nparams(const tr_exec *ex)

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include "common/memory.h"
 #include "trainer/exec_pipe.h"
 #include "trainer/exec_step.h"
 
@@ -125,9 +126,7 @@ pst_status tr_exec_evaluate(tr_exec *ex, const pst_dataset *test, double *acc)
     }
     *acc = test->n ? (double)correct / test->n : 0.0;
 out:
-    free(hx);
-    free(hy);
-    free(idx);
+    PST_FREE_ALL(hx, hy, idx);
     return st;
 }
 

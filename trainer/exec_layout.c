@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "common/memory.h"
+
 /* Which blocks each layer reads, and each block's lowest layer. */
 static pst_status map_blocks(exec_layout *lay, const pst_model *m, const tr_plan *p)
 {
@@ -140,12 +142,7 @@ pst_status exec_layout_build(exec_layout *lay, const pst_model *m, const tr_plan
 
 void exec_layout_free(exec_layout *lay)
 {
-    free(lay->lmin);
-    free(lay->layer_blocks);
-    free(lay->layer_blocks0);
-    free(lay->chunks);
-    free(lay->layer_chunk0);
-    free(lay->chunk_blocks);
-    free(lay->send_order);
+    PST_FREE_ALL(lay->lmin, lay->layer_blocks, lay->layer_blocks0, lay->chunks, lay->layer_chunk0,
+                 lay->chunk_blocks, lay->send_order);
     *lay = (exec_layout){0};
 }

@@ -62,6 +62,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 #include "trainer/pipe_sched.h"
 
 /* Where chunk k's buffers lie in a slot, in 4-byte elements from the slot's start. */
@@ -177,9 +178,7 @@ static pst_status partition(const pst_model *m, const tr_exec_settings *cfg, int
     double *best = malloc(sizeof(double) * (size_t)(C + 1) * (size_t)(L + 1));
     int *cut = malloc(sizeof(int) * (size_t)(C + 1) * (size_t)(L + 1));
     if (!pre || !best || !cut) {
-        free(pre);
-        free(best);
-        free(cut);
+        PST_FREE_ALL(pre, best, cut);
         return pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory");
     }
     for (int l = 0; l < L; l++)
@@ -208,9 +207,7 @@ static pst_status partition(const pst_model *m, const tr_exec_settings *cfg, int
     first[0] = 0;
 #undef B
 #undef CUT
-    free(pre);
-    free(best);
-    free(cut);
+    PST_FREE_ALL(pre, best, cut);
     return PST_OK;
 }
 
@@ -574,10 +571,7 @@ void exec_pipe_free(tr_exec *ex)
             free(pd->inst[i]);
             free(pd->wchunk ? pd->wchunk[i] : NULL); /* NULL: its allocation failed */
         }
-        free(pd->inst);
-        free(pd->wchunk);
-        free(pd->blk_pos);
-        free(pd->layer_pos);
+        PST_FREE_ALL(pd->inst, pd->wchunk, pd->blk_pos, pd->layer_pos);
         exec_events_free(pd->slot_free, (size_t)pd->nslots);
         pst_event_destroy(pd->gin_free);
         pst_device_free(dev, pd->slots);
@@ -593,15 +587,8 @@ void exec_pipe_free(tr_exec *ex)
         free(p->chunks[k].save_off);
     }
     tr_psched_free(&p->sched);
-    free(p->chunks);
-    free(p->pd);
-    free(p->fwd_slot);
-    free(p->fwd_enq);
-    free(p->bwd_enq);
-    free(p->rows);
-    free(p->lo);
-    free(p->host_losses);
-    free(p);
+    PST_FREE_ALL(p->chunks, p->pd, p->fwd_slot, p->fwd_enq, p->bwd_enq, p->rows, p->lo,
+                 p->host_losses, p);
     ex->pipe = NULL;
 }
 

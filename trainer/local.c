@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "pserver/shard.h"
 #include "pserver/sparse.h"
 #include "pserver/sparse_ckpt.h"
@@ -300,9 +301,7 @@ static void local_free(tr_link *l)
     free(lk->tables);
     free(lk->writers);
     ps_store_free(lk->store);
-    free(lk->blocks);
-    free(lk->specs);
-    free(lk);
+    PST_FREE_ALL(lk->blocks, lk->specs, lk);
 }
 
 static const tr_link_ops local_ops = {

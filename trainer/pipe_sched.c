@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/memory.h"
+
 typedef struct compute {
     int backward, micro, chunk;
 } compute;
@@ -131,14 +133,10 @@ pst_status tr_psched_build(tr_psched *s, pst_schedule kind, int P, int M, int V)
         }
         s->count[st] = n;
     }
-    free(ord);
-    free(slot_of);
-    free(used);
+    PST_FREE_ALL(ord, slot_of, used);
     return PST_OK;
 nomem:
-    free(ord);
-    free(slot_of);
-    free(used);
+    PST_FREE_ALL(ord, slot_of, used);
     tr_psched_free(s);
     return pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory for the schedule");
 }
@@ -147,9 +145,7 @@ void tr_psched_free(tr_psched *s)
 {
     for (int i = 0; s->list && i < s->stages; i++)
         free(s->list[i]);
-    free(s->list);
-    free(s->count);
-    free(s->peak_in_flight);
+    PST_FREE_ALL(s->list, s->count, s->peak_in_flight);
     memset(s, 0, sizeof *s);
 }
 
@@ -162,11 +158,7 @@ pst_status tr_psched_simulate(const tr_psched *s, double f, double b, tr_psched_
     double *t = calloc((size_t)P, sizeof(double)), *busy = calloc((size_t)P, sizeof(double));
     int *pos = calloc((size_t)P, sizeof(int));
     if (!act || !grad || !t || !busy || !pos) {
-        free(act);
-        free(grad);
-        free(t);
-        free(busy);
-        free(pos);
+        PST_FREE_ALL(act, grad, t, busy, pos);
         return pst_error_set(PST_ERR_NOMEM, "pipeline: out of memory for the simulation");
     }
     for (size_t i = 0; i < n; i++)
@@ -220,11 +212,7 @@ pst_status tr_psched_simulate(const tr_psched *s, double f, double b, tr_psched_
         out->busy = busy[st] > out->busy ? busy[st] : out->busy;
     }
     out->bubble = out->busy > 0.0 ? (out->makespan - out->busy) / out->busy : 0.0;
-    free(act);
-    free(grad);
-    free(t);
-    free(busy);
-    free(pos);
+    PST_FREE_ALL(act, grad, t, busy, pos);
     return PST_OK;
 }
 

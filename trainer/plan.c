@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/hash.h"
+#include "common/memory.h"
 #include "common/runtime/device.h"
 #include "common/config.h"
 
@@ -189,10 +190,7 @@ void tr_plan_free(tr_plan *p)
 {
     if (!p)
         return;
-    free(p->blocks);
-    free(p->pserver_elems);
-    free(p->device_elems);
-    free(p->device_held);
+    PST_FREE_ALL(p->blocks, p->pserver_elems, p->device_elems, p->device_held);
     memset(p, 0, sizeof *p);
 }
 

@@ -48,6 +48,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/memory.h"
 #include "pserver/sparse.h"
 #include "rpc/client.h"
 #include "rpc/shm.h"
@@ -70,8 +71,7 @@ typedef struct block_ctx {
     tr_exchange_fn done;
     void *done_arg;
     pthread_mutex_t mu; /* guards err */
-    pst_status err;
-    char detail[512];
+    pst_sticky err;     /* the exchange's first failure */
     tr_exchange_times times;
     /* waiting for the window */
     int queue;          /* its holders' queue (link_sched) */
@@ -178,8 +178,7 @@ struct tr_remote {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     long pending;
-    pst_status err;
-    char err_detail[512];
+    pst_sticky err; /* the batch's first failure */
     /* liveness: a Watch open on every pserver from the start to Finish, on a client of
      * its own (its long deadline, no retries) */
     rpc_client *watcher;
@@ -187,12 +186,9 @@ struct tr_remote {
     Pstrain__WatchRequest stop_watch; /* this trainer's Watch asking the job to stop */
     watch_arg wargs[PST_MAX_PSERVERS];
     atomic_int finishing;
-    /* same host, sync: each pserver's segment (rpc/shm.h), used when its Init said so */
-    rpc_shm shm[PST_MAX_PSERVERS];
-    int shm_on[PST_MAX_PSERVERS];
+    /* same host, sync: what this trainer shares with each pserver (rpc/shm.h) */
+    rpc_shm_link shm[PST_MAX_PSERVERS];
     int joined[PST_MAX_PSERVERS]; /* its Init here succeeded (this run) */
-    rpc_shm area[PST_MAX_PSERVERS]; /* each pserver's values area, read-only (or none) */
-    pst_dtype area_dtype[PST_MAX_PSERVERS];
     sparse_call sparse[PST_MAX_PSERVERS];
     tr_sparse_totals tables; /* the pservers' at their Finish replies (under mu) */
     /* leaving the job after a failed push (leave_on_push_failure) */
@@ -203,14 +199,17 @@ struct tr_remote {
 
 /* ---- blocking batches ----------------------------------------------------------------- */
 
+/* The failure st (detail: what failed) of something mu guards, kept if it is the first. */
+static void fail_locked(pthread_mutex_t *mu, pst_sticky *err, pst_status st, const char *detail)
+{
+    pthread_mutex_lock(mu);
+    pst_sticky_fail(err, st, detail);
+    pthread_mutex_unlock(mu);
+}
+
 static void batch_error(tr_remote *r, pst_status st, const char *detail)
 {
-    pthread_mutex_lock(&r->mu);
-    if (r->err == PST_OK) {
-        r->err = st;
-        snprintf(r->err_detail, sizeof r->err_detail, "%s", detail);
-    }
-    pthread_mutex_unlock(&r->mu);
+    fail_locked(&r->mu, &r->err, st, detail);
 }
 
 static void batch_add(tr_remote *r, long n)
@@ -233,24 +232,18 @@ static pst_status batch_wait(tr_remote *r)
     pthread_mutex_lock(&r->mu);
     while (r->pending > 0)
         pthread_cond_wait(&r->cv, &r->mu);
-    pst_status st = r->err;
-    r->err = PST_OK;
+    char detail[PST_ERROR_DETAIL_MAX];
+    const pst_status st = pst_sticky_read(&r->err, detail);
+    pst_sticky_reset(&r->err);
     pthread_mutex_unlock(&r->mu);
-    if (st != PST_OK)
-        pst_error_set(st, "%s", r->err_detail);
-    return st;
+    return pst_sticky_raise(st, detail);
 }
 
 /* ---- one block's exchange ------------------------------------------------------------- */
 
 static void exchange_error(block_ctx *c, pst_status st, const char *detail)
 {
-    pthread_mutex_lock(&c->mu);
-    if (c->err == PST_OK) {
-        c->err = st;
-        snprintf(c->detail, sizeof c->detail, "%s", detail);
-    }
-    pthread_mutex_unlock(&c->mu);
+    fail_locked(&c->mu, &c->err, st, detail);
 }
 
 static void link_pump(tr_remote *r);
@@ -281,12 +274,10 @@ static void exchange_step_done(block_ctx *c)
         pthread_mutex_unlock(&ls->mu);
         link_pump(c->r);
     }
+    char detail[PST_ERROR_DETAIL_MAX] = "";
     pthread_mutex_lock(&c->mu);
-    pst_status st = c->err;
-    char detail[512];
-    snprintf(detail, sizeof detail, "%s", c->detail);
-    c->err = PST_OK;
-    c->detail[0] = '\0';
+    const pst_status st = pst_sticky_read(&c->err, detail);
+    pst_sticky_reset(&c->err);
     pthread_mutex_unlock(&c->mu);
     c->done(c->done_arg, st, detail);
 }
@@ -297,30 +288,19 @@ static void push_released(void *arg)
 }
 
 /* Where a pull's values came, as one payload view (rpc/wire.h): in the reply, in the
- * pserver's values area or in this block's pull slot (rpc/shm.h), as the reply says. */
+ * pserver's values area or in this block's pull slot, as the reply says (rpc/shm.h). */
 static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *rep,
                                  pst_dtype dt, const rpc_payload *in_call, rpc_payload *out)
 {
     const int s = c->b->pserver;
-    if (!rep->shm_values && !rep->shm) {
-        *out = in_call ? *in_call : (rpc_payload){0};
-        return PST_OK;
-    }
-    const void *at = NULL;
-    if (rep->shm_values)
-        at = c->r->area[s].base && dt == c->r->area_dtype[s]
-                 ? (const char *)rpc_shm_area(&c->r->area[s]) + c->area_off
-                 : NULL;
-    else
-        at = c->r->shm_on[s] ? rpc_shm_pull_slot(&c->r->shm[s], c->shard_off, c->b->length)
-                             : NULL;
-    if (!at)
-        return pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: answered in shared "
-                             "memory this trainer did not set up with it (%s)", c->b->id,
-                             rpc_client_server(c->r->client, s),
-                             rep->shm_values ? "a values area" : "a pull slot");
-    *out = rpc_payload_shared(at, c->b->length * pst_dtype_size(dt), 0);
-    atomic_fetch_add(&c->r->pulled_bytes, out->bytes);
+    const pst_status st = rpc_shm_link_pulled(&c->r->shm[s], rep->shm, rep->shm_values,
+                                              in_call, c->shard_off, c->area_off,
+                                              c->b->length, dt, out);
+    if (st != PST_OK)
+        return pst_error_wrap(st, "pull of block %u from %s", c->b->id,
+                              rpc_client_server(c->r->client, s));
+    if (rep->shm || rep->shm_values)
+        atomic_fetch_add(&c->r->pulled_bytes, out->bytes);
     return PST_OK;
 }
 
@@ -368,9 +348,10 @@ static void start_pull(block_ctx *c, int64_t version)
 {
     c->pull.version = version;
     c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
-    c->pull.shm = c->r->shm_on[c->b->pserver];
-    c->pull.shm_values = c->r->area[c->b->pserver].base &&
-                         c->dst_dtype == c->r->area_dtype[c->b->pserver];
+    int slot, values;
+    rpc_shm_link_pull_asks(&c->r->shm[c->b->pserver], c->dst_dtype, &slot, &values);
+    c->pull.shm = slot;
+    c->pull.shm_values = values;
     c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
@@ -445,9 +426,7 @@ static void exchange_start(block_ctx *c)
     const size_t bytes = c->b->length * pst_dtype_size(r->cfg.grad_dtype);
     atomic_fetch_add(&r->pushed_bytes, bytes);
     const void *payload = c->grad;
-    void *slot = r->shm_on[c->b->pserver]
-                     ? rpc_shm_push_slot(&r->shm[c->b->pserver], c->shard_off, c->b->length)
-                     : NULL;
+    void *slot = rpc_shm_link_push_slot(&r->shm[c->b->pserver], c->shard_off, c->b->length);
     c->push.shm = slot != NULL;
     if (slot) { /* the pserver reads it before it answers; the next write is the next step */
         pst_cast(slot, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
@@ -859,12 +838,12 @@ static void attach_area(tr_remote *r, int s, const init_call *ic)
         c->area_off = bytes; /* the Init's order, as the pserver lays them out */
         bytes += rpc_shm_area_span(c->b->length, esize);
     }
-    if (rpc_shm_attach_area(&r->area[s], ic->area_name, ic->area_nonce, bytes) != PST_OK) {
+    if (rpc_shm_link_attach_area(&r->shm[s], ic->area_name, ic->area_nonce, dt, bytes) !=
+        PST_OK) {
         PST_INFO("pserver %s: pulls through the slots: %s", rpc_client_server(r->client, s),
                  pst_error_detail());
         return;
     }
-    r->area_dtype[s] = dt;
     PST_INFO("pserver %s: pulls in %s read its values area directly",
              rpc_client_server(r->client, s), pst_dtype_name(dt));
 }
@@ -880,9 +859,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     uint64_t fp = r->cfg.settings_fingerprint;
     /* Sync: a segment per pserver, offered in the Init; a pserver on this host maps it. */
     for (int s = 0; s < S && cfg->shm && cfg->mode == PST_MODE_SYNC; s++) {
-        rpc_shm_free(&r->shm[s]); /* (a start again after a failed one) */
-        rpc_shm_free(&r->area[s]);
-        if (rpc_shm_create(&r->shm[s], r->plan->pserver_elems[s]) != PST_OK)
+        if (rpc_shm_link_offer(&r->shm[s], r->plan->pserver_elems[s]) != PST_OK)
             PST_DEBUG("pserver %s: payloads in the calls: %s", rpc_client_server(r->client, s),
                       pst_error_detail());
     }
@@ -901,9 +878,9 @@ pst_status tr_remote_start(tr_remote *r, float *params)
             goto out;
         }
         fill_init(ic, r, s, params, fp);
-        if (r->shm[s].base) {
-            ic->req.shm_name = r->shm[s].name;
-            ic->req.shm_nonce = r->shm[s].nonce;
+        if (r->shm[s].seg.base) {
+            ic->req.shm_name = r->shm[s].seg.name;
+            ic->req.shm_nonce = r->shm[s].seg.nonce;
         }
         size_t bytes = ic->initial ? r->plan->pserver_elems[s] * sizeof(float) : 0;
         batch_add(r, bytes ? 2 : 1);
@@ -918,20 +895,17 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     st = batch_wait(r);
     for (int s = 0; s < S; s++) {
         r->joined[s] = calls[s].answered;
-        r->shm_on[s] = st == PST_OK && calls[s].shm && r->shm[s].base;
-        if (r->shm_on[s])
+        if (rpc_shm_link_answer(&r->shm[s], st == PST_OK && calls[s].shm))
             PST_INFO("pserver %s is on this host: payloads through shared memory",
                      rpc_client_server(r->client, s));
-        else
-            rpc_shm_free(&r->shm[s]);
-        if (r->shm_on[s] && calls[s].area_name[0])
+        if (r->shm[s].on && calls[s].area_name[0])
             attach_area(r, s, &calls[s]);
     }
     if (st != PST_OK || (st = start_version(r, calls)) != PST_OK)
         goto out;
     int all_here = 1;
     for (int s = 0; s < S; s++)
-        all_here = all_here && r->shm_on[s];
+        all_here = all_here && r->shm[s].on;
     r->window = tr_remote_window(cfg->send_window, r->plan, pst_dtype_size(cfg->grad_dtype),
                                  all_here);
     r->sched.step = -1; /* a step after a rollback starts its credits afresh */
@@ -942,7 +916,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
      * casts into its slot. */
     for (int i = 0; i < r->plan->nblocks && cfg->grad_dtype != PST_F32; i++) {
         block_ctx *c = &r->blocks[i];
-        if (!r->shm_on[c->b->pserver] && !c->wire_grad &&
+        if (!r->shm[c->b->pserver].on && !c->wire_grad &&
             !(c->wire_grad = malloc(c->b->length * pst_dtype_size(cfg->grad_dtype)))) {
             st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the push buffers");
             goto out;
@@ -971,9 +945,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
                  r->plan->nblocks, r->plan->block_bytes, pst_mode_name(cfg->mode), cfg->trainers);
 out:
     for (int s = 0; s < S; s++) {
-        free(calls[s].specs);
-        free(calls[s].spec_ptrs);
-        free(calls[s].initial);
+        PST_FREE_ALL(calls[s].specs, calls[s].spec_ptrs, calls[s].initial);
     }
     free(calls);
     return st;
@@ -1250,8 +1222,7 @@ void tr_remote_free(tr_remote *r)
     if (r->rpc_inited)
         rpc_global_shutdown();
     for (int s = 0; s < PST_MAX_PSERVERS; s++) { /* no call is left to use them */
-        rpc_shm_free(&r->shm[s]);
-        rpc_shm_free(&r->area[s]);
+        rpc_shm_link_free(&r->shm[s]);
     }
     for (int s = 0; s < PST_MAX_PSERVERS; s++)
         free(r->sparse[s].buf);
@@ -1260,11 +1231,7 @@ void tr_remote_free(tr_remote *r)
         free(r->blocks[i].wire_grad);
     }
     pthread_mutex_destroy(&r->sched.mu);
-    free(r->sched.slots);
-    free(r->sched.queues);
-    free(r->sched.order);
-    free(r->sched.ended);
-    free(r->blocks);
+    PST_FREE_ALL(r->sched.slots, r->sched.queues, r->sched.order, r->sched.ended, r->blocks);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -19,6 +19,7 @@
 
 #include "common/hash.h"
 #include "common/checkpoint.h"
+#include "common/memory.h"
 #include "common/prom.h"
 #include "common/clock.h"
 #include "common/data/data.h"
@@ -131,9 +132,7 @@ static pst_status text_sample(tr_exec *ex, const pst_text *text, const pst_confi
     }
     fputc('\n', stderr);
 out:
-    free(row);
-    free(probs);
-    free(w);
+    PST_FREE_ALL(row, probs, w);
     return st;
 }
 
@@ -690,11 +689,7 @@ error:
     tr_plan_free(&plan);
     tr_trace_free(trace);
     pst_metrics_close(&metrics);
-    free(x);
-    free(y);
-    free(perm);
-    free(step_ms);
-    free(params);
+    PST_FREE_ALL(x, y, perm, step_ms, params);
     pst_model_free(&model);
     pst_dataset_free(&train);
     pst_dataset_free(&test);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/data/ctr.h"
+#include "common/memory.h"
 #include "common/rng.h"
 
 #define MAX_RANK 1024
@@ -435,16 +436,10 @@ static int by_id(const void *x, const void *y)
 static void synth_free(synth *g)
 {
     for (int f = 0; g->fields && f < g->F; f++) {
-        free(g->fields[f].bitmap);
-        free(g->fields[f].list);
-        free(g->fields[f].hot_id);
-        free(g->fields[f].hot_w);
+        PST_FREE_ALL(g->fields[f].bitmap, g->fields[f].list, g->fields[f].hot_id,
+                     g->fields[f].hot_w);
     }
-    free(g->fields);
-    free(g->pairs);
-    free(g->w);
-    free(g->logit);
-    free(g->label);
+    PST_FREE_ALL(g->fields, g->pairs, g->w, g->logit, g->label);
 }
 
 /* The fields (vocabularies, samplers, permutations, seen sets), the pairs and w. */
@@ -557,9 +552,7 @@ static pst_status label_rows(synth *g, pst_ctr_synth_stats *st)
     float *p = malloc(sizeof *p * nt), *y = malloc(sizeof *y * nt);
     uint64_t *scratch = malloc(sizeof *scratch * nt);
     if (!p || !y || !scratch) {
-        free(p);
-        free(y);
-        free(scratch);
+        PST_FREE_ALL(p, y, scratch);
         return pst_error_set(PST_ERR_NOMEM, "ctr-synth: out of memory for the AUC of %zu test "
                              "rows", nt);
     }
@@ -569,9 +562,7 @@ static pst_status label_rows(synth *g, pst_ctr_synth_stats *st)
     }
     st->bayes_auc = pst_auc(p, y, nt, scratch);
     st->bayes_logloss = pst_logloss(p, y, nt);
-    free(p);
-    free(y);
-    free(scratch);
+    PST_FREE_ALL(p, y, scratch);
     return PST_OK;
 }
 
@@ -703,11 +694,7 @@ pst_status pst_ctr_synth_write(const char *path, const pst_ctr_synth_config *cfg
     if (s != PST_OK && regular)
         unlink(path); /* no half file for a reader to trip on (and never a device) */
     for (int i = 0; i < nt; i++) {
-        free(jobs[i].ids);
-        free(jobs[i].ranks);
-        free(jobs[i].x);
-        free(jobs[i].vec);
-        free(jobs[i].v);
+        PST_FREE_ALL(jobs[i].ids, jobs[i].ranks, jobs[i].x, jobs[i].vec, jobs[i].v);
     }
     free(buf);
     synth_free(&g);

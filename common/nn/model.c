@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/memory.h"
+
 pst_status pst_model_add_tensor(pst_model *m, const char *name, int ndim, const int64_t *shape)
 {
     if (strlen(name) >= sizeof m->tensors[0].name || ndim < 1 || ndim > 4)
@@ -109,9 +111,7 @@ void pst_model_free(pst_model *m)
 {
     if (!m)
         return;
-    free(m->tensors);
-    free(m->layers);
-    free(m->data);
+    PST_FREE_ALL(m->tensors, m->layers, m->data);
     memset(m, 0, sizeof *m);
 }
 

@@ -186,11 +186,35 @@ int pst_model_find_tensor(const pst_model *m, const char *name);
 
 /* ---- the layer classes (common/nn/layers/) ---- */
 
+/* 1 when the layer adds to the gradients of its tensors in `mask` (bit i: tensor[i]) rather
+ * than writing them: io->accumulate, or one of them is written first by a higher layer. */
+static inline int pst_layer_adds_grad(const pst_layer_io *io, const pst_layer *ly,
+                                      uint32_t mask)
+{
+    return io->accumulate || (ly->grad_accumulate & mask) != 0;
+}
+
 /* Defines the class pst_layer_<id>, named "<id>", whose instance is an `inst_type`; the
  * rest are its other members as designated initializers (.bind = ..., .forward = ...). */
 #define PST_LAYER_CLASS(id, inst_type, ...)                                                  \
     const pst_layer_class pst_layer_##id = {.name = #id, .inst_bytes = sizeof(inst_type),    \
                                             __VA_ARGS__}
+
+/* Defines the class of a loss layer whose one op (op(stream, args), its args an `args_type`
+ * with members B, scale and dlogits) writes the losses and, times scale, the logits'
+ * gradient in one pass, so forward is its backward too; scale 0 writes the probabilities to
+ * dlogits instead, which probs returns. bind_fn fills the args from the layer's io. */
+#define PST_LOSS_LAYER_CLASS(id, args_type, op, bind_fn)                                     \
+    static pst_status id##_forward(void *inst, pst_stream *s, int B, float scale)            \
+    {                                                                                        \
+        args_type *a = inst;                                                                 \
+        a->B = B;                                                                            \
+        a->scale = scale;                                                                    \
+        return op(s, a);                                                                     \
+    }                                                                                        \
+    static const float *id##_probs(void *inst) { return ((args_type *)inst)->dlogits; }      \
+    PST_LAYER_CLASS(id, args_type, .bind = bind_fn, .forward = id##_forward,                 \
+                    .probs = id##_probs)
 
 /* Linear: out (B, OC) = in (B, IC) @ W^T + b, tensors {W (OC, IC), b (OC)}; flags: */
 #define PST_LINEAR_RELU 1       /* ReLU on the output */

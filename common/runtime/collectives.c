@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/memory.h"
 #include "common/runtime/collectives_impl.h"
 #include "common/runtime/device.h"
 #include "common/runtime/device_impl.h"
@@ -207,11 +208,7 @@ static void host_free(pst_comm *c)
         pst_event_destroy(hc->ready[d]);
         pst_event_destroy(hc->done[d]);
     }
-    while (hc->all_jobs) {
-        host_job *j = hc->all_jobs;
-        hc->all_jobs = j->next_all;
-        free(j);
-    }
+    PST_FREE_LIST(hc->all_jobs, next_all);
     pthread_mutex_destroy(&hc->pool_mu);
     free(hc);
     c->ctx = NULL;
@@ -364,10 +361,4 @@ static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, 
     return host_leave(hc, c->count, root, streams, members);
 }
 
-const pst_comm_iface pst_comm_host_iface = {
-    .name = "host",
-    .init = host_init,
-    .free = host_free,
-    .reduce = host_reduce,
-    .broadcast = host_broadcast,
-};
+const pst_comm_iface pst_comm_host_iface = PST_COMM_IFACE(host);

@@ -25,6 +25,14 @@ typedef struct pst_comm_iface {
                             pst_stream *const streams[], uint64_t members);
 } pst_comm_iface;
 
+/* The table of the collectives backend id, whose hooks are id_init, id_free, id_reduce and
+ * id_broadcast. */
+#define PST_COMM_IFACE(id)                                                                    \
+    {                                                                                         \
+        .name = #id, .init = id##_init, .free = id##_free, .reduce = id##_reduce,             \
+        .broadcast = id##_broadcast                                                           \
+    }
+
 struct pst_comm {
     const pst_comm_iface *iface;
     pst_runtime *rt;

@@ -626,7 +626,7 @@ void pst_flag_signal(pst_flag *f, uint64_t value, pst_status st, const char *det
         iface->flag_signal(f);
 }
 
-pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_DEVICE_DETAIL_MAX])
+pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_ERROR_DETAIL_MAX])
 {
     pthread_mutex_lock(&f->mu);
     while (f->value < value && f->sticky.status == PST_OK)

@@ -275,7 +275,7 @@ static void pst_cpu_mark_reach(pst_cpu_runtime *crt, pst_cpu_mark *m, const pst_
 /* Blocks until m is reached; returns its status and copies its detail when failed. The
  * caller holds a reference. */
 static pst_status pst_cpu_mark_wait(pst_cpu_runtime *crt, pst_cpu_mark *m,
-                                    char detail[PST_DEVICE_DETAIL_MAX])
+                                    char detail[PST_ERROR_DETAIL_MAX])
 {
     pthread_mutex_lock(&crt->mark_mu);
     while (!m->done)
@@ -310,7 +310,7 @@ static void pst_cpu_jitter(pst_cpu_stream *cs)
 /* Runs one item. `sticky` is the stream's status before it. Returns the item's status;
  * on failure `detail` holds the message to keep. Drops the item's mark reference. */
 static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_status sticky,
-                                   char detail[PST_DEVICE_DETAIL_MAX])
+                                   char detail[PST_ERROR_DETAIL_MAX])
 {
     pst_status st = PST_OK;
 
@@ -340,7 +340,7 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
         st = it->fn(it->arg);
         if (st != PST_OK) {
             const char *d = pst_error_detail();
-            snprintf(detail, PST_DEVICE_DETAIL_MAX, "%s stream %d: %s", cs->pub->dev->name,
+            snprintf(detail, PST_ERROR_DETAIL_MAX, "%s stream %d: %s", cs->pub->dev->name,
                      cs->pub->id, d[0] ? d : pst_strerror(st));
         }
         break;
@@ -353,24 +353,24 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
             memset(it->dst, it->value, it->bytes);
         break;
     case PST_CPU_ITEM_WAIT: {
-        char waited[PST_DEVICE_DETAIL_MAX];
+        char waited[PST_ERROR_DETAIL_MAX];
         st = pst_cpu_mark_wait(cs->crt, it->mark, waited);
         if (st != PST_OK) { /* the cause goes on as it was; where it was seen, to the debug log */
             PST_DEBUG("%s stream %d waited on a failed event: %s", cs->pub->dev->name,
                       cs->pub->id, waited);
-            memcpy(detail, waited, PST_DEVICE_DETAIL_MAX);
+            memcpy(detail, waited, PST_ERROR_DETAIL_MAX);
         }
         pst_cpu_mark_unref(cs->crt, it->mark);
         break;
     }
     case PST_CPU_ITEM_FLAG: {
         /* Only this stream's worker waits: the other streams run on. */
-        char waited[PST_DEVICE_DETAIL_MAX];
+        char waited[PST_ERROR_DETAIL_MAX];
         st = pst_flag_wait_host(it->flag, it->flag_value, waited);
         if (st != PST_OK) {
             PST_DEBUG("%s stream %d waited on a failed flag: %s", cs->pub->dev->name,
                       cs->pub->id, waited);
-            memcpy(detail, waited, PST_DEVICE_DETAIL_MAX);
+            memcpy(detail, waited, PST_ERROR_DETAIL_MAX);
         }
         break;
     }
@@ -390,7 +390,7 @@ static pst_status pst_cpu_run_item(pst_cpu_stream *cs, pst_cpu_item *it, pst_sta
 static void *pst_cpu_worker(void *arg)
 {
     pst_cpu_stream *cs = arg;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
 
     pst_cpu_current = cs;
     pthread_mutex_lock(&cs->mu);
@@ -453,11 +453,7 @@ static pst_status pst_cpu_stream_init(pst_stream *s)
         pthread_cond_destroy(&cs->done_cv);
         pthread_cond_destroy(&cs->work_cv);
         pthread_mutex_destroy(&cs->mu);
-        while (cs->free_items) {
-            pst_cpu_item *it = cs->free_items;
-            cs->free_items = it->next;
-            free(it);
-        }
+        PST_FREE_LIST(cs->free_items, next);
         free(cs);
         return pst_error_set(PST_ERR_IO, "%s: cannot start a stream thread: %s", s->dev->name,
                              strerror(err));
@@ -485,11 +481,7 @@ static void pst_cpu_stream_free(pst_stream *s)
     pthread_cond_signal(&cs->work_cv);
     pthread_mutex_unlock(&cs->mu);
     pthread_join(cs->thread, NULL); /* the worker drains the queue before it exits */
-    while (cs->free_items) {
-        pst_cpu_item *it = cs->free_items;
-        cs->free_items = it->next;
-        free(it);
-    }
+    PST_FREE_LIST(cs->free_items, next);
     pthread_cond_destroy(&cs->done_cv);
     pthread_cond_destroy(&cs->work_cv);
     pthread_mutex_destroy(&cs->mu);
@@ -548,7 +540,7 @@ static pst_status pst_cpu_memset_async(pst_stream *s, void *dst, int value, size
 static pst_status pst_cpu_stream_synchronize(pst_stream *s)
 {
     pst_cpu_stream *cs = s->ctx;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
 
     if (pst_cpu_current == cs)
         return pst_error_set(PST_ERR_STATE,
@@ -647,7 +639,7 @@ static pst_status pst_cpu_event_synchronize(pst_event *ev)
 {
     pst_cpu_event *ce = ev->ctx;
     pst_cpu_runtime *crt = ev->dev->rt->ctx;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
 
     pthread_mutex_lock(&crt->mark_mu);
     pst_cpu_mark *m = ce->current;
@@ -679,27 +671,8 @@ static double pst_cpu_stream_busy_seconds(pst_stream *s)
 }
 
 const pst_backend_iface pst_cpu_backend_iface = {
-    .name = "cpu",
-    .kind = PST_BACKEND_CPU,
-    .runtime_init = pst_cpu_runtime_init,
-    .runtime_free = pst_cpu_runtime_free,
-    .device_alloc = pst_cpu_device_alloc,
-    .device_free = pst_cpu_device_free,
-    .host_alloc = NULL, /* plain aligned memory from device.c */
-    .host_free = NULL,
-    .stream_init = pst_cpu_stream_init,
-    .stream_free = pst_cpu_stream_free,
-    .stream_launch = pst_cpu_stream_launch,
-    .memcpy_async = pst_cpu_memcpy_async,
-    .memset_async = pst_cpu_memset_async,
-    .stream_synchronize = pst_cpu_stream_synchronize,
-    .stream_busy_seconds = pst_cpu_stream_busy_seconds,
-    .event_init = pst_cpu_event_init,
-    .event_free = pst_cpu_event_free,
-    .event_record = pst_cpu_event_record,
-    .stream_wait_event = pst_cpu_stream_wait_event,
-    .event_synchronize = pst_cpu_event_synchronize,
-    .event_query = pst_cpu_event_query,
-    .stream_wait_flag = pst_cpu_stream_wait_flag,
+    PST_BACKEND_BASE("cpu", PST_BACKEND_CPU, pst_cpu),
+    /* host_alloc, host_free NULL: plain aligned memory from device.c */
     .set_jitter = pst_cpu_set_jitter,
+    .stream_busy_seconds = pst_cpu_stream_busy_seconds,
 };

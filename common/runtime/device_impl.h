@@ -15,56 +15,12 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <string.h>
 #include <sys/queue.h>
 
 #include "common/runtime/device.h"
 #include "common/error.h"
 
 #define PST_DEVICE_ALIGN 64     /* alignment of every device and host allocation */
-#define PST_DEVICE_DETAIL_MAX 512 /* error detail carried across threads (as error.c) */
-
-/* A sticky status: the first failure of a stream, a mark or a flag with its message,
- * carried from the thread that failed to the threads that wait on it. Both backends and the
- * flags keep theirs in one; the owner's lock guards it. */
-typedef struct pst_sticky {
-    pst_status status; /* PST_OK until the first failure, then failed for good */
-    char detail[PST_DEVICE_DETAIL_MAX];
-} pst_sticky;
-
-/* Not failed (a recycled mark starts again here). */
-static inline void pst_sticky_reset(pst_sticky *s)
-{
-    s->status = PST_OK;
-    s->detail[0] = '\0';
-}
-
-/* Records the failure st with its detail (NULL or "": st's name) unless s has failed
- * already: the first failure is the one kept. */
-static inline void pst_sticky_fail(pst_sticky *s, pst_status st, const char *detail)
-{
-    if (st == PST_OK || s->status != PST_OK)
-        return;
-    s->status = st;
-    snprintf(s->detail, sizeof s->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
-}
-
-/* s's status; when failed, its detail is copied into `out`, to be reported after the
- * owner's lock is let go (pst_sticky_raise). */
-static inline pst_status pst_sticky_read(const pst_sticky *s, char out[PST_DEVICE_DETAIL_MAX])
-{
-    if (s->status != PST_OK)
-        memcpy(out, s->detail, PST_DEVICE_DETAIL_MAX);
-    return s->status;
-}
-
-/* PST_OK, or st with `detail` (from pst_sticky_read) set as the calling thread's error:
- * the cause as it was, unprefixed. */
-static inline pst_status pst_sticky_raise(pst_status st, const char detail[PST_DEVICE_DETAIL_MAX])
-{
-    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail);
-}
 
 typedef struct pst_backend_iface pst_backend_iface;
 
@@ -102,7 +58,7 @@ struct pst_flag {
 
 /* For backends: blocks until f's value is >= value or f has failed; returns PST_OK or
  * the failure, with its detail copied into `detail`. */
-pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_DEVICE_DETAIL_MAX]);
+pst_status pst_flag_wait_host(pst_flag *f, uint64_t value, char detail[PST_ERROR_DETAIL_MAX]);
 
 struct pst_runtime {
     const pst_backend_iface *iface;
@@ -200,6 +156,21 @@ struct pst_backend_iface {
      * host functions; not its waits), since it was created. NULL: not measured. */
     double (*stream_busy_seconds)(pst_stream *s);
 };
+
+/* The name, kind and required members of a backend's table, for a backend that names its
+ * hooks <p>_<member>: pst_backend_iface t = {PST_BACKEND_BASE("cpu", PST_BACKEND_CPU,
+ * pst_cpu), then the optional members it has}. */
+#define PST_BACKEND_BASE(name_, kind_, p)                                                     \
+    .name = name_, .kind = kind_,                                                             \
+    .runtime_init = p##_runtime_init, .runtime_free = p##_runtime_free,                       \
+    .device_alloc = p##_device_alloc, .device_free = p##_device_free,                         \
+    .stream_init = p##_stream_init, .stream_free = p##_stream_free,                           \
+    .stream_launch = p##_stream_launch, .memcpy_async = p##_memcpy_async,                     \
+    .memset_async = p##_memset_async, .stream_synchronize = p##_stream_synchronize,           \
+    .event_init = p##_event_init, .event_free = p##_event_free,                               \
+    .event_record = p##_event_record, .stream_wait_event = p##_stream_wait_event,             \
+    .event_synchronize = p##_event_synchronize, .event_query = p##_event_query,               \
+    .stream_wait_flag = p##_stream_wait_flag
 
 /* The CPU backend (device_cpu.c), always built. */
 extern const pst_backend_iface pst_cpu_backend_iface;

@@ -607,41 +607,66 @@ static __device__ __forceinline__ float head_dot(const A &a, const B &b, int hs)
     return sc;
 }
 
+/* One attention thread's (b, h, position) and the offsets every kernel takes from it. qkv
+ * holds per token [q | k | v], C floats each; out and dout hold C floats per token; lse and
+ * D hold one float per (b, h, position). */
+struct attn_thread {
+    int pos, h, b, T, C, H, hs;
+    float scale; /* 1 / sqrt(hs) */
+    /* Which (b, h, position) of the op's this thread is: false past the last one. */
+    __device__ __forceinline__ bool init(const pst_attention_args &p)
+    {
+        const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        if (idx >= (size_t)p.B * p.H * p.T)
+            return false;
+        T = p.T, C = p.C, H = p.H, hs = p.C / p.H;
+        pos = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
+        scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
+        return true;
+    }
+    /* the offset of position t's query head in qkv (its key head is C further, its value 2C) */
+    __device__ __forceinline__ size_t q(int t) const
+    {
+        return ((size_t)b * T + t) * 3 * C + h * hs;
+    }
+    __device__ __forceinline__ size_t k(int t) const { return q(t) + C; }
+    /* the offset of position t's head in out or dout */
+    __device__ __forceinline__ size_t io(int t) const { return ((size_t)b * T + t) * C + h * hs; }
+    /* position t's index in lse and D */
+    __device__ __forceinline__ size_t row(int t) const { return ((size_t)b * H + h) * T + t; }
+};
+
 /* Forward, one thread per query (b, h, t): its scores against keys 0..t are recomputed in
  * each of three passes (maximum, sum of exponentials, weighted values), so no T-wide
  * buffer. */
 template <int R>
-static __global__ void attention_fwd_kernel(float *out, float *lse, const float *qkv, int B,
-                                            int T, int C, int H)
+static __global__ void attention_fwd_kernel(const pst_attention_args args)
 {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * H * T)
+    attn_thread a;
+    if (!a.init(args))
         return;
-    const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
-    const int hs = C / H, C3 = 3 * C;
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
-    const float *base = qkv + (size_t)b * T * C3;
-    const head_in<R> q(base + (size_t)t * C3 + h * hs, hs);
+    const int t = a.pos, hs = a.hs, C = args.C;
+    const float *qkv = args.qkv;
+    const head_in<R> q(qkv + a.q(t), hs);
     float m = -INFINITY, sum = 0.0f;
     for (int pass = 0; pass < 2; pass++)
         for (int j = 0; j <= t; j++) {
-            const float sc = __fmul_rn(head_dot<R>(q, base + (size_t)j * C3 + C + h * hs, hs),
-                                       scale);
+            const float sc = __fmul_rn(head_dot<R>(q, qkv + a.k(j), hs), a.scale);
             if (pass == 0)
                 m = sc > m ? sc : m;
             else
                 sum = __fadd_rn(sum, expf(__fsub_rn(sc, m)));
         }
     const float inv = __fdiv_rn(1.0f, sum);
-    head_acc<R> o(out + ((size_t)b * T + t) * C + h * hs, hs);
+    head_acc<R> o(args.out + a.io(t), hs);
     for (int j = 0; j <= t; j++) {
-        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-        const float p = __fmul_rn(expf(__fsub_rn(__fmul_rn(head_dot<R>(q, k, hs), scale), m)),
-                                  inv);
+        const float *k = qkv + a.k(j), *v = k + C;
+        const float p =
+            __fmul_rn(expf(__fsub_rn(__fmul_rn(head_dot<R>(q, k, hs), a.scale), m)), inv);
         HS_FOR(i) o[i] = __fadd_rn(o[i], __fmul_rn(p, v[i]));
     }
     o.store(hs);
-    lse[((size_t)b * H + h) * T + t] = __fadd_rn(m, logf(sum));
+    args.lse[a.row(t)] = __fadd_rn(m, logf(sum));
 }
 
 /* The backward in two kernels, with p_tj = exp(s_tj - lse_t), g_tj = dout_t . v_j,
@@ -665,59 +690,48 @@ static __device__ __forceinline__ void attention_bwd_pair(const Q &q, const K &k
 }
 
 template <int R>
-static __global__ void attention_bwd_query_kernel(float *dqkv, float *Dbuf, const float *dout,
-                                                  const float *qkv, const float *lse, int B,
-                                                  int T, int C, int H)
+static __global__ void attention_bwd_query_kernel(const pst_attention_args args, float *Dbuf)
 {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * H * T)
+    attn_thread a;
+    if (!a.init(args))
         return;
-    const int t = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
-    const int hs = C / H, C3 = 3 * C;
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
-    const float *base = qkv + (size_t)b * T * C3;
-    const head_in<R> q(base + (size_t)t * C3 + h * hs, hs);
-    const head_in<R> d(dout + ((size_t)b * T + t) * C + h * hs, hs);
-    const float l = lse[((size_t)b * H + h) * T + t];
+    const int t = a.pos, hs = a.hs, C = args.C;
+    const head_in<R> q(args.qkv + a.q(t), hs);
+    const head_in<R> d(args.dout + a.io(t), hs);
+    const float l = args.saved_lse[a.row(t)];
     float D = 0.0f, p, g;
     for (int j = 0; j <= t; j++) {
-        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-        attention_bwd_pair<R>(q, k, v, d, hs, scale, l, &p, &g);
+        const float *k = args.qkv + a.k(j), *v = k + C;
+        attention_bwd_pair<R>(q, k, v, d, hs, a.scale, l, &p, &g);
         D = __fadd_rn(D, __fmul_rn(p, g));
     }
-    Dbuf[((size_t)b * H + h) * T + t] = D;
-    head_acc<R> dq(dqkv + (size_t)b * T * C3 + (size_t)t * C3 + h * hs, hs);
+    Dbuf[a.row(t)] = D;
+    head_acc<R> dq(args.dqkv + a.q(t), hs);
     for (int j = 0; j <= t; j++) {
-        const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-        attention_bwd_pair<R>(q, k, v, d, hs, scale, l, &p, &g);
-        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), scale);
+        const float *k = args.qkv + a.k(j), *v = k + C;
+        attention_bwd_pair<R>(q, k, v, d, hs, a.scale, l, &p, &g);
+        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, D)), a.scale);
         HS_FOR(i) dq[i] = __fadd_rn(dq[i], __fmul_rn(ds, k[i]));
     }
     dq.store(hs);
 }
 
 template <int R>
-static __global__ void attention_bwd_key_kernel(float *dqkv, const float *Dbuf,
-                                                const float *dout, const float *qkv,
-                                                const float *lse, int B, int T, int C, int H)
+static __global__ void attention_bwd_key_kernel(const pst_attention_args args, const float *Dbuf)
 {
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * H * T)
+    attn_thread a;
+    if (!a.init(args))
         return;
-    const int j = (int)(idx % T), h = (int)((idx / T) % H), b = (int)(idx / ((size_t)T * H));
-    const int hs = C / H, C3 = 3 * C;
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)hs));
-    const float *base = qkv + (size_t)b * T * C3;
-    const float *k = base + (size_t)j * C3 + C + h * hs, *v = k + C;
-    float *dkm = dqkv + (size_t)b * T * C3 + (size_t)j * C3 + C + h * hs;
+    const int j = a.pos, hs = a.hs, C = args.C;
+    const float *k = args.qkv + a.k(j), *v = k + C;
+    float *dkm = args.dqkv + a.k(j);
     head_acc<R> dk(dkm, hs), dv(dkm + C, hs);
-    for (int t = j; t < T; t++) {
-        const float *q = base + (size_t)t * C3 + h * hs;
-        const float *d = dout + ((size_t)b * T + t) * C + h * hs;
-        const size_t r = ((size_t)b * H + h) * T + t;
+    for (int t = j; t < args.T; t++) {
+        const float *q = args.qkv + a.q(t), *d = args.dout + a.io(t);
+        const size_t r = a.row(t);
         float p, g;
-        attention_bwd_pair<R>(q, k, v, d, hs, scale, lse[r], &p, &g);
-        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, Dbuf[r])), scale);
+        attention_bwd_pair<R>(q, k, v, d, hs, a.scale, args.saved_lse[r], &p, &g);
+        const float ds = __fmul_rn(__fmul_rn(p, __fsub_rn(g, Dbuf[r])), a.scale);
         HS_FOR(i)
         {
             dk[i] = __fadd_rn(dk[i], __fmul_rn(ds, q[i]));
@@ -742,9 +756,9 @@ template <int R>
 static cudaError_t launch_attention_fwd(cudaStream_t cs, const pst_attention_args *a)
 {
     const int n = a->B * a->H * a->T;
-    attention_fwd_kernel<R><<<(n + PST_ATTENTION_THREADS - 1) / PST_ATTENTION_THREADS,
-                              PST_ATTENTION_THREADS, 0, cs>>>(a->out, a->lse, a->qkv, a->B,
-                                                              a->T, a->C, a->H);
+    attention_fwd_kernel<R>
+        <<<(n + PST_ATTENTION_THREADS - 1) / PST_ATTENTION_THREADS, PST_ATTENTION_THREADS, 0,
+           cs>>>(*a);
     return cudaGetLastError();
 }
 
@@ -758,37 +772,31 @@ static cudaError_t launch_attention_bwd(cudaStream_t cs, const pst_attention_arg
     cudaError_t e = cudaMallocAsync((void **)&D, sizeof(float) * (size_t)n, cs);
     if (e != cudaSuccess)
         return e;
-    attention_bwd_query_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(
-        a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+    attention_bwd_query_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(*a, D);
     e = cudaGetLastError();
     if (e == cudaSuccess) {
-        attention_bwd_key_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(
-            a->dqkv, D, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H);
+        attention_bwd_key_kernel<R><<<blocks, PST_ATTENTION_THREADS, 0, cs>>>(*a, D);
         e = cudaGetLastError();
     }
     const cudaError_t f = cudaFreeAsync(D, cs);
     return e != cudaSuccess ? e : f;
 }
 
-static pst_status run_attention_forward(pst_stream *, cudaStream_t cs, const pst_attention_args *a)
+/* Forward (BWD false) or backward, its kernels instantiated for the head's register size. */
+template <bool BWD>
+static pst_status run_attention(pst_stream *, cudaStream_t cs, const pst_attention_args *a)
 {
     if (!a->B)
         return PST_OK;
     const int R = attention_regs(a->C / a->H);
-    PST_CUDA_CHECK(R == 32   ? launch_attention_fwd<32>(cs, a)
-                   : R == 64 ? launch_attention_fwd<64>(cs, a)
-                             : launch_attention_fwd<0>(cs, a));
-    return PST_OK;
-}
-
-static pst_status run_attention_backward(pst_stream *, cudaStream_t cs, const pst_attention_args *a)
-{
-    if (!a->B)
-        return PST_OK;
-    const int R = attention_regs(a->C / a->H);
-    PST_CUDA_CHECK(R == 32   ? launch_attention_bwd<32>(cs, a)
-                   : R == 64 ? launch_attention_bwd<64>(cs, a)
-                             : launch_attention_bwd<0>(cs, a));
+    if constexpr (BWD)
+        PST_CUDA_CHECK(R == 32   ? launch_attention_bwd<32>(cs, a)
+                       : R == 64 ? launch_attention_bwd<64>(cs, a)
+                                 : launch_attention_bwd<0>(cs, a));
+    else
+        PST_CUDA_CHECK(R == 32   ? launch_attention_fwd<32>(cs, a)
+                       : R == 64 ? launch_attention_fwd<64>(cs, a)
+                                 : launch_attention_fwd<0>(cs, a));
     return PST_OK;
 }
 
@@ -972,8 +980,8 @@ CUDA_OP(cuda_embedding_forward, pst_embedding_fwd_args, run_embedding_forward)
 CUDA_OP(cuda_embedding_backward, pst_embedding_bwd_args, run_embedding_backward)
 CUDA_OP(cuda_layernorm_forward, pst_layernorm_args, run_layernorm_forward)
 CUDA_OP(cuda_layernorm_backward, pst_layernorm_args, run_layernorm_backward)
-CUDA_OP(cuda_attention_forward, pst_attention_args, run_attention_forward)
-CUDA_OP(cuda_attention_backward, pst_attention_args, run_attention_backward)
+CUDA_OP(cuda_attention_forward, pst_attention_args, run_attention<false>)
+CUDA_OP(cuda_attention_backward, pst_attention_args, run_attention<true>)
 CUDA_OP(cuda_gelu_forward, pst_gelu_args, run_gelu_forward)
 CUDA_OP(cuda_gelu_backward, pst_gelu_args, run_gelu_backward)
 CUDA_OP(cuda_interact_forward, pst_interact_args, run_interact_forward)

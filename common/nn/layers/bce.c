@@ -1,5 +1,6 @@
 /* bce.c — binary cross-entropy on a logit, the click model's loss layer (model.h). Forward
- * and backward are one pass (ops.h's pst_op_bce_logits), as softmax_xent's. */
+ * and backward are one pass (ops.h's pst_op_bce_logits), as softmax_xent's;
+ * scale 0 writes the sigmoids to dlogits. */
 #include "common/nn/model.h"
 #include "common/nn/ops.h"
 
@@ -10,17 +11,4 @@ static void bce_bind(void *inst, const pst_model *m, int layer, const pst_layer_
                                            .logits = io->in, .labels = io->targets};
 }
 
-static pst_status bce_forward(void *inst, pst_stream *s, int B, float scale)
-{
-    pst_bce_args *a = inst;
-    a->B = B;
-    a->scale = scale;
-    return pst_op_bce_logits(s, a);
-}
-
-static const float *bce_probs(void *inst)
-{
-    return ((pst_bce_args *)inst)->dlogits; /* scale 0 writes the sigmoids there */
-}
-
-PST_LAYER_CLASS(bce, pst_bce_args, .bind = bce_bind, .forward = bce_forward, .probs = bce_probs);
+PST_LOSS_LAYER_CLASS(bce, pst_bce_args, pst_op_bce_logits, bce_bind);

@@ -21,8 +21,8 @@ static void embedding_bind(void *inst, const pst_model *m, int layer, const pst_
                                       .pool = io->pool};
     e->bwd = (pst_embedding_bwd_args){.dwte = io->g[0], .dwpe = io->g[1], .dout = io->dout,
                                       .tokens = io->tokens, .T = T, .C = C, .V = V,
-                                      .wte_accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,
-                                      .wpe_accumulate = io->accumulate || (ly->grad_accumulate & 2u) != 0,
+                                      .wte_accumulate = pst_layer_adds_grad(io, ly, 1u),
+                                      .wpe_accumulate = pst_layer_adds_grad(io, ly, 2u),
                                       .pool = io->pool};
 }
 
@@ -37,9 +37,7 @@ static pst_status embedding_forward(void *inst, pst_stream *s, int B, float scal
 static pst_status embedding_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0,
                                   int row1)
 {
-    (void)chunk;
-    (void)row0;
-    (void)row1;
+    (void)chunk, (void)row0, (void)row1;
     embedding_inst *e = inst;
     e->bwd.B = B;
     return pst_op_embedding_backward(s, &e->bwd);

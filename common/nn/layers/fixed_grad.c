@@ -29,10 +29,7 @@ static pst_status fixed_forward(void *inst, pst_stream *s, int B, float scale)
 
 static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1)
 {
-    (void)chunk;
-    (void)B;
-    (void)row0;
-    (void)row1;
+    (void)chunk, (void)B, (void)row0, (void)row1;
     fixed_inst *fi = inst;
     if (fi->accumulate) /* the fixed gradient is one optimizer step's, whatever the
                          * micro-batches: later ones leave it as it is */

@@ -23,8 +23,7 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
     li->wgrad = (pst_linear_bwd_args){.dw = io->g[0], .db = io->g[1],
                                       .dout = io->dout, .inp = io->in,
                                       .w = io->w[0], .IC = IC, .OC = OC,
-                                      .accumulate = io->accumulate ||
-                                                    (ly->grad_accumulate & 3u) != 0,
+                                      .accumulate = pst_layer_adds_grad(io, ly, 3u),
                                       .pool = io->pool, .rows_done = io->rows_done,
                                       .rows_arg = io->rows_arg};
     li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,

@@ -40,12 +40,12 @@ static void lm_head_bind(void *inst, const pst_model *m, int layer, const pst_la
     h->proj_bwd = (pst_linear_bwd_args){.dinp = dlnf, .dw = io->g[2],
                                         .dout = dlogits, .inp = lnf,
                                         .w = io->w[2], .IC = C, .OC = V,
-                                        .accumulate = io->accumulate || (ly->grad_accumulate & 4u) != 0,
+                                        .accumulate = pst_layer_adds_grad(io, ly, 4u),
                                         .pool = io->pool};
     h->ln_wgrad = (pst_layernorm_args){.dw = io->g[0], .db = io->g[1], .dout = dlnf,
                                        .inp = io->in, .w = io->w[0],
                                        .saved_mean = mean, .saved_rstd = rstd, .C = C,
-                                       .accumulate = io->accumulate || (ly->grad_accumulate & 1u) != 0,
+                                       .accumulate = pst_layer_adds_grad(io, ly, 1u),
                                        .pool = io->pool};
     h->ln_igrad = (pst_layernorm_args){.dinp = io->din, .dout = dlnf, .inp = io->in,
                                        .w = io->w[0], .saved_mean = mean,
@@ -68,9 +68,7 @@ static pst_status lm_head_forward(void *inst, pst_stream *s, int B, float scale)
 static pst_status lm_head_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0,
                                 int row1)
 {
-    (void)chunk;
-    (void)row0;
-    (void)row1;
+    (void)chunk, (void)row0, (void)row1;
     lm_head_inst *h = inst;
     h->proj_bwd.B = B * h->T;
     h->ln_wgrad.N = B * h->T;

@@ -37,7 +37,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     for (int i = 0; i < NT; i++) {
         P[i] = io->w[i];
         G[i] = io->g[i];
-        acc[i] = io->accumulate || ((ly->grad_accumulate >> i) & 1u);
+        acc[i] = pst_layer_adds_grad(io, ly, 1u << i);
     }
     /* the kept activations, each (max_batch * T, width) */
     const size_t NM = (size_t)io->max_batch * (size_t)T;
@@ -124,9 +124,7 @@ static pst_status block_forward(void *inst, pst_stream *s, int B, float scale)
 
 static pst_status block_wgrad(void *inst, void *chunk, pst_stream *s, int B, int row0, int row1)
 {
-    (void)chunk;
-    (void)row0;
-    (void)row1;
+    (void)chunk, (void)row0, (void)row1;
     block_inst *k = inst;
     const int N = B * k->T;
     const size_t NC = (size_t)N * (size_t)k->C;

@@ -110,7 +110,7 @@ static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
     pst_status st = broadcast ? bcast_calls(nc, c->count, bufs, n, root, cs)
                               : reduce_calls(nc, c->count, (float *const *)bufs, n, root, cs);
     if (st != PST_OK) {
-        char keep[PST_DEVICE_DETAIL_MAX];
+        char keep[PST_ERROR_DETAIL_MAX];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
         (void)group_end();
         return pst_error_set(st, "%s", keep);
@@ -142,10 +142,4 @@ static pst_status nccl_broadcast(pst_comm *c, void *const bufs[], size_t bytes, 
     return grouped(c, bufs, bytes, root, streams, 1);
 }
 
-const pst_comm_iface pst_comm_nccl_iface = {
-    .name = "nccl",
-    .init = nccl_init,
-    .free = nccl_free,
-    .reduce = nccl_reduce,
-    .broadcast = nccl_broadcast,
-};
+const pst_comm_iface pst_comm_nccl_iface = PST_COMM_IFACE(nccl);

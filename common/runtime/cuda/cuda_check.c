@@ -55,22 +55,29 @@ static const code_status nccl_codes[] = {
     {ncclRemoteError, PST_ERR_UNAVAILABLE},
 };
 
+/* A library's failure as its status, with the detail
+ * "<call> failed at <file>:<line>: <what> (<name>)<more>". */
+static pst_status failed(const code_status *map, size_t n, int code, const char *call,
+                         const char *file, int line, const char *what, const char *name,
+                         const char *more)
+{
+    return pst_error_set(status_of(map, n, code), "%s failed at %s:%d: %s (%s)%s", call,
+                         base_name(file), line, what, name, more);
+}
+
 pst_status pst_cuda_check_rt(cudaError_t r, const char *call, const char *file, int line)
 {
-    if (r == cudaSuccess)
-        return PST_OK;
-    return pst_error_set(status_of(rt_codes, COUNT(rt_codes), (int)r),
-                         "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
-                         cudaGetErrorString(r), cudaGetErrorName(r));
+    return r == cudaSuccess ? PST_OK
+                            : failed(rt_codes, COUNT(rt_codes), (int)r, call, file, line,
+                                     cudaGetErrorString(r), cudaGetErrorName(r), "");
 }
 
 pst_status pst_cuda_check_blas(cublasStatus_t r, const char *call, const char *file, int line)
 {
-    if (r == CUBLAS_STATUS_SUCCESS)
-        return PST_OK;
-    return pst_error_set(status_of(blas_codes, COUNT(blas_codes), (int)r),
-                         "%s failed at %s:%d: %s (%s)", call, base_name(file), line,
-                         cublasGetStatusString(r), cublasGetStatusName(r));
+    return r == CUBLAS_STATUS_SUCCESS
+               ? PST_OK
+               : failed(blas_codes, COUNT(blas_codes), (int)r, call, file, line,
+                        cublasGetStatusString(r), cublasGetStatusName(r), "");
 }
 
 static const char *nccl_name(ncclResult_t r)
@@ -92,10 +99,11 @@ pst_status pst_cuda_check_nccl(ncclResult_t r, const char *call, const char *fil
 {
     if (r == ncclSuccess)
         return PST_OK;
-    const pst_status st = status_of(nccl_codes, COUNT(nccl_codes), (int)r);
     /* NCCL keeps a longer explanation of the last failure on this thread. */
     const char *last = ncclGetLastError(NULL);
-    return pst_error_set(st, "%s failed at %s:%d: %s (%s)%s%s", call, base_name(file), line,
-                         ncclGetErrorString(r), nccl_name(r), last && last[0] ? ": " : "",
-                         last ? last : "");
+    char more[PST_ERROR_DETAIL_MAX] = "";
+    if (last && last[0])
+        snprintf(more, sizeof more, ": %s", last);
+    return failed(nccl_codes, COUNT(nccl_codes), (int)r, call, file, line,
+                  ncclGetErrorString(r), nccl_name(r), more);
 }

@@ -61,6 +61,10 @@ static inline pst_status pst_cuda_check_any(ncclResult_t r, const char *c, const
              ncclResult_t: pst_cuda_check_nccl)((r), (call), __FILE__, __LINE__)
 #endif
 
+/* Evaluates `call` once, as an expression: PST_OK, or on failure the status, with the
+ * detail recorded. */
+#define PST_CUDA_STATUS(call) PST_CUDA_RESULT((call), #call)
+
 /* Evaluates `call` once; on failure records the detail and returns the status. */
 #define PST_CUDA_CHECK(call)                                                              \
     do {                                                                                  \

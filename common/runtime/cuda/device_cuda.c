@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/memory.h"
 #include "common/runtime/cuda/cuda_check.h"
 #include "common/runtime/cuda/cuda_impl.h"
 #include "common/runtime/device.h"
@@ -162,7 +163,7 @@ pst_status pst_cuda_device_count(int *count)
     int n = 0;
     *count = 0;
     if (cuda_count(&n) != PST_OK) {
-        char why[PST_DEVICE_DETAIL_MAX];
+        char why[PST_ERROR_DETAIL_MAX];
         snprintf(why, sizeof why, "%s", pst_error_detail());
         return pst_error_set(PST_ERR_UNSUPPORTED,
                              "no CUDA GPU available: %s; use PSTRAIN_DEVICES=cpu:N", why);
@@ -212,16 +213,8 @@ static void cuda_runtime_free(pst_runtime *rt)
         rt->devices[i].ctx = NULL;
     }
     if (crt) {
-        while (crt->free_marks) {
-            pst_cuda_mark *m = crt->free_marks;
-            crt->free_marks = m->next_free;
-            free(m);
-        }
-        while (crt->free_items) {
-            pst_cuda_item *it = crt->free_items;
-            crt->free_items = it->next_free;
-            free(it);
-        }
+        PST_FREE_LIST(crt->free_marks, next_free);
+        PST_FREE_LIST(crt->free_items, next_free);
         pthread_mutex_destroy(&crt->mu);
         free(crt);
         rt->ctx = NULL;
@@ -304,7 +297,7 @@ static pst_status cuda_runtime_init(pst_runtime *rt)
 {
     pst_status st = cuda_runtime_setup(rt);
     if (st != PST_OK) {
-        char keep[PST_DEVICE_DETAIL_MAX];
+        char keep[PST_ERROR_DETAIL_MAX];
         snprintf(keep, sizeof keep, "%s", pst_error_detail());
         cuda_runtime_free(rt); /* may overwrite the detail */
         return pst_error_set(st, "%s", keep);
@@ -357,7 +350,7 @@ static pst_status cuda_device_alloc(pst_device *dev, size_t bytes, void **ptr)
     if (st != PST_OK) {
         pthread_mutex_unlock(&dc->alloc_mu);
         if (p) {
-            char keep[PST_DEVICE_DETAIL_MAX];
+            char keep[PST_ERROR_DETAIL_MAX];
             snprintf(keep, sizeof keep, "%s", pst_error_detail());
             (void)cuda_free_checked(p);
             pst_error_set(st, "%s", keep);
@@ -455,6 +448,19 @@ static void mark_unref(pst_cuda_runtime *crt, pst_cuda_mark *m)
     pthread_mutex_unlock(&crt->mu);
 }
 
+/* ce's current mark with a reference taken for the caller (mark_unref), or NULL; ce->mu
+ * held. */
+static pst_cuda_mark *mark_ref_current(pst_cuda_runtime *crt, pst_cuda_event *ce)
+{
+    pst_cuda_mark *m = ce->mark;
+    if (m) {
+        pthread_mutex_lock(&crt->mu);
+        m->refs++;
+        pthread_mutex_unlock(&crt->mu);
+    }
+    return m;
+}
+
 static pst_cuda_item *item_get(pst_cuda_runtime *crt)
 {
     pthread_mutex_lock(&crt->mu);
@@ -479,7 +485,7 @@ static void CUDART_CB host_entry(void *p)
     pst_cuda_item *it = p;
     pst_cuda_stream *cs = it->cs;
     pst_cuda_runtime *crt = cs->crt;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
 
     pst_cuda_in_host_fn = 1;
     switch (it->kind) {
@@ -557,16 +563,26 @@ static pst_status stream_create(void *s)
 
 /* What a stream's and an event's state have alike: a lock, then a CUDA handle that
  * create(handle) makes on dev's GPU. On failure neither is left. */
-static pst_status lock_and_create(pthread_mutex_t *mu, const pst_device *dev,
-                                  pst_status (*create)(void *), void *handle)
+/* A stream's or event's backend object obj (calloc'd, its other fields set) gets its lock
+ * and the handle create makes on dev's GPU, and becomes *ctx; on failure obj is freed.
+ * object_close undoes it. */
+static pst_status object_open(void *obj, void **ctx, pthread_mutex_t *mu, const pst_device *dev,
+                              pst_status (*create)(void *), void *handle)
 {
+    pst_status st = PST_OK;
     if (pthread_mutex_init(mu, NULL) != 0)
-        return pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
-    pst_status st = cuda_use(dev_ctx(dev)->ordinal);
-    if (st == PST_OK)
-        st = create(handle);
+        st = pst_error_set(PST_ERR_INTERNAL, "%s: pthread_mutex_init failed", dev->name);
+    else {
+        st = cuda_use(dev_ctx(dev)->ordinal);
+        if (st == PST_OK)
+            st = create(handle);
+        if (st != PST_OK)
+            pthread_mutex_destroy(mu);
+    }
     if (st != PST_OK)
-        pthread_mutex_destroy(mu);
+        free(obj);
+    else
+        *ctx = obj;
     return st;
 }
 
@@ -580,13 +596,7 @@ static pst_status cuda_stream_init(pst_stream *s)
     pst_sticky_reset(&cs->sticky);
     atomic_init(&cs->failed, 0);
     atomic_init(&cs->host_items, 0);
-    pst_status st = lock_and_create(&cs->mu, s->dev, stream_create, &cs->stream);
-    if (st != PST_OK) {
-        free(cs);
-        return st;
-    }
-    s->ctx = cs;
-    return PST_OK;
+    return object_open(cs, &s->ctx, &cs->mu, s->dev, stream_create, &cs->stream);
 }
 
 static pst_status stream_drain_destroy(void *s)
@@ -596,14 +606,16 @@ static pst_status stream_drain_destroy(void *s)
     return PST_OK;
 }
 
-/* lock_and_create undone: destroy(handle) on dev's GPU (skipped when it cannot be made
- * current), then the lock. */
-static void destroy_and_unlock(pthread_mutex_t *mu, const pst_device *dev,
-                               pst_status (*destroy)(void *), void *handle)
+/* object_open undone: destroy(handle) on dev's GPU (skipped when it cannot be made
+ * current), the lock, then obj, and *ctx = NULL. */
+static void object_close(void *obj, void **ctx, pthread_mutex_t *mu, const pst_device *dev,
+                         pst_status (*destroy)(void *), void *handle)
 {
     if (cuda_use(dev_ctx(dev)->ordinal) == PST_OK)
         (void)destroy(handle);
     pthread_mutex_destroy(mu);
+    free(obj);
+    *ctx = NULL;
 }
 
 static void cuda_stream_free(pst_stream *s)
@@ -612,9 +624,7 @@ static void cuda_stream_free(pst_stream *s)
     if (!cs)
         return;
     /* queued host items run before this returns */
-    destroy_and_unlock(&cs->mu, s->dev, stream_drain_destroy, &cs->stream);
-    free(cs);
-    s->ctx = NULL;
+    object_close(cs, &s->ctx, &cs->mu, s->dev, stream_drain_destroy, &cs->stream);
 }
 
 pst_status pst_cuda_stream_begin(pst_stream *s, cudaStream_t *stream, int *skip)
@@ -692,18 +702,12 @@ static pst_status cuda_memset_async(pst_stream *s, void *dst, int value, size_t 
     return PST_OK;
 }
 
-static pst_status stream_sync(cudaStream_t s)
-{
-    PST_CUDA_CHECK(cudaStreamSynchronize(s));
-    return PST_OK;
-}
-
 static pst_status cuda_stream_synchronize(pst_stream *s)
 {
     pst_cuda_stream *cs = s->ctx;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
     PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
-    PST_TRY(stream_sync(cs->stream));
+    PST_TRY(PST_CUDA_STATUS(cudaStreamSynchronize(cs->stream)));
     pthread_mutex_lock(&cs->mu);
     pst_status st = pst_sticky_read(&cs->sticky, detail);
     pthread_mutex_unlock(&cs->mu);
@@ -723,13 +727,7 @@ static pst_status cuda_event_init(pst_event *ev)
     pst_cuda_event *ce = calloc(1, sizeof *ce);
     if (!ce)
         return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for an event", ev->dev->name);
-    pst_status st = lock_and_create(&ce->mu, ev->dev, event_create, &ce->event);
-    if (st != PST_OK) {
-        free(ce);
-        return st;
-    }
-    ev->ctx = ce;
-    return PST_OK;
+    return object_open(ce, &ev->ctx, &ce->mu, ev->dev, event_create, &ce->event);
 }
 
 static pst_status event_destroy(void *e)
@@ -746,15 +744,7 @@ static void cuda_event_free(pst_event *ev)
     if (ce->mark)
         mark_unref(ev->dev->rt->ctx, ce->mark);
     /* CUDA keeps the event alive for waits already queued. */
-    destroy_and_unlock(&ce->mu, ev->dev, event_destroy, &ce->event);
-    free(ce);
-    ev->ctx = NULL;
-}
-
-static pst_status event_record_on(cudaEvent_t e, cudaStream_t s)
-{
-    PST_CUDA_CHECK(cudaEventRecord(e, s));
-    return PST_OK;
+    object_close(ce, &ev->ctx, &ce->mu, ev->dev, event_destroy, &ce->event);
 }
 
 static pst_status cuda_event_record(pst_event *ev, pst_stream *s)
@@ -783,7 +773,7 @@ static pst_status cuda_event_record(pst_event *ev, pst_stream *s)
             return st;
         }
     }
-    st = event_record_on(ce->event, cs->stream);
+    st = PST_CUDA_STATUS(cudaEventRecord(ce->event, cs->stream));
     if (st != PST_OK) {
         pthread_mutex_unlock(&ce->mu);
         if (m)
@@ -798,12 +788,6 @@ static pst_status cuda_event_record(pst_event *ev, pst_stream *s)
     return PST_OK;
 }
 
-static pst_status stream_wait_on(cudaStream_t s, cudaEvent_t e)
-{
-    PST_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
-    return PST_OK;
-}
-
 static pst_status cuda_stream_wait_event(pst_stream *s, pst_event *ev)
 {
     pst_cuda_event *ce = ev->ctx;
@@ -812,13 +796,8 @@ static pst_status cuda_stream_wait_event(pst_stream *s, pst_event *ev)
 
     PST_TRY(cuda_use(dev_ctx(s->dev)->ordinal));
     pthread_mutex_lock(&ce->mu);
-    pst_cuda_mark *m = ce->mark;
-    if (m) {
-        pthread_mutex_lock(&crt->mu);
-        m->refs++;
-        pthread_mutex_unlock(&crt->mu);
-    }
-    pst_status st = stream_wait_on(cs->stream, ce->event);
+    pst_cuda_mark *m = mark_ref_current(crt, ce);
+    pst_status st = PST_CUDA_STATUS(cudaStreamWaitEvent(cs->stream, ce->event, 0));
     pthread_mutex_unlock(&ce->mu);
     if (st == PST_OK && m)
         st = queue_item(cs, PST_CUDA_ITEM_ADOPT, NULL, NULL, m);
@@ -827,28 +806,17 @@ static pst_status cuda_stream_wait_event(pst_stream *s, pst_event *ev)
     return st;
 }
 
-static pst_status event_sync(cudaEvent_t e)
-{
-    PST_CUDA_CHECK(cudaEventSynchronize(e));
-    return PST_OK;
-}
-
 static pst_status cuda_event_synchronize(pst_event *ev)
 {
     pst_cuda_event *ce = ev->ctx;
     pst_cuda_runtime *crt = ev->dev->rt->ctx;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
 
     PST_TRY(cuda_use(dev_ctx(ev->dev)->ordinal));
     pthread_mutex_lock(&ce->mu);
-    pst_cuda_mark *m = ce->mark;
-    if (m) {
-        pthread_mutex_lock(&crt->mu);
-        m->refs++;
-        pthread_mutex_unlock(&crt->mu);
-    }
+    pst_cuda_mark *m = mark_ref_current(crt, ce);
     pthread_mutex_unlock(&ce->mu);
-    pst_status st = event_sync(ce->event);
+    pst_status st = PST_CUDA_STATUS(cudaEventSynchronize(ce->event));
     if (st == PST_OK && m) {
         pthread_mutex_lock(&crt->mu);
         /* done: the snapshot precedes the event in its stream (a concurrent re-record on
@@ -963,7 +931,7 @@ static void cuda_flag_signal(pst_flag *f)
 static pst_status flag_check(void *arg)
 {
     pst_flag *f = arg;
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
     pthread_mutex_lock(&f->mu);
     pst_status st = pst_sticky_read(&f->sticky, detail);
     pthread_mutex_unlock(&f->mu);
@@ -981,7 +949,7 @@ static pst_status flag_block(void *arg)
 {
     flag_block_arg a = *(flag_block_arg *)arg;
     free(arg);
-    char detail[PST_DEVICE_DETAIL_MAX];
+    char detail[PST_ERROR_DETAIL_MAX];
     return pst_sticky_raise(pst_flag_wait_host(a.f, a.value, detail), detail); /* as it was */
 }
 
@@ -1013,29 +981,11 @@ static pst_status cuda_stream_wait_flag(pst_stream *s, pst_flag *f, uint64_t val
 }
 
 const pst_backend_iface pst_cuda_backend_iface = {
-    .name = "cuda",
-    .kind = PST_BACKEND_CUDA,
-    .runtime_init = cuda_runtime_init,
-    .runtime_free = cuda_runtime_free,
-    .device_alloc = cuda_device_alloc,
-    .device_free = cuda_device_free,
+    PST_BACKEND_BASE("cuda", PST_BACKEND_CUDA, cuda),
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
-    .stream_init = cuda_stream_init,
-    .stream_free = cuda_stream_free,
-    .stream_launch = cuda_stream_launch,
-    .memcpy_async = cuda_memcpy_async,
-    .memset_async = cuda_memset_async,
-    .stream_synchronize = cuda_stream_synchronize,
-    .event_init = cuda_event_init,
-    .event_free = cuda_event_free,
-    .event_record = cuda_event_record,
-    .stream_wait_event = cuda_stream_wait_event,
-    .event_synchronize = cuda_event_synchronize,
-    .event_query = cuda_event_query,
     .flag_init = cuda_flag_init,
     .flag_free = cuda_flag_free,
     .flag_signal = cuda_flag_signal,
-    .stream_wait_flag = cuda_stream_wait_flag,
-    .set_jitter = NULL, /* the CPU backend's test hook; GPUs have their own timing */
+    /* set_jitter NULL: the CPU backend's test hook; GPUs have their own timing */
 };
