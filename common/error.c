@@ -73,12 +73,12 @@ void pst_sticky_reset(pst_sticky *s)
     s->detail[0] = '\0';
 }
 
-void pst_sticky_fail(pst_sticky *s, pst_status st, const char *detail)
+void pst_sticky_fail(pst_sticky *s, pst_status st, const char *why)
 {
     if (st == PST_OK || s->status != PST_OK)
         return;
     s->status = st;
-    snprintf(s->detail, sizeof s->detail, "%s", detail && detail[0] ? detail : pst_strerror(st));
+    snprintf(s->detail, sizeof s->detail, "%s", why && why[0] ? why : pst_strerror(st));
 }
 
 pst_status pst_sticky_read(const pst_sticky *s, char out[PST_ERROR_DETAIL_MAX])
@@ -88,7 +88,7 @@ pst_status pst_sticky_read(const pst_sticky *s, char out[PST_ERROR_DETAIL_MAX])
     return s->status;
 }
 
-pst_status pst_sticky_raise(pst_status st, const char detail[PST_ERROR_DETAIL_MAX])
+pst_status pst_sticky_raise(pst_status st, const char why[PST_ERROR_DETAIL_MAX])
 {
-    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", detail);
+    return st == PST_OK ? PST_OK : pst_error_set(st, "%s", why);
 }
