@@ -500,6 +500,10 @@ Test(collectives_args, init_and_free)
     pst_comm_free(NULL);
     cr_assert_str_eq(pst_comm_name(NULL), "(no comm)");
     CHECK_OK(pst_comm_init(&c, rt));
+    /* the host comm needs nothing made for a group; a NULL comm is refused */
+    CHECK_OK(pst_comm_prepare_some(c, 0x3));
+    CHECK_OK(pst_comm_prepare_some(c, 0x1));
+    CHECK_ERR(pst_comm_prepare_some(NULL, 0x3), PST_ERR_INVALID);
     pst_comm_free(c);
     pst_runtime_free(rt);
 }
@@ -562,6 +566,58 @@ static float abs_sum(float *const in[], int D, size_t i)
     return s;
 }
 
+/* The machine's GPUs (at least min_gpus), a stream and an n-float buffer on each, host
+ * arrays beside them, and a comm; 0 (after a [SKIP] line) when there are fewer. */
+typedef struct gpu_fixture {
+    pst_runtime *rt;
+    pst_comm *c;
+    int D;
+    size_t n;
+    pst_stream *s[MAXD];
+    float *buf[MAXD], *host[MAXD], *want, *got;
+} gpu_fixture;
+
+static int gpu_fx_init(gpu_fixture *f, size_t n, int min_gpus)
+{
+    char spec[32];
+    *f = (gpu_fixture){.n = n};
+    if (!gpus_spec(spec, sizeof spec))
+        return 0;
+    CHECK_OK(pst_runtime_init(&f->rt, spec));
+    f->D = pst_runtime_count(f->rt);
+    if (f->D < min_gpus) {
+        fprintf(stderr, "[SKIP] collectives_nccl: %d GPU(s), the case needs %d\n", f->D,
+                min_gpus);
+        pst_runtime_free(f->rt);
+        return 0;
+    }
+    for (int d = 0; d < f->D; d++) {
+        void *p = NULL;
+        CHECK_OK(pst_stream_create(pst_runtime_device(f->rt, d), &f->s[d]));
+        CHECK_OK(pst_device_alloc(pst_runtime_device(f->rt, d), n * sizeof(float), &p));
+        f->buf[d] = p;
+        f->host[d] = host_floats(n);
+    }
+    f->want = host_floats(n);
+    f->got = host_floats(n);
+    CHECK_OK(pst_comm_init(&f->c, f->rt));
+    cr_assert_str_eq(pst_comm_name(f->c), "nccl");
+    return 1;
+}
+
+static void gpu_fx_free(gpu_fixture *f)
+{
+    pst_comm_free(f->c);
+    for (int d = 0; d < f->D; d++) {
+        pst_device_free(pst_runtime_device(f->rt, d), f->buf[d]);
+        pst_stream_destroy(f->s[d]);
+        free(f->host[d]);
+    }
+    free(f->want);
+    free(f->got);
+    pst_runtime_free(f->rt);
+}
+
 /* The device memory limit on a GPU: the runtime refuses before CUDA allocates, the same
  * line as on the CPU (test_device's device_alloc tests), and a refusal changes nothing. */
 Test(collectives_nccl, memory_limit_refuses_on_gpus, .timeout = 60)
@@ -587,64 +643,105 @@ Test(collectives_nccl, memory_limit_refuses_on_gpus, .timeout = 60)
 
 Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
 {
-    char spec[32];
-    if (!gpus_spec(spec, sizeof spec))
+    gpu_fixture f;
+    if (!gpu_fx_init(&f, 4099, 1))
         cr_skip_test("skipped: no GPU or no CUDA backend");
-    pst_runtime *rt = NULL;
-
-    const size_t n = 4099;
-    CHECK_OK(pst_runtime_init(&rt, spec));
-    const int D = pst_runtime_count(rt);
-    pst_stream *s[MAXD];
-    float *buf[MAXD], *host[MAXD], *want = host_floats(n), *got = host_floats(n);
-    for (int d = 0; d < D; d++) {
-        void *p = NULL;
-        CHECK_OK(pst_stream_create(pst_runtime_device(rt, d), &s[d]));
-        CHECK_OK(pst_device_alloc(pst_runtime_device(rt, d), n * sizeof(float), &p));
-        buf[d] = p;
-        host[d] = host_floats(n);
-    }
-    pst_comm *c = NULL;
-    CHECK_OK(pst_comm_init(&c, rt));
-    cr_assert_str_eq(pst_comm_name(c), "nccl");
+    const int D = f.D;
+    const size_t n = f.n;
     pst_rng r;
     pst_rng_seed(&r, 11, 0);
     for (int root = 0; root < D; root++) {
         for (int d = 0; d < D; d++) {
             for (size_t i = 0; i < n; i++)
-                host[d][i] = spread(&r);
-            CHECK_OK(pst_memcpy_async(s[d], buf[d], host[d], n * sizeof(float),
+                f.host[d][i] = spread(&r);
+            CHECK_OK(pst_memcpy_async(f.s[d], f.buf[d], f.host[d], n * sizeof(float),
                                       PST_COPY_HOST_TO_DEVICE));
         }
-        device_order_sum(want, host, D, n);
-        CHECK_OK(pst_comm_reduce(c, buf, n, root, s));
-        CHECK_OK(pst_memcpy_async(s[root], got, buf[root], n * sizeof(float),
+        device_order_sum(f.want, f.host, D, n);
+        CHECK_OK(pst_comm_reduce(f.c, f.buf, n, root, f.s));
+        CHECK_OK(pst_memcpy_async(f.s[root], f.got, f.buf[root], n * sizeof(float),
                                   PST_COPY_DEVICE_TO_HOST));
         for (int d = 0; d < D; d++)
-            CHECK_OK(pst_stream_synchronize(s[d]));
+            CHECK_OK(pst_stream_synchronize(f.s[d]));
         /* NCCL's order is its own: each sum within a few roundings of the total size. */
         for (size_t i = 0; i < n; i++)
-            cr_assert(fabsf(got[i] - want[i]) <= 4.0f * (float)D * FLT_EPSILON *
-                                                     abs_sum(host, D, i),
-                      "root %d element %zu: %g, want %g", root, i, (double)got[i],
-                      (double)want[i]);
-        CHECK_OK(pst_comm_broadcast(c, buf, n, root, s));
+            cr_assert(fabsf(f.got[i] - f.want[i]) <= 4.0f * (float)D * FLT_EPSILON *
+                                                         abs_sum(f.host, D, i),
+                      "root %d element %zu: %g, want %g", root, i, (double)f.got[i],
+                      (double)f.want[i]);
+        CHECK_OK(pst_comm_broadcast(f.c, f.buf, n, root, f.s));
         for (int d = 0; d < D; d++) {
-            CHECK_OK(pst_memcpy_async(s[d], host[d], buf[d], n * sizeof(float),
+            CHECK_OK(pst_memcpy_async(f.s[d], f.host[d], f.buf[d], n * sizeof(float),
                                       PST_COPY_DEVICE_TO_HOST));
-            CHECK_OK(pst_stream_synchronize(s[d]));
-            assert_bits(host[d], got, n, "NCCL broadcast");
+            CHECK_OK(pst_stream_synchronize(f.s[d]));
+            assert_bits(f.host[d], f.got, n, "NCCL broadcast");
         }
     }
-    pst_comm_free(c);
-    for (int d = 0; d < D; d++) {
-        pst_device_free(pst_runtime_device(rt, d), buf[d]);
-        pst_stream_destroy(s[d]);
-        free(host[d]);
+    gpu_fx_free(&f);
+}
+
+/* Some of the GPUs (a pipeline stage's replica group, the tied table's two stages): the
+ * reduce sums only the members' buffers into the root's, the broadcast writes only the
+ * members', each on an NCCL communicator set of exactly those GPUs (made at first use and
+ * kept: the second pass reuses it). A proper subset of two or more needs three GPUs. */
+Test(collectives_nccl, some_gpus_reduce_and_broadcast_among_themselves, .timeout = 180)
+{
+    gpu_fixture f;
+    if (!gpu_fx_init(&f, 2053, 3))
+        cr_skip_test("skipped: fewer than 3 GPUs, or no CUDA backend");
+    const int D = f.D;
+    const size_t n = f.n;
+    CHECK_OK(pst_comm_prepare_some(f.c, 0x5)); /* made beforehand; 0x6 and 0x3 at first use */
+    pst_rng r;
+    pst_rng_seed(&r, 29, 0);
+    const uint64_t sets[] = {0x5, 0x6, 0x3, 0x5};
+    for (size_t q = 0; q < sizeof sets / sizeof sets[0]; q++) {
+        const uint64_t m = sets[q];
+        const int root = (m >> 2) & 1u ? 2 : 1;
+        float *mine[MAXD] = {0}, *in[MAXD] = {0};
+        int k = 0;
+        for (int d = 0; d < D; d++) {
+            for (size_t i = 0; i < n; i++)
+                f.host[d][i] = spread(&r);
+            CHECK_OK(pst_memcpy_async(f.s[d], f.buf[d], f.host[d], n * sizeof(float),
+                                      PST_COPY_HOST_TO_DEVICE));
+            if ((m >> d) & 1u) {
+                mine[d] = f.buf[d];
+                in[k++] = f.host[d];
+            }
+        }
+        device_order_sum(f.want, in, k, n);
+        CHECK_OK(pst_comm_reduce_some(f.c, mine, n, root, f.s, m));
+        for (int d = 0; d < D; d++) {
+            float *now = d == root ? f.got : host_floats(n);
+            CHECK_OK(pst_memcpy_async(f.s[d], now, f.buf[d], n * sizeof(float),
+                                      PST_COPY_DEVICE_TO_HOST));
+            CHECK_OK(pst_stream_synchronize(f.s[d]));
+            if (d != root) {
+                assert_bits(now, f.host[d], n, "a buffer beside the root's after the reduce");
+                free(now);
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            cr_assert(fabsf(f.got[i] - f.want[i]) <= 4.0f * (float)k * FLT_EPSILON *
+                                                         abs_sum(in, k, i),
+                      "members %#llx root %d element %zu: %g, want %g",
+                      (unsigned long long)m, root, i, (double)f.got[i], (double)f.want[i]);
+        void *some[MAXD] = {0};
+        for (int d = 0; d < D; d++)
+            some[d] = (m >> d) & 1u ? (void *)f.buf[d] : NULL;
+        CHECK_OK(pst_comm_broadcast_some(f.c, some, n * sizeof(float), root, f.s, m));
+        for (int d = 0; d < D; d++) {
+            float *now = host_floats(n);
+            CHECK_OK(pst_memcpy_async(f.s[d], now, f.buf[d], n * sizeof(float),
+                                      PST_COPY_DEVICE_TO_HOST));
+            CHECK_OK(pst_stream_synchronize(f.s[d]));
+            assert_bits(now, (m >> d) & 1u ? f.got : f.host[d], n,
+                        (m >> d) & 1u ? "a member after the broadcast" : "a non-member");
+            free(now);
+        }
     }
-    free(want);
-    free(got);
-    pst_runtime_free(rt);
+    gpu_fx_free(&f);
 }
 
 /* ---- two comms of one runtime at once --------------------------------------------------

@@ -170,11 +170,10 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
         return pst_error_set(PST_ERR_INVALID, "executor: %d devices, at most %d", ex->D,
                              PST_DEVICE_MAX_COUNT);
     ex->host_memory = pst_runtime_host_memory(c->rt);
-    /* A pipeline on CPU: every stage keeps its own blocks' parameters and gradients, and
-     * the tied table's two stages exchange through a reduce and a broadcast of their own
-     * (on CUDA those would need an NCCL communicator each: there every device keeps the
-     * whole model for now). */
-    ex->stage_local = ex->host_memory && c->cfg.pipeline > 1;
+    /* A pipeline: every stage keeps its own blocks' parameters and gradients, and a block's
+     * holders (a stage's replica group; the tied table's two stages) reduce and broadcast
+     * among themselves (on CUDA through an NCCL communicator set of theirs). */
+    ex->stage_local = c->cfg.pipeline > 1;
     ex->plan = c->link->plan; /* the blocks each device holds size its buffers */
     if (ex->plan->nparams != c->model->nparams || ex->plan->ndevices != ex->D)
         return pst_error_set(PST_ERR_INTERNAL, "executor: plan for %zu params on %d devices, "
@@ -303,6 +302,10 @@ static pst_status init_blocks(tr_exec *ex)
                 eb->pbufs[i] = (char *)ex->devs[i].params + held[i] * ex->psize;
                 held[i] += eb->b->length;
             }
+        }
+        if (ex->stage_local) { /* the holders' collectives (NCCL: their communicators) */
+            PST_TRY(pst_comm_prepare_some(ex->reduce_comm, eb->b->holders));
+            PST_TRY(pst_comm_prepare_some(ex->bcast_comm, eb->b->holders));
         }
         exec_dev *owner = &ex->devs[eb->b->owner_device];
         PST_TRY(pst_event_create(owner->dev, &eb->sent));

@@ -118,7 +118,7 @@ struct tr_exec {
     float **homes;                 /* (nblocks) each block's values on its owner device */
     int D, L, host_memory;
     int shared;                    /* CPU: one parameter buffer for every device */
-    int stage_local;               /* a pipeline on CPU: each device's gradient and parameter
+    int stage_local;               /* a pipeline: each device's gradient and parameter
                                     * buffers hold only its blocks (tr_block.holders), in
                                     * block order; a parameter copy per device (not shared) */
     void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */

@@ -35,7 +35,7 @@
  *   deadlock free, tested on its own, so this ends).
  * - Parameters and gradients: the block plan is cut at the stages' segments
  *   (tr_exec_stage_segments), so a block's holders are the devices whose chunks name its
- *   tensors: its stage in every replica. On CPU each device's parameter and gradient
+ *   tensors: its stage in every replica. Each device's parameter and gradient
  *   buffers hold only its blocks, end to end (exec_param_at, exec_grad_at; a copy per
  *   device, as the replicas' schedule has), the gradients zeroed at the start of the step
  *   (so the first micro-batch adds to zero: the same bits as writing). A block with one
@@ -43,9 +43,8 @@
  *   device order (a stage's replica group; the tied token embedding, read by the first
  *   chunk's embedding and the last chunk's projection: the first and the last stage of
  *   each replica), and their new values broadcast to those (pst_comm_reduce_some,
- *   pst_comm_broadcast_some). On CUDA every device still keeps the whole model and the
- *   collectives run over all of them (the others add zeros), until a communicator per
- *   group exists. bf16/fp16: a device's parameters are in that dtype and each layer's are
+ *   pst_comm_broadcast_some; on CUDA an NCCL communicator set per group). bf16/fp16: a
+ *   device's parameters are in that dtype and each layer's are
  *   cast into its fp32 wbuf before each forward and backward, as without a pipeline;
  *   activations stay fp32. The block leaves as soon as every device recorded its
  *   grad_done: a device records it right after the last backward of its last chunk that

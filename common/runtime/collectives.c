@@ -173,6 +173,19 @@ pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes
     return run_some(c, 0, bufs, bytes, root, streams, members);
 }
 
+pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members)
+{
+    if (!c)
+        return pst_error_set(PST_ERR_INVALID, "pst_comm_prepare_some: comm is NULL");
+    members &= pst_devices_first(c->count);
+    if (!c->iface->prepare || __builtin_popcountll(members) < 2)
+        return PST_OK;
+    pthread_mutex_lock(&c->mu);
+    const pst_status st = c->iface->prepare(c, members);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
 /* ---- host implementation ----------------------------------------------------------- */
 
 /* Elements summed per pass: the partial sums of one chunk stay in cache. */
@@ -361,4 +374,4 @@ static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, 
     return host_leave(hc, c->count, root, streams, members);
 }
 
-const pst_comm_iface pst_comm_host_iface = PST_COMM_IFACE(host);
+const pst_comm_iface pst_comm_host_iface = {PST_COMM_IFACE(host)};

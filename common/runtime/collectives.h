@@ -58,8 +58,8 @@ pst_status pst_comm_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
 /* pst_comm_reduce over the devices in `members` only (bit d: device d; the root must be
  * one): their buffers summed in device order into bufs[root]; the others' bufs[d] are not
  * read (may be NULL) and their streams do not wait. A pipeline's tied weights: the stages
- * that hold them. The host comm only; NCCL answers PST_ERR_UNSUPPORTED unless `members` is
- * every device. */
+ * that hold them. On NCCL: over a communicator set of exactly those devices, made at the
+ * first collective over them (pst_comm_prepare_some makes it beforehand). */
 pst_status pst_comm_reduce_some(pst_comm *c, float *const bufs[], size_t n, int root,
                                 pst_stream *const streams[], uint64_t members);
 /* Copies bufs[root][0..n) into every other device's bufs[d], with the same arguments and
@@ -71,9 +71,12 @@ pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t byte
                                     pst_stream *const streams[]);
 /* pst_comm_broadcast_bytes to the devices in `members` only (the root must be one), as
  * pst_comm_reduce_some: the others' bufs[d] are not written (may be NULL) and their
- * streams do not wait. The host comm only; NCCL answers PST_ERR_UNSUPPORTED for a strict
- * subset. */
+ * streams do not wait. */
 pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                    pst_stream *const streams[], uint64_t members);
+/* Makes now what collectives over `members` will need (NCCL: their communicator set), so
+ * that no step pays for it and a failure shows at the start. Nothing to do on the host
+ * comm, or for fewer than two members. */
+pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members);
 
 #endif /* PST_COLLECTIVES_H */

@@ -23,15 +23,16 @@ typedef struct pst_comm_iface {
     /* Copies `bytes` bytes of bufs[root] into every other member's buffer. */
     pst_status (*broadcast)(pst_comm *c, void *const bufs[], size_t bytes, int root,
                             pst_stream *const streams[], uint64_t members);
+    /* Optional: makes what collectives over `members` (two or more devices) need; called
+     * with c->mu held. NULL: nothing to make. */
+    pst_status (*prepare)(pst_comm *c, uint64_t members);
 } pst_comm_iface;
 
-/* The table of the collectives backend id, whose hooks are id_init, id_free, id_reduce and
- * id_broadcast. */
+/* The name and required hooks of the collectives backend id (id_init, id_free, id_reduce,
+ * id_broadcast), for its table: {PST_COMM_IFACE(host)}. */
 #define PST_COMM_IFACE(id)                                                                    \
-    {                                                                                         \
-        .name = #id, .init = id##_init, .free = id##_free, .reduce = id##_reduce,             \
-        .broadcast = id##_broadcast                                                           \
-    }
+    .name = #id, .init = id##_init, .free = id##_free, .reduce = id##_reduce,                 \
+    .broadcast = id##_broadcast
 
 struct pst_comm {
     const pst_comm_iface *iface;

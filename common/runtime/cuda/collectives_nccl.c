@@ -5,7 +5,11 @@
  * collective; several GPUs have not been tried).
  *
  * DESIGN. One process drives every GPU of the runtime, so the communicators come from
- * ncclCommInitAll (one per device, in device order). Each pst_comm owns its own set: the
+ * ncclCommInitAll (one per device, in device order). A collective over some of the devices
+ * (pst_comm_reduce_some: a pipeline stage's replica group, the tied table's two stages)
+ * runs on a communicator set of exactly those, made at its first use and kept with the
+ * comm (ranks in device order; the root's rank is its place among the members): NCCL has
+ * no collective over a subset of a communicator's ranks. Each pst_comm owns its own sets: the
  * executor reduces on the send streams through one comm while it broadcasts on the receive
  * streams through another, and two NCCL operations in flight on one communicator set can
  * deadlock (NCCL orders the operations of a communicator; ours are on different streams). A
@@ -20,6 +24,7 @@
  * A stream whose status is sticky (a failed host function) still takes part: every rank
  * must issue the call or the others would hang; the step is failed anyway. */
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -28,9 +33,18 @@
 #include "common/runtime/cuda/cuda_impl.h"
 #include "common/runtime/device_impl.h"
 
+/* A communicator set over some of the runtime's devices: comms[i] is the i-th member's
+ * (device order). */
+typedef struct nccl_group {
+    uint64_t members; /* bit d: device d */
+    int k;
+    ncclComm_t comms[PST_DEVICE_MAX_COUNT];
+} nccl_group;
+
 typedef struct nccl_ctx {
-    ncclComm_t comms[PST_DEVICE_MAX_COUNT]; /* (count), this comm's own */
-    int count;
+    nccl_group all;     /* every device, made with the comm */
+    nccl_group *groups; /* (ngroups) the subsets used so far, made at their first use */
+    int ngroups;
 } nccl_ctx;
 
 static pst_status nccl_init(pst_comm *c)
@@ -38,108 +52,118 @@ static pst_status nccl_init(pst_comm *c)
     nccl_ctx *nc = calloc(1, sizeof *nc);
     if (!nc)
         return pst_error_set(PST_ERR_NOMEM, "pst_comm_init: out of memory");
-    pst_status st = pst_cuda_nccl_comms_create(c->rt, nc->comms);
+    nc->all.members = pst_devices_first(c->count);
+    pst_status st = pst_cuda_nccl_comms_create(c->rt, nc->all.members, nc->all.comms);
     if (st != PST_OK) {
         free(nc);
         return st;
     }
-    nc->count = c->count;
+    nc->all.k = c->count;
     c->ctx = nc;
     return PST_OK;
 }
 
 /* Teardown errors are not reported (nothing can be done). */
+static void group_destroy(nccl_group *g)
+{
+    for (int i = 0; i < g->k; i++)
+        (void)ncclCommDestroy(g->comms[i]);
+}
+
 static void nccl_free(pst_comm *c)
 {
     nccl_ctx *nc = c->ctx;
-    for (int d = 0; nc && d < nc->count; d++)
-        (void)ncclCommDestroy(nc->comms[d]);
+    if (!nc)
+        return;
+    group_destroy(&nc->all);
+    for (int i = 0; i < nc->ngroups; i++)
+        group_destroy(&nc->groups[i]);
+    free(nc->groups);
     free(nc);
     c->ctx = NULL;
 }
 
-/* The cudaStream_t of every streams[d] (makes each device current in turn). */
-static pst_status cuda_streams(int count, pst_stream *const streams[],
-                               cudaStream_t out[PST_DEVICE_MAX_COUNT])
+/* The communicator set of exactly `members` (two or more devices), made now if this comm
+ * has none yet. Under the comm's lock (collectives.c), so from one thread at a time. */
+static pst_status group_of(pst_comm *c, uint64_t members, const nccl_group **out)
 {
-    for (int d = 0; d < count; d++) {
-        int skip; /* ignored: see DESIGN */
-        PST_TRY(pst_cuda_stream_begin(streams[d], &out[d], &skip));
+    nccl_ctx *nc = c->ctx;
+    if (members == nc->all.members) {
+        *out = &nc->all;
+        return PST_OK;
     }
+    for (int i = 0; i < nc->ngroups; i++)
+        if (nc->groups[i].members == members) {
+            *out = &nc->groups[i];
+            return PST_OK;
+        }
+    nccl_group *more = realloc(nc->groups, (size_t)(nc->ngroups + 1) * sizeof *more);
+    if (!more)
+        return pst_error_set(PST_ERR_NOMEM, "NCCL communicators of devices %#llx: out of "
+                             "memory", (unsigned long long)members);
+    nc->groups = more;
+    nccl_group *g = &nc->groups[nc->ngroups];
+    *g = (nccl_group){.members = members};
+    PST_TRY(pst_cuda_nccl_comms_create(c->rt, members, g->comms));
+    for (int d = 0; d < c->count; d++)
+        g->k += (int)((members >> d) & 1u);
+    nc->ngroups++;
+    *out = g;
     return PST_OK;
 }
 
-static pst_status group_start(void)
+/* One NCCL call per member, rank i on the i-th member's buffer and stream, inside one NCCL
+ * group (so one thread issues them without deadlock); the group is always closed. */
+static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
+                          pst_stream *const streams[], uint64_t members, int broadcast)
 {
+    const nccl_group *g = NULL;
+    PST_TRY(group_of(c, members, &g));
+    cudaStream_t cs[PST_DEVICE_MAX_COUNT];
+    void *b[PST_DEVICE_MAX_COUNT];
+    int k = 0, root_rank = 0;
+    for (int d = 0; d < c->count; d++) {
+        if (!((members >> d) & 1u))
+            continue;
+        int skip; /* ignored: see DESIGN */
+        PST_TRY(pst_cuda_stream_begin(streams[d], &cs[k], &skip));
+        if (d == root)
+            root_rank = k;
+        b[k++] = bufs[d];
+    }
     PST_CUDA_CHECK(ncclGroupStart());
-    return PST_OK;
-}
-
-static pst_status group_end(void)
-{
+    pst_status st = PST_OK;
+    for (int i = 0; i < k && st == PST_OK; i++)
+        st = broadcast /* a copy: bytes, whatever the element type */
+                 ? PST_CUDA_STATUS(ncclBcast(b[i], n, ncclUint8, root_rank, g->comms[i], cs[i]))
+                 : PST_CUDA_STATUS(ncclReduce(b[i], b[i], n, ncclFloat, ncclSum, root_rank,
+                                              g->comms[i], cs[i]));
+    if (st != PST_OK) {
+        char keep[PST_ERROR_DETAIL_MAX];
+        snprintf(keep, sizeof keep, "%s", pst_error_detail());
+        (void)ncclGroupEnd();
+        return pst_error_set(st, "%s", keep);
+    }
     PST_CUDA_CHECK(ncclGroupEnd());
     return PST_OK;
 }
 
-static pst_status reduce_calls(const nccl_ctx *nc, int count, float *const bufs[], size_t n,
-                               int root, const cudaStream_t *cs)
+static pst_status nccl_prepare(pst_comm *c, uint64_t members)
 {
-    for (int d = 0; d < count; d++)
-        PST_CUDA_CHECK(ncclReduce(bufs[d], bufs[d], n, ncclFloat, ncclSum, root, nc->comms[d],
-                                  cs[d]));
-    return PST_OK;
-}
-
-/* A broadcast is a copy: bytes, whatever the element type. */
-static pst_status bcast_calls(const nccl_ctx *nc, int count, void *const bufs[], size_t bytes,
-                              int root, const cudaStream_t *cs)
-{
-    for (int d = 0; d < count; d++)
-        PST_CUDA_CHECK(ncclBcast(bufs[d], bytes, ncclUint8, root, nc->comms[d], cs[d]));
-    return PST_OK;
-}
-
-/* Runs the per-device calls inside one NCCL group; the group is always closed. */
-static pst_status grouped(pst_comm *c, void *const bufs[], size_t n, int root,
-                          pst_stream *const streams[], int broadcast)
-{
-    cudaStream_t cs[PST_DEVICE_MAX_COUNT];
-    const nccl_ctx *nc = c->ctx;
-    PST_TRY(cuda_streams(c->count, streams, cs));
-    PST_TRY(group_start());
-    pst_status st = broadcast ? bcast_calls(nc, c->count, bufs, n, root, cs)
-                              : reduce_calls(nc, c->count, (float *const *)bufs, n, root, cs);
-    if (st != PST_OK) {
-        char keep[PST_ERROR_DETAIL_MAX];
-        snprintf(keep, sizeof keep, "%s", pst_error_detail());
-        (void)group_end();
-        return pst_error_set(st, "%s", keep);
-    }
-    return group_end();
-}
-
-/* A collective over some of the devices would need a communicator of those: not made yet. */
-static pst_status every_member(const pst_comm *c, uint64_t members, const char *what)
-{
-    if (members == pst_devices_first(c->count))
-        return PST_OK;
-    return pst_error_set(PST_ERR_UNSUPPORTED, "%s: NCCL runs over every device of the "
-                         "runtime, not some (members %#llx of %d)", what,
-                         (unsigned long long)members, c->count);
+    const nccl_group *g = NULL;
+    return group_of(c, members, &g);
 }
 
 static pst_status nccl_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
                               pst_stream *const streams[], uint64_t members)
 {
-    PST_TRY(every_member(c, members, "pst_comm_reduce"));
-    return grouped(c, (void *const *)bufs, n, root, streams, 0);
+    return grouped(c, (void *const *)bufs, n, root, streams, members, 0);
 }
 
 static pst_status nccl_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                  pst_stream *const streams[], uint64_t members)
 {
-    PST_TRY(every_member(c, members, "pst_comm_broadcast"));
-    return grouped(c, bufs, bytes, root, streams, 1);
+    return grouped(c, bufs, bytes, root, streams, members, 1);
 }
 
-const pst_comm_iface pst_comm_nccl_iface = PST_COMM_IFACE(nccl);
+const pst_comm_iface pst_comm_nccl_iface = {PST_COMM_IFACE(nccl), .prepare = nccl_prepare};

@@ -37,11 +37,12 @@ pst_status pst_cuda_stream_begin(pst_stream *s, cudaStream_t *cs, int *skip);
 pst_status pst_cuda_blas_acquire(pst_stream *s, cublasHandle_t *handle);
 void pst_cuda_blas_release(pst_stream *s);
 
-/* Creates a new set of NCCL communicators for the runtime's GPUs, one per device in device
- * order (ncclCommInitAll), into comms[0..count-1]; the caller destroys them
- * (ncclCommDestroy). Each pst_comm makes its own set: NCCL calls of two communicator sets
- * may run concurrently, calls of one set must not. */
-pst_status pst_cuda_nccl_comms_create(pst_runtime *rt, ncclComm_t *comms);
+/* Creates a new set of NCCL communicators over the runtime's GPUs in `members` (bit d:
+ * device d), one per member in device order (ncclCommInitAll), into comms[0..k-1] (k
+ * members; rank i is the i-th member); the caller destroys them (ncclCommDestroy). Each
+ * pst_comm makes its own sets: NCCL calls of two communicator sets may run concurrently,
+ * calls of one set must not. */
+pst_status pst_cuda_nccl_comms_create(pst_runtime *rt, uint64_t members, ncclComm_t *comms);
 
 #ifdef __cplusplus
 }

@@ -305,15 +305,19 @@ static pst_status cuda_runtime_init(pst_runtime *rt)
     return PST_OK;
 }
 
-pst_status pst_cuda_nccl_comms_create(pst_runtime *rt, ncclComm_t *comms)
+pst_status pst_cuda_nccl_comms_create(pst_runtime *rt, uint64_t members, ncclComm_t *comms)
 {
     if (pst_cuda_in_host_fn)
         return pst_error_set(PST_ERR_STATE, "NCCL setup from a host function "
                              "(pst_stream_launch) is not allowed by CUDA");
-    int ordinals[PST_DEVICE_MAX_COUNT];
+    int ordinals[PST_DEVICE_MAX_COUNT], k = 0;
     for (int i = 0; i < rt->count; i++)
-        ordinals[i] = pst_cuda_device_ordinal(&rt->devices[i]);
-    PST_CUDA_CHECK(ncclCommInitAll(comms, rt->count, ordinals));
+        if ((members >> i) & 1u)
+            ordinals[k++] = pst_cuda_device_ordinal(&rt->devices[i]);
+    if (k == 0)
+        return pst_error_set(PST_ERR_INVALID, "NCCL communicators of no device (members %#llx "
+                             "of %d)", (unsigned long long)members, rt->count);
+    PST_CUDA_CHECK(ncclCommInitAll(comms, k, ordinals));
     return PST_OK;
 }
 
