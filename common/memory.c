@@ -90,3 +90,9 @@ unsigned long long pst_memory_available(void)
         fclose(f);
     return bytes;
 }
+
+void pst_free_all(void *const ptrs[], size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+}

@@ -49,11 +49,7 @@ void pst_exec_self(char **argv);
 /* free() of every argument, in order: PST_FREE_ALL(a->x, a->y, a->z); */
 #define PST_FREE_ALL(...)                                                                     \
     pst_free_all((void *[]){__VA_ARGS__}, sizeof((void *[]){__VA_ARGS__}) / sizeof(void *))
-static inline void pst_free_all(void *const ptrs[], size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(ptrs[i]);
-}
+void pst_free_all(void *const ptrs[], size_t n);
 
 /* Bytes of memory this process may use: the machine's physical memory, or its cgroup's
  * limit (cgroup v2 memory.max, as a pod's) when that is lower. */

@@ -127,3 +127,8 @@ void pst_layer_io_point(pst_layer_io *io, const pst_model *m, int layer, const f
             io->g[k] = grads + off;
     }
 }
+
+int pst_layer_adds_grad(const pst_layer_io *io, const pst_layer *ly, uint32_t mask)
+{
+    return io->accumulate || (ly->grad_accumulate & mask) != 0;
+}

@@ -188,11 +188,7 @@ int pst_model_find_tensor(const pst_model *m, const char *name);
 
 /* 1 when the layer adds to the gradients of its tensors in `mask` (bit i: tensor[i]) rather
  * than writing them: io->accumulate, or one of them is written first by a higher layer. */
-static inline int pst_layer_adds_grad(const pst_layer_io *io, const pst_layer *ly,
-                                      uint32_t mask)
-{
-    return io->accumulate || (ly->grad_accumulate & mask) != 0;
-}
+int pst_layer_adds_grad(const pst_layer_io *io, const pst_layer *ly, uint32_t mask);
 
 /* Defines the class pst_layer_<id>, named "<id>", whose instance is an `inst_type`; the
  * rest are its other members as designated initializers (.bind = ..., .forward = ...). */
