@@ -75,8 +75,9 @@ pst_status pst_comm_broadcast_bytes(pst_comm *c, void *const bufs[], size_t byte
 pst_status pst_comm_broadcast_some(pst_comm *c, void *const bufs[], size_t bytes, int root,
                                    pst_stream *const streams[], uint64_t members);
 /* Makes now what collectives over `members` will need (NCCL: their communicator set), so
- * that no step pays for it and a failure shows at the start. Nothing to do on the host
- * comm, or for fewer than two members. */
+ * that no step pays for it and a failure shows at the start. Call it before collectives of
+ * another comm run on the same GPUs: NCCL's setup of a set made at its first use could
+ * stall behind them. Nothing to do on the host comm, or for fewer than two members. */
 pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members);
 
 #endif /* PST_COLLECTIVES_H */

@@ -1,8 +1,9 @@
 /* collectives_impl.h — the collectives' implementation table (private; users include
  * common/runtime/collectives.h). collectives.c checks every argument, serializes the calls of one
- * comm, then calls the table: an implementation may trust that bufs and streams hold one
- * valid entry per device, that streams[d] belongs to device d, that root is in range and
- * that n > 0 and the runtime has at least two devices. */
+ * comm, then calls the table: an implementation may trust that bufs and streams hold a
+ * valid entry for every member (bit d of `members`; the others may be NULL), that
+ * streams[d] belongs to device d, that root is a member, that n > 0 and that there are at
+ * least two members. */
 #ifndef PST_COLLECTIVES_IMPL_H
 #define PST_COLLECTIVES_IMPL_H
 

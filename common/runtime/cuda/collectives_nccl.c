@@ -7,9 +7,11 @@
  * DESIGN. One process drives every GPU of the runtime, so the communicators come from
  * ncclCommInitAll (one per device, in device order). A collective over some of the devices
  * (pst_comm_reduce_some: a pipeline stage's replica group, the tied table's two stages)
- * runs on a communicator set of exactly those, made at its first use and kept with the
- * comm (ranks in device order; the root's rank is its place among the members): NCCL has
- * no collective over a subset of a communicator's ranks. Each pst_comm owns its own sets: the
+ * runs on a communicator set of exactly those, kept with the comm (ranks in device order;
+ * the root's rank is its place among the members): NCCL has no collective over a subset of
+ * a communicator's ranks. The executor makes its sets at init (pst_comm_prepare_some); one
+ * made at its first use instead runs NCCL's setup (allocations that may synchronize the
+ * GPUs) inside the collective, where another comm's work in flight could stall it. Each pst_comm owns its own sets: the
  * executor reduces on the send streams through one comm while it broadcasts on the receive
  * streams through another, and two NCCL operations in flight on one communicator set can
  * deadlock (NCCL orders the operations of a communicator; ours are on different streams). A

@@ -565,8 +565,6 @@ static pst_status stream_create(void *s)
     return PST_OK;
 }
 
-/* What a stream's and an event's state have alike: a lock, then a CUDA handle that
- * create(handle) makes on dev's GPU. On failure neither is left. */
 /* A stream's or event's backend object obj (calloc'd, its other fields set) gets its lock
  * and the handle create makes on dev's GPU, and becomes *ctx; on failure obj is freed.
  * object_close undoes it. */
