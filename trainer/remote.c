@@ -274,7 +274,8 @@ static void exchange_step_done(block_ctx *c)
         pthread_mutex_unlock(&ls->mu);
         link_pump(c->r);
     }
-    char detail[PST_ERROR_DETAIL_MAX] = "";
+    char detail[PST_ERROR_DETAIL_MAX];
+    detail[0] = '\0'; /* (an initializer would zero all 512 bytes, every exchange) */
     pthread_mutex_lock(&c->mu);
     const pst_status st = pst_sticky_read(&c->err, detail);
     pst_sticky_reset(&c->err);

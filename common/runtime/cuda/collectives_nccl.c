@@ -105,10 +105,8 @@ static pst_status group_of(pst_comm *c, uint64_t members, const nccl_group **out
                              "memory", (unsigned long long)members);
     nc->groups = more;
     nccl_group *g = &nc->groups[nc->ngroups];
-    *g = (nccl_group){.members = members};
+    *g = (nccl_group){.members = members, .k = __builtin_popcountll(members)};
     PST_TRY(pst_cuda_nccl_comms_create(c->rt, members, g->comms));
-    for (int d = 0; d < c->count; d++)
-        g->k += (int)((members >> d) & 1u);
     nc->ngroups++;
     *out = g;
     return PST_OK;
