@@ -260,6 +260,8 @@ KEYWORD_OPTION(parse_resume, resume, int, {"auto", PST_RESUME_AUTO},
 KEYWORD_OPTION(parse_on_failure, on_failure, int, {"wait", PST_ON_FAILURE_WAIT},
                {"fail", PST_ON_FAILURE_FAIL})
 KEYWORD_OPTION(parse_shm, shm, int, {"auto", 1}, {"off", 0})
+KEYWORD_OPTION(parse_bf16_gemm, bf16_gemm, int, {"auto", PST_BF16_GEMM_AUTO},
+               {"on", PST_BF16_GEMM_ON}, {"off", PST_BF16_GEMM_OFF})
 KEYWORD_OPTION(parse_pipe_schedule, schedule, pst_schedule, {"gpipe", PST_SCHEDULE_GPIPE},
                {"1f1b", PST_SCHEDULE_1F1B}, {"interleaved", PST_SCHEDULE_INTERLEAVED})
 KEYWORD_OPTION(parse_progress, progress, pst_progress, {"auto", PST_PROGRESS_AUTO},
@@ -433,6 +435,7 @@ static const opt options[] = {
     {"steps", "PSTRAIN_STEPS", NULL, NULL, "100", "stop after this many steps (0 = run all epochs)", R_TRAINER, OPT_LONG, F(steps), 0, 1e12, NULL},
     {"batch", "PSTRAIN_BATCH", NULL, NULL, "128", "GLOBAL batch size per optimizer step (all trainers and micro-batches together)", R_TRAINER, OPT_INT, F(batch), 1, 1 << 20, NULL},
     {"precision", "PSTRAIN_PRECISION", NULL, NULL, "bf16", "fp32, bf16 or fp16: the dtype of the trainer's parameters (bf16/fp16: 2 bytes per parameter, fp32 accumulation; the fp32 master and the optimizer live on the pservers, cast once per update)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_precision},
+    {"bf16-gemm", "PSTRAIN_BF16_GEMM", NULL, NULL, "off", "with --precision bf16 on CPU devices, the linear layers' GEMMs: auto (in bf16 with fp32 accumulation through oneDNN where the CPU has AVX512_BF16, else fp32), on (in bf16 on every CPU: where oneDNN has no bf16 kernel for it, bf16-rounded operands are multiplied in fp32 by OpenBLAS, the same products but slower than fp32) or off (fp32 on the bf16 weights' fp32 casts)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_bf16_gemm},
     {"grad-dtype", "PSTRAIN_GRAD_DTYPE", NULL, NULL, "fp32", "dtype of the pushed gradients: fp32, bf16 or fp16 (default: the precision's)", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_grad_dtype},
     {"acc-steps", "PSTRAIN_ACC_STEPS", NULL, NULL, "4", "micro-batches per optimizer step: each trainer splits its share of --batch into K, accumulates their gradients in fp32 and pushes once", R_TRAINER, OPT_INT, F(acc_steps), 1, 4096, NULL},
     {"checkpoint-dir", "PSTRAIN_CHECKPOINT_DIR", NULL, NULL, "/ckpt", "write checkpoints here, in a subdirectory per job (pserver: its shard in DIR/JOB/pserver-ID; trainer 0: the job state in DIR/JOB/job; JOB: --job-id) and resume from them; unset: none", R_ALL, OPT_STR, S(checkpoint_dir), 0, 0, NULL},
@@ -504,7 +507,7 @@ static const struct {
                        "temperature"},
     {"Training", "epochs steps batch seed optimizer lr momentum beta1 beta2 eps weight-decay "
                  "lr-schedule warmup-steps min-lr"},
-    {"Precision", "precision grad-dtype loss-scale loss-scale-window"},
+    {"Precision", "precision grad-dtype bf16-gemm loss-scale loss-scale-window"},
     {"Accumulation and pipelines", "acc-steps pipeline micro-batches schedule virtual-stages "
                                    "partition"},
     {"Communication", "block-bytes send-window send-ahead overlap shm rpc-timeout-ms connect-timeout-ms"},
@@ -670,6 +673,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->send_window = PST_SEND_WINDOW_AUTO;
     cfg->send_ahead = PST_SEND_AHEAD_AUTO;
     cfg->shm = 1;
+    cfg->bf16_gemm = PST_BF16_GEMM_AUTO;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
     cfg->connect_timeout_ms = 30000;
@@ -1159,6 +1163,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
                 cfg->rpc_timeout_ms, cfg->threads, cfg->overlap, cfg->cpu_replicas);
         json_str(out, "precision", pst_dtype_name(cfg->precision), &first);
         json_str(out, "grad_dtype", pst_dtype_name(cfg->grad_dtype), &first);
+        json_str(out, "bf16_gemm", cfg->bf16_gemm == PST_BF16_GEMM_AUTO ? "auto"
+                                   : cfg->bf16_gemm == PST_BF16_GEMM_ON ? "on"
+                                                                        : "off", &first);
         fprintf(out, ",\"acc_steps\":%d,\"pipeline\":%d,\"micro_batches\":%d", cfg->acc_steps,
                 cfg->pipeline, cfg->micro_batches);
         json_str(out, "schedule", pst_schedule_name(cfg->schedule), &first);

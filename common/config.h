@@ -38,6 +38,10 @@ typedef enum pst_mode { PST_MODE_SYNC = 0, PST_MODE_ASYNC } pst_mode;
 typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRESS_LINES,
                             PST_PROGRESS_NONE } pst_progress;
 
+/* --bf16-gemm: a bf16 trainer's linear GEMMs in bf16 (common/nn/gemm_bf16.h) never, always,
+ * or where the CPU has AVX512_BF16. */
+enum { PST_BF16_GEMM_OFF = 0, PST_BF16_GEMM_ON = 1, PST_BF16_GEMM_AUTO = 2 };
+
 /* --resume: start from the newest complete checkpoint when there is one (auto), never, or
  * fail when there is none (require). */
 enum { PST_RESUME_AUTO = 0, PST_RESUME_NEVER, PST_RESUME_REQUIRE };
@@ -99,6 +103,7 @@ typedef struct pst_config {
     /* precision */
     pst_dtype precision;                           /* the trainer's parameters: f32, bf16, f16 */
     pst_dtype grad_dtype;                          /* pushed gradients (default: precision) */
+    int bf16_gemm;                                 /* PST_BF16_GEMM_*: --bf16-gemm */
     int grad_dtype_set;                            /* --grad-dtype given */
     int acc_steps;                                 /* micro-batches per optimizer step */
     /* checkpoints (common/checkpoint.h, pserver/shard.h) */

@@ -5,7 +5,7 @@
 # usage: scripts/deps.sh [extra-package ...]   (bench/ passes python3-torch, iperf3)
 set -eu
 
-pkgs="build-essential cmake pkg-config libopenblas-dev zlib1g-dev libcriterion-dev
+pkgs="build-essential cmake pkg-config libopenblas-dev libdnnl-dev zlib1g-dev libcriterion-dev
       dataset-fashion-mnist libprotobuf-c-dev protobuf-c-compiler libgrpc-dev libssl-dev openssl
       libmicrohttpd-dev python3-prometheus-client python3-matplotlib
       bible-kjv iproute2 help2man $*"

@@ -15,10 +15,10 @@ cd "$root"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPSTRAIN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-80;90}" >/dev/null
 cmake --build "$build" -j "$(nproc)" --target test_ops test_seq_ops test_collectives \
-  test_cuda_nogpu test_device trainer pserver pslaunch >/dev/null
+  test_cuda_nogpu test_device test_gemm_bf16 test_exec trainer pserver pslaunch >/dev/null
 rm -rf "$out" && mkdir -p "$out/bin" "$out/tests" "$out/data/fashion-mnist"
 cp "$build"/bin/trainer "$build"/bin/pserver "$build"/bin/pslaunch "$out/bin/"
-for t in test_ops test_seq_ops test_collectives test_cuda_nogpu test_device; do
+for t in test_ops test_seq_ops test_collectives test_cuda_nogpu test_device test_gemm_bf16 test_exec; do
   cp "$build/tests/$t" "$out/tests/"
 done
 libs=$(mktemp -d)

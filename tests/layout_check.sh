@@ -24,13 +24,13 @@ check() {
     done < <(grep -h '^#include "' "$f")
   done
 }
-base='^common/[a-z_]+\.h$'
+base='^common/[a-z0-9_]+\.h$'
 check "common/*.c common/*.h" "$base"
-check "common/runtime/*.c common/runtime/*.h" "$base|^common/runtime/[a-z_]+\.h$"
+check "common/runtime/*.c common/runtime/*.h" "$base|^common/runtime/[a-z0-9_]+\.h$"
 check "common/runtime/cuda/*" "$base|^common/runtime/"
 check "common/data/*" "$base|^common/data/"
-check "common/nn/*.c common/nn/*.h" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/[a-z_]+\.h$"
-check "common/nn/layers/* common/nn/models/*" "$base|^common/runtime/[a-z_]+\.h$|^common/nn/"
+check "common/nn/*.c common/nn/*.h" "$base|^common/runtime/[a-z0-9_]+\.h$|^common/nn/[a-z0-9_]+\.h$"
+check "common/nn/layers/* common/nn/models/*" "$base|^common/runtime/[a-z0-9_]+\.h$|^common/nn/"
 check "common/nn/cuda/*" "$base|^common/runtime/|^common/nn/"
 # The executor runs models through the model interface: trainer/ names no layer class
 # (a class tells what the executor needs through its fields: rows_updatable, cost, ...).

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "trainer/blas_core.h"
 
 #define TRAINER PST_BIN_DIR "/trainer"
@@ -134,26 +135,59 @@ Test(blas_core, trainer_warns_only_under_a_slower_family, .timeout = 120)
         cr_assert_eq(trainer_warns("Haswell"), 1, "no warning under Haswell on AVX-512");
 }
 
-Test(blas_core, bf16_line_names_what_the_machine_lacks)
+Test(blas_core, bf16_gemms_are_picked_from_the_cpu_and_the_option)
 {
-    char msg[512];
-    tr_bf16_arith_line(&avx2_only, "bf16", msg, sizeof msg);
-    cr_assert(strstr(msg, "compute in fp32"), "%s", msg);
-    cr_assert(strstr(msg, "lacks AVX512_BF16"), "%s", msg);
-    tr_bf16_arith_line(&avx512_bf16, "bf16", msg, sizeof msg);
-    cr_assert(strstr(msg, "has AVX512_BF16, but this OpenBLAS has no sbgemm"), "%s", msg);
+    cr_assert_eq(tr_bf16_gemm_wanted(&avx512_bf16, 1, PST_BF16_GEMM_AUTO), 1);
+    cr_assert_eq(tr_bf16_gemm_wanted(&avx2_only, 1, PST_BF16_GEMM_AUTO), 0);
+    cr_assert_eq(tr_bf16_gemm_wanted(&avx2_only, 1, PST_BF16_GEMM_ON), 1);
+    cr_assert_eq(tr_bf16_gemm_wanted(&avx512_bf16, 1, PST_BF16_GEMM_OFF), 0);
+    cr_assert_eq(tr_bf16_gemm_wanted(&avx512_bf16, 0, PST_BF16_GEMM_ON), 0, "fp16 or fp32");
 }
 
-Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
+Test(blas_core, bf16_line_names_what_the_trainer_computes_in)
 {
-    FILE *p = popen("timeout 60 " TRAINER " --model synthetic --params 1000 --steps 1 "
-                    "--precision bf16 --progress none 2>&1 >/dev/null", "r");
+    char msg[512];
+    tr_bf16_arith_line(&avx2_only, "bf16", PST_BF16_GEMM_AUTO, 0, "", msg, sizeof msg);
+    cr_assert(strstr(msg, "compute in fp32"), "%s", msg);
+    cr_assert(strstr(msg, "lacks AVX512_BF16"), "%s", msg);
+    tr_bf16_arith_line(&avx512_bf16, "bf16", PST_BF16_GEMM_OFF, 0, "", msg, sizeof msg);
+    cr_assert(strstr(msg, "compute in fp32 (--bf16-gemm off)"), "%s", msg);
+    tr_bf16_arith_line(&avx512_bf16, "bf16", PST_BF16_GEMM_AUTO, 0,
+                       "bf16 GEMMs off: oneDNN made no bf16 matmul (status 3)", msg, sizeof msg);
+    cr_assert(strstr(msg, "compute in fp32 (bf16 GEMMs off: oneDNN made no"), "%s", msg);
+    tr_bf16_arith_line(&avx512_bf16, "bf16", PST_BF16_GEMM_AUTO, 1, "kernel K", msg, sizeof msg);
+    cr_assert(strstr(msg, "GEMMs in bf16 with fp32 accumulation (kernel K)"), "%s", msg);
+    tr_bf16_arith_line(&avx512_bf16, "fp16", PST_BF16_GEMM_AUTO, 0, "", msg, sizeof msg);
+    cr_assert(strstr(msg, "compute in fp32 (no fp16 GEMM is used on CPUs)"), "%s", msg);
+}
+
+/* How many of the trainer's log lines (bf16, --bf16-gemm `opt`) contain both a and b. */
+static int trainer_lines(const char *opt, const char *a, const char *b)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 " TRAINER " --model synthetic --params 1000 --steps 1 "
+             "--precision bf16 --bf16-gemm %s --progress none 2>&1 >/dev/null", opt);
+    FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     char line[1024];
     int said = 0;
     while (fgets(line, sizeof line, p))
-        said += strstr(line, "bf16: parameters kept in bf16") &&
-                strstr(line, "compute in fp32") != NULL;
+        said += strstr(line, a) && strstr(line, b);
     cr_assert_eq(pclose(p), 0);
-    cr_assert_eq(said, 1, "the trainer said it %d times", said);
+    return said;
+}
+
+Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
+{
+    tr_cpu_features f;
+    tr_cpu_features_read(&f);
+    const char *bf16 = "bf16: parameters kept in bf16";
+    cr_assert_eq(trainer_lines("auto", bf16, f.avx512bf16 ? "GEMMs in bf16" : "compute in fp32"),
+                 1, "auto on a CPU %s AVX512_BF16", f.avx512bf16 ? "with" : "without");
+    cr_assert_eq(trainer_lines("off", bf16, "compute in fp32 (--bf16-gemm off)"), 1);
+    /* on: on any CPU (emulated where oneDNN has no bf16 kernel for it) */
+    cr_assert_eq(trainer_lines("on", bf16, f.avx512bf16 ? "with fp32 accumulation (bf16 GEMMs on: oneDNN"
+                                                        : "with fp32 accumulation (bf16 GEMMs on, emulated"),
+                 1);
 }

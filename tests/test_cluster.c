@@ -432,16 +432,19 @@ Test(cluster, one_trainer_equals_local_by_hash)
 }
 
 /* bf16 and fp16 (the devices hold 2-byte parameters, the pservers the fp32 master): one
- * trainer with 1 or 2 pservers equals training alone bit for bit, also with micro-batches.
+ * trainer with 1 or 2 pservers equals training alone bit for bit, also with micro-batches
+ * and with bf16 GEMMs (--bf16-gemm on: emulated where the CPU has no bf16 kernel).
  * Alone, the in-process store rounds the pushed gradient to the wire's dtype and serves
  * the same once-per-update copy, so the arithmetic is the same. */
-Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 240)
+Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 300)
 {
-    const char *cases[3][6] = {{"bf16", "1"}, {"fp16", "1"}, {"bf16", "2"}};
-    for (int c = 0; c < 3; c++) {
+    const char *cases[4][3] = {
+        {"bf16", "1", "off"}, {"fp16", "1", "off"}, {"bf16", "2", "off"}, {"bf16", "2", "on"}};
+    for (int c = 0; c < 4; c++) {
         const char *flags[24] = {"--hidden", "64", "--batch", "64", "--steps", "12", "--seed", "5",
                                  "--progress", "none", "--log-level", "warn", CONNECT_5S,
-                                 "--precision", cases[c][0], "--acc-steps", cases[c][1], NULL};
+                                 "--precision", cases[c][0], "--acc-steps", cases[c][1],
+                                 "--bf16-gemm", cases[c][2], NULL};
         const char *head_local[] = {TRAINER, NULL};
         const char *argv[64];
         join_argv(argv, 64, head_local, flags);

@@ -1,6 +1,8 @@
 /* blas_core.c — OpenBLAS kernel choice by CPU features (see blas_core.h). */
 #include "trainer/blas_core.h"
 
+#include "common/config.h"
+
 #include <cpuid.h>
 #include <stdio.h>
 #include <string.h>
@@ -96,15 +98,38 @@ int tr_blas_core_advice(const char *forced, const tr_cpu_features *f, char *msg,
     return 1;
 }
 
-void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, char *msg, size_t n)
+int tr_bf16_gemm_wanted(const tr_cpu_features *f, int is_bf16, int want)
 {
+    return is_bf16 && (want == PST_BF16_GEMM_ON || (want == PST_BF16_GEMM_AUTO && f->avx512bf16));
+}
+
+void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, int on,
+                        const char *gemm, char *msg, size_t n)
+{
+    const int bf16 = strcmp(dtype, "bf16") == 0;
+    if (bf16 && on) {
+        snprintf(msg, n,
+                 "bf16: parameters kept in bf16 on the devices and the wire; the linear "
+                 "layers' GEMMs in bf16 with fp32 accumulation (%s), every other op in fp32",
+                 gemm);
+        return;
+    }
+    char why[256];
+    if (!bf16)
+        snprintf(why, sizeof why, "no %s GEMM is used on CPUs", dtype);
+    else if (want == PST_BF16_GEMM_OFF)
+        snprintf(why, sizeof why, "--bf16-gemm off");
+    else if (gemm && *gemm) /* tried: what oneDNN said */
+        snprintf(why, sizeof why, "%s", gemm);
+    else
+        snprintf(why, sizeof why, "%s",
+                 f->avx512bf16 ? "bf16 GEMMs not tried"
+                               : "the CPU lacks AVX512_BF16: no bf16 arithmetic to use; "
+                                 "--bf16-gemm on emulates bf16 GEMMs, slower");
     snprintf(msg, n,
              "%s: parameters kept in %s on the devices and the wire; GEMMs and every other "
              "op compute in fp32 (%s)",
-             dtype, dtype,
-             strcmp(dtype, "bf16") != 0 ? "this OpenBLAS has no half-precision GEMM"
-             : f->avx512bf16            ? "the CPU has AVX512_BF16, but this OpenBLAS has no sbgemm"
-                                        : "the CPU lacks AVX512_BF16: no bf16 arithmetic to use");
+             dtype, dtype, why);
 }
 
 const char *tr_blas_core_pick(void)

@@ -36,12 +36,19 @@ int tr_blas_core_class(const char *name);
  * it, and returns 1; otherwise returns 0 and leaves msg empty. */
 int tr_blas_core_advice(const char *forced, const tr_cpu_features *f, char *msg, size_t n);
 
+/* Whether a trainer runs its linear GEMMs in bf16 (common/nn/gemm_bf16.h): is_bf16 (its
+ * --precision) and --bf16-gemm (want: PST_BF16_GEMM_*) on, or auto on a CPU with
+ * AVX512_BF16. Debian's OpenBLAS 0.3.21 is built without sbgemm, so those GEMMs go through
+ * oneDNN. */
+int tr_bf16_gemm_wanted(const tr_cpu_features *f, int is_bf16, int want);
+
 /* What a bf16 or fp16 trainer computes in, as one line for its log: the parameters are
- * kept in the 2-byte type on the devices and the wire, the arithmetic is fp32 on every CPU
- * today. bf16 GEMMs (fp32 accumulation) need AVX512_BF16 and a BLAS with sbgemm; Debian's
- * OpenBLAS 0.3.21 is built without it (no cblas_sbgemm in libopenblas.so), so the line
- * names which of the two this machine lacks. */
-void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, char *msg, size_t n);
+ * kept in the 2-byte type on the devices and the wire; the linear GEMMs in bf16 when `on`
+ * (gemm: pst_gemm_bf16_setup's line, naming oneDNN's kernel), else everything in fp32 and
+ * why (fp16, --bf16-gemm off, what oneDNN said when it was tried (gemm), or a CPU without
+ * AVX512_BF16). */
+void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, int on,
+                        const char *gemm, char *msg, size_t n);
 
 /* The best family for this CPU (tr_blas_core_best of this CPU's features). */
 const char *tr_blas_core_pick(void);

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "common/memory.h"
+#include "common/nn/gemm_bf16.h"
 #include "trainer/exec_pipe.h"
 #include "trainer/exec_step.h"
 
@@ -183,6 +184,7 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
     ex->pdt = c->cfg.precision;
     ex->psize = pst_dtype_size(ex->pdt);
     ex->lowp = ex->pdt != PST_F32;
+    ex->bf16_gemm = ex->pdt == PST_BF16 && ex->host_memory && pst_gemm_bf16_on();
     ex->K = c->cfg.acc_steps > 0 ? c->cfg.acc_steps : 1;
     ex->scaler = ex->pdt == PST_F16;
     ex->loss_scale = ex->scaler ? c->cfg.loss_scale : 1.0f;

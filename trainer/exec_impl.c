@@ -129,21 +129,26 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
             .rows_arg = ex->rows ? &ex->rows[l] : NULL};
         const pst_layer *ly = &m->layers[l];
         pst_layer_io_point(&io, m, l, ex->lowp ? NULL : d->params, d->grads);
-        if (ex->lowp) {
-            /* The layer's tensors packed in wbuf, each cast there before the layer runs. */
-            size_t at = 0;
-            for (int k = 0; k < ly->ntensors; k++) {
-                const pst_tensor *t = &m->tensors[ly->tensor[k]];
-                io.w[k] = d->wbuf + at;
-                d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
-                    .dst = d->wbuf + at, .dt = PST_F32,
-                    .src = (const char *)d->params + t->offset * ex->psize, .st = ex->pdt,
-                    .n = t->numel, .pool = d->pool};
-                at += t->numel;
-            }
+        size_t at = 0; /* the layer's tensors packed in wbuf */
+        for (int k = 0; ex->lowp && k < ly->ntensors; k++) {
+            const pst_tensor *t = &m->tensors[ly->tensor[k]];
+            exec_bind_lowp(ex, d, l, k, (const char *)d->params + t->offset * ex->psize, t->numel,
+                           &at, &io);
         }
         ly->cls->bind(d->inst[l], m, l, &io);
     }
+}
+
+void exec_bind_lowp(tr_exec *ex, exec_dev *d, int l, int k, const void *src, size_t numel,
+                    size_t *at, pst_layer_io *io)
+{
+    const int gemm = ex->bf16_gemm && (ex->model->layers[l].cls->gemm_weights >> k & 1u);
+    d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
+        .dst = d->wbuf + *at, .dt = gemm ? PST_BF16 : PST_F32, .src = src, .st = ex->pdt,
+        .n = numel, .pool = d->pool};
+    io->w[k] = gemm ? NULL : d->wbuf + *at;
+    io->w16[k] = gemm ? (const uint16_t *)(const void *)(d->wbuf + *at) : NULL;
+    *at += numel; /* in floats: a bf16 copy takes half of its place */
 }
 
 /* bf16/fp16: queues on s the casts of layer l's tensors into the device's fp32 scratch

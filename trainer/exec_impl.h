@@ -104,6 +104,8 @@ struct tr_exec {
     pst_dtype pdt;                 /* the parameters' dtype on the devices (--precision) */
     size_t psize;                  /* its bytes */
     int lowp;                      /* pdt is bf16 or fp16: layers compute from wbuf */
+    int bf16_gemm;                 /* pdt bf16, CPU devices, pst_gemm_bf16_on(): the layers'
+                                    * GEMM weights in bf16 (exec_bind_lowp) */
     int K;                         /* micro-batches per step (--acc-steps) */
     /* fp16 dynamic loss scaling (PyTorch GradScaler's rule) */
     int scaler;                    /* precision f16 */
@@ -170,6 +172,13 @@ pst_status exec_events_create(pst_device *dev, size_t n, pst_event ***out);
 void exec_events_free(pst_event **evs, size_t n);
 /* Points every layer instance of device d at its buffers (pipeline off). */
 void exec_bind_layers(tr_exec *ex, exec_dev *d);
+/* bf16/fp16: binds layer l's tensor k (numel values at src, in the device's parameters)
+ * packed at *at floats into d's wbuf (*at advances): io->w[k] there in fp32, cast before
+ * each use (exec_enqueue_weights); with bf16 GEMMs (ex->bf16_gemm) a GEMM weight of the
+ * layer's class is copied there in bf16 instead and bound as io->w16[k], io->w[k] NULL. */
+void exec_bind_lowp(tr_exec *ex, exec_dev *d, int l, int k, const void *src, size_t numel,
+                    size_t *at, pst_layer_io *io);
+
 /* bf16/fp16: queues on s the casts of layer l's tensors into d's fp32 scratch. */
 pst_status exec_enqueue_weights(tr_exec *ex, exec_dev *d, pst_stream *s, int l);
 

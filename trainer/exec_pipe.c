@@ -354,17 +354,12 @@ static void bind_slot_layer(tr_exec *ex, int r, int k, int mi, int l)
     size_t packed = 0;
     for (int k = 0; k < m->layers[l].ntensors; k++) { /* its stage keeps them: not NULL */
         const pst_tensor *t = &m->tensors[m->layers[l].tensor[k]];
-        io.w[k] = exec_param_at(ex, dev, t->offset);
         io.g[k] = exec_grad_at(ex, dev, t->offset);
-        if (!ex->lowp)
-            continue;
-        /* bf16/fp16: the layer reads fp32 values packed in the device's wbuf, cast there
-         * from its parameters before each forward and backward (exec_enqueue_weights) */
-        d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
-            .dst = d->wbuf + packed, .dt = PST_F32, .src = io.w[k], .st = ex->pdt,
-            .n = t->numel, .pool = d->pool};
-        io.w[k] = d->wbuf + packed;
-        packed += t->numel;
+        if (ex->lowp) /* packed in the device's wbuf, cast there before each use */
+            exec_bind_lowp(ex, d, l, k, exec_param_at(ex, dev, t->offset), t->numel, &packed,
+                           &io);
+        else
+            io.w[k] = exec_param_at(ex, dev, t->offset);
     }
     m->layers[l].cls->bind(pd->inst[(size_t)mi * ex->L + l], m, l, &io);
 }

@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/memory.h"
+#include "common/nn/gemm_bf16.h"
 #include "common/prom.h"
 #include "trainer/blas_core.h"
 #include "trainer/remote.h"
@@ -111,7 +112,15 @@ int main(int argc, char **argv)
     if (tr_blas_core_advice(getenv("OPENBLAS_CORETYPE"), &cpu, advice, sizeof advice))
         PST_WARN("%s", advice);
     if (cfg.precision != PST_F32) {
-        tr_bf16_arith_line(&cpu, pst_dtype_name(cfg.precision), advice, sizeof advice);
+        char gemm[256] = "";
+        const int want = tr_bf16_gemm_wanted(&cpu, cfg.precision == PST_BF16, cfg.bf16_gemm);
+        /* on: emulated where oneDNN has no bf16 kernel for this CPU; auto: fp32 there */
+        const int on = want && pst_gemm_bf16_setup(cfg.bf16_gemm == PST_BF16_GEMM_ON
+                                                       ? PST_GEMM_BF16_EMULATE
+                                                       : PST_GEMM_BF16_ONEDNN,
+                                                   gemm, sizeof gemm);
+        tr_bf16_arith_line(&cpu, pst_dtype_name(cfg.precision), cfg.bf16_gemm, on, gemm,
+                           advice, sizeof advice);
         PST_INFO("%s", advice);
     }
     struct sigaction sa = {.sa_handler = on_signal};

@@ -9,6 +9,7 @@
 #include "common/nn/layers.h"
 
 #include "common/dtype.h"
+#include "common/nn/gemm_bf16.h"
 #include "common/pool.h"
 
 #include <cblas.h>
@@ -32,17 +33,10 @@ static float gemm_slice_beta(float *c, int B, int ldc, int j0, int n)
     return 1.0f;
 }
 
-PST_BIT_EXACT_CLONES
-void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
-                             const float *bias, int B, int IC, int OC, int relu, int j0, int j1)
+/* out[:, j0:j1] += bias, then ReLU (the forward's epilogue, on the block just written). */
+static inline void bias_relu(float *out, const float *bias, int B, int OC, int relu, int j0,
+                             int j1)
 {
-    const int n = j1 - j0;
-    if (n <= 0 || B <= 0)
-        return;
-    /* out[:, j0:j1] = inp @ weight[j0:j1, :]^T: rows j0.. of weight, columns j0.. of out. */
-    const float beta = gemm_slice_beta(out, B, OC, j0, n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, n, IC, 1.0f, inp, IC,
-                weight + (int64_t)j0 * IC, IC, beta, out + j0, OC);
     for (int b = 0; b < B; b++) {
         float *o = out + (int64_t)b * OC;
         if (relu && bias) {
@@ -58,6 +52,47 @@ void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
                 o[j] += bias[j];
         }
     }
+}
+
+PST_BIT_EXACT_CLONES
+void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
+                             const float *bias, int B, int IC, int OC, int relu, int j0, int j1)
+{
+    const int n = j1 - j0;
+    if (n <= 0 || B <= 0)
+        return;
+    /* out[:, j0:j1] = inp @ weight[j0:j1, :]^T: rows j0.. of weight, columns j0.. of out. */
+    const float beta = gemm_slice_beta(out, B, OC, j0, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, n, IC, 1.0f, inp, IC,
+                weight + (int64_t)j0 * IC, IC, beta, out + j0, OC);
+    bias_relu(out, bias, B, OC, relu, j0, j1);
+}
+
+/* A block of rows x n that a bf16 kernel could not compute (no scratch): NaN, which fails
+ * the step's exchange rather than training on wrong values. */
+static void nan_block(float *c, int rows, int n, int64_t ld)
+{
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++)
+            c[r * ld + j] = __builtin_nanf("");
+}
+
+PST_BIT_EXACT_CLONES
+void pst_linear_forward_cols_bf16(float *out, const float *inp, const uint16_t *w16,
+                                  const float *bias, int B, int IC, int OC, int relu, int j0,
+                                  int j1)
+{
+    const int n = j1 - j0;
+    if (n <= 0 || B <= 0)
+        return;
+    uint16_t *x = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)IC);
+    if (!x) {
+        nan_block(out + j0, B, n, OC);
+        return;
+    }
+    pst_bf16_rows(x, inp, B, IC, IC);
+    pst_gemm_bf16(0, 1, B, n, IC, x, IC, w16 + (int64_t)j0 * IC, IC, 0, out + j0, OC);
+    bias_relu(out, bias, B, OC, relu, j0, j1);
 }
 
 void pst_linear_forward(float *out, const float *inp, const float *weight, const float *bias,
@@ -100,6 +135,22 @@ int pst_row_tile_end(int r, int end)
     return e < end ? e : end;
 }
 
+/* dbias[j0:j1] = column sums of dout[:, j0:j1] (added to when accumulate), rows added in
+ * order so the result does not depend on threads. */
+static inline void bias_grad(float *dbias, const float *dout, int B, int OC, int accumulate,
+                             int j0, int j1)
+{
+    if (!dbias)
+        return;
+    if (!accumulate)
+        memset(dbias + j0, 0, sizeof(float) * (size_t)(j1 - j0));
+    for (int b = 0; b < B; b++) {
+        const float *d = dout + (int64_t)b * OC;
+        for (int j = j0; j < j1; j++)
+            dbias[j] += d[j];
+    }
+}
+
 PST_BIT_EXACT_CLONES
 void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *dout,
                                      const float *inp, int B, int IC, int OC, int accumulate,
@@ -108,14 +159,7 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
     const int n = j1 - j0;
     if (n <= 0)
         return;
-    /* dbias: column sums, rows added in order so the result does not depend on threads. */
-    if (dbias && !accumulate)
-        memset(dbias + j0, 0, sizeof(float) * (size_t)n);
-    for (int b = 0; dbias && b < B; b++) {
-        const float *d = dout + (int64_t)b * OC;
-        for (int j = j0; j < j1; j++)
-            dbias[j] += d[j];
-    }
+    bias_grad(dbias, dout, B, OC, accumulate, j0, j1);
     /* dweight[j0:j1, :] = dout[:, j0:j1]^T @ inp, one call per tile of PST_ROW_TILE rows
      * (layers.h: the same calls whatever the slice). */
     if (B > 0) {
@@ -128,6 +172,36 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
         memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
 }
 
+PST_BIT_EXACT_CLONES
+void pst_linear_backward_weight_rows_bf16(float *dweight, float *dbias, const float *dout,
+                                          const float *inp, int B, int IC, int OC,
+                                          int accumulate, int j0, int j1)
+{
+    const int n = j1 - j0;
+    if (n <= 0)
+        return;
+    bias_grad(dbias, dout, B, OC, accumulate, j0, j1);
+    if (B <= 0) {
+        if (!accumulate)
+            memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
+        return;
+    }
+    /* dout[:, j0:j1] and inp in bf16, then the same tiles as the fp32 kernel */
+    uint16_t *d = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)n);
+    uint16_t *x = pst_gemm_bf16_scratch(1, (size_t)B * (size_t)IC);
+    if (!d || !x) {
+        nan_block(dweight + (int64_t)j0 * IC, n, IC, IC);
+        return;
+    }
+    pst_bf16_rows(d, dout + j0, B, n, OC);
+    pst_bf16_rows(x, inp, B, IC, IC);
+    for (int r = j0, e; r < j1; r = e) {
+        e = pst_row_tile_end(r, j1);
+        pst_gemm_bf16(1, 0, e - r, IC, B, d + (r - j0), n, x, IC, accumulate,
+                      dweight + (int64_t)r * IC, IC);
+    }
+}
+
 void pst_linear_backward_input_cols(float *dinp, const float *dout, const float *weight, int B,
                                     int IC, int OC, int i0, int i1)
 {
@@ -137,6 +211,22 @@ void pst_linear_backward_input_cols(float *dinp, const float *dout, const float 
     /* dinp[:, i0:i1] = dout @ weight[:, i0:i1]. */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, n, OC, 1.0f, dout, OC,
                 weight + i0, IC, 0.0f, dinp + i0, IC);
+}
+
+void pst_linear_backward_input_cols_bf16(float *dinp, const float *dout, const uint16_t *w16,
+                                         int B, int IC, int OC, int i0, int i1)
+{
+    const int n = i1 - i0;
+    if (n <= 0 || B <= 0)
+        return;
+    uint16_t *d = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)OC);
+    if (!d) {
+        nan_block(dinp + i0, B, n, IC);
+        return;
+    }
+    pst_bf16_rows(d, dout, B, OC, OC);
+    /* dinp[:, i0:i1] = dout @ w16[:, i0:i1] */
+    pst_gemm_bf16(0, 0, B, n, OC, d, OC, w16 + i0, IC, 0, dinp + i0, IC);
 }
 
 void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,

@@ -3,7 +3,7 @@
  * tensors with shapes in comments; parameter gradients either overwrite or accumulate
  * (`accumulate`), which lets a step skip zeroing the gradient buffer.
  * GEMMs go through OpenBLAS (cblas_sgemm). Pure functions: thread safe on disjoint
- * outputs. No allocation. */
+ * outputs. No allocation, except the bf16 kernels' per-thread scratch (below). */
 #ifndef PST_LAYERS_H
 #define PST_LAYERS_H
 
@@ -56,6 +56,19 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
                                      int j0, int j1);
 void pst_linear_backward_input_cols(float *dinp, const float *dout, const float *weight, int B,
                                     int IC, int OC, int i0, int i1);
+
+/* The same three slices with the weight in bf16 (w16, (OC, IC)) and the GEMMs in bf16 with
+ * fp32 accumulation (gemm_bf16.h): inp and dout are rounded to bf16 in the calling thread's
+ * scratch first. Bias, ReLU and the bias gradient are the fp32 code above; the weight
+ * gradient keeps its tiles. */
+void pst_linear_forward_cols_bf16(float *out, const float *inp, const uint16_t *w16,
+                                  const float *bias, int B, int IC, int OC, int relu, int j0,
+                                  int j1);
+void pst_linear_backward_weight_rows_bf16(float *dweight, float *dbias, const float *dout,
+                                          const float *inp, int B, int IC, int OC,
+                                          int accumulate, int j0, int j1);
+void pst_linear_backward_input_cols_bf16(float *dinp, const float *dout, const uint16_t *w16,
+                                         int B, int IC, int OC, int i0, int i1);
 
 /* dinp (N) = dout where out > 0, else 0 (out is the ReLU's output). In place allowed. */
 void pst_relu_backward(float *dinp, const float *dout, const float *out, int64_t N);

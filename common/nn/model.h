@@ -61,6 +61,10 @@ typedef struct pst_layer_io {
                                  * it names them: in the flat fp32 buffer, or (bf16/fp16
                                  * parameters) in an fp32 scratch the executor casts the
                                  * layer's tensors into before each use */
+    /* bf16 parameters with bf16 GEMMs on (gemm_bf16.h; CPU devices): for each tensor in the
+     * class's gemm_weights, its bf16 values (a copy the executor makes before each use, as
+     * the casts above), with w[k] NULL; NULL otherwise */
+    const uint16_t *w16[PST_LAYER_MAX_TENSORS];
     float *g[PST_LAYER_MAX_TENSORS]; /* the gradients (fp32) of the layer's tensors, in the
                                  * order it names them: where the device keeps them (the
                                  * flat gradient buffer at the tensors' offsets, for now) */
@@ -118,6 +122,9 @@ typedef struct pst_layer_class {
     /* 1: no op reads the tensors' values (io->w unused): with bf16/fp16 parameters the
      * executor casts nothing for this layer. */
     int weights_unread;
+    /* Bit k: tensor k is read only as a linear op's weight (pst_linear_*_args.w), which then
+     * takes io->w16[k] when the executor gives it (bf16 GEMMs). */
+    uint32_t gemm_weights;
     /* 1: tensor[0] is a weight whose gradient rows wgrad computes by range and tensor[1]
      * its bias, so the executor may update a range of rows while backward goes on (the
      * linear layer). */

@@ -32,7 +32,8 @@ static const pst_ops_iface *ops_of(pst_stream *s)
 pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
-    CHECK(o && a && a->out && a->inp && a->w, "linear_forward");
+    CHECK(o && a && a->out && a->inp && (a->w || a->w16), "linear_forward");
+    CHECK(!a->w16 || o == &pst_cpu_ops_iface, "linear_forward");
     CHECK(a->B >= 0 && a->IC > 0 && a->OC > 0, "linear_forward");
     return a->B ? o->linear_forward(s, a) : PST_OK;
 }
@@ -40,7 +41,8 @@ pst_status pst_op_linear_forward(pst_stream *s, const pst_linear_fwd_args *a)
 pst_status pst_op_linear_backward(pst_stream *s, const pst_linear_bwd_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
-    CHECK(o && a && a->dout && a->inp && a->w, "linear_backward");
+    CHECK(o && a && a->dout && a->inp && (a->w || a->w16), "linear_backward");
+    CHECK(!a->w16 || o == &pst_cpu_ops_iface, "linear_backward");
     CHECK(a->dw || (!a->db && a->dinp), "linear_backward");
     CHECK(a->B > 0 && a->IC > 0 && a->OC > 0, "linear_backward");
     CHECK((a->row1 == 0 && a->row0 == 0) ||

@@ -29,6 +29,9 @@ struct pst_pool;
 typedef struct pst_linear_fwd_args {
     float *out;
     const float *inp, *w, *b;
+    /* CPU only: w in bf16 (then w may be NULL): the GEMMs run in bf16 with fp32
+     * accumulation (gemm_bf16.h) on bf16 roundings of inp (and of dout in backward) */
+    const uint16_t *w16;
     int B, IC, OC, relu;
     struct pst_pool *pool;       /* CPU only, may be NULL */
 } pst_linear_fwd_args;
@@ -46,6 +49,7 @@ typedef struct pst_linear_fwd_args {
 typedef struct pst_linear_bwd_args {
     float *dinp, *dw, *db;
     const float *dout, *inp, *w;
+    const uint16_t *w16;         /* CPU only: as in pst_linear_fwd_args */
     int B, IC, OC, accumulate;
     int row0, row1;              /* weight-gradient rows; row1 == 0: all */
     struct pst_pool *pool;       /* CPU only, may be NULL: split as the forward */

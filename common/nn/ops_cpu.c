@@ -49,8 +49,19 @@ static void linear_fwd_part(void *arg, int part, int nparts)
     int nb, c0, c1;
     pst_pool_split((size_t)(rows ? a->B : a->OC), part, nparts, rows ? 1 : 16, &lo, &hi);
     part_block(rows, lo, hi, a->B, a->OC, &b0, &nb, &c0, &c1);
-    pst_linear_forward_cols(a->out + b0 * (size_t)a->OC, a->inp + b0 * (size_t)a->IC, a->w,
-                            a->b, nb, a->IC, a->OC, a->relu, c0, c1);
+    float *out = a->out + b0 * (size_t)a->OC;
+    const float *inp = a->inp + b0 * (size_t)a->IC;
+    if (a->w16)
+        pst_linear_forward_cols_bf16(out, inp, a->w16, a->b, nb, a->IC, a->OC, a->relu, c0, c1);
+    else
+        pst_linear_forward_cols(out, inp, a->w, a->b, nb, a->IC, a->OC, a->relu, c0, c1);
+}
+
+/* Rows [j0, j1) of the weight gradient, in bf16 when the args carry w16. */
+static void wgrad_rows(const pst_linear_bwd_args *a, int j0, int j1)
+{
+    (a->w16 ? pst_linear_backward_weight_rows_bf16 : pst_linear_backward_weight_rows)(
+        a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC, a->accumulate, j0, j1);
 }
 
 static void linear_bwd_part(void *arg, int part, int nparts)
@@ -63,13 +74,11 @@ static void linear_bwd_part(void *arg, int part, int nparts)
          * depend on the number of threads */
         pst_pool_split((size_t)(r1 - r0), part, nparts, PST_ROW_TILE, &lo, &hi);
         if (!a->rows_done) {
-            pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC, a->OC,
-                                            a->accumulate, r0 + (int)lo, r0 + (int)hi);
+            wgrad_rows(a, r0 + (int)lo, r0 + (int)hi);
         } else { /* tile by tile (the same calls: layers.h), each handed on while in cache */
             for (int r = r0 + (int)lo, e; r < r0 + (int)hi; r = e) {
                 e = pst_row_tile_end(r, r0 + (int)hi);
-                pst_linear_backward_weight_rows(a->dw, a->db, a->dout, a->inp, a->B, a->IC,
-                                                a->OC, a->accumulate, r, e);
+                wgrad_rows(a, r, e);
                 a->rows_done(a->rows_arg, r, e);
             }
         }
@@ -87,8 +96,12 @@ static void linear_bwd_part(void *arg, int part, int nparts)
         int nb, c0, c1;
         part_block(rows, lo, hi, a->B, a->IC, &b0, &nb, &c0, &c1);
         float *d = a->dinp + b0 * (size_t)IC;
-        pst_linear_backward_input_cols(d, a->dout + b0 * (size_t)OC, a->w, nb, a->IC, a->OC, c0,
-                                       c1);
+        if (a->w16)
+            pst_linear_backward_input_cols_bf16(d, a->dout + b0 * (size_t)OC, a->w16, nb, a->IC,
+                                                a->OC, c0, c1);
+        else
+            pst_linear_backward_input_cols(d, a->dout + b0 * (size_t)OC, a->w, nb, a->IC,
+                                           a->OC, c0, c1);
         if (a->mask) /* while this block of dinp is in cache */
             pst_relu_backward_cols(d, a->mask + b0 * (size_t)IC, nb, a->IC, c0, c1);
     }

@@ -18,16 +18,16 @@ static void linear_bind(void *inst, const pst_model *m, int layer, const pst_lay
     const pst_tensor *w = &m->tensors[ly->tensor[0]];
     const int OC = (int)w->shape[0], IC = (int)w->shape[1];
     li->fwd = (pst_linear_fwd_args){.out = io->out, .inp = io->in, .w = io->w[0],
-                                    .b = io->w[1], .IC = IC, .OC = OC,
+                                    .w16 = io->w16[0], .b = io->w[1], .IC = IC, .OC = OC,
                                     .relu = (ly->flags & PST_LINEAR_RELU) != 0, .pool = io->pool};
     li->wgrad = (pst_linear_bwd_args){.dw = io->g[0], .db = io->g[1],
                                       .dout = io->dout, .inp = io->in,
-                                      .w = io->w[0], .IC = IC, .OC = OC,
-                                      .accumulate = pst_layer_adds_grad(io, ly, 3u),
+                                      .w = io->w[0], .w16 = io->w16[0], .IC = IC,
+                                      .OC = OC, .accumulate = pst_layer_adds_grad(io, ly, 3u),
                                       .pool = io->pool, .rows_done = io->rows_done,
                                       .rows_arg = io->rows_arg};
     li->igrad = (pst_linear_bwd_args){.dinp = io->din, .dout = io->dout, .inp = io->in,
-                                      .w = io->w[0], .IC = IC, .OC = OC,
+                                      .w = io->w[0], .w16 = io->w16[0], .IC = IC, .OC = OC,
                                       .pool = io->pool,
                                       .mask = io->din && (ly->flags & PST_LINEAR_MASK_INPUT)
                                                   ? io->in : NULL};
@@ -63,4 +63,4 @@ static pst_status linear_igrad(void *inst, pst_stream *s, int B)
 
 PST_LAYER_CLASS(linear, linear_inst, .chunk_bytes = sizeof(pst_linear_bwd_args),
                 .bind = linear_bind, .forward = linear_forward, .wgrad = linear_wgrad,
-                .igrad = linear_igrad, .rows_updatable = 1);
+                .igrad = linear_igrad, .rows_updatable = 1, .gemm_weights = 1u);

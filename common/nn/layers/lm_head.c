@@ -33,13 +33,14 @@ static void lm_head_bind(void *inst, const pst_model *m, int layer, const pst_la
                                  .w = io->w[0], .b = io->w[1],
                                  .C = C, .pool = io->pool};
     h->proj = (pst_linear_fwd_args){.out = logits, .inp = lnf, .w = io->w[2],
-                                    .IC = C, .OC = V, .pool = io->pool};
+                                    .w16 = io->w16[2], .IC = C, .OC = V, .pool = io->pool};
     h->xent = (pst_xent_args){.losses = io->losses, .correct = io->correct,
                               .dlogits = dlogits, .logits = logits, .targets = io->targets,
                               .C = V, .group = T};
     h->proj_bwd = (pst_linear_bwd_args){.dinp = dlnf, .dw = io->g[2],
                                         .dout = dlogits, .inp = lnf,
-                                        .w = io->w[2], .IC = C, .OC = V,
+                                        .w = io->w[2], .w16 = io->w16[2], .IC = C,
+                                        .OC = V,
                                         .accumulate = pst_layer_adds_grad(io, ly, 4u),
                                         .pool = io->pool};
     h->ln_wgrad = (pst_layernorm_args){.dw = io->g[0], .db = io->g[1], .dout = dlnf,
@@ -100,4 +101,4 @@ static double lm_head_cost(const pst_model *m, int layer)
 
 PST_LAYER_CLASS(lm_head, lm_head_inst, .bind = lm_head_bind, .forward = lm_head_forward,
                 .wgrad = lm_head_wgrad, .igrad = lm_head_igrad, .probs = lm_head_probs,
-                .cost = lm_head_cost);
+                .cost = lm_head_cost, .gemm_weights = 4u);

@@ -1,0 +1,241 @@
+/* test_gemm_bf16.c — bf16 GEMMs (common/nn/gemm_bf16.h) and the linear layer's bf16
+ * kernels (layers.h): every product against a double-precision sum of the same
+ * bf16-rounded operands, in both modes a CPU offers: emulated (bf16 operands widened and
+ * multiplied by OpenBLAS; every CPU) and oneDNN's kernel (CPUs with AVX512_BF16 or AMX;
+ * where there is none the tests say so and check the emulation alone). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h"
+#include "common/nn/gemm_bf16.h"
+#include "common/nn/layers.h"
+#include "common/rng.h"
+
+static void fill(float *x, size_t n, uint64_t seed)
+{
+    pst_rng r;
+    pst_rng_seed(&r, seed, 3);
+    for (size_t i = 0; i < n; i++)
+        x[i] = 2.0f * pst_rng_uniform(&r) - 1.0f;
+}
+
+static uint16_t *bf16_of(const float *x, size_t n)
+{
+    uint16_t *h = malloc(n * sizeof *h);
+    cr_assert_not_null(h);
+    pst_cast(h, PST_BF16, x, PST_F32, n);
+    return h;
+}
+
+static float *f32_of(const uint16_t *h, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    cr_assert_not_null(x);
+    pst_cast(x, PST_F32, h, PST_BF16, n);
+    return x;
+}
+
+/* The modes to test on this CPU: emulated always, oneDNN's kernel where it has one. */
+static int modes(int *m)
+{
+    char msg[256];
+    int n = 0;
+    if (pst_gemm_bf16_setup(PST_GEMM_BF16_ONEDNN, msg, sizeof msg))
+        m[n++] = PST_GEMM_BF16_ONEDNN;
+    cr_log_info("%s\n", msg);
+    m[n++] = PST_GEMM_BF16_EMULATE;
+    return n;
+}
+
+static void use(int mode)
+{
+    char msg[256];
+    cr_assert_eq(pst_gemm_bf16_setup(mode, msg, sizeof msg), 1, "%s", msg);
+}
+
+/* Element (i, j) of op(X) for X stored (rows, ld) as bf16 values widened to double. */
+static double at(const float *x, int trans, int ld, int i, int j)
+{
+    return trans ? x[(int64_t)j * ld + i] : x[(int64_t)i * ld + j];
+}
+
+/* One product of every transposition, with row strides past the widths, against a double
+ * sum: the error of an fp32 sum of K exact products is below K * 2^-24 of the sum of
+ * their magnitudes (plus the accumulated C). Elements of C outside the M x N block stay. */
+static void check_product(int ta, int tb, int M, int N, int K, int acc, uint64_t seed)
+{
+    const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 7;
+    const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
+    const size_t nc = (size_t)M * ldc;
+    float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c);
+    cr_assert(a && b && c);
+    fill(a, na, seed);
+    fill(b, nb, seed + 1);
+    fill(c, nc, seed + 2);
+    uint16_t *a16 = bf16_of(a, na), *b16 = bf16_of(b, nb);
+    float *ar = f32_of(a16, na), *br = f32_of(b16, nb), *c0 = malloc(nc * sizeof *c0);
+    cr_assert_not_null(c0);
+    memcpy(c0, c, nc * sizeof *c);
+    pst_gemm_bf16(ta, tb, M, N, K, a16, lda, b16, ldb, acc, c, ldc);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            const size_t e = (size_t)i * ldc + j;
+            if (j >= N) {
+                cr_assert_eq(memcmp(&c[e], &c0[e], sizeof *c), 0, "C[%d][%d] outside changed",
+                             i, j);
+                continue;
+            }
+            double s = acc ? c0[e] : 0.0, mag = acc ? fabs(c0[e]) : 0.0;
+            for (int k = 0; k < K; k++) {
+                const double p = at(ar, ta, lda, i, k) * at(br, tb, ldb, k, j);
+                s += p;
+                mag += fabs(p);
+            }
+            cr_assert_leq(fabs(c[e] - s), (K + 2) * 0x1p-24 * mag + 1e-30,
+                          "ta %d tb %d %dx%dx%d acc %d: C[%d][%d] %.9g vs %.9g", ta, tb, M, N,
+                          K, acc, i, j, c[e], s);
+        }
+    free(a), free(b), free(c), free(c0), free(a16), free(b16), free(ar), free(br);
+}
+
+Test(gemm_bf16, off_until_set_up_and_each_mode_says_what_it_is)
+{
+    char msg[256];
+    cr_assert_eq(pst_gemm_bf16_on(), 0, "on before any setup");
+    cr_assert_eq(pst_gemm_bf16_setup(PST_GEMM_BF16_OFF, msg, sizeof msg), 0);
+    cr_assert_str_eq(msg, "bf16 GEMMs off");
+    cr_assert_eq(pst_gemm_bf16_setup(PST_GEMM_BF16_EMULATE, msg, sizeof msg), 1);
+    cr_assert_eq(pst_gemm_bf16_on(), 1);
+    cr_assert(strstr(msg, "bf16 GEMMs on: oneDNN") || strstr(msg, "bf16 GEMMs on, emulated"),
+              "%s", msg);
+    const int kernel = pst_gemm_bf16_setup(PST_GEMM_BF16_ONEDNN, msg, sizeof msg);
+    cr_assert(kernel ? strstr(msg, "matmul, kernel ") != NULL
+                     : strstr(msg, "bf16 GEMMs off: oneDNN") && strstr(msg, "for this CPU"),
+              "%s", msg);
+    cr_assert_eq(pst_gemm_bf16_on(), kernel);
+}
+
+Test(gemm_bf16, every_transposition_against_a_double_sum, .timeout = 120)
+{
+    int m[2];
+    const int nm = modes(m);
+    for (int k = 0; k < nm; k++) {
+        use(m[k]);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    check_product(ta, tb, 7, 5, 3, acc, 11);
+                    check_product(ta, tb, 33, 70, 129, acc, 12);
+                    check_product(ta, tb, 64, 48, 300, acc, 13);
+                }
+        check_product(0, 1, 1, 1, 1, 0, 14);
+    }
+}
+
+/* The kernels of the linear layer against the fp32 kernels on the same bf16-rounded
+ * operands (the same products; the sums may be ordered otherwise): forward by column
+ * slices, the weight gradient by tiles (OC past PST_ROW_TILE) and with accumulate, the
+ * input gradient by column slices. */
+Test(linear_bf16, kernels_match_the_fp32_kernels_on_rounded_operands, .timeout = 120)
+{
+    const int B = 24, IC = 40, OC = 300;
+    const size_t ni = (size_t)B * IC, nw = (size_t)OC * IC, no = (size_t)B * OC;
+    float *inp = malloc(ni * 4), *w = malloc(nw * 4), *bias = malloc(OC * 4), *dout = malloc(no * 4);
+    cr_assert(inp && w && bias && dout);
+    fill(inp, ni, 1), fill(w, nw, 2), fill(bias, OC, 3), fill(dout, no, 4);
+    uint16_t *w16 = bf16_of(w, nw), *i16 = bf16_of(inp, ni), *d16 = bf16_of(dout, no);
+    float *wr = f32_of(w16, nw), *ir = f32_of(i16, ni), *dr = f32_of(d16, no);
+    float *out = malloc(no * 4), *ref = malloc(no * 4), *dw = malloc(nw * 4), *dwr = malloc(nw * 4);
+    float *db = malloc(OC * 4), *dbr = malloc(OC * 4), *di = malloc(ni * 4), *dir = malloc(ni * 4);
+    cr_assert(out && ref && dw && dwr && db && dbr && di && dir);
+    int m[2];
+    const int nm = modes(m);
+    for (int k = 0; k < nm; k++) {
+        use(m[k]);
+        /* forward: two column slices (cut at 16) against one fp32 call */
+        pst_linear_forward_cols_bf16(out, inp, w16, bias, B, IC, OC, 1, 0, 160);
+        pst_linear_forward_cols_bf16(out, inp, w16, bias, B, IC, OC, 1, 160, OC);
+        pst_linear_forward_cols(ref, ir, wr, bias, B, IC, OC, 1, 0, OC);
+        for (size_t e = 0; e < no; e++)
+            cr_assert_leq(fabsf(out[e] - ref[e]), 1e-5f * (1.0f + fabsf(ref[e])), "out[%zu]", e);
+        /* weight gradient: rows [0, 256) and [256, 300), then accumulated once more; the
+         * bias gradient from the fp32 dout, as the fp32 kernel's */
+        for (int acc = 0; acc < 2; acc++) {
+            pst_linear_backward_weight_rows_bf16(dw, db, dout, inp, B, IC, OC, acc, 0, 256);
+            pst_linear_backward_weight_rows_bf16(dw, db, dout, inp, B, IC, OC, acc, 256, OC);
+            pst_linear_backward_weight_rows(dwr, dbr, dr, ir, B, IC, OC, acc, 0, OC);
+            for (size_t e = 0; e < nw; e++)
+                cr_assert_leq(fabsf(dw[e] - dwr[e]), 1e-5f * (1.0f + fabsf(dwr[e])),
+                              "acc %d: dw[%zu] %.9g vs %.9g", acc, e, dw[e], dwr[e]);
+        }
+        pst_linear_backward_weight_rows(dwr, dbr, dout, inp, B, IC, OC, 0, 0, OC);
+        pst_linear_backward_weight_rows_bf16(dw, db, dout, inp, B, IC, OC, 0, 0, OC);
+        cr_assert_eq(memcmp(db, dbr, OC * 4), 0, "the bias gradient is the fp32 kernel's");
+        /* input gradient: columns [0, 16) and [16, 40) */
+        pst_linear_backward_input_cols_bf16(di, dout, w16, B, IC, OC, 0, 16);
+        pst_linear_backward_input_cols_bf16(di, dout, w16, B, IC, OC, 16, IC);
+        pst_linear_backward_input_cols(dir, dr, wr, B, IC, OC, 0, IC);
+        for (size_t e = 0; e < ni; e++)
+            cr_assert_leq(fabsf(di[e] - dir[e]), 1e-5f * (1.0f + fabsf(dir[e])), "dinp[%zu]", e);
+    }
+    free(inp), free(w), free(bias), free(dout), free(w16), free(i16), free(d16), free(wr);
+    free(ir), free(dr), free(out), free(ref), free(dw), free(dwr), free(db), free(dbr);
+    free(di), free(dir);
+}
+
+/* Each thread keeps its own products (oneDNN primitives and their memory objects): four
+ * threads, each with more shapes than a thread's table holds, get the bits one thread
+ * gets for the same products. */
+enum { THREADS = 4, SHAPES = 110 };
+
+typedef struct job {
+    const uint16_t *a, *b;
+    float *c; /* SHAPES results of up to 8 x 8 */
+} job;
+
+static void *products(void *arg)
+{
+    job *j = arg;
+    for (int s = 0; s < SHAPES; s++) {
+        const int M = 1 + s % 8, N = 1 + (s / 8) % 8, K = 1 + s % 13;
+        pst_gemm_bf16(s & 1, (s >> 1) & 1, M, N, K, j->a, 16, j->b, 16, 0, j->c + s * 64, 8);
+    }
+    return NULL;
+}
+
+Test(gemm_bf16, threads_keep_their_own_products, .timeout = 120)
+{
+    float a[256], b[256];
+    fill(a, 256, 21);
+    fill(b, 256, 22);
+    uint16_t *a16 = bf16_of(a, 256), *b16 = bf16_of(b, 256);
+    int m[2];
+    const int nm = modes(m);
+    for (int k = 0; k < nm; k++) {
+        use(m[k]);
+        float *want = calloc(SHAPES * 64, sizeof *want);
+        cr_assert_not_null(want);
+        job one = {a16, b16, want};
+        products(&one);
+        pthread_t t[THREADS];
+        job js[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            js[i] = (job){a16, b16, calloc(SHAPES * 64, sizeof(float))};
+            cr_assert_not_null(js[i].c);
+            cr_assert_eq(pthread_create(&t[i], NULL, products, &js[i]), 0);
+        }
+        for (int i = 0; i < THREADS; i++) {
+            pthread_join(t[i], NULL);
+            cr_assert_eq(memcmp(js[i].c, want, SHAPES * 64 * sizeof(float)), 0,
+                         "thread %d got other bits", i);
+            free(js[i].c);
+        }
+        free(want);
+    }
+    free(a16), free(b16);
+}
