@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — run from a bundle made by scripts/gpu_bundle.sh (as BUNDLE/run.sh) on a
 # machine with an NVIDIA GPU and the CUDA 13 runtime, cuBLAS and NCCL: make test-gpu's
-# suites, then short training runs on cuda:0 beside the same runs on the machine's CPU.
+# suites, the bf16 GEMMs on the host CPU, then short training runs on cuda:0 beside the same
+# runs on the machine's CPU.
 # Logs go to $OUT (default /tmp/gpu-check). Exit status: the number of failed suites.
 set -u
 D=$(cd "$(dirname "$0")" && pwd)
@@ -23,6 +24,16 @@ for t in test_cuda_nogpu test_device test_ops test_seq_ops test_collectives; do
   timeout 240 "tests/$t" -j4 >"$OUT/$t.log" 2>&1 || failed=$((failed + 1))
   echo "== $t: $(tail -1 "$OUT/$t.log")"
 done
+# bf16 GEMMs on the host CPU (these machines' Xeons have AVX512_BF16 and AMX): the products
+# and the executor's schedules with oneDNN's kernel (test_exec reads the data where the
+# development machines keep it: copied there when missing)
+mkdir -p /usr/share/datasets/fashion-mnist /usr/local/share/pstrain 2>/dev/null &&
+  cp -n data/fashion-mnist/* /usr/share/datasets/fashion-mnist/ &&
+  cp -n data/kjv.txt /usr/local/share/pstrain/kjv.txt
+timeout 240 tests/test_gemm_bf16 --verbose >"$OUT/test_gemm_bf16.log" 2>&1 || failed=$((failed + 1))
+echo "== test_gemm_bf16: $(grep -m1 "bf16 GEMMs" "$OUT/test_gemm_bf16.log"); $(tail -1 "$OUT/test_gemm_bf16.log")"
+timeout 240 tests/test_exec --filter 'exec/bf16*' >"$OUT/test_exec_bf16.log" 2>&1 || failed=$((failed + 1))
+echo "== test_exec bf16: $(tail -1 "$OUT/test_exec_bf16.log")"
 grep -q "parity runs on" "$OUT/test_ops.log" ||
   { echo "gpu_check: no GPU was used (test_ops skipped its CUDA parity)"; failed=$((failed + 1)); }
 M="bin/trainer --model mlp --hidden 1024,1024 --dataset fashion-mnist --data data/fashion-mnist

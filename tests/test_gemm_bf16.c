@@ -66,8 +66,10 @@ static double at(const float *x, int trans, int ld, int i, int j)
 
 /* One product of every transposition, with row strides past the widths, against a double
  * sum: the error of an fp32 sum of K exact products is below K * 2^-24 of the sum of
- * their magnitudes (plus the accumulated C). Elements of C outside the M x N block stay. */
-static void check_product(int ta, int tb, int M, int N, int K, int acc, uint64_t seed)
+ * their magnitudes (plus the accumulated C). Elements of C outside the M x N block stay.
+ * f32: fp32 operands through pst_gemm_onednn_f32 (oneDNN's path with an fp32 kernel),
+ * whose products are rounded too: one more 2^-24 of each. */
+static void check_product(int f32, int ta, int tb, int M, int N, int K, int acc, uint64_t seed)
 {
     const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 7;
     const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
@@ -78,10 +80,15 @@ static void check_product(int ta, int tb, int M, int N, int K, int acc, uint64_t
     fill(b, nb, seed + 1);
     fill(c, nc, seed + 2);
     uint16_t *a16 = bf16_of(a, na), *b16 = bf16_of(b, nb);
-    float *ar = f32_of(a16, na), *br = f32_of(b16, nb), *c0 = malloc(nc * sizeof *c0);
+    float *ar = f32 ? a : f32_of(a16, na), *br = f32 ? b : f32_of(b16, nb);
+    float *c0 = malloc(nc * sizeof *c0);
     cr_assert_not_null(c0);
     memcpy(c0, c, nc * sizeof *c);
-    pst_gemm_bf16(ta, tb, M, N, K, a16, lda, b16, ldb, acc, c, ldc);
+    if (f32)
+        cr_assert_eq(pst_gemm_onednn_f32(ta, tb, M, N, K, a, lda, b, ldb, acc, c, ldc), 0,
+                     "oneDNN's fp32 matmul failed");
+    else
+        pst_gemm_bf16(ta, tb, M, N, K, a16, lda, b16, ldb, acc, c, ldc);
     for (int i = 0; i < M; i++)
         for (int j = 0; j < ldc; j++) {
             const size_t e = (size_t)i * ldc + j;
@@ -96,11 +103,26 @@ static void check_product(int ta, int tb, int M, int N, int K, int acc, uint64_t
                 s += p;
                 mag += fabs(p);
             }
-            cr_assert_leq(fabs(c[e] - s), (K + 2) * 0x1p-24 * mag + 1e-30,
-                          "ta %d tb %d %dx%dx%d acc %d: C[%d][%d] %.9g vs %.9g", ta, tb, M, N,
-                          K, acc, i, j, c[e], s);
+            cr_assert_leq(fabs(c[e] - s), (K + 3) * 0x1p-24 * mag + 1e-30,
+                          "%s ta %d tb %d %dx%dx%d acc %d: C[%d][%d] %.9g vs %.9g",
+                          f32 ? "fp32" : "bf16", ta, tb, M, N, K, acc, i, j, c[e], s);
         }
-    free(a), free(b), free(c), free(c0), free(a16), free(b16), free(ar), free(br);
+    if (!f32)
+        free(ar), free(br);
+    free(a), free(b), free(c), free(c0), free(a16), free(b16);
+}
+
+/* every transposition, with and without C added, at a few sizes */
+static void check_products(int f32)
+{
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int acc = 0; acc < 2; acc++) {
+                check_product(f32, ta, tb, 7, 5, 3, acc, 11);
+                check_product(f32, ta, tb, 33, 70, 129, acc, 12);
+                check_product(f32, ta, tb, 64, 48, 300, acc, 13);
+            }
+    check_product(f32, 0, 1, 1, 1, 1, 0, 14);
 }
 
 Test(gemm_bf16, off_until_set_up_and_each_mode_says_what_it_is)
@@ -126,15 +148,17 @@ Test(gemm_bf16, every_transposition_against_a_double_sum, .timeout = 120)
     const int nm = modes(m);
     for (int k = 0; k < nm; k++) {
         use(m[k]);
-        for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
-                for (int acc = 0; acc < 2; acc++) {
-                    check_product(ta, tb, 7, 5, 3, acc, 11);
-                    check_product(ta, tb, 33, 70, 129, acc, 12);
-                    check_product(ta, tb, 64, 48, 300, acc, 13);
-                }
-        check_product(0, 1, 1, 1, 1, 0, 14);
+        check_products(0);
     }
+}
+
+/* The oneDNN path itself (memory descriptors with strides and transposes, the sum post-op
+ * for C added to, primitives made per shape and thread) with an fp32 kernel, which oneDNN
+ * has on every x86-64 CPU: on CPUs without a bf16 kernel this is what checks the path. */
+Test(gemm_bf16, the_onednn_path_with_fp32_operands, .timeout = 120)
+{
+    use(PST_GEMM_BF16_EMULATE); /* makes oneDNN's engine whichever mode it ends in */
+    check_products(1);
 }
 
 /* The kernels of the linear layer against the fp32 kernels on the same bf16-rounded
@@ -195,15 +219,23 @@ enum { THREADS = 4, SHAPES = 110 };
 
 typedef struct job {
     const uint16_t *a, *b;
+    const float *af, *bf; /* the same operands in fp32 */
     float *c; /* SHAPES results of up to 8 x 8 */
 } job;
+
+static int f32_products; /* products() through pst_gemm_onednn_f32 */
 
 static void *products(void *arg)
 {
     job *j = arg;
     for (int s = 0; s < SHAPES; s++) {
         const int M = 1 + s % 8, N = 1 + (s / 8) % 8, K = 1 + s % 13;
-        pst_gemm_bf16(s & 1, (s >> 1) & 1, M, N, K, j->a, 16, j->b, 16, 0, j->c + s * 64, 8);
+        if (f32_products)
+            cr_assert_eq(pst_gemm_onednn_f32(s & 1, (s >> 1) & 1, M, N, K, j->af, 16, j->bf, 16,
+                                             0, j->c + s * 64, 8),
+                         0);
+        else
+            pst_gemm_bf16(s & 1, (s >> 1) & 1, M, N, K, j->a, 16, j->b, 16, 0, j->c + s * 64, 8);
     }
     return NULL;
 }
@@ -216,23 +248,24 @@ Test(gemm_bf16, threads_keep_their_own_products, .timeout = 120)
     uint16_t *a16 = bf16_of(a, 256), *b16 = bf16_of(b, 256);
     int m[2];
     const int nm = modes(m);
-    for (int k = 0; k < nm; k++) {
-        use(m[k]);
+    for (int k = 0; k <= nm; k++) {
+        f32_products = k == nm; /* last: the oneDNN path with fp32 operands */
+        use(k < nm ? m[k] : PST_GEMM_BF16_EMULATE);
         float *want = calloc(SHAPES * 64, sizeof *want);
         cr_assert_not_null(want);
-        job one = {a16, b16, want};
+        job one = {a16, b16, a, b, want};
         products(&one);
         pthread_t t[THREADS];
         job js[THREADS];
         for (int i = 0; i < THREADS; i++) {
-            js[i] = (job){a16, b16, calloc(SHAPES * 64, sizeof(float))};
+            js[i] = (job){a16, b16, a, b, calloc(SHAPES * 64, sizeof(float))};
             cr_assert_not_null(js[i].c);
             cr_assert_eq(pthread_create(&t[i], NULL, products, &js[i]), 0);
         }
         for (int i = 0; i < THREADS; i++) {
             pthread_join(t[i], NULL);
             cr_assert_eq(memcmp(js[i].c, want, SHAPES * 64 * sizeof(float)), 0,
-                         "thread %d got other bits", i);
+                         "%s: thread %d got other bits", f32_products ? "fp32" : "bf16", i);
             free(js[i].c);
         }
         free(want);

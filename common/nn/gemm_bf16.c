@@ -25,6 +25,7 @@ enum { CACHE_SLOTS = 96, SCRATCH_SLOTS = 4 };
 
 typedef struct shape {
     int ta, tb, M, N, K, lda, ldb, ldc, acc;
+    int f32; /* A and B in fp32 (pst_gemm_onednn_f32), else bf16 */
 } shape;
 
 typedef struct entry {
@@ -95,11 +96,12 @@ static dnnl_status_t entry_make(entry *e, const shape *k, char *impl, size_t imp
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
+    const dnnl_data_type_t dt = k->f32 ? dnnl_f32 : dnnl_bf16;
     dnnl_status_t st;
     memset(e, 0, sizeof *e);
     e->key = *k;
-    if ((st = dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as)) ||
-        (st = dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs)) ||
+    if ((st = dnnl_memory_desc_init_by_strides(&amd, 2, ad, dt, as)) ||
+        (st = dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dt, bs)) ||
         (st = dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs)) ||
         (st = dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd)) ||
         (st = dnnl_primitive_attr_create(&attr)))
@@ -128,8 +130,7 @@ static dnnl_status_t entry_make(entry *e, const shape *k, char *impl, size_t imp
     return st;
 }
 
-static dnnl_status_t run(tcache *t, const shape *k, const uint16_t *A, const uint16_t *B,
-                         float *C)
+static dnnl_status_t run(tcache *t, const shape *k, const void *A, const void *B, float *C)
 {
     dnnl_status_t st;
     if (!t->stream && (st = dnnl_stream_create(&t->stream, engine, dnnl_stream_default_flags)))
@@ -228,7 +229,7 @@ void pst_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t
 {
     if (M <= 0 || N <= 0)
         return;
-    const shape k = {trans_a != 0, trans_b != 0, M, N, K, lda, ldb, ldc, accumulate != 0};
+    const shape k = {trans_a != 0, trans_b != 0, M, N, K, lda, ldb, ldc, accumulate != 0, 0};
     if (K <= 0) {
         for (int i = 0; !k.acc && i < M; i++)
             memset(C + (int64_t)i * ldc, 0, sizeof(float) * (size_t)N);
@@ -242,6 +243,14 @@ void pst_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t
     const dnnl_status_t st = t ? run(t, &k, A, B, C) : dnnl_out_of_memory;
     if (st != dnnl_success)
         fallback(&k, A, B, C, st);
+}
+
+int pst_gemm_onednn_f32(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                        const float *B, int ldb, int accumulate, float *C, int ldc)
+{
+    const shape k = {trans_a != 0, trans_b != 0, M, N, K, lda, ldb, ldc, accumulate != 0, 1};
+    tcache *t = engine ? cache_get() : NULL;
+    return t && M > 0 && N > 0 && K > 0 && run(t, &k, A, B, C) == dnnl_success ? 0 : -1;
 }
 
 int pst_gemm_bf16_on(void)
@@ -269,7 +278,7 @@ int pst_gemm_bf16_setup(int mode, char *msg, size_t n)
     if (!engine)
         st = dnnl_engine_create(&engine, dnnl_cpu, 0);
     /* a probe the shape of a small layer, for the kernel oneDNN picks */
-    const shape k = {0, 1, 64, 64, 64, 64, 64, 64, 0};
+    const shape k = {0, 1, 64, 64, 64, 64, 64, 64, 0, 0};
     entry e;
     char impl[96];
     if (!st && !(st = entry_make(&e, &k, impl, sizeof impl))) {

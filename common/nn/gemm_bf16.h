@@ -40,6 +40,13 @@ int pst_gemm_bf16_on(void);
 void pst_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
                    const uint16_t *B, int ldb, int accumulate, float *C, int ldc);
 
+/* The same product with fp32 A and B through the same oneDNN path (a primitive per shape
+ * and thread, strides, transposes, C added to): the tests check that path with it on CPUs
+ * for which oneDNN has no bf16 kernel. Needs a pst_gemm_bf16_setup other than off first.
+ * 0, or -1 when oneDNN failed (C then unspecified). */
+int pst_gemm_onednn_f32(int trans_a, int trans_b, int M, int N, int K, const float *A, int lda,
+                        const float *B, int ldb, int accumulate, float *C, int ldc);
+
 /* Rows [0, rows) of columns [0, n) of src (row stride ld) into dst as bf16 (rows, n),
  * rounded to nearest even. */
 void pst_bf16_rows(uint16_t *dst, const float *src, int rows, int n, int64_t ld);
