@@ -18,10 +18,11 @@
 # of one thread each, each computing half of every batch with their gradients summed in
 # device order; and one device with a 2-thread team splitting every op) in every precision
 # in PRECISIONS (default "fp32 bf16"); each run of the loop runs every cell once, then the
-# peer once. bf16 is measured only on a CPU with AVX512_BF16, where bf16 arithmetic could
-# run (pstrain computes in fp32 on every CPU today; its log line says why); elsewhere the
-# bench says so in one line and measures fp32 only. One JSON line per cell:
-# its medians, the ratio to the peer's median, the fraction of the ceiling. DEVICES=cpu:N
+# peer once. bf16 is measured only on a CPU with AVX512_BF16, where a bf16 trainer runs its
+# linear GEMMs in bf16 (--bf16-gemm auto: oneDNN's kernels; docs/precision.md); elsewhere
+# the bench says so in one line and measures fp32 only. One JSON line per cell: its
+# medians, the ratio to the peer's median, the fraction of the ceiling, and for bf16 the
+# fp32 cell's step over its own (step_speedup_vs_fp32) and its val_loss over fp32's. DEVICES=cpu:N
 # (the older knob) is the same as LAYOUTS=cpu:N.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -39,10 +40,8 @@ bench_need_torch
 [ -s "$kjv" ] || bench_die "$kjv is missing: scripts/deps.sh writes it from Debian's bible-kjv"
 bench_blas_core "$build"
 gemm=$(bench_gemm_build "$build")
-if [[ " $precisions " == *" bf16 "* ]] && ! grep -qw avx512_bf16 /proc/cpuinfo; then
-  echo '{"bf16":"not measured: this CPU lacks AVX512_BF16 (/proc/cpuinfo), so it has no bf16 arithmetic; fp32 only"}'
-  precisions=$(echo "$precisions" | tr ' ' '\n' | { grep -vx bf16 || true; } | xargs)
-fi
+bench_precisions "$precisions"
+precisions=$BENCH_PRECISIONS
 cells=()
 for l in $layouts; do for pr in $precisions; do cells+=("$l/$pr"); done; done
 [ ${#cells[@]} -gt 0 ] || bench_die "LAYOUTS and PRECISIONS leave no cell to run"
@@ -94,5 +93,10 @@ for c in cells:
     out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
     out["ceiling_tokens_per_s"] = round(ceiling, 1)
     out["fraction_of_ceiling"] = round(out["pstrain_tokens_per_s_median"] / ceiling, 3)
+    if precision != "fp32" and layout + "/fp32" in cells:
+        f = [json.load(open("%s/p-%s-fp32-%d.json" % (d, layout.replace(":", "_"), i)))
+             for i in range(1, n + 1)]
+        out["step_speedup_vs_fp32"] = round(med(f, "step_ms_median") / out["pstrain_step_ms_median"], 3)
+        out["val_loss_vs_fp32"] = round(out["pstrain_val_loss"] / med(f, "val_loss"), 4)
     print(json.dumps(out))
 PY

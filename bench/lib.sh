@@ -2,7 +2,8 @@
 #   - dependency checks that say in ONE line what is missing and how to get it, exit 2;
 #   - bench_blas_core: the OpenBLAS kernel family pstrain and its peer both run under;
 #   - bench_header: the bench's first JSON line (its own fields + machine and BLAS settings);
-#   - bench_gemm_build: builds bench/gemm.c (the standalone GEMM benchmark) when needed.
+#   - bench_gemm_build: builds bench/gemm.c (the standalone GEMM benchmark) when needed;
+#   - bench_precisions: the precisions this CPU can measure (bf16 only with AVX512_BF16).
 #
 # DESIGN: every check runs before the first measurement, so a bench either fails in one
 # line at once or runs to the end. Anything Python runs under /usr/bin/python3: it is
@@ -14,6 +15,17 @@
 BENCH_PY=/usr/bin/python3
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BENCH_PEERS=$(cd "$BENCH_DIR/../.." && pwd)/shared/peers
+
+# bench_precisions "LIST": sets BENCH_PRECISIONS to LIST without bf16 where the CPU lacks
+# AVX512_BF16 (a bf16 trainer's GEMMs then run in fp32: docs/precision.md), saying so in
+# one JSON line.
+bench_precisions() {
+  BENCH_PRECISIONS=$1
+  if [[ " $1 " == *" bf16 "* ]] && ! grep -qw avx512_bf16 /proc/cpuinfo; then
+    echo '{"bf16":"not measured: this CPU lacks AVX512_BF16 (/proc/cpuinfo), so it has no bf16 arithmetic; fp32 only"}'
+    BENCH_PRECISIONS=$(echo "$1" | tr ' ' '\n' | { grep -vx bf16 || true; } | xargs)
+  fi
+}
 
 # bench_die MESSAGE...: the one line, on stderr, and exit 2 (a dependency is missing).
 bench_die() {

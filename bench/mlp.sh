@@ -17,11 +17,16 @@
 # wide) trains WIDE_STEPS steps (default 200) per run in each layout, alternating with the
 # peer (its --hidden, --max-steps) the same way. One JSON line per cell: layout, hidden,
 # batch, medians, the ratio to the peer and the fraction of that shape's ceiling.
+# Every cell runs in each precision of PRECISIONS (default "fp32 bf16"; bf16 only on a CPU
+# with AVX512_BF16, where a bf16 trainer's GEMMs run in bf16: elsewhere the bench says so in
+# one line); a bf16 cell adds the fp32 cell's step over its own and its test accuracy
+# minus fp32's. The ceiling is fp32's sgemm rate for both.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 build=${1:-build}; runs=${2:-3}; epochs=${3:-1}; batch=${4:-128}
 layouts=${LAYOUTS:-cpu:1 cpu:2}
+precisions=${PRECISIONS:-fp32 bf16}
 wide=${WIDE-2048:64 4096:32 4096:128}
 wide_steps=${WIDE_STEPS:-200}
 peer="$BENCH_PEERS/torch_mlp.py"
@@ -31,7 +36,10 @@ bench_need_peer torch_mlp.py
 bench_need_torch
 bench_blas_core "$build"
 gemm=$(bench_gemm_build "$build")
-bench_header mlp "\"layouts\":\"$layouts\",\"wide\":\"$wide\",\"wide_steps\":$wide_steps,\"runs\":$runs,\"epochs\":$epochs,\"batch\":$batch,\"threads\":2"
+bench_precisions "$precisions"
+precisions=$BENCH_PRECISIONS
+[ -n "$precisions" ] || bench_die "PRECISIONS leaves no precision to run"
+bench_header mlp "\"layouts\":\"$layouts\",\"precisions\":\"$precisions\",\"wide\":\"$wide\",\"wide_steps\":$wide_steps,\"runs\":$runs,\"epochs\":$epochs,\"batch\":$batch,\"threads\":2"
 sgemm_peak() { "$gemm" --sgemm-peak --threads 2 --reps 10 | cut -d: -f2 | tr -d '} '; }
 sgemm_before=$(sgemm_peak)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -44,18 +52,18 @@ for shape in "${shapes[@]}"; do
   if [ "$n" = 0 ]; then len=(--epochs "$epochs"); plen=(--epochs "$epochs")
   else len=(--epochs 1 --steps "$n"); plen=(--epochs 1 --max-steps "$n"); fi
   for i in $(seq 1 "$runs"); do
-    for l in $layouts; do
-      f="$tmp/p-${l//:/_}-$h-$b-$i.json"
+    for l in $layouts; do for pr in $precisions; do
+      f="$tmp/p-${l//:/_}_$pr-$h-$b-$i.json"
       PSTRAIN_DEVICES=$l "$trainer" --model mlp --hidden "$h,$h" --dataset fashion-mnist "${len[@]}" \
         --batch "$b" --optimizer momentum --lr 0.05 --momentum 0.9 --seed 0 --threads 2 \
-        --progress none 2>/dev/null | tail -n 1 > "$f"
-      echo "{\"run\":$i,\"who\":\"pstrain\",\"layout\":\"$l\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$f")}"
-    done
+        --precision "$pr" --progress none 2>/dev/null | tail -n 1 > "$f"
+      echo "{\"run\":$i,\"who\":\"pstrain\",\"layout\":\"$l\",\"precision\":\"$pr\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$f")}"
+    done; done
     "$BENCH_PY" "$peer" "${plen[@]}" --hidden "$h" --batch "$b" --threads 2 2>/dev/null \
       | tail -n 1 > "$tmp/t-$h-$b-$i.json"
     echo "{\"run\":$i,\"who\":\"torch\",\"hidden\":$h,\"batch\":$b,\"result\":$(cat "$tmp/t-$h-$b-$i.json")}"
   done
-  for l in $layouts; do cells+=("${l//:/_}/$h/$b"); done
+  for l in $layouts; do for pr in $precisions; do cells+=("${l//:/_}_$pr/$h/$b"); done; done
 done
 sgemm_after=$(sgemm_peak)
 "$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "${cells[@]}" <<'PY'
@@ -70,7 +78,8 @@ for c in sys.argv[5:]:
                         for i in range(1, n + 1)]
     p, t = load("p-" + layout), load("t")
     h = int(h)
-    out = {"layout": layout.replace("_", ":"), "hidden": h, "batch": int(b),
+    layout, precision = layout.rsplit("_", 1)
+    out = {"layout": layout.replace("_", ":"), "precision": precision, "hidden": h, "batch": int(b),
            "pstrain_samples_per_s_median": med(p, "samples_per_s"),
            "torch_samples_per_s_median": med(t, "samples_per_s"),
            "pstrain_step_ms_median": med(p, "step_ms_median"),
@@ -83,5 +92,9 @@ for c in sys.argv[5:]:
     out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
     out["ceiling_samples_per_s"] = round(sgemm * 1e9 / flop_per_sample, 1)
     out["fraction_of_ceiling"] = round(out["pstrain_samples_per_s_median"] / out["ceiling_samples_per_s"], 3)
+    if precision != "fp32" and "%s_fp32/%d/%s" % (layout, h, b) in sys.argv[5:]:
+        f = load("p-%s_fp32" % layout)
+        out["step_speedup_vs_fp32"] = round(med(f, "step_ms_median") / out["pstrain_step_ms_median"], 3)
+        out["test_acc_minus_fp32"] = round(out["pstrain_test_acc"] - f[0]["test_acc"], 4)
     print(json.dumps(out))
 PY
