@@ -64,14 +64,15 @@ static double at(const float *x, int trans, int ld, int i, int j)
     return trans ? x[(int64_t)j * ld + i] : x[(int64_t)i * ld + j];
 }
 
-/* One product of every transposition, with row strides past the widths, against a double
- * sum: the error of an fp32 sum of K exact products is below K * 2^-24 of the sum of
- * their magnitudes (plus the accumulated C). Elements of C outside the M x N block stay.
+/* One product against a double sum (pad: row strides past the widths, else dense): the
+ * error of an fp32 sum of K exact products is below K * 2^-24 of the sum of their
+ * magnitudes (plus the accumulated C). Elements of C outside the M x N block stay.
  * f32: fp32 operands through pst_gemm_onednn_f32 (oneDNN's path with an fp32 kernel),
  * whose products are rounded too: one more 2^-24 of each. */
-static void check_product(int f32, int ta, int tb, int M, int N, int K, int acc, uint64_t seed)
+static void check_product(int f32, int pad, int ta, int tb, int M, int N, int K, int acc,
+                          uint64_t seed)
 {
-    const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 7;
+    const int lda = (ta ? M : K) + 3 * pad, ldb = (tb ? K : N) + 5 * pad, ldc = N + 7 * pad;
     const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb;
     const size_t nc = (size_t)M * ldc;
     float *a = malloc(na * sizeof *a), *b = malloc(nb * sizeof *b), *c = malloc(nc * sizeof *c);
@@ -112,17 +113,19 @@ static void check_product(int f32, int ta, int tb, int M, int N, int K, int acc,
     free(a), free(b), free(c), free(c0), free(a16), free(b16);
 }
 
-/* every transposition, with and without C added, at a few sizes */
+/* every transposition, with and without C added, at a few sizes, dense (oneDNN's brgemm
+ * kernels take only these) and with row strides past the widths */
 static void check_products(int f32)
 {
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++)
-            for (int acc = 0; acc < 2; acc++) {
-                check_product(f32, ta, tb, 7, 5, 3, acc, 11);
-                check_product(f32, ta, tb, 33, 70, 129, acc, 12);
-                check_product(f32, ta, tb, 64, 48, 300, acc, 13);
-            }
-    check_product(f32, 0, 1, 1, 1, 1, 0, 14);
+    for (int pad = 0; pad < 2; pad++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int acc = 0; acc < 2; acc++) {
+                    check_product(f32, pad, ta, tb, 7, 5, 3, acc, 11);
+                    check_product(f32, pad, ta, tb, 33, 70, 129, acc, 12);
+                    check_product(f32, pad, ta, tb, 64, 48, 300, acc, 13);
+                }
+    check_product(f32, 0, 0, 1, 1, 1, 1, 0, 14);
 }
 
 Test(gemm_bf16, off_until_set_up_and_each_mode_says_what_it_is)
@@ -163,8 +166,8 @@ Test(gemm_bf16, the_onednn_path_with_fp32_operands, .timeout = 120)
 
 /* The kernels of the linear layer against the fp32 kernels on the same bf16-rounded
  * operands (the same products; the sums may be ordered otherwise): forward by column
- * slices, the weight gradient by tiles (OC past PST_ROW_TILE) and with accumulate, the
- * input gradient by column slices. */
+ * slices, the weight gradient by tiles (OC past PST_ROW_TILE) and with accumulate, with the
+ * same bits however its rows are sliced, the input gradient by column slices. */
 Test(linear_bf16, kernels_match_the_fp32_kernels_on_rounded_operands, .timeout = 120)
 {
     const int B = 24, IC = 40, OC = 300;
@@ -197,8 +200,12 @@ Test(linear_bf16, kernels_match_the_fp32_kernels_on_rounded_operands, .timeout =
                 cr_assert_leq(fabsf(dw[e] - dwr[e]), 1e-5f * (1.0f + fabsf(dwr[e])),
                               "acc %d: dw[%zu] %.9g vs %.9g", acc, e, dw[e], dwr[e]);
         }
-        pst_linear_backward_weight_rows(dwr, dbr, dout, inp, B, IC, OC, 0, 0, OC);
+        /* the tiles make the bits: one call over all rows gives those of the two above */
+        pst_linear_backward_weight_rows_bf16(dwr, dbr, dout, inp, B, IC, OC, 0, 0, 256);
+        pst_linear_backward_weight_rows_bf16(dwr, dbr, dout, inp, B, IC, OC, 0, 256, OC);
         pst_linear_backward_weight_rows_bf16(dw, db, dout, inp, B, IC, OC, 0, 0, OC);
+        cr_assert_eq(memcmp(dw, dwr, nw * 4), 0, "a slice of two tiles gave other bits");
+        pst_linear_backward_weight_rows(dwr, dbr, dout, inp, B, IC, OC, 0, 0, OC);
         cr_assert_eq(memcmp(db, dbr, OC * 4), 0, "the bias gradient is the fp32 kernel's");
         /* input gradient: columns [0, 16) and [16, 40) */
         pst_linear_backward_input_cols_bf16(di, dout, w16, B, IC, OC, 0, 16);

@@ -113,7 +113,11 @@ int main(int argc, char **argv)
         PST_WARN("%s", advice);
     if (cfg.precision != PST_F32) {
         char gemm[256] = "";
-        const int want = tr_bf16_gemm_wanted(&cpu, cfg.precision == PST_BF16, cfg.bf16_gemm);
+        const int cuda = strncmp(cfg.devices, "cuda", 4) == 0; /* GEMMs in fp32 (cuBLAS) */
+        const int want = !cuda && tr_bf16_gemm_wanted(&cpu, cfg.precision == PST_BF16,
+                                                      cfg.bf16_gemm);
+        if (cuda)
+            snprintf(gemm, sizeof gemm, "CUDA devices: bf16 GEMMs are for CPU devices");
         /* on: emulated where oneDNN has no bf16 kernel for this CPU; auto: fp32 there */
         const int on = want && pst_gemm_bf16_setup(cfg.bf16_gemm == PST_BF16_GEMM_ON
                                                        ? PST_GEMM_BF16_EMULATE

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CACHE_SLOTS = 96, SCRATCH_SLOTS = 4 };
+enum { CACHE_SLOTS = 96, SCRATCH_SLOTS = 6 }; /* scratch 0-3: the callers'; 4-5: fallback's */
 
 typedef struct shape {
     int ta, tb, M, N, K, lda, ldb, ldc, acc;
@@ -69,8 +69,19 @@ static void cache_free(void *p)
     free(t);
 }
 
+static int key_ok;
+
+static void key_make(void)
+{
+    key_ok = pthread_key_create(&cache_key, cache_free) == 0;
+}
+
 static tcache *cache_get(void)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, key_make);
+    if (!key_ok)
+        return NULL;
     tcache *t = pthread_getspecific(cache_key);
     if (t)
         return t;
@@ -170,10 +181,11 @@ static dnnl_status_t run(tcache *t, const shape *k, const void *A, const void *B
     return dnnl_stream_wait(t->stream);
 }
 
-uint16_t *pst_gemm_bf16_scratch(int slot, size_t n)
+/* slot of this thread's scratch, any of them (the callers' or the fallback's) */
+static uint16_t *scratch(int slot, size_t n)
 {
     tcache *t = cache_get();
-    if (!t || slot < 0 || slot >= SCRATCH_SLOTS)
+    if (!t)
         return NULL;
     if (t->cap[slot] < n) {
         uint16_t *p = realloc(t->scratch[slot], n * sizeof *p);
@@ -185,6 +197,11 @@ uint16_t *pst_gemm_bf16_scratch(int slot, size_t n)
     return t->scratch[slot];
 }
 
+uint16_t *pst_gemm_bf16_scratch(int slot, size_t n)
+{
+    return slot >= 0 && slot < 4 ? scratch(slot, n) : NULL;
+}
+
 void pst_bf16_rows(uint16_t *dst, const float *src, int rows, int n, int64_t ld)
 {
     for (int r = 0; r < rows; r++)
@@ -194,7 +211,7 @@ void pst_bf16_rows(uint16_t *dst, const float *src, int rows, int n, int64_t ld)
 /* fp32 copies of a bf16 matrix of `rows` rows of `cols` (row stride ld) */
 static float *widen(int slot, const uint16_t *m, int rows, int cols, int ld)
 {
-    float *f = (float *)(void *)pst_gemm_bf16_scratch(slot, 2 * (size_t)rows * (size_t)ld);
+    float *f = (float *)(void *)scratch(slot, 2 * (size_t)rows * (size_t)ld);
     if (f)
         pst_cast(f, PST_F32, m, PST_BF16, (size_t)(rows - 1) * (size_t)ld + (size_t)cols);
     return f;
@@ -209,8 +226,8 @@ static void fallback(const shape *k, const uint16_t *A, const uint16_t *B, float
     if (why != dnnl_success && !atomic_exchange(&warned, 1))
         pst_log_write(PST_LOG_WARN, "bf16 GEMM: oneDNN failed (status %d); the products "
                       "go through fp32 copies and OpenBLAS", (int)why);
-    const float *a = widen(2, A, k->ta ? k->K : k->M, k->ta ? k->M : k->K, k->lda);
-    const float *b = widen(3, B, k->tb ? k->N : k->K, k->tb ? k->K : k->N, k->ldb);
+    const float *a = widen(4, A, k->ta ? k->K : k->M, k->ta ? k->M : k->K, k->lda);
+    const float *b = widen(5, B, k->tb ? k->N : k->K, k->tb ? k->K : k->N, k->ldb);
     if (!a || !b) {
         /* nothing left to compute with: the step's values become NaN, and the trainer
          * stops on them (a NaN gradient fails its block's exchange) */
@@ -260,17 +277,14 @@ int pst_gemm_bf16_on(void)
 
 int pst_gemm_bf16_setup(int mode, char *msg, size_t n)
 {
-    static int key_ok;
     atomic_store(&enabled, 0);
     atomic_store(&emulated, 0);
     if (mode == PST_GEMM_BF16_OFF) {
         snprintf(msg, n, "bf16 GEMMs off");
         return 0;
     }
-    if (!key_ok)
-        key_ok = pthread_key_create(&cache_key, cache_free) == 0;
-    if (!key_ok) {
-        snprintf(msg, n, "bf16 GEMMs off: no thread-local key");
+    if (!cache_get()) {
+        snprintf(msg, n, "bf16 GEMMs off: no thread-local memory");
         return 0;
     }
     const dnnl_version_t *v = dnnl_version();

@@ -51,8 +51,9 @@ int pst_gemm_onednn_f32(int trans_a, int trans_b, int M, int N, int K, const flo
  * rounded to nearest even. */
 void pst_bf16_rows(uint16_t *dst, const float *src, int rows, int n, int64_t ld);
 
-/* This thread's scratch `slot` (0-3), at least n bf16 elements, kept and grown for the
- * thread's life (freed when it exits); NULL when out of memory. */
+/* This thread's scratch `slot` (0-3; pst_gemm_bf16's own are others), at least n bf16
+ * elements, kept and grown for the thread's life (freed when it exits); NULL when out of
+ * memory or for another slot. */
 uint16_t *pst_gemm_bf16_scratch(int slot, size_t n);
 
 #endif

@@ -77,6 +77,29 @@ static void nan_block(float *c, int rows, int n, int64_t ld)
             c[r * ld + j] = __builtin_nanf("");
 }
 
+/* C[:, 0:n] (M rows, row stride ldc) = op(A) @ op(B) in bf16, every operand dense: oneDNN's
+ * fastest kernels (brgemm, AMX) take only dense layouts, so a slice narrower than C is
+ * computed into this thread's dense block (scratch 2) and copied out, and a shape always
+ * meets the same kernel. round_a (may be NULL): A is first rounded from these fp32 rows
+ * (M x K, dense) into A. 0, or -1 without scratch. */
+static int gemm_into_cols(int ta, int tb, int M, int n, int K, uint16_t *A, int lda,
+                          const uint16_t *B, int ldb, float *C, int ldc, const float *round_a)
+{
+    if (round_a)
+        pst_bf16_rows(A, round_a, M, K, K);
+    if (n == ldc) {
+        pst_gemm_bf16(ta, tb, M, n, K, A, lda, B, ldb, 0, C, ldc);
+        return 0;
+    }
+    float *t = (float *)(void *)pst_gemm_bf16_scratch(2, 2 * (size_t)M * (size_t)n);
+    if (!t)
+        return -1;
+    pst_gemm_bf16(ta, tb, M, n, K, A, lda, B, ldb, 0, t, n);
+    for (int i = 0; i < M; i++)
+        memcpy(C + (int64_t)i * ldc, t + (int64_t)i * n, sizeof(float) * (size_t)n);
+    return 0;
+}
+
 PST_BIT_EXACT_CLONES
 void pst_linear_forward_cols_bf16(float *out, const float *inp, const uint16_t *w16,
                                   const float *bias, int B, int IC, int OC, int relu, int j0,
@@ -86,12 +109,11 @@ void pst_linear_forward_cols_bf16(float *out, const float *inp, const uint16_t *
     if (n <= 0 || B <= 0)
         return;
     uint16_t *x = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)IC);
-    if (!x) {
+    if (!x || gemm_into_cols(0, 1, B, n, IC, x, IC, w16 + (int64_t)j0 * IC, IC, out + j0, OC,
+                             inp) != 0) {
         nan_block(out + j0, B, n, OC);
         return;
     }
-    pst_bf16_rows(x, inp, B, IC, IC);
-    pst_gemm_bf16(0, 1, B, n, IC, x, IC, w16 + (int64_t)j0 * IC, IC, 0, out + j0, OC);
     bias_relu(out, bias, B, OC, relu, j0, j1);
 }
 
@@ -186,18 +208,20 @@ void pst_linear_backward_weight_rows_bf16(float *dweight, float *dbias, const fl
             memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
         return;
     }
-    /* dout[:, j0:j1] and inp in bf16, then the same tiles as the fp32 kernel */
-    uint16_t *d = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)n);
+    /* inp in bf16, then the same tiles as the fp32 kernel, each with its columns of dout
+     * rounded into a dense block of their own: every tile of a width is the same dense
+     * product, wherever the slice around it starts and ends */
+    uint16_t *d = pst_gemm_bf16_scratch(0, (size_t)B * PST_ROW_TILE);
     uint16_t *x = pst_gemm_bf16_scratch(1, (size_t)B * (size_t)IC);
     if (!d || !x) {
         nan_block(dweight + (int64_t)j0 * IC, n, IC, IC);
         return;
     }
-    pst_bf16_rows(d, dout + j0, B, n, OC);
     pst_bf16_rows(x, inp, B, IC, IC);
     for (int r = j0, e; r < j1; r = e) {
         e = pst_row_tile_end(r, j1);
-        pst_gemm_bf16(1, 0, e - r, IC, B, d + (r - j0), n, x, IC, accumulate,
+        pst_bf16_rows(d, dout + r, B, e - r, OC);
+        pst_gemm_bf16(1, 0, e - r, IC, B, d, e - r, x, IC, accumulate,
                       dweight + (int64_t)r * IC, IC);
     }
 }
@@ -219,14 +243,15 @@ void pst_linear_backward_input_cols_bf16(float *dinp, const float *dout, const u
     const int n = i1 - i0;
     if (n <= 0 || B <= 0)
         return;
+    /* dinp[:, i0:i1] = dout @ w16[:, i0:i1], the weight's columns copied dense (scratch 1)
+     * when they are not all of it */
     uint16_t *d = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)OC);
-    if (!d) {
+    uint16_t *wd = n == IC ? NULL : pst_gemm_bf16_scratch(1, (size_t)OC * (size_t)n);
+    const uint16_t *w = n == IC ? w16 : wd;
+    for (int o = 0; wd && o < OC; o++)
+        memcpy(wd + (int64_t)o * n, w16 + (int64_t)o * IC + i0, sizeof *wd * (size_t)n);
+    if (!d || !w || gemm_into_cols(0, 0, B, n, OC, d, OC, w, n, dinp + i0, IC, dout) != 0)
         nan_block(dinp + i0, B, n, IC);
-        return;
-    }
-    pst_bf16_rows(d, dout, B, OC, OC);
-    /* dinp[:, i0:i1] = dout @ w16[:, i0:i1] */
-    pst_gemm_bf16(0, 0, B, n, OC, d, OC, w16 + i0, IC, 0, dinp + i0, IC);
 }
 
 void pst_linear_backward(float *dinp, float *dweight, float *dbias, const float *dout,

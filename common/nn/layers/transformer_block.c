@@ -54,29 +54,32 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
 
     k->ln1 = (pst_layernorm_args){.out = ln1, .mean = mean1, .rstd = rstd1, .inp = io->in,
                                   .w = P[LN1W], .b = P[LN1B], .C = C, .pool = pool};
-    k->qkv = (pst_linear_fwd_args){.out = qkv, .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW], .b = P[QKVB], .IC = C,
-                                   .OC = 3 * C, .pool = pool};
+    k->qkv = (pst_linear_fwd_args){.out = qkv, .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW],
+                                   .b = P[QKVB], .IC = C, .OC = 3 * C, .pool = pool};
     k->att = (pst_attention_args){.out = atty, .lse = lse, .qkv = qkv, .T = T, .C = C, .H = H,
                                   .scratch = io->scratch, .pool = pool};
-    k->attproj = (pst_linear_fwd_args){.out = res2, .inp = atty, .w = P[APW], .w16 = Q[APW], .b = P[APB],
-                                       .IC = C, .OC = C, .pool = pool};
+    k->attproj = (pst_linear_fwd_args){.out = res2, .inp = atty, .w = P[APW], .w16 = Q[APW],
+                                       .b = P[APB], .IC = C, .OC = C, .pool = pool};
     k->res2 = (pst_add_args){.dst = res2, .src = io->in, .pool = pool};
     k->ln2 = (pst_layernorm_args){.out = ln2, .mean = mean2, .rstd = rstd2, .inp = res2,
                                   .w = P[LN2W], .b = P[LN2B], .C = C, .pool = pool};
-    k->fc = (pst_linear_fwd_args){.out = fch, .inp = ln2, .w = P[FCW], .w16 = Q[FCW], .b = P[FCB], .IC = C,
-                                  .OC = 4 * C, .pool = pool};
+    k->fc = (pst_linear_fwd_args){.out = fch, .inp = ln2, .w = P[FCW], .w16 = Q[FCW],
+                                  .b = P[FCB], .IC = C, .OC = 4 * C, .pool = pool};
     k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .pool = pool};
-    k->fcproj = (pst_linear_fwd_args){.out = io->out, .inp = fchg, .w = P[FPW], .w16 = Q[FPW], .b = P[FPB],
-                                      .IC = 4 * C, .OC = C, .pool = pool};
+    k->fcproj = (pst_linear_fwd_args){.out = io->out, .inp = fchg, .w = P[FPW],
+                                      .w16 = Q[FPW], .b = P[FPB], .IC = 4 * C, .OC = C,
+                                      .pool = pool};
     k->res3 = (pst_add_args){.dst = io->out, .src = res2, .pool = pool};
 
     k->fcproj_b = (pst_linear_bwd_args){.dinp = dfch, .dw = G[FPW], .db = G[FPB],
-                                        .dout = io->dout, .inp = fchg, .w = P[FPW], .w16 = Q[FPW],
+                                        .dout = io->dout, .inp = fchg, .w = P[FPW],
+                                        .w16 = Q[FPW],
                                         .IC = 4 * C, .OC = C, .accumulate = acc[FPW],
                                         .pool = pool};
     k->gelu_b = (pst_gelu_args){.out = dfch, .inp = fch, .dout = dfch, .pool = pool};
     k->fc_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[FCW], .db = G[FCB], .dout = dfch,
-                                    .inp = ln2, .w = P[FCW], .w16 = Q[FCW], .IC = C, .OC = 4 * C,
+                                    .inp = ln2, .w = P[FCW], .w16 = Q[FCW], .IC = C,
+                                    .OC = 4 * C,
                                     .accumulate = acc[FCW], .pool = pool};
     k->ln2_bwd = (pst_layernorm_args){.dinp = dres2, .dw = G[LN2W], .db = G[LN2B],
                                       .dout = dln, .inp = res2, .w = P[LN2W],
@@ -84,13 +87,15 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                       .accumulate = acc[LN2W], .pool = pool};
     k->dres2 = (pst_add_args){.dst = dres2, .src = io->dout, .pool = pool};
     k->attproj_b = (pst_linear_bwd_args){.dinp = datty, .dw = G[APW], .db = G[APB],
-                                         .dout = dres2, .inp = atty, .w = P[APW], .w16 = Q[APW], .IC = C,
+                                         .dout = dres2, .inp = atty, .w = P[APW],
+                                         .w16 = Q[APW], .IC = C,
                                          .OC = C, .accumulate = acc[APW], .pool = pool};
     k->att_b = (pst_attention_args){.dqkv = dqkv, .dout = datty, .qkv = qkv, .saved_lse = lse,
                                     .T = T, .C = C, .H = H, .scratch = io->scratch,
                                     .pool = pool};
     k->qkv_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[QKVW], .db = G[QKVB], .dout = dqkv,
-                                     .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW], .IC = C, .OC = 3 * C,
+                                     .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW], .IC = C,
+                                     .OC = 3 * C,
                                      .accumulate = acc[QKVW], .pool = pool};
     k->ln1_w = (pst_layernorm_args){.dw = G[LN1W], .db = G[LN1B], .dout = dln, .inp = io->in,
                                     .w = P[LN1W], .saved_mean = mean1, .saved_rstd = rstd1,
