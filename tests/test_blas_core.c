@@ -161,21 +161,30 @@ Test(blas_core, bf16_line_names_what_the_trainer_computes_in)
     cr_assert(strstr(msg, "compute in fp32 (no fp16 GEMM is used on CPUs)"), "%s", msg);
 }
 
-/* How many of the trainer's log lines (bf16, --bf16-gemm `opt`) contain both a and b. */
-static int trainer_lines(const char *opt, const char *a, const char *b)
+/* How many of the trainer's log lines (bf16, --bf16-gemm `opt`, on `devices`) contain both
+ * a and b; the trainer must exit 0 unless the devices may be missing (CUDA). */
+static int trainer_lines_on(const char *devices, const char *opt, const char *a, const char *b)
 {
     char cmd[512];
     snprintf(cmd, sizeof cmd,
-             "timeout 60 " TRAINER " --model synthetic --params 1000 --steps 1 "
-             "--precision bf16 --bf16-gemm %s --progress none 2>&1 >/dev/null", opt);
+             "PSTRAIN_DEVICES=%s timeout 60 " TRAINER " --model synthetic --params 1000 "
+             "--steps 1 --precision bf16 --bf16-gemm %s --progress none 2>&1 >/dev/null",
+             devices, opt);
     FILE *p = popen(cmd, "r");
     cr_assert_not_null(p);
     char line[1024];
     int said = 0;
     while (fgets(line, sizeof line, p))
         said += strstr(line, a) && strstr(line, b);
-    cr_assert_eq(pclose(p), 0);
+    const int rc = pclose(p);
+    if (strncmp(devices, "cuda", 4) != 0)
+        cr_assert_eq(rc, 0);
     return said;
+}
+
+static int trainer_lines(const char *opt, const char *a, const char *b)
+{
+    return trainer_lines_on("cpu:1", opt, a, b);
 }
 
 Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
@@ -186,6 +195,11 @@ Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
     cr_assert_eq(trainer_lines("auto", bf16, f.avx512bf16 ? "GEMMs in bf16" : "compute in fp32"),
                  1, "auto on a CPU %s AVX512_BF16", f.avx512bf16 ? "with" : "without");
     cr_assert_eq(trainer_lines("off", bf16, "compute in fp32 (--bf16-gemm off)"), 1);
+    /* CUDA devices keep fp32 GEMMs whatever the option says (the line comes before the
+     * devices are opened, so also where there is no GPU) */
+    cr_assert_eq(trainer_lines_on("cuda:0", "on", bf16,
+                                  "compute in fp32 (CUDA devices: bf16 GEMMs are for CPU devices)"),
+                 1);
     /* on: on any CPU (emulated where oneDNN has no bf16 kernel for it) */
     cr_assert_eq(trainer_lines("on", bf16, f.avx512bf16 ? "with fp32 accumulation (bf16 GEMMs on: oneDNN"
                                                         : "with fp32 accumulation (bf16 GEMMs on, emulated"),
