@@ -220,14 +220,16 @@ Test(linear_bf16, kernels_match_the_fp32_kernels_on_rounded_operands, .timeout =
 }
 
 /* Each thread keeps its own products (oneDNN primitives and their memory objects): four
- * threads, each with more shapes than a thread's table holds, get the bits one thread
- * gets for the same products. */
+ * threads, each going over more shapes than a thread's table holds and then over some
+ * again (products the table kept, products it dropped), get the bits one thread gets in
+ * one pass. */
 enum { THREADS = 4, SHAPES = 110 };
 
 typedef struct job {
     const uint16_t *a, *b;
     const float *af, *bf; /* the same operands in fp32 */
-    float *c; /* SHAPES results of up to 8 x 8 */
+    float *c;   /* SHAPES results of up to 8 x 8 */
+    int passes; /* 2: some shapes again, kept and dropped ones (products()) */
 } job;
 
 static int f32_products; /* products() through pst_gemm_onednn_f32 */
@@ -235,7 +237,11 @@ static int f32_products; /* products() through pst_gemm_onednn_f32 */
 static void *products(void *arg)
 {
     job *j = arg;
-    for (int s = 0; s < SHAPES; s++) {
+    /* all shapes; then (passes 2) the last 64 again, which the table keeps (hits), and the
+     * first 8 again, which it dropped for the last ones (made anew) */
+    const int n = j->passes > 1 ? SHAPES + 64 + 8 : SHAPES;
+    for (int i = 0; i < n; i++) {
+        const int s = i < SHAPES ? i : i < SHAPES + 64 ? i - 64 : i - SHAPES - 64;
         const int M = 1 + s % 8, N = 1 + (s / 8) % 8, K = 1 + s % 13;
         if (f32_products)
             cr_assert_eq(pst_gemm_onednn_f32(s & 1, (s >> 1) & 1, M, N, K, j->af, 16, j->bf, 16,
@@ -260,12 +266,12 @@ Test(gemm_bf16, threads_keep_their_own_products, .timeout = 120)
         use(k < nm ? m[k] : PST_GEMM_BF16_EMULATE);
         float *want = calloc(SHAPES * 64, sizeof *want);
         cr_assert_not_null(want);
-        job one = {a16, b16, a, b, want};
+        job one = {a16, b16, a, b, want, 1};
         products(&one);
         pthread_t t[THREADS];
         job js[THREADS];
         for (int i = 0; i < THREADS; i++) {
-            js[i] = (job){a16, b16, a, b, calloc(SHAPES * 64, sizeof(float))};
+            js[i] = (job){a16, b16, a, b, calloc(SHAPES * 64, sizeof(float)), 2};
             cr_assert_not_null(js[i].c);
             cr_assert_eq(pthread_create(&t[i], NULL, products, &js[i]), 0);
         }

@@ -4,7 +4,8 @@
  * one shape (sizes, strides, transposes and whether C is added to) and then run on any
  * pointers. Each thread keeps its own primitives with their memory objects and a stream
  * (a memory object's pointer is set per call, so none is shared between threads), looked
- * up by shape in a small table; a full table drops its oldest entry. oneDNN is built on
+ * up by shape in a small table; a full table drops its least recently used entry, and a
+ * shape oneDNN refused is remembered, so it goes to the fallback at once. oneDNN is built on
  * OpenMP here: each calling thread asks for one OpenMP thread once, so a product runs on
  * the thread that calls it. */
 #include "common/nn/gemm_bf16.h"
@@ -30,14 +31,17 @@ typedef struct shape {
 
 typedef struct entry {
     shape key;
-    dnnl_primitive_t prim;
+    dnnl_primitive_t prim; /* NULL: oneDNN refused the shape (failed), computed by fallback */
     dnnl_memory_t a, b, c;
+    dnnl_status_t failed;
+    unsigned long used; /* the thread's clock at its last use */
 } entry;
 
 typedef struct tcache {
     dnnl_stream_t stream;
     entry e[CACHE_SLOTS];
-    int n, next; /* entries in use; the next one to replace once full */
+    int n;               /* entries in use */
+    unsigned long clock; /* one tick per product */
     uint16_t *scratch[SCRATCH_SLOTS];
     size_t cap[SCRATCH_SLOTS];
 } tcache;
@@ -150,12 +154,13 @@ static dnnl_status_t run(tcache *t, const shape *k, const void *A, const void *B
     for (int i = 0; i < t->n && !e; i++)
         if (!memcmp(&t->e[i].key, k, sizeof *k))
             e = &t->e[i];
-    if (!e) {
+    if (!e) { /* a free entry, or the least recently used one */
         if (t->n < CACHE_SLOTS) {
             e = &t->e[t->n++];
         } else {
-            e = &t->e[t->next];
-            t->next = (t->next + 1) % CACHE_SLOTS;
+            e = &t->e[0];
+            for (int i = 1; i < CACHE_SLOTS; i++)
+                e = t->e[i].used < e->used ? &t->e[i] : e;
             entry_free(e);
         }
         char impl[96];
@@ -164,12 +169,14 @@ static dnnl_status_t run(tcache *t, const shape *k, const void *A, const void *B
             pst_log_write(PST_LOG_DEBUG, "bf16 GEMM %dx%dx%d%s%s%s: kernel %s", k->M, k->N,
                           k->K, k->ta ? " A^T" : "", k->tb ? " B^T" : "",
                           k->acc ? " +C" : "", impl);
-        if (st) {
-            *e = t->e[--t->n]; /* the last entry fills the hole (or e was the last) */
-            memset(&t->e[t->n], 0, sizeof t->e[t->n]);
-            return st;
+        if (st) { /* kept, so that the shape goes straight to the fallback next time */
+            e->key = *k;
+            e->failed = st;
         }
     }
+    e->used = ++t->clock;
+    if (!e->prim)
+        return e->failed;
     if ((st = dnnl_memory_set_data_handle(e->a, (void *)A)) ||
         (st = dnnl_memory_set_data_handle(e->b, (void *)B)) ||
         (st = dnnl_memory_set_data_handle(e->c, C)))
