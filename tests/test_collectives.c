@@ -618,6 +618,17 @@ static void gpu_fx_free(gpu_fixture *f)
     pst_runtime_free(f->rt);
 }
 
+/* New values on every GPU: host[d] drawn from r, copied to buf[d] on its stream. */
+static void gpu_fx_fill(gpu_fixture *f, pst_rng *r)
+{
+    for (int d = 0; d < f->D; d++) {
+        for (size_t i = 0; i < f->n; i++)
+            f->host[d][i] = spread(r);
+        CHECK_OK(pst_memcpy_async(f->s[d], f->buf[d], f->host[d], f->n * sizeof(float),
+                                  PST_COPY_HOST_TO_DEVICE));
+    }
+}
+
 /* The device memory limit on a GPU: the runtime refuses before CUDA allocates, the same
  * line as on the CPU (test_device's device_alloc tests), and a refusal changes nothing. */
 Test(collectives_nccl, memory_limit_refuses_on_gpus, .timeout = 60)
@@ -651,12 +662,7 @@ Test(collectives_nccl, matches_the_host_sum_on_gpus, .timeout = 120)
     pst_rng r;
     pst_rng_seed(&r, 11, 0);
     for (int root = 0; root < D; root++) {
-        for (int d = 0; d < D; d++) {
-            for (size_t i = 0; i < n; i++)
-                f.host[d][i] = spread(&r);
-            CHECK_OK(pst_memcpy_async(f.s[d], f.buf[d], f.host[d], n * sizeof(float),
-                                      PST_COPY_HOST_TO_DEVICE));
-        }
+        gpu_fx_fill(&f, &r);
         device_order_sum(f.want, f.host, D, n);
         CHECK_OK(pst_comm_reduce(f.c, f.buf, n, root, f.s));
         CHECK_OK(pst_memcpy_async(f.s[root], f.got, f.buf[root], n * sizeof(float),
@@ -700,16 +706,12 @@ Test(collectives_nccl, some_gpus_reduce_and_broadcast_among_themselves, .timeout
         const int root = (m >> 2) & 1u ? 2 : 1;
         float *mine[MAXD] = {0}, *in[MAXD] = {0};
         int k = 0;
-        for (int d = 0; d < D; d++) {
-            for (size_t i = 0; i < n; i++)
-                f.host[d][i] = spread(&r);
-            CHECK_OK(pst_memcpy_async(f.s[d], f.buf[d], f.host[d], n * sizeof(float),
-                                      PST_COPY_HOST_TO_DEVICE));
+        gpu_fx_fill(&f, &r);
+        for (int d = 0; d < D; d++)
             if ((m >> d) & 1u) {
                 mine[d] = f.buf[d];
                 in[k++] = f.host[d];
             }
-        }
         device_order_sum(f.want, in, k, n);
         CHECK_OK(pst_comm_reduce_some(f.c, mine, n, root, f.s, m));
         for (int d = 0; d < D; d++) {

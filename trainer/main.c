@@ -14,6 +14,7 @@
 #include "common/memory.h"
 #include "common/nn/gemm_bf16.h"
 #include "common/prom.h"
+#include "common/runtime/device.h"
 #include "trainer/blas_core.h"
 #include "trainer/remote.h"
 #include "trainer/train.h"
@@ -113,7 +114,7 @@ int main(int argc, char **argv)
         PST_WARN("%s", advice);
     if (cfg.precision != PST_F32) {
         char gemm[256] = "";
-        const int cuda = strncmp(cfg.devices, "cuda", 4) == 0; /* GEMMs in fp32 (cuBLAS) */
+        const int cuda = pst_devices_spec_cuda(cfg.devices); /* GEMMs in fp32 (cuBLAS) */
         const int want = !cuda && tr_bf16_gemm_wanted(&cpu, cfg.precision == PST_BF16,
                                                       cfg.bf16_gemm);
         if (cuda)

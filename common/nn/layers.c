@@ -80,13 +80,10 @@ static void nan_block(float *c, int rows, int n, int64_t ld)
 /* C[:, 0:n] (M rows, row stride ldc) = op(A) @ op(B) in bf16, every operand dense: oneDNN's
  * fastest kernels (brgemm, AMX) take only dense layouts, so a slice narrower than C is
  * computed into this thread's dense block (scratch 2) and copied out, and a shape always
- * meets the same kernel. round_a (may be NULL): A is first rounded from these fp32 rows
- * (M x K, dense) into A. 0, or -1 without scratch. */
-static int gemm_into_cols(int ta, int tb, int M, int n, int K, uint16_t *A, int lda,
-                          const uint16_t *B, int ldb, float *C, int ldc, const float *round_a)
+ * meets the same kernel. 0, or -1 without scratch. */
+static int gemm_into_cols(int ta, int tb, int M, int n, int K, const uint16_t *A, int lda,
+                          const uint16_t *B, int ldb, float *C, int ldc)
 {
-    if (round_a)
-        pst_bf16_rows(A, round_a, M, K, K);
     if (n == ldc) {
         pst_gemm_bf16(ta, tb, M, n, K, A, lda, B, ldb, 0, C, ldc);
         return 0;
@@ -109,8 +106,10 @@ void pst_linear_forward_cols_bf16(float *out, const float *inp, const uint16_t *
     if (n <= 0 || B <= 0)
         return;
     uint16_t *x = pst_gemm_bf16_scratch(0, (size_t)B * (size_t)IC);
-    if (!x || gemm_into_cols(0, 1, B, n, IC, x, IC, w16 + (int64_t)j0 * IC, IC, out + j0, OC,
-                             inp) != 0) {
+    if (x)
+        pst_bf16_rows(x, inp, B, IC, IC);
+    if (!x || gemm_into_cols(0, 1, B, n, IC, x, IC, w16 + (int64_t)j0 * IC, IC, out + j0,
+                             OC) != 0) {
         nan_block(out + j0, B, n, OC);
         return;
     }
@@ -250,7 +249,9 @@ void pst_linear_backward_input_cols_bf16(float *dinp, const float *dout, const u
     const uint16_t *w = n == IC ? w16 : wd;
     for (int o = 0; wd && o < OC; o++)
         memcpy(wd + (int64_t)o * n, w16 + (int64_t)o * IC + i0, sizeof *wd * (size_t)n);
-    if (!d || !w || gemm_into_cols(0, 0, B, n, OC, d, OC, w, n, dinp + i0, IC, dout) != 0)
+    if (d)
+        pst_bf16_rows(d, dout, B, OC, OC);
+    if (!d || !w || gemm_into_cols(0, 0, B, n, OC, d, OC, w, n, dinp + i0, IC) != 0)
         nan_block(dinp + i0, B, n, IC);
 }
 

@@ -46,6 +46,11 @@ static pst_status spec_invalid(const char *spec, const char *why)
                          PST_SPEC_QUOTE_MAX, spec, why, PST_DEVICE_MAX_COUNT);
 }
 
+int pst_devices_spec_cuda(const char *spec)
+{
+    return strcmp(spec, "cuda") == 0 || strncmp(spec, "cuda:", 5) == 0;
+}
+
 /* Reads `spec` into a backend and a device count; for CUDA also the GPU ordinals of the
  * devices in order (ordinals[count]). CUDA specs are checked for form first, so a typo is
  * PST_ERR_INVALID whether or not this build has CUDA; then a build without the CUDA
@@ -70,7 +75,7 @@ static pst_status parse_spec(const char *spec, pst_backend_kind *kind, int *coun
         *count = n;
         return PST_OK;
     }
-    if (strcmp(spec, "cuda") == 0 || strncmp(spec, "cuda:", 5) == 0) {
+    if (pst_devices_spec_cuda(spec)) {
         int n = 0;
         if (spec[4] == ':') {
             /* A comma list of distinct GPU ordinals. */

@@ -72,6 +72,9 @@ typedef pst_status (*pst_host_fn)(void *arg);
  * spec (detail names it and gives "cpu:2" as an example), PST_ERR_UNSUPPORTED for a backend
  * not built or with no hardware. On error *out is NULL. */
 pst_status pst_runtime_init(pst_runtime **out, const char *spec);
+/* 1 when `spec` names CUDA devices ("cuda" or "cuda:..."), as pst_runtime_init reads it;
+ * asks no GPU and checks nothing else of the spec. */
+int pst_devices_spec_cuda(const char *spec);
 /* Stops and frees everything; accepts NULL. Streams still holding work are drained first. */
 void pst_runtime_free(pst_runtime *rt);
 int pst_runtime_count(const pst_runtime *rt);
