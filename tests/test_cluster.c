@@ -433,7 +433,7 @@ Test(cluster, one_trainer_equals_local_by_hash)
 
 /* bf16 and fp16 (the devices hold 2-byte parameters, the pservers the fp32 master): one
  * trainer with 1 or 2 pservers equals training alone bit for bit, also with micro-batches
- * and with bf16 GEMMs (--bf16-gemm on: emulated where the CPU has no bf16 kernel).
+ * and with bf16 GEMMs (--bf16-gemm on: emulated where the CPU has no bf16 instructions).
  * Alone, the in-process store rounds the pushed gradient to the wire's dtype and serves
  * the same once-per-update copy, so the arithmetic is the same. */
 Test(cluster, low_precision_one_trainer_equals_local_by_hash, .timeout = 300)

@@ -119,11 +119,13 @@ int main(int argc, char **argv)
                                                       cfg.bf16_gemm);
         if (cuda)
             snprintf(gemm, sizeof gemm, "CUDA devices: bf16 GEMMs are for CPU devices");
-        /* on: emulated where oneDNN has no bf16 kernel for this CPU; auto: fp32 there */
-        const int on = want && pst_gemm_bf16_setup(cfg.bf16_gemm == PST_BF16_GEMM_ON
-                                                       ? PST_GEMM_BF16_EMULATE
-                                                       : PST_GEMM_BF16_ONEDNN,
-                                                   gemm, sizeof gemm);
+        /* oneDNN's kernel on a CPU with bf16 instructions (auto, on); on: emulated on one
+         * without (oneDNN's software kernel for AVX-512 is slower still) or where oneDNN
+         * made none; auto: fp32 there */
+        int on = want && cpu.avx512bf16 &&
+                 pst_gemm_bf16_setup(PST_GEMM_BF16_ONEDNN, gemm, sizeof gemm);
+        if (want && !on && cfg.bf16_gemm == PST_BF16_GEMM_ON)
+            on = pst_gemm_bf16_setup(PST_GEMM_BF16_EMULATE, gemm, sizeof gemm);
         tr_bf16_arith_line(&cpu, pst_dtype_name(cfg.precision), cfg.bf16_gemm, on, gemm,
                            advice, sizeof advice);
         PST_INFO("%s", advice);

@@ -48,7 +48,7 @@ typedef struct tcache {
 
 static dnnl_engine_t engine;
 static atomic_int enabled;  /* pst_gemm_bf16_on() */
-static atomic_int emulated; /* no oneDNN kernel for this CPU: the fp32 path of fallback */
+static atomic_int emulated; /* setup's emulation: the fp32 path of fallback */
 static atomic_int warned;
 static pthread_key_t cache_key;
 
@@ -225,8 +225,8 @@ static float *widen(int slot, const uint16_t *m, int rows, int cols, int ld)
 }
 
 /* The same products from fp32 copies of A and B through OpenBLAS: a bf16 x bf16 product is
- * exact in fp32, so only the order of the sums differs from oneDNN's. For a CPU that
- * oneDNN has no bf16 kernel for (setup's emulation), or when oneDNN failed (why). */
+ * exact in fp32, so only the order of the sums differs from oneDNN's. For setup's
+ * emulation, or when oneDNN failed (why). */
 static void fallback(const shape *k, const uint16_t *A, const uint16_t *B, float *C,
                      dnnl_status_t why)
 {
@@ -296,28 +296,27 @@ int pst_gemm_bf16_setup(int mode, char *msg, size_t n)
     }
     const dnnl_version_t *v = dnnl_version();
     dnnl_status_t st = dnnl_success;
-    if (!engine)
+    if (!engine) /* also when emulated: pst_gemm_onednn_f32 runs on it */
         st = dnnl_engine_create(&engine, dnnl_cpu, 0);
+    if (mode == PST_GEMM_BF16_EMULATE) {
+        snprintf(msg, n, "bf16 GEMMs on, emulated: bf16-rounded operands go through OpenBLAS "
+                 "in fp32 (the same products, summed in another order; slower than fp32)");
+        atomic_store(&emulated, 1);
+        atomic_store(&enabled, 1);
+        return 1;
+    }
     /* a probe the shape of a small layer, for the kernel oneDNN picks */
     const shape k = {0, 1, 64, 64, 64, 64, 64, 64, 0, 0};
     entry e;
     char impl[96];
-    if (!st && !(st = entry_make(&e, &k, impl, sizeof impl))) {
-        entry_free(&e);
-        snprintf(msg, n, "bf16 GEMMs on: oneDNN %d.%d.%d matmul, kernel %s", v->major,
-                 v->minor, v->patch, impl);
-    } else if (mode == PST_GEMM_BF16_EMULATE) {
-        snprintf(msg, n,
-                 "bf16 GEMMs on, emulated: oneDNN %d.%d.%d has no bf16 matmul for this CPU "
-                 "(status %d), so bf16-rounded operands go through OpenBLAS in fp32 (the same "
-                 "products, summed in another order; slower than fp32)",
-                 v->major, v->minor, v->patch, (int)st);
-        atomic_store(&emulated, 1);
-    } else {
+    if (st || (st = entry_make(&e, &k, impl, sizeof impl))) {
         snprintf(msg, n, "bf16 GEMMs off: oneDNN %d.%d.%d has no bf16 matmul for this CPU "
                  "(status %d)", v->major, v->minor, v->patch, (int)st);
         return 0;
     }
+    entry_free(&e);
+    snprintf(msg, n, "bf16 GEMMs on: oneDNN %d.%d.%d matmul, kernel %s", v->major, v->minor,
+             v->patch, impl);
     atomic_store(&enabled, 1);
     return 1;
 }

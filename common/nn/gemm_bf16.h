@@ -3,8 +3,9 @@
  *
  * Debian's OpenBLAS 0.3.21 is built without sbgemm, so the products go through oneDNN's
  * matmul primitive (Debian's libdnnl2, oneDNN 2.6), which picks its kernel from the CPU:
- * AMX or AVX512_BF16 where the CPU has them; oneDNN 2.6 has none for CPUs without (then
- * the products can be emulated: pst_gemm_bf16_setup). A primitive is made once per shape and
+ * AMX or AVX512_BF16 where the CPU has them, and on AVX-512 CPUs without them a kernel
+ * that converts in software (gemm:jit); oneDNN 2.6 has none for AVX2 CPUs (then the
+ * products can be emulated: pst_gemm_bf16_setup). A primitive is made once per shape and
  * thread and kept in that thread's cache; each call runs single-threaded on the calling
  * thread, as the CPU ops run OpenBLAS (the ops split a layer over their own thread team).
  *
@@ -16,10 +17,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* pst_gemm_bf16_setup's modes: off; oneDNN's kernel or off when oneDNN has none for this
- * CPU; oneDNN's kernel or else emulated: bf16-rounded operands widened to fp32 and
- * multiplied by OpenBLAS (exact products, another order of sums), for CPUs without bf16
- * instructions (the tests, --bf16-gemm on). */
+/* pst_gemm_bf16_setup's modes: off; oneDNN's kernel, or off when oneDNN has none for this
+ * CPU; emulated: bf16-rounded operands widened to fp32 and multiplied by OpenBLAS (exact
+ * products, another order of sums), for CPUs without bf16 instructions (the tests,
+ * --bf16-gemm on), where it is faster than oneDNN's software kernel. */
 enum { PST_GEMM_BF16_OFF, PST_GEMM_BF16_ONEDNN, PST_GEMM_BF16_EMULATE };
 
 /* Turns bf16 GEMMs on or off for the process (mode above), before any thread calls
