@@ -396,3 +396,63 @@ Test(seq_layers, tied_projection_cross_entropy_against_finite_differences)
     numeric_grad(g, k.wte, XV * XC, tied_obj, &k);
     expect_close("d loss / d wte", dw, g, XV * XC, 1e-5, 1e-4);
 }
+
+/* A row's sum as the kernels order it: element j into partial sum j % 16, the 16 partial
+ * sums then added by halves (8 + 8, 4 + 4, 2 + 2, 1 + 1), in plain scalar float code. */
+static float lanes16(const float *v, int n)
+{
+    float a[16] = {0};
+    for (int j = 0; j < n; j++)
+        a[j % 16] += v[j];
+    for (int w = 8; w > 0; w /= 2)
+        for (int k = 0; k < w; k++)
+            a[k] += a[k + w];
+    return a[0];
+}
+
+/* The vector sums of LayerNorm (built for AVX-512, AVX2 and SSE2 alike: whichever this CPU
+ * runs) give the bits of that order, written here without vectors, for row widths with and
+ * without a tail past the last 16 and below 16. */
+Test(seq_layers, layernorm_sums_have_the_bits_of_their_fixed_order)
+{
+    enum { N = 6, CMAX = 133 };
+    static const int widths[] = {128, 133, 7, 16, 1};
+    static float x[N * CMAX], w[CMAX], b[CMAX], dout[N * CMAX], out[N * CMAX], dx[N * CMAX];
+    float mean[N], rstd[N], t[CMAX], u[CMAX];
+    int other = 0; /* rows whose mean a single running sum gives otherwise */
+    for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) {
+        const int C = widths[k];
+        fill(x, N * C, 40 + k, 3.0f);
+        fill(w, C, 50 + k, 1.0f);
+        fill(b, C, 60 + k, 1.0f);
+        fill(dout, N * C, 70 + k, 1.0f);
+        pst_layernorm_forward(out, mean, rstd, x, w, b, N, C, 0, N);
+        pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, 0, 0, N);
+        for (int r = 0; r < N; r++) {
+            const float *xr = x + r * C, *dr = dout + r * C;
+            const float m = lanes16(xr, C) / (float)C;
+            float serial = 0.0f;
+            for (int c = 0; c < C; c++)
+                serial += xr[c];
+            other += serial / (float)C != m;
+            for (int c = 0; c < C; c++)
+                t[c] = (xr[c] - m) * (xr[c] - m);
+            const float s = 1.0f / sqrtf(lanes16(t, C) / (float)C + PST_LN_EPS);
+            cr_assert_eq(memcmp(&mean[r], &m, sizeof m), 0, "C %d row %d: mean %.9g, %.9g", C,
+                         r, mean[r], m);
+            cr_assert_eq(memcmp(&rstd[r], &s, sizeof s), 0, "C %d row %d: rstd %.9g, %.9g", C,
+                         r, rstd[r], s);
+            for (int c = 0; c < C; c++) {
+                t[c] = w[c] * dr[c];
+                u[c] = t[c] * ((xr[c] - m) * s);
+            }
+            const float dm = lanes16(t, C) / (float)C, dnm = lanes16(u, C) / (float)C;
+            for (int c = 0; c < C; c++) {
+                const float g = (t[c] - dm - (xr[c] - m) * s * dnm) * s;
+                cr_assert_eq(memcmp(&dx[r * C + c], &g, sizeof g), 0,
+                             "C %d row %d: dinp[%d] %.9g, %.9g", C, r, c, dx[r * C + c], g);
+            }
+        }
+    }
+    cr_assert_gt(other, 0, "no row tells the lanes' order from a running sum");
+}

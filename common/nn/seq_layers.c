@@ -17,6 +17,101 @@
 #include <math.h>
 #include <string.h>
 
+/* Sums over a row in 16 interleaved partial sums (element j into lane j % 16, GCC's vector
+ * type: one AVX-512 register, two AVX2 ones, four SSE2 ones, the same element-wise adds in
+ * each), added at the end by halves: a fixed order, so the same bits in every clone. A
+ * single running sum is one add after another, each waiting on the last: LayerNorm's and
+ * the softmax's sums were latency-bound at a fraction of the vector units' rate. */
+#define LANES 16
+typedef float lanes_f __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t lanes_i __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+/* The 16 floats at p as a vector (no alignment needed). A macro: a function passing or
+ * returning this type would have another ABI in each clone. */
+#define LANES_AT(v, p) memcpy(&(v), (p), sizeof(lanes_f))
+
+static inline float lanes_total(const lanes_f *acc)
+{
+    float a[LANES];
+    memcpy(a, acc, sizeof a);
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++)
+            a[k] += a[k + w];
+    return a[0];
+}
+
+/* x[0] + ... + x[n-1] in lanes. */
+static inline float lanes_sum(const float *x, int n)
+{
+    lanes_f acc = {0};
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        lanes_f v;
+        LANES_AT(v, x + j);
+        acc += v;
+    }
+    for (int k = 0; j + k < n; k++)
+        acc[k] += x[j + k];
+    return lanes_total(&acc);
+}
+
+/* The sum of (x[j] - m)^2 over j < n, in lanes. */
+static inline float lanes_sq_dev(const float *x, float m, int n)
+{
+    lanes_f acc = {0};
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        lanes_f v;
+        LANES_AT(v, x + j);
+        v -= m;
+        acc += v * v;
+    }
+    for (int k = 0; j + k < n; k++) {
+        const float d = x[j + k] - m;
+        acc[k] += d * d;
+    }
+    return lanes_total(&acc);
+}
+
+/* x[0] y[0] + ... + x[n-1] y[n-1] in lanes. */
+static inline float lanes_dot(const float *x, const float *y, int n)
+{
+    lanes_f acc = {0};
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        lanes_f a, b;
+        LANES_AT(a, x + j);
+        LANES_AT(b, y + j);
+        acc += a * b;
+    }
+    for (int k = 0; j + k < n; k++)
+        acc[k] += x[j + k] * y[j + k];
+    return lanes_total(&acc);
+}
+
+/* The largest of x[0..n-1], n >= 1 (a maximum is the same in any order). */
+static inline float lanes_max(const float *x, int n)
+{
+    lanes_f acc;
+    for (int k = 0; k < LANES; k++)
+        acc[k] = x[0];
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        lanes_f v;
+        LANES_AT(v, x + j);
+        const lanes_i gt = v > acc;
+        acc = (lanes_f)(((lanes_i)v & gt) | ((lanes_i)acc & ~gt));
+    }
+    float a[LANES];
+    memcpy(a, &acc, sizeof a);
+    for (int k = 0; j + k < n; k++)
+        a[k] = x[j + k] > a[k] ? x[j + k] : a[k];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int k = 0; k < w; k++)
+            a[k] = a[k + w] > a[k] ? a[k + w] : a[k];
+    return a[0];
+}
+
 PST_BIT_EXACT_CLONES
 void pst_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                            int B, int T, int C, int c0, int c1)
@@ -66,16 +161,8 @@ void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *in
     (void)N;
     for (int r = r0; r < r1; r++) {
         const float *x = inp + (int64_t)r * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++)
-            m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            v += d * d;
-        }
-        v /= (float)C;
+        const float m = lanes_sum(x, C) / (float)C;
+        const float v = lanes_sq_dev(x, m, C) / (float)C;
         const float s = 1.0f / sqrtf(v + PST_LN_EPS);
         float *o = out + (int64_t)r * C;
         for (int c = 0; c < C; c++)
@@ -96,15 +183,25 @@ void pst_layernorm_backward_input(float *dinp, const float *dout, const float *i
     for (int r = r0; r < r1; r++) {
         const float *x = inp + (int64_t)r * C, *d = dout + (int64_t)r * C;
         const float m = mean[r], s = rstd[r];
-        /* the means of dnorm and of dnorm * norm, with dnorm = w * dout */
-        float dm = 0.0f, dnm = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s, dnorm = w[c] * d[c];
-            dm += dnorm;
-            dnm += dnorm * norm;
+        /* the means of dnorm and of dnorm * norm, with dnorm = w * dout, in lanes */
+        lanes_f am = {0}, anm = {0};
+        int c = 0;
+        for (; c + LANES <= C; c += LANES) {
+            lanes_f norm, dnorm, dv;
+            LANES_AT(norm, x + c);
+            LANES_AT(dnorm, w + c);
+            LANES_AT(dv, d + c);
+            norm = (norm - m) * s;
+            dnorm *= dv;
+            am += dnorm;
+            anm += dnorm * norm;
         }
-        dm /= (float)C;
-        dnm /= (float)C;
+        for (int k = 0; c + k < C; k++) {
+            const float norm = (x[c + k] - m) * s, dnorm = w[c + k] * d[c + k];
+            am[k] += dnorm;
+            anm[k] += dnorm * norm;
+        }
+        const float dm = lanes_total(&am) / (float)C, dnm = lanes_total(&anm) / (float)C;
         float *di = dinp + (int64_t)r * C;
         for (int c = 0; c < C; c++) {
             float norm = (x[c] - m) * s, dnorm = w[c] * d[c];
@@ -210,14 +307,10 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
     float *l = lse + ((int64_t)b * H + h) * T;
     for (int t = 0; t < T; t++) {
         float *row = S + (int64_t)t * T;
-        float m = -INFINITY;
+        const float m = lanes_max(row, t + 1);
         for (int j = 0; j <= t; j++)
-            m = row[j] > m ? row[j] : m;
-        float sum = 0.0f;
-        for (int j = 0; j <= t; j++) {
             row[j] = exp_neg_f(row[j] - m);
-            sum += row[j];
-        }
+        const float sum = lanes_sum(row, t + 1);
         const float inv = 1.0f / sum;
         for (int j = 0; j <= t; j++)
             row[j] *= inv;
@@ -258,11 +351,9 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
                 dP, T);
     for (int t = 0; t < T; t++) {
         float *p = P + (int64_t)t * T, *dp = dP + (int64_t)t * T;
-        float D = 0.0f;
-        for (int j = 0; j <= t; j++) {
+        for (int j = 0; j <= t; j++)
             p[j] = exp_neg_f(p[j] - l[t]);
-            D += p[j] * dp[j];
-        }
+        const float D = lanes_dot(p, dp, t + 1);
         for (int j = 0; j <= t; j++)
             dp[j] = p[j] * (dp[j] - D) * scale;
         for (int j = t + 1; j < T; j++)
