@@ -201,7 +201,7 @@ Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
     cr_assert_eq(trainer_lines_on("cuda:0", "on", bf16,
                                   "compute in fp32 (CUDA devices: bf16 GEMMs are for CPU devices)"),
                  1);
-    /* on: on any CPU (emulated where oneDNN has no bf16 kernel for it) */
+    /* on: on any CPU, emulated where the CPU lacks AVX512_BF16 */
     cr_assert_eq(trainer_lines("on", bf16, f.avx512bf16 ? "with fp32 accumulation (bf16 GEMMs on: oneDNN"
                                                         : "with fp32 accumulation (bf16 GEMMs on, emulated"),
                  1);

@@ -1,8 +1,9 @@
 /* test_gemm_bf16.c — bf16 GEMMs (common/nn/gemm_bf16.h) and the linear layer's bf16
  * kernels (layers.h): every product against a double-precision sum of the same
  * bf16-rounded operands, in both modes a CPU offers: emulated (bf16 operands widened and
- * multiplied by OpenBLAS; every CPU) and oneDNN's kernel (CPUs with AVX512_BF16 or AMX;
- * where there is none the tests say so and check the emulation alone). */
+ * multiplied by OpenBLAS; every CPU) and oneDNN's kernel (CPUs with AVX512_BF16 or AMX, and
+ * its software kernel on other AVX-512 CPUs; where there is none the tests say so and check
+ * the emulation alone). */
 #include <criterion/criterion.h>
 
 #include <math.h>
@@ -160,7 +161,7 @@ Test(gemm_bf16, every_transposition_against_a_double_sum, .timeout = 120)
  * has on every x86-64 CPU: on CPUs without a bf16 kernel this is what checks the path. */
 Test(gemm_bf16, the_onednn_path_with_fp32_operands, .timeout = 120)
 {
-    use(PST_GEMM_BF16_EMULATE); /* makes oneDNN's engine whichever mode it ends in */
+    use(PST_GEMM_BF16_EMULATE); /* makes oneDNN's engine (the emulation does too) */
     check_products(1);
 }
 

@@ -219,6 +219,58 @@ Test(seq_layers, attention_against_float64_and_finite_differences)
     cr_assert_eq(memcmp(dqkv2, dqkv, sizeof dqkv), 0);
 }
 
+/* Rows of 1 to 40 keys, so the softmax's sums and maximum run their 16-lane loops (16 and
+ * 32 keys whole, the rest in their tails), on scores of tens, where a wrong maximum
+ * overflows or underflows the exponentials: the output and the log-sum-exp against
+ * float64. The backward's D (each row's sum of P dP) is what makes every row of dS sum to
+ * zero, so the keys' gradients sum to zero over the positions: a wrong D does not. */
+enum { LT = 40, LC = 4 };
+
+Test(seq_layers, attention_long_rows_with_large_scores)
+{
+    static float qkv[LT * 3 * LC], dout[LT * LC], out[LT * LC], lse[LT], dqkv[LT * 3 * LC];
+    static float scratch[PST_ATTENTION_SCRATCH(LT)];
+    fill(qkv, LT * 3 * LC, 11, 6.0f);
+    fill(dout, LT * LC, 12, 1.0f);
+    pst_attention_forward(out, lse, qkv, 1, LT, LC, 1, scratch, 0, 1);
+    const double scale = 1.0 / sqrt((double)LC);
+    double biggest = 0;
+    for (int t = 0; t < LT; t++) {
+        double sc[LT], m = -INFINITY, sum = 0;
+        for (int j = 0; j <= t; j++) {
+            sc[j] = 0;
+            for (int i = 0; i < LC; i++)
+                sc[j] += (double)qkv[t * 3 * LC + i] * qkv[j * 3 * LC + LC + i];
+            sc[j] *= scale;
+            m = sc[j] > m ? sc[j] : m;
+            biggest = fabs(sc[j]) > biggest ? fabs(sc[j]) : biggest;
+        }
+        for (int j = 0; j <= t; j++)
+            sum += exp(sc[j] - m);
+        const double want_lse = m + log(sum);
+        cr_assert(fabs(lse[t] - want_lse) <= 1e-4 * (1 + fabs(want_lse)), "lse[%d] %.9g, %.9g",
+                  t, lse[t], want_lse);
+        for (int i = 0; i < LC; i++) {
+            double o = 0;
+            for (int j = 0; j <= t; j++)
+                o += exp(sc[j] - m) / sum * qkv[j * 3 * LC + 2 * LC + i];
+            cr_assert(fabs(out[t * LC + i] - o) <= 1e-4 * (1 + fabs(o)), "out[%d][%d] %.9g, %.9g",
+                      t, i, out[t * LC + i], o);
+        }
+    }
+    cr_assert_gt(biggest, 20.0, "the scores are not large (%.3g)", biggest);
+    pst_attention_backward(dqkv, dout, qkv, lse, 1, LT, LC, 1, scratch, 0, 1);
+    for (int i = 0; i < LC; i++) {
+        double sum = 0, mag = 0;
+        for (int t = 0; t < LT; t++) {
+            sum += dqkv[t * 3 * LC + LC + i];
+            mag += fabs(dqkv[t * 3 * LC + LC + i]);
+        }
+        cr_assert_gt(mag, 1e-3);
+        cr_assert(fabs(sum) <= 1e-4 * mag, "dK column %d sums to %.9g over %.9g", i, sum, mag);
+    }
+}
+
 /* ---- GELU --------------------------------------------------------------------------- */
 
 enum { GN = 64 };
@@ -410,9 +462,10 @@ static float lanes16(const float *v, int n)
     return a[0];
 }
 
-/* The vector sums of LayerNorm (built for AVX-512, AVX2 and SSE2 alike: whichever this CPU
- * runs) give the bits of that order, written here without vectors, for row widths with and
- * without a tail past the last 16 and below 16. */
+/* The vector sums of LayerNorm give the bits of that order, written here without vectors,
+ * for row widths with and without a tail past the last 16 and below 16. The kernels are
+ * built for AVX-512, AVX2 and SSE2; a run checks the one its CPU picks (these machines:
+ * AVX-512 or AVX2; the SSE2 build only on a CPU without AVX2). */
 Test(seq_layers, layernorm_sums_have_the_bits_of_their_fixed_order)
 {
     enum { N = 6, CMAX = 133 };

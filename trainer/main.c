@@ -124,8 +124,11 @@ int main(int argc, char **argv)
          * made none; auto: fp32 there */
         int on = want && cpu.avx512bf16 &&
                  pst_gemm_bf16_setup(PST_GEMM_BF16_ONEDNN, gemm, sizeof gemm);
-        if (want && !on && cfg.bf16_gemm == PST_BF16_GEMM_ON)
+        if (want && !on && cfg.bf16_gemm == PST_BF16_GEMM_ON) {
+            if (cpu.avx512bf16) /* what oneDNN said, before the emulation's line replaces it */
+                PST_WARN("%s; emulating them", gemm);
             on = pst_gemm_bf16_setup(PST_GEMM_BF16_EMULATE, gemm, sizeof gemm);
+        }
         tr_bf16_arith_line(&cpu, pst_dtype_name(cfg.precision), cfg.bf16_gemm, on, gemm,
                            advice, sizeof advice);
         PST_INFO("%s", advice);

@@ -24,9 +24,9 @@
 enum { PST_GEMM_BF16_OFF, PST_GEMM_BF16_ONEDNN, PST_GEMM_BF16_EMULATE };
 
 /* Turns bf16 GEMMs on or off for the process (mode above), before any thread calls
- * pst_gemm_bf16. On makes oneDNN's engine and one probe product; msg gets one line naming
- * the kernel oneDNN picked (its impl string), the emulation, or why they are off. Returns
- * 1 when on. Not thread safe: call it once at start (tests: in each test's process). */
+ * pst_gemm_bf16. On makes oneDNN's engine (and, in oneDNN's mode, one probe product); msg
+ * gets one line naming the kernel oneDNN picked (its impl string), the emulation, or why
+ * they are off. Returns 1 when on. Not thread safe: call it once at start (tests: in each test's process). */
 int pst_gemm_bf16_setup(int mode, char *msg, size_t n);
 
 /* 1 after pst_gemm_bf16_setup turned them on. */
@@ -35,9 +35,10 @@ int pst_gemm_bf16_on(void);
 /* C (M, N) = op(A) (M, K) @ op(B) (K, N) + (accumulate ? C : 0), row-major, A and B bf16
  * (trans_a: A is stored (K, M) with row stride lda; trans_b: B is stored (N, K)), C fp32
  * with row stride ldc. Only C's M x N elements are written. Each element is a sum of
- * exact bf16 x bf16 products in fp32; the order of the sum is the kernel's. Should oneDNN
- * fail (out of memory), the product is computed from fp32 copies of A and B by OpenBLAS,
- * which gives the same products in another order, and one warning is logged. */
+ * exact bf16 x bf16 products in fp32; the order of the sum is the kernel's. Emulated, every
+ * product is computed from fp32 copies of A and B by OpenBLAS, which gives the same
+ * products in another order; so is one that oneDNN failed (out of memory), and one
+ * warning is logged. */
 void pst_gemm_bf16(int trans_a, int trans_b, int M, int N, int K, const uint16_t *A, int lda,
                    const uint16_t *B, int ldb, int accumulate, float *C, int ldc);
 

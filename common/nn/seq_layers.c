@@ -89,12 +89,13 @@ static inline float lanes_dot(const float *x, const float *y, int n)
     return lanes_total(&acc);
 }
 
-/* The largest of x[0..n-1], n >= 1 (a maximum is the same in any order). */
+/* The largest of x[0..n-1] (-inf for none; a maximum is the same in any order, and a NaN
+ * is passed over as by a running maximum from -inf). */
 static inline float lanes_max(const float *x, int n)
 {
     lanes_f acc;
     for (int k = 0; k < LANES; k++)
-        acc[k] = x[0];
+        acc[k] = -INFINITY;
     int j = 0;
     for (; j + LANES <= n; j += LANES) {
         lanes_f v;

@@ -364,8 +364,9 @@ static pst_status run_cast(pst_stream *, cudaStream_t cs, const pst_cast_args *a
 }
 
 /* ---- sequence ops (seq_layers.h) ---------------------------------------------------------
- * Simple kernels that keep the CPU's order of additions per element: a thread per output
- * element, row or column, sums in ascending row order (deterministic, no atomics). The
+ * Simple kernels: a thread per output element, row or column, each sum in ascending order
+ * (deterministic, no atomics); the CPU's LayerNorm and softmax row sums add in 16 lanes
+ * instead (seq_layers.c), so the two agree to rounding, not bits. The
  * transcendental functions (expf, logf, tanhf) and the attention's recomputed scores
  * differ from glibc by rounding: tests/test_seq_ops.c compares with tolerances. Written
  * for parity first, not speed. */
@@ -544,8 +545,9 @@ static pst_status run_layernorm_backward(pst_stream *, cudaStream_t cs, const ps
     return PST_OK;
 }
 
-/* Attention kernels: one thread per (b, h, position), each summing in the CPU kernel's order
- * (layers.c), so their bits do not depend on how they are split. A head's vectors (hs
+/* Attention kernels: one thread per (b, h, position), each summing in ascending order (the
+ * CPU kernel, seq_layers.c, sums a row in 16 lanes), so their bits do not depend on how they
+ * are split. A head's vectors (hs
  * floats) that a thread reuses are held in registers when hs <= R (R = 32 or 64, chosen at
  * launch); with R = 0 (larger heads) they stay in memory. Either way the same operations
  * run in the same order. */
