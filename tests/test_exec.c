@@ -571,8 +571,8 @@ Test(exec, gpt_schedules_give_the_same_bits, .timeout = 300)
 }
 
 /* bf16 GEMMs (gemm_bf16.h; emulated where oneDNN has no bf16 kernel for the CPU): the
- * layers' GEMM weights are copied in bf16 where they were cast to fp32, in the same
- * scratch, so device memory is that of bf16 without them; the GEMMs are what changes the
+ * layers read their GEMM weights in bf16 where the device keeps them instead of a cast in
+ * the fp32 scratch, so device memory is that of bf16 without them; the GEMMs are what changes the
  * bits against bf16 with fp32 GEMMs; the MLP learns and ends near fp32; and the schedules
  * (replicas, stream delays; the GPT's overlap, replicas and delays) give the same bits. */
 Test(exec, bf16_gemms_learn_and_schedules_agree, .timeout = 300)

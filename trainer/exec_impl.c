@@ -142,13 +142,15 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
 void exec_bind_lowp(tr_exec *ex, exec_dev *d, int l, int k, const void *src, size_t numel,
                     size_t *at, pst_layer_io *io)
 {
+    /* A GEMM weight with bf16 GEMMs is read where the device keeps it (in bf16 already),
+     * as fp32 parameters are: nothing to cast (n 0) */
     const int gemm = ex->bf16_gemm && (ex->model->layers[l].cls->gemm_weights >> k & 1u);
     d->casts[l * PST_LAYER_MAX_TENSORS + k] = (pst_cast_args){
-        .dst = d->wbuf + *at, .dt = gemm ? PST_BF16 : PST_F32, .src = src, .st = ex->pdt,
-        .n = numel, .pool = d->pool};
+        .dst = d->wbuf + *at, .dt = PST_F32, .src = src, .st = ex->pdt, .n = gemm ? 0 : numel,
+        .pool = d->pool};
     io->w[k] = gemm ? NULL : d->wbuf + *at;
-    io->w16[k] = gemm ? (const uint16_t *)(const void *)(d->wbuf + *at) : NULL;
-    *at += numel; /* in floats: a bf16 copy takes half of its place */
+    io->w16[k] = gemm ? (const uint16_t *)src : NULL;
+    *at += gemm ? 0 : numel;
 }
 
 /* bf16/fp16: queues on s the casts of layer l's tensors into the device's fp32 scratch

@@ -175,7 +175,8 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d);
 /* bf16/fp16: binds layer l's tensor k (numel values at src, in the device's parameters)
  * packed at *at floats into d's wbuf (*at advances): io->w[k] there in fp32, cast before
  * each use (exec_enqueue_weights); with bf16 GEMMs (ex->bf16_gemm) a GEMM weight of the
- * layer's class is copied there in bf16 instead and bound as io->w16[k], io->w[k] NULL. */
+ * layer's class is bound as io->w16[k] = src instead (read in place, nothing cast or
+ * packed), io->w[k] NULL. */
 void exec_bind_lowp(tr_exec *ex, exec_dev *d, int l, int k, const void *src, size_t numel,
                     size_t *at, pst_layer_io *io);
 

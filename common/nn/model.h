@@ -62,8 +62,8 @@ typedef struct pst_layer_io {
                                  * parameters) in an fp32 scratch the executor casts the
                                  * layer's tensors into before each use */
     /* bf16 parameters with bf16 GEMMs on (gemm_bf16.h; CPU devices): for each tensor in the
-     * class's gemm_weights, its bf16 values (a copy the executor makes before each use, as
-     * the casts above), with w[k] NULL; NULL otherwise */
+     * class's gemm_weights, its bf16 values where the device keeps them (nothing cast), with
+     * w[k] NULL; NULL otherwise */
     const uint16_t *w16[PST_LAYER_MAX_TENSORS];
     float *g[PST_LAYER_MAX_TENSORS]; /* the gradients (fp32) of the layer's tensors, in the
                                  * order it names them: where the device keeps them (the
