@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include <math.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -139,6 +140,10 @@ Test(gemm_bf16, off_until_set_up_and_each_mode_says_what_it_is)
     cr_assert_eq(pst_gemm_bf16_setup(PST_GEMM_BF16_EMULATE, msg, sizeof msg), 1);
     cr_assert_eq(pst_gemm_bf16_on(), 1);
     cr_assert(strstr(msg, "bf16 GEMMs on, emulated"), "%s", msg);
+    int capacity = -1; /* oneDNN's process-wide primitive cache is off: the threads' own
+                        * tables hold the primitives */
+    cr_assert_eq(dnnl_get_primitive_cache_capacity(&capacity), dnnl_success);
+    cr_assert_eq(capacity, 0);
     const int kernel = pst_gemm_bf16_setup(PST_GEMM_BF16_ONEDNN, msg, sizeof msg);
     cr_assert(kernel ? strstr(msg, "matmul, kernel ") != NULL
                      : strstr(msg, "bf16 GEMMs off: oneDNN") && strstr(msg, "for this CPU"),

@@ -4,8 +4,9 @@
  * one shape (sizes, strides, transposes and whether C is added to) and then run on any
  * pointers. Each thread keeps its own primitives with their memory objects and a stream
  * (a memory object's pointer is set per call, so none is shared between threads), looked
- * up by shape in a small table; a full table drops its least recently used entry, and a
- * shape oneDNN refused is remembered, so it goes to the fallback at once. oneDNN is built on
+ * up by shape in a small table (oneDNN's own process-wide primitive cache is off); a full
+ * table drops its least recently used entry, and a shape oneDNN refused is remembered, so
+ * it goes to the fallback at once. oneDNN is built on
  * OpenMP here: each calling thread asks for one OpenMP thread once, so a product runs on
  * the thread that calls it. */
 #include "common/nn/gemm_bf16.h"
@@ -296,8 +297,16 @@ int pst_gemm_bf16_setup(int mode, char *msg, size_t n)
     }
     const dnnl_version_t *v = dnnl_version();
     dnnl_status_t st = dnnl_success;
-    if (!engine) /* also when emulated: pst_gemm_onednn_f32 runs on it */
-        st = dnnl_engine_create(&engine, dnnl_cpu, 0);
+    if (!engine) { /* also when emulated: pst_gemm_onednn_f32 runs on it */
+        /* Each thread's table holds its primitives: oneDNN's own process-wide cache would
+         * keep a second copy of each and share its entries between the threads, through
+         * atomics its uninstrumented build hides from ThreadSanitizer (3 of 10 TSan runs
+         * of exec::bf16_gemms_learn_and_schedules_agree reported races inside it, none of
+         * 12 without it). */
+        st = dnnl_set_primitive_cache_capacity(0);
+        if (!st)
+            st = dnnl_engine_create(&engine, dnnl_cpu, 0);
+    }
     if (mode == PST_GEMM_BF16_EMULATE) {
         snprintf(msg, n, "bf16 GEMMs on, emulated: bf16-rounded operands go through OpenBLAS "
                  "in fp32 (the same products, summed in another order; slower than fp32)");
