@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmark: how the synchronous step scales with trainers (T) and pservers (S) over real
 # (emulated) links. Every process gets its own host of a network lab (scripts/netlab: one
-# network namespace per host, tc tbf at LINK on both directions of its link), so the bytes
+# network namespace per host, LINK on both directions of its link), so the bytes
 # cross rate-limited links as between machines; pstrain runs with --shm off.
 #   pstrain       pservers on h0..h{S-1}, trainers on h{S}..h{S+T-1}, the synthetic model,
 #                 P parameters, fp32 or bf16 on the wire (4 or 2 bytes a parameter);
@@ -19,6 +19,10 @@
 #        (250 Mbit/s by default: on a 2-core machine 1 Gbit/s links are CPU-bound from
 #        T=4, S=4 on: 8 processes moving 160 MB a step keep both cores 0.85-0.9 busy and
 #        the links below 0.8; at 250 Mbit/s the cores are 0.4-0.7 busy; docs/scaling.md)
+#        FAIR=1: each host's upload shared equally among its peers (scripts/netlab --fair,
+#        as a Linux host's fq_codel shares it among flows; this kernel has no fq_codel);
+#        FAIR=0: one tbf FIFO a direction, where a pserver's answers to many trainers get
+#        unequal shares (docs/scaling.md)
 #        TRAINERS="1 2 4 8"  PSERVERS="1 2 4"  PRECISIONS="fp32 bf16"
 #        SYSTEMS="pstrain torch_ddp torch_rpc_ps"
 #        OUT=DIR (results.jsonl, table.md, scaling.png, logs/; default: a new temp dir)
@@ -35,6 +39,8 @@ set -euo pipefail
 root=$(cd "$BENCH_DIR/.." && pwd)
 build=$(cd "${1:-build}" 2>/dev/null && pwd) || bench_die "${1:-build}: no such build directory"
 link=${LINK:-250mbit}
+fair=${FAIR:-1}
+case $fair in 0|1) ;; *) bench_die "FAIR=$fair: expected 1 (scripts/netlab --fair: each upload shared among its peers) or 0 (one tbf FIFO a direction)" ;; esac
 params=${PARAMS:-5000000}
 steps=${STEPS:-10}
 runs=${RUNS:-2}
@@ -118,8 +124,9 @@ esac
 consts=$("$BENCH_PY" -c 'import json, sys; d = json.loads(sys.argv[1]); d["ddp_compute_ms"] = json.loads(sys.argv[2]); print(json.dumps(d))' "$consts" "$ddp_compute_ms")
 
 "$netlab" down >/dev/null 2>&1 || true
-"$netlab" up --hosts "$hosts" --link "$link" >"$out/logs/netlab.out" 2>"$out/logs/netlab.err" ||
-  { tail -n 5 "$out/logs/netlab.err" >&2; bench_die "scripts/netlab up --hosts $hosts --link $link failed"; }
+fair_arg=(); [ "$fair" = 1 ] && fair_arg=(--fair)
+"$netlab" up --hosts "$hosts" --link "$link" "${fair_arg[@]}" >"$out/logs/netlab.out" 2>"$out/logs/netlab.err" ||
+  { tail -n 5 "$out/logs/netlab.err" >&2; bench_die "scripts/netlab up --hosts $hosts --link $link ${fair_arg[*]} failed"; }
 declare -A addr
 for ((h = 0; h < hosts; h++)); do
   addr[h$h]=$("$netlab" addr "h$h") || bench_die "scripts/netlab addr h$h failed"
@@ -156,7 +163,7 @@ sampler=$!
 
 list_json() { "$BENCH_PY" -c 'import json, sys; print(json.dumps(sys.argv[1].split()))' "$1"; }
 list_int() { "$BENCH_PY" -c 'import json, sys; print(json.dumps([int(x) for x in sys.argv[1].split()]))' "$1"; }
-bench_header scaling "\"link\":\"$link\",\"link_bps\":$link_bps,\"iperf3_bps\":$iperf_bps,\
+bench_header scaling "\"link\":\"$link\",\"fair\":$fair,\"link_bps\":$link_bps,\"iperf3_bps\":$iperf_bps,\
 \"model_link_bps\":$model_bps,\
 \"params\":$params,\"steps\":$steps,\"runs\":$runs,\"trainers\":$(list_int "$trainers_list"),\
 \"pservers\":$(list_int "$pservers_list"),\"precisions\":$(list_json "$precisions"),\
@@ -392,10 +399,11 @@ for line in open(sys.argv[1]):
 rows.sort(key=lambda d: (d["system"], d["pservers"], d["precision"], d["trainers"]))
 f = lambda v, fmt: "-" if v is None else fmt % v
 print()
-print("Measured against predicted: %s links (iperf3 %s), %s parameters, %s steps, "
+print("Measured against predicted: %s links (iperf3 %s; %s), %s parameters, %s steps, "
       "median of %s runs" % (head["link"], f(head["iperf3_bps"] and head["iperf3_bps"] / 1e6,
-                                             "%.0f Mbit/s"), head["params"], head["steps"],
-                             head["runs"]))
+                                             "%.0f Mbit/s"),
+                             "uploads shared per peer" if head.get("fair") else "one FIFO a link",
+                             head["params"], head["steps"], head["runs"]))
 print()
 print("| system | S | wire | T | step ms | predicted ms | meas/pred | busiest link util "
       "| CPU util (2 cores) |")

@@ -12,6 +12,9 @@
 #   5. `down` leaves no namespace, link, holder process or state dir, and a second `down`
 #      exits 0; an `up --hosts 8` interrupted by SIGINT (sent once its second host exists)
 #      exits 130 and leaves nothing either;
+#   5b. `up --fair`: an htb class per peer on each host's upload, a filter per peer, the
+#      download still tbf; with 4 connections to h1 and 1 to h2 from h0, h2 gets at least
+#      0.4 of the bytes (one FIFO gives it a fifth to a third);
 #   6. bad arguments exit 2 with exactly one line on stderr.
 # Not root, or no `ip netns`: one line "netlab_check: skipped: <why>", exit 77 (ctest's
 # SKIP_RETURN_CODE). Ends with "netlab_check: N passed, M failed"; exits 1 on any failure.
@@ -205,6 +208,77 @@ check "up --hosts 8 interrupted by SIGINT exits 130 (got $rc)" test "$rc" = 130
 check "the interrupted up printed no host" test ! -s "$tmp/up8.out"
 check "the interrupted up leaves nothing" lab_gone
 
+# ---- 5b. --fair: the upload shared among the peers -----------------------------------------
+# h0 sends to h1 on 4 connections and to h2 on 1, all at once, for 3 s at 100 Mbit/s. One
+# FIFO (tbf) gives h2 about a fifth to a third of h0's upload; --fair gives each peer half.
+# The check wants at least 0.4 for h2 (a share of bytes, not a time).
+if "$netlab" up --hosts 3 --link 100mbit --fair >/dev/null 2>"$tmp/upf.err"; then
+  check "--fair: htb on h0's eth0 (its upload), one class per peer at 50Mbit, ceil 100Mbit" \
+    test "$(run h0 -- tc class show dev eth0 | grep -c 'rate 50Mbit ceil 100Mbit')" = 2
+  check "--fair: one filter per peer on h0's eth0" \
+    test "$(run h0 -- tc filter show dev eth0 | grep -c 'flowid 1:1[12]')" = 2
+  check "--fair: tbf 100Mbit still on h1's root-side veth (its download)" \
+    grep -q 'tbf .*rate 100Mbit' <(tc qdisc show dev nlchk-h1)
+  for h in 1 2; do
+    "$netlab" run "h$h" -- "$py" -c '
+import socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5600)); s.listen(8); s.settimeout(20)
+total = [0]; lock = threading.Lock()
+def drain(c):
+    c.settimeout(20)
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            return
+        with lock:
+            total[0] += len(b)
+ts = []
+for _ in range(int(sys.argv[2])):
+    c, _a = s.accept()
+    t = threading.Thread(target=drain, args=(c,)); t.start(); ts.append(t)
+for t in ts:
+    t.join()
+print(total[0], flush=True)' "10.77.0.$((h + 1))" "$([ "$h" = 1 ] && echo 4 || echo 1)" \
+      >"$tmp/fair$h.out" 2>&1 &
+    bgpids="$bgpids $!"
+    fairpids="${fairpids:-} $!"
+  done
+  run h0 -- "$py" -c '
+import socket, threading, time
+def connect(addr):
+    for _ in range(200):
+        try:
+            return socket.create_connection((addr, 5600), timeout=10)
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("no listener at " + addr)
+conns = [connect("10.77.0.2") for _ in range(4)] + [connect("10.77.0.3")]
+end = time.monotonic() + 3.0
+buf = bytes(1 << 16)
+def pump(c):
+    while time.monotonic() < end:
+        c.sendall(buf)
+    c.close()
+ts = [threading.Thread(target=pump, args=(c,)) for c in conns]
+for t in ts: t.start()
+for t in ts: t.join()' 2>"$tmp/fair0.err"
+  for p in $fairpids; do wait "$p"; done
+  b1=$(tail -n 1 "$tmp/fair1.out"); b2=$(tail -n 1 "$tmp/fair2.out")
+  if [[ $b1 =~ ^[0-9]+$ ]] && [[ $b2 =~ ^[0-9]+$ ]] && [ $((b1 + b2)) -gt 0 ] &&
+     [ $((b2 * 10)) -ge $(((b1 + b2) * 4)) ]; then
+    pass "--fair: h2's one connection got $b2 of $((b1 + b2)) bytes against h1's four (>= 0.4)"
+  else
+    fail "--fair: h1 got '$b1' bytes on 4 connections, h2 '$b2' on 1 (want h2 >= 0.4 of the sum)"
+    indent "$tmp/fair0.err" "$tmp/fair1.out" "$tmp/fair2.out"
+  fi
+  "$netlab" down
+  check "--fair: down leaves nothing" lab_gone
+else
+  fail "up --hosts 3 --link 100mbit --fair exited non-zero"
+  indent "$tmp/upf.err"
+fi
+
 # ---- 6. bad arguments ---------------------------------------------------------------------
 bad() { # bad DESCRIPTION ARGS...: exit 2, one line on stderr, nothing on stdout
   local what=$1 rc
@@ -222,6 +296,7 @@ bad "up --hosts 300" "$netlab" up --hosts 300
 bad "up --link fast" "$netlab" up --hosts 2 --link fast
 bad "up --mtu 1400" "$netlab" up --hosts 2 --mtu 1400
 bad "up --frob" "$netlab" up --hosts 2 --frob
+bad "up --fair without --link" "$netlab" up --hosts 2 --fair
 bad "NETLAB_NAME=toolong7" env NETLAB_NAME=toolong7 "$netlab" list
 bad "no command" "$netlab"
 bad "run on a lab that is down" "$netlab" run h0 -- true
