@@ -18,7 +18,7 @@ object with the terms. Rates: bits per second, as a number (1e9) or with tc's un
 K/M/G (powers of 2, as pstrain's --block-bytes).
 
 Assumptions (all systems): links are full duplex; every host has one link of rate R in
-each direction (tc tbf in scripts/netlab); no latency unless --rtt-ms (the lab has none:
+each direction (tc tbf, or htb with --fair, in scripts/netlab); no latency unless --rtt-ms (the lab has none:
 netem is absent); the protocol overhead (TCP/IP headers, gRPC framing) is ignored, so a
 prediction is a lower bound by a few per cent; CPU time of the network stack is not
 modelled: where the hosts share few cores (the lab: every host on the same 2 cores) the

@@ -149,7 +149,7 @@ for try in 1 2 3 4 5; do
 done
 wait "$ip_srv" 2>/dev/null || true
 # The model prices payload bytes at the rate TCP gets through the link (iperf3's, where
-# measured): tbf counts whole packets, and the headers take about 4% of its rate.
+# measured): tbf and htb count whole packets, and the headers take about 4% of its rate.
 model_bps=$link_bps
 [ "$iperf_bps" = null ] || model_bps=$iperf_bps
 

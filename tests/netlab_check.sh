@@ -14,11 +14,11 @@
 #      exits 130 and leaves nothing either;
 #   5b. `up --fair`: an htb class per peer on each host's upload, a filter per peer, the
 #      download still tbf; with 4 connections to h1 and 1 to h2 from h0, h2 gets at least
-#      0.4 of the bytes (one FIFO gives it a fifth to a third);
+#      0.4 of the bytes (one FIFO gives it about a fifth);
 #   6. bad arguments exit 2 with exactly one line on stderr.
 # Not root, or no `ip netns`: one line "netlab_check: skipped: <why>", exit 77 (ctest's
 # SKIP_RETURN_CODE). Ends with "netlab_check: N passed, M failed"; exits 1 on any failure.
-# A few seconds; nothing waits on the wall clock except bounded polls.
+# About 7 s; nothing waits on the wall clock except bounded polls and 5b's 3 s of traffic.
 set -uo pipefail
 
 if [ $# -ne 1 ] || [ ! -x "$1/scripts/netlab" ]; then
@@ -210,13 +210,15 @@ check "the interrupted up leaves nothing" lab_gone
 
 # ---- 5b. --fair: the upload shared among the peers -----------------------------------------
 # h0 sends to h1 on 4 connections and to h2 on 1, all at once, for 3 s at 100 Mbit/s. One
-# FIFO (tbf) gives h2 about a fifth to a third of h0's upload; --fair gives each peer half.
+# FIFO (tbf) gave h2 about a fifth of h0's upload here; --fair gives each peer half.
 # The check wants at least 0.4 for h2 (a share of bytes, not a time).
 if "$netlab" up --hosts 3 --link 100mbit --fair >/dev/null 2>"$tmp/upf.err"; then
   check "--fair: htb on h0's eth0 (its upload), one class per peer at 50Mbit, ceil 100Mbit" \
     test "$(run h0 -- tc class show dev eth0 | grep -c 'rate 50Mbit ceil 100Mbit')" = 2
-  check "--fair: one filter per peer on h0's eth0" \
-    test "$(run h0 -- tc filter show dev eth0 | grep -c 'flowid 1:1[12]')" = 2
+  check "--fair: one filter per peer on h0's eth0, h1's address to class 1:11, h2's to 1:12" \
+    test "$(run h0 -- tc filter show dev eth0 | grep -A1 flowid | tr -s ' \n' ' ' |
+      grep -o 'flowid 1:1[12] not_in_hw match 0a4d000[23]' | tr '\n' ,)" = \
+      "flowid 1:11 not_in_hw match 0a4d0002,flowid 1:12 not_in_hw match 0a4d0003,"
   check "--fair: tbf 100Mbit still on h1's root-side veth (its download)" \
     grep -q 'tbf .*rate 100Mbit' <(tc qdisc show dev nlchk-h1)
   for h in 1 2; do
