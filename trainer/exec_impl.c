@@ -161,7 +161,10 @@ pst_status exec_enqueue_weights(tr_exec *ex, exec_dev *d, pst_stream *s, int l)
     const pst_layer *ly = &ex->model->layers[l];
     if (!ex->lowp || ly->cls->weights_unread)
         return PST_OK;
-    for (int k = 0; k < ly->ntensors; k++)
-        PST_TRY(pst_op_cast(s, &d->casts[l * PST_LAYER_MAX_TENSORS + k]));
+    for (int k = 0; k < ly->ntensors; k++) {
+        const pst_cast_args *c = &d->casts[l * PST_LAYER_MAX_TENSORS + k];
+        if (c->n > 0) /* a bf16 GEMM weight is read in place: nothing to queue */
+            PST_TRY(pst_op_cast(s, c));
+    }
     return PST_OK;
 }
