@@ -601,6 +601,52 @@ Test(model, synthetic_model)
     pst_model_free(&m);
 }
 
+/* The synthetic model's layer writes its fixed gradient once per gradient buffer, and
+ * again whenever the executor says it wrote there (grads_gen) or gives no count. A value
+ * changed behind the layer's back stays while the count stands: the test can see a skip. */
+static float fixed_grad_after(const pst_model *m, void *inst, pst_layer_io *io, float *grads,
+                              int rebind)
+{
+    if (rebind)
+        m->layers[0].cls->bind(inst, m, 0, io);
+    pst_stream *s;
+    cr_assert_eq(pst_stream_create(dev, &s), PST_OK, "%s", pst_error_detail());
+    cr_assert_eq(m->layers[0].cls->wgrad(inst, NULL, s, 1, 0, 0), PST_OK, "%s",
+                 pst_error_detail());
+    cr_assert_eq(pst_stream_synchronize(s), PST_OK, "%s", pst_error_detail());
+    pst_stream_destroy(s);
+    const float v = grads[5];
+    grads[5] = 42.0f; /* someone else's write, not counted */
+    return v;
+}
+
+Test(model, synthetic_gradient_written_again_only_after_another_writer)
+{
+    pst_model m;
+    cr_assert_eq(pst_model_synthetic(&m, 64, 1), PST_OK, "%s", pst_error_detail());
+    const float want = ((const float *)m.data)[5];
+    float grads[64], other[64], losses[1];
+    uint64_t gen = 0;
+    void *inst = calloc(1, m.layers[0].cls->inst_bytes);
+    pst_layer_io io = {.losses = losses, .grads_gen = &gen};
+    pst_layer_io_point(&io, &m, 0, NULL, grads);
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, grads, 1), want, "the first step writes");
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, grads, 0), 42.0f, "kept: not written again");
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, grads, 1), 42.0f, "a rebind keeps what it knows");
+    gen++; /* the executor zeroed the gradients */
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, grads, 0), want, "written after the count moved");
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, grads, 0), 42.0f);
+    pst_layer_io_point(&io, &m, 0, NULL, other);
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), want, "another buffer is written");
+    io.grads_gen = NULL; /* a reduce writes the buffer every step */
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), want, "no count: every step");
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 0), want);
+    io.accumulate = 1;
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), 42.0f, "later micro-batches add nothing");
+    free(inst);
+    pst_model_free(&m);
+}
+
 Test(model, malformed_models_are_clear_errors)
 {
     pst_model m = {.name = "bad", .in_width = 4, .target_width = 1};

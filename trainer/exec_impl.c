@@ -126,7 +126,9 @@ void exec_bind_layers(tr_exec *ex, exec_dev *d)
             .save = d->save[l], .work = d->work[l], .scratch = d->scratch[l],
             .max_batch = ex->max_batch,
             .rows_done = ex->rows && m->layers[l].ntensors ? rows_final : NULL,
-            .rows_arg = ex->rows ? &ex->rows[l] : NULL};
+            .rows_arg = ex->rows ? &ex->rows[l] : NULL,
+            /* one device holds every gradient: no reduce writes into it */
+            .grads_gen = ex->D == 1 && !ex->stage_local ? &d->grads_gen : NULL};
         const pst_layer *ly = &m->layers[l];
         pst_layer_io_point(&io, m, l, ex->lowp ? NULL : d->params, d->grads);
         size_t at = 0; /* the layer's tensors packed in wbuf */

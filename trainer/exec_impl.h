@@ -46,6 +46,7 @@ typedef struct exec_dev {
                                    * the second shared buffer, wbuf): tr_exec_memory_of */
     pst_cast_args *casts;         /* (L * PST_LAYER_MAX_TENSORS) those casts, by layer */
     int accumulate;               /* the layers are bound to add to the gradients */
+    uint64_t grads_gen;           /* pst_layer_io.grads_gen: bumped when zeroed */
     float **acts;                 /* (L) layer outputs (max_batch, out_width); NULL: none */
     float *dbuf[2];               /* (max_batch, widest input) backward's ping-pong */
     void **inst;                  /* (L) the layers' op arguments on this device */

@@ -112,6 +112,7 @@ static pst_status zero_gradient(tr_exec *ex, exec_dev *d)
     }
     PST_TRY(pst_memset_async(s, d->grads, 0,
                              exec_held_elems(ex, (int)(d - ex->devs)) * sizeof(float)));
+    d->grads_gen++; /* what a layer wrote there is gone (pst_layer_io.grads_gen) */
     for (int b = 0; b < ex->plan->nblocks; b++)
         PST_TRY(pst_event_record(d->grad_done[b], s));
     for (int l = 0; l < ex->L; l++)

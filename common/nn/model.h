@@ -93,6 +93,12 @@ typedef struct pst_layer_io {
      * must have read its weights for the input gradient before its weight gradient. */
     void (*rows_done)(void *arg, int r0, int r1);
     void *rows_arg;
+    /* May be NULL. Else the device's count of writes to its gradients by anyone but the
+     * layers (the executor zeroing them), read when the layer queues its weight gradient:
+     * while it has not moved, io->g still holds what the layer last wrote there. NULL:
+     * something else writes them every step (a reduce adds other devices' into them). Lets
+     * a layer whose gradient is the same every step (fixed_grad) write it once. */
+    const uint64_t *grads_gen;
 } pst_layer_io;
 
 /* What a layer does, as ops queued on a stream (common/nn/ops.h). The op argument structs

@@ -1,7 +1,9 @@
 /* fixed_grad.c — the synthetic model's layer (model.h): it computes nothing. Its weight
- * gradient is a fixed host array (the model's data) copied into the gradient buffer, so a
- * step costs only what the exchange costs; its losses are zeros. It never reads the
- * parameters' values. */
+ * gradient is a fixed host array (the model's data) copied into the gradient buffer once,
+ * and again only where something else may have written there (io->grads_gen NULL: every
+ * step, as with several devices, whose reduce adds into one's buffer), so a step costs
+ * only what the exchange costs; its losses are zeros. It never reads the parameters'
+ * values. */
 #include "common/nn/model.h"
 
 typedef struct fixed_inst {
@@ -10,14 +12,22 @@ typedef struct fixed_inst {
     float *losses;
     size_t n;
     int accumulate;
+    const uint64_t *gen; /* io->grads_gen */
+    int written;         /* grads hold host_grad since *gen was wrote_at */
+    uint64_t wrote_at;
 } fixed_inst;
 
+/* The executor binds again whenever a step uses the other parameter buffer: what was
+ * written stays known while the buffer and its count are the same. */
 static void fixed_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
 {
-    *(fixed_inst *)inst = (fixed_inst){.host_grad = m->data, .grads = io->g[0],
-                                       .losses = io->losses,
-                                       .n = m->tensors[m->layers[layer].tensor[0]].numel,
-                                       .accumulate = io->accumulate};
+    fixed_inst *fi = inst;
+    const int kept = fi->written && fi->grads == io->g[0] && fi->gen && fi->gen == io->grads_gen;
+    const uint64_t at = fi->wrote_at;
+    *fi = (fixed_inst){.host_grad = m->data, .grads = io->g[0], .losses = io->losses,
+                       .n = m->tensors[m->layers[layer].tensor[0]].numel,
+                       .accumulate = io->accumulate, .gen = io->grads_gen, .written = kept,
+                       .wrote_at = at};
 }
 
 static pst_status fixed_forward(void *inst, pst_stream *s, int B, float scale)
@@ -34,8 +44,13 @@ static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int
     if (fi->accumulate) /* the fixed gradient is one optimizer step's, whatever the
                          * micro-batches: later ones leave it as it is */
         return PST_OK;
-    return pst_memcpy_async(s, fi->grads, fi->host_grad, sizeof(float) * fi->n,
-                            PST_COPY_HOST_TO_DEVICE);
+    if (fi->written && *fi->gen == fi->wrote_at) /* still there */
+        return PST_OK;
+    PST_TRY(pst_memcpy_async(s, fi->grads, fi->host_grad, sizeof(float) * fi->n,
+                             PST_COPY_HOST_TO_DEVICE));
+    fi->written = fi->gen != NULL;
+    fi->wrote_at = fi->gen ? *fi->gen : 0;
+    return PST_OK;
 }
 
 PST_LAYER_CLASS(fixed_grad, fixed_inst, .bind = fixed_bind, .forward = fixed_forward,
