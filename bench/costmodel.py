@@ -45,7 +45,10 @@ import urllib.request
 
 # Defaults measured on the project machine (2 cores, AMD EPYC, KVM; 2026-11-25) with
 # `bench/costmodel.py --measure build` (5M parameters); bench/scaling.sh measures its own.
-COMPUTE_NS_PER_PARAM = 0.69  # trainer --model synthetic: forward + backward per parameter
+# trainer --model synthetic: forward + backward per parameter. Since 16b152a it writes its
+# fixed gradient once on one device, so only the step's bookkeeping is left: 0.022 on an
+# Intel Xeon (KVM, 2 vCPUs; 2026-11-28), against 0.69 when it copied it every step.
+COMPUTE_NS_PER_PARAM = 0.022
 UPDATE_GBPS = {"fp32": 4.0, "bf16": 3.8}  # pserver: GB/s of f32 gradient rows summed + SGD
 TORCH_ADD_GBPS = 4.0  # torch_rpc_ps's PS: acc.add_(grad) per trainer, then w.add_(acc)
 DDP_COMPUTE_NS_PER_PARAM = 1.0  # torch_ddp.py: (w*x).sum(), backward, SGD step (3 passes)
