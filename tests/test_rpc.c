@@ -584,6 +584,18 @@ Test(wire, status_mapping)
     cr_assert_eq(rpc_method_reply_desc(RPC_METHOD_INIT), &pstrain__init_reply__descriptor);
 }
 
+/* Debian's Abseil runs its debugging deadlock detector on every lock gRPC takes unless
+ * rpc_global_init turns it off (rpc/global.c): its switch must still be found under the
+ * names rpc/ knows, or a new Abseil brings the per-call cost back unseen. */
+Test(wire, abseil_deadlock_detector_switched_off)
+{
+    cr_assert_eq(rpc_global_deadlock_detector_off(), 0, "not before rpc_global_init");
+    rpc_global_init();
+    cr_assert_eq(rpc_global_deadlock_detector_off(), 1, "Abseil's SetMutexDeadlockDetectionMode "
+                 "is not under a name rpc/global.c knows in this build");
+    rpc_global_shutdown();
+}
+
 /* ==== over loopback ==================================================================== */
 
 Test(rpc, error_status_both_ways, .timeout = 30)
