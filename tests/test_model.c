@@ -642,7 +642,8 @@ Test(model, synthetic_gradient_written_again_only_after_another_writer)
     cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), want, "no count: every step");
     cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 0), want);
     io.accumulate = 1;
-    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), 42.0f, "later micro-batches add nothing");
+    cr_assert_eq(fixed_grad_after(&m, inst, &io, other, 1), 42.0f,
+                 "later micro-batches add nothing");
     free(inst);
     pst_model_free(&m);
 }
