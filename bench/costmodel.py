@@ -18,11 +18,11 @@ object with the terms. Rates: bits per second, as a number (1e9) or with tc's un
 K/M/G (powers of 2, as pstrain's --block-bytes).
 
 Assumptions (all systems): links are full duplex; every host has one link of rate R in
-each direction (tc tbf, or htb with --fair, in scripts/netlab); no latency unless --rtt-ms (the lab has none:
-netem is absent); the protocol overhead (TCP/IP headers, gRPC framing) is ignored, so a
-prediction is a lower bound by a few per cent; CPU time of the network stack is not
-modelled: where the hosts share few cores (the lab: every host on the same 2 cores) the
-measurement can be CPU-bound, which the bench's cpu_util column shows.
+each direction (tc tbf, or htb with --fair, in scripts/netlab); no latency unless
+--rtt-ms (the lab has none: netem is absent); the protocol overhead (TCP/IP headers, gRPC
+framing) is ignored, so a prediction is a lower bound by a few per cent; CPU time of the
+network stack is not modelled: where the hosts share few cores (the lab: every host on the
+same 2 cores) the measurement can be CPU-bound, which the bench's cpu_util column shows.
 
 --measure runs BUILD's programs on 127.0.0.1 to get this machine's constants: the
 trainer's compute time of the synthetic model (trainer alone, its time_split.compute_ms),
@@ -47,7 +47,8 @@ import urllib.request
 # `bench/costmodel.py --measure build` (5M parameters); bench/scaling.sh measures its own.
 # trainer --model synthetic: forward + backward per parameter. Since 16b152a it writes its
 # fixed gradient once on one device, so only the step's bookkeeping is left: 0.022 on an
-# Intel Xeon (KVM, 2 vCPUs; 2026-11-28), against 0.69 when it copied it every step.
+# "Intel(R) Xeon(R) Processor" (KVM, 2 vCPUs, OPENBLAS_CORETYPE unset; 2026-11-28),
+# against 0.69 when it copied it every step.
 COMPUTE_NS_PER_PARAM = 0.022
 UPDATE_GBPS = {"fp32": 4.0, "bf16": 3.8}  # pserver: GB/s of f32 gradient rows summed + SGD
 TORCH_ADD_GBPS = 4.0  # torch_rpc_ps's PS: acc.add_(grad) per trainer, then w.add_(acc)

@@ -10,6 +10,11 @@
 #   gpt_pipe2     GPT (4 layers) alone, --pipeline 2 on cpu:2, 4 micro-batches
 #   gpt_pipe4     GPT (6 layers) alone, --pipeline 4 on cpu:4, 8 micro-batches
 #   gpt_pipe2i    GPT (4 layers) alone, --pipeline 2 on cpu:2, interleaved (2 virtual stages)
+#   synth_*       the synthetic model (a fixed gradient): alone in fp32, bf16 and fp16, on
+#                 cpu:2, with 3 micro-batches; 2 pservers + 2 trainers in fp32 and bf16 with
+#                 the payloads in the calls (PSTRAIN_SHM=off) and through shared memory
+#   mlp_<opt>_wd  MLP alone with Adam, Adagrad, SGD and momentum, weight decay 0.01 (the
+#                 optimizer's other loops)
 # Prints "NAME HASH" per job (HASH "failed" when the job did not end well). Compare two
 # builds with: diff <(bench/hashes.sh /tmp/before/build) <(bench/hashes.sh build)
 # Not a benchmark: it times nothing. Threads are fixed (--threads 1 per device) so the bits
@@ -31,6 +36,7 @@ mlp=(--model mlp --hidden 256,128 --dataset fashion-mnist --batch 64 --optimizer
      --lr 0.05 --momentum 0.9)
 gpt=(--model gpt --dataset kjv --layers 2 --heads 2 --embd 32 --ctx 32 --batch 8 --sample 0
      --val-windows 4)
+synth=(--model synthetic --params 300000 --optimizer momentum --lr 0.01)
 gpt4=(--model gpt --dataset kjv --layers 4 --heads 2 --embd 32 --ctx 32 --batch 8 --sample 0
       --val-windows 4)
 alone() { "$build/bin/trainer" "${common[@]}" "$@" 2>/dev/null | hash_of; }
@@ -48,3 +54,14 @@ echo "gpt_pipe2 $(PSTRAIN_DEVICES=cpu:2 alone "${gpt4[@]}" --pipeline 2 --micro-
 echo "gpt_pipe4 $(PSTRAIN_DEVICES=cpu:4 alone "${gpt4[@]}" --layers 6 --pipeline 4 --micro-batches 8)"
 echo "gpt_pipe2i $(PSTRAIN_DEVICES=cpu:2 alone "${gpt4[@]}" --pipeline 2 --schedule interleaved \
   --virtual-stages 2 --micro-batches 4)"
+for p in fp32 bf16 fp16; do echo "synth_$p $(alone "${synth[@]}" --precision "$p")"; done
+echo "synth_cpu2 $(PSTRAIN_DEVICES=cpu:2 alone "${synth[@]}")"
+echo "synth_acc3 $(alone "${synth[@]}" --acc-steps 3)"
+for shm in off auto; do
+  for p in fp32 bf16; do
+    echo "synth_2x2_${p}_shm_$shm $(PSTRAIN_SHM=$shm cluster "${synth[@]}" --precision "$p")"
+  done
+done
+for o in adam adagrad sgd momentum; do
+  echo "mlp_${o}_wd $(alone "${mlp[@]}" --optimizer "$o" --lr 0.01 --weight-decay 0.01)"
+done

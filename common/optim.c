@@ -5,10 +5,10 @@
  * bias corrections in double, 1-beta, the AdamW decay factor), then runs branch-free loops
  * chosen per kind (and per wd == 0, which PyTorch also special-cases) over restrict
  * float arrays, which the compiler vectorizes, each built for x86-64-v4, v3 and the
- * baseline (PST_BIT_EXACT_CLONES; no FMA is contracted, so every clone gives the same bits:
- * the MLP's momentum loop took 5.1% of a step's samples against 6.8% with SSE alone). Adam runs over blocks of ADAM_BLOCK
- * elements in three passes: moments (storing v into a stack buffer), square roots, then
- * the parameters; the square root is the one place that needs SIMD intrinsics (see
+ * baseline (PST_BIT_EXACT_CLONES; no FMA is contracted, so every clone gives the same
+ * bits; measured in docs/benchmarks.md). Adam runs over blocks of ADAM_BLOCK elements in
+ * three passes: moments (storing v into a stack buffer), square roots, then the
+ * parameters; the square root is the one place that needs SIMD intrinsics (see
  * sqrt_in_place). Each element's result depends only on that element and the hoisted
  * scalars, and every operation is one correctly rounded IEEE float operation (+, -, *, /,
  * sqrt; no FMA contraction), so vector bodies and scalar tails give the same bits, and so

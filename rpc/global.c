@@ -22,10 +22,10 @@ static void grpc_log_to_debug(gpr_log_func_args *a)
 }
 
 /* Debian builds Abseil without NDEBUG, so every absl::Mutex lock in gRPC also runs
- * Abseil's debugging deadlock detector (a graph of lock ids, updated on each acquisition):
- * about 7% of the rate of 8 KiB calls on loopback (bench/rpc_throughput.c). Release builds
- * of gRPC run with it off, as here. A C++ function, found by its mangled name (Debian's inline
- * namespace, then none); not found, nothing changes. */
+ * Abseil's debugging deadlock detector (a graph of lock ids, updated on each acquisition),
+ * a cost per call that small calls feel (bench/rpc_throughput.c; docs/benchmarks.md).
+ * Release builds of gRPC run with it off, as here. A C++ function, found by its mangled
+ * name (Debian's inline namespace, then none); not found, nothing changes. */
 static void absl_deadlock_detection_off(void)
 {
     static const char *const names[] = {

@@ -13,8 +13,7 @@ typedef struct fixed_inst {
     size_t n;
     int accumulate;
     const uint64_t *gen; /* io->grads_gen */
-    int written;         /* grads hold host_grad since *gen was wrote_at */
-    uint64_t wrote_at;
+    uint64_t wrote_at;   /* *gen + 1 when grads last got host_grad; 0: not known */
 } fixed_inst;
 
 /* The executor binds again whenever a step uses the other parameter buffer: what was
@@ -22,11 +21,10 @@ typedef struct fixed_inst {
 static void fixed_bind(void *inst, const pst_model *m, int layer, const pst_layer_io *io)
 {
     fixed_inst *fi = inst;
-    const int kept = fi->written && fi->grads == io->g[0] && fi->gen && fi->gen == io->grads_gen;
-    const uint64_t at = fi->wrote_at;
+    const uint64_t at = fi->grads == io->g[0] && fi->gen == io->grads_gen ? fi->wrote_at : 0;
     *fi = (fixed_inst){.host_grad = m->data, .grads = io->g[0], .losses = io->losses,
                        .n = m->tensors[m->layers[layer].tensor[0]].numel,
-                       .accumulate = io->accumulate, .gen = io->grads_gen, .written = kept,
+                       .accumulate = io->accumulate, .gen = io->grads_gen,
                        .wrote_at = at};
 }
 
@@ -44,12 +42,11 @@ static pst_status fixed_wgrad(void *inst, void *chunk, pst_stream *s, int B, int
     if (fi->accumulate) /* the fixed gradient is one optimizer step's, whatever the
                          * micro-batches: later ones leave it as it is */
         return PST_OK;
-    if (fi->written && *fi->gen == fi->wrote_at) /* still there */
+    if (fi->gen && fi->wrote_at == *fi->gen + 1) /* still there */
         return PST_OK;
     PST_TRY(pst_memcpy_async(s, fi->grads, fi->host_grad, sizeof(float) * fi->n,
                              PST_COPY_HOST_TO_DEVICE));
-    fi->written = fi->gen != NULL;
-    fi->wrote_at = fi->gen ? *fi->gen : 0;
+    fi->wrote_at = fi->gen ? *fi->gen + 1 : 0;
     return PST_OK;
 }
 
