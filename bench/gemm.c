@@ -24,7 +24,9 @@
  *                   [--blis PATH] [--blis-arch auto|native|NAME] [--need-sbgemm] [--sgemm-peak]
  *   --blis-arch   BLIS's kernel family (default auto: see blis_arch_choose); an id BLIS was
  *                 not built with makes BLIS itself abort with its own message
- *   --sgemm-peak  only {"sgemm_gflops": X}: 2048^3 NN with OpenBLAS, best of R (default 10)
+ *   --sgemm-peak  only {"sgemm_gflops": X, "openblas_gflops": A, "onednn_gflops": D}: 2048^3
+ *                 NN with OpenBLAS and with oneDNN's dnnl_sgemm (0 when libdnnl.so.2 does not
+ *                 load), best of R (default 10) each; X is the larger
  *   --need-sbgemm exit 2 when OpenBLAS has no cblas_sbgemm (else that part is skipped)
  * Exit status: 0, 1 when a sanity check fails, 2 when a library or symbol is missing or a
  * flag is wrong. */
@@ -517,22 +519,54 @@ static int time_shape(const blas_libs *l, const bench_cfg *cfg, const gemm_shape
     return 0;
 }
 
-/* --sgemm-peak: the best 2048^3 NN GFLOP/s of OpenBLAS. Returns 0 or -1 (out of memory). */
-static int sgemm_peak(const blas_libs *l, int reps)
+/* oneDNN's row-major sgemm (dnnl_sgemm, oneDNN >= 1.0) and OpenMP's thread count, for
+ * --sgemm-peak: the trainer's other fp32 GEMM library (common/nn/gemm.h). */
+typedef int (*dnnl_sgemm_fn)(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha,
+                             const float *a, int64_t lda, const float *b, int64_t ldb,
+                             float beta, float *c, int64_t ldc);
+#define ONEDNN_DEFAULT "libdnnl.so.2"
+
+/* The best of reps 2048^3 NN products through f (0: OpenBLAS, 1: oneDNN), in seconds. */
+static double peak_of(const blas_libs *l, dnnl_sgemm_fn dn, operands *o, int reps)
+{
+    const gemm_shape *sq = o->s;
+    double best = 1e30;
+    for (int r = 0; r <= reps; r++) { /* the first call is the warm-up */
+        const double t0 = now_s();
+        if (dn)
+            dn('N', 'N', sq->m, sq->n, sq->k, 1.0f, o->a, o->lda, o->b, o->ldb, 0.0f,
+               o->c[OP_OB_SGEMM], sq->n);
+        else
+            call(l, OP_OB_SGEMM, o);
+        const double dt = now_s() - t0;
+        if (r > 0)
+            best = dt < best ? dt : best;
+    }
+    return best;
+}
+
+/* --sgemm-peak: the best 2048^3 NN GFLOP/s of OpenBLAS and of oneDNN (when libdnnl loads)
+ * on `threads` threads; sgemm_gflops is the faster, the machine's ceiling for the trainer
+ * whichever library it uses. Returns 0 or -1 (out of memory). */
+static int sgemm_peak(const blas_libs *l, int reps, int threads)
 {
     operands o;
     const gemm_shape *sq = &shapes[N_SHAPES - 1];
     if (operands_init(&o, sq, 0) != 0)
         return -1;
-    call(l, OP_OB_SGEMM, &o);
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
-        call(l, OP_OB_SGEMM, &o);
-        const double dt = now_s() - t0;
-        best = dt < best ? dt : best;
+    const double ob = flops(sq) / peak_of(l, NULL, &o, reps) / 1e9;
+    double dn = 0.0;
+    void *lib = dlopen(ONEDNN_DEFAULT, RTLD_NOW | RTLD_LOCAL);
+    dnnl_sgemm_fn f = lib ? (dnnl_sgemm_fn)dlsym(lib, "dnnl_sgemm") : NULL;
+    void *gomp = lib ? dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+    void (*omp_threads)(int) = gomp ? (void (*)(int))dlsym(gomp, "omp_set_num_threads") : NULL;
+    if (f && omp_threads) {
+        quiesce(); /* OpenBLAS's spinning workers off the cores first */
+        omp_threads(threads);
+        dn = flops(sq) / peak_of(l, f, &o, reps) / 1e9;
     }
-    printf("{\"sgemm_gflops\":%.1f}\n", flops(sq) / best / 1e9);
+    printf("{\"sgemm_gflops\":%.1f,\"openblas_gflops\":%.1f,\"onednn_gflops\":%.1f}\n",
+           dn > ob ? dn : ob, ob, dn);
     operands_free(&o);
     return 0;
 }
@@ -590,7 +624,7 @@ int main(int argc, char **argv)
     }
     l.ob_set_threads(cfg.threads);
     if (peak) {
-        if (sgemm_peak(&l, cfg.reps) == 0)
+        if (sgemm_peak(&l, cfg.reps, cfg.threads) == 0)
             return 0;
         fprintf(stderr, "bench_gemm: out of memory for 2048^3 operands\n");
         return 1;

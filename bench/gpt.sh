@@ -6,7 +6,8 @@
 # Runs them alternately, RUNS times each, and prints every run plus the medians as JSON
 # lines: the ratio of tokens/s medians, both validation losses after the same number of
 # steps (the first 64 validation windows at stride T, the peer's rule) and their ratio, and
-# pstrain against the machine's ceiling: the 2048^3 sgemm GFLOP/s of OpenBLAS at 2 threads
+# pstrain against the machine's ceiling: the 2048^3 sgemm GFLOP/s at 2 threads of the faster
+# of OpenBLAS and oneDNN (the trainer's two fp32 GEMM libraries, --gemm)
 # (best of 10, before and after the runs, the max kept) divided by the FLOP per token of
 # the model's matmuls (forward and backward: 6 per weight of the blocks and the tied
 # projection, plus 12 T C per layer for the scores and P V, the causal half not discounted).
@@ -46,7 +47,9 @@ cells=()
 for l in $layouts; do for pr in $precisions; do cells+=("$l/$pr"); done; done
 [ ${#cells[@]} -gt 0 ] || bench_die "LAYOUTS and PRECISIONS leave no cell to run"
 bench_header gpt "\"layouts\":\"$layouts\",\"precisions\":\"$precisions\",\"runs\":$runs,\"steps\":$steps,\"layers\":$L,\"heads\":$H,\"embd\":$C,\"ctx\":$T,\"batch\":$B,\"threads\":2"
-sgemm_peak() { "$gemm" --sgemm-peak --threads 2 --reps 10 | cut -d: -f2 | tr -d '} '; }
+sgemm_peak() {
+  "$gemm" --sgemm-peak --threads 2 --reps 10 | sed -n 's/.*"sgemm_gflops":\([0-9.]*\).*/\1/p'
+}
 sgemm_before=$(sgemm_peak)
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -80,7 +83,7 @@ for c in cells:
     layout, precision = c.split("/")
     p = [json.load(open("%s/p-%s-%s-%d.json" % (d, layout.replace(":", "_"), precision, i)))
          for i in range(1, n + 1)]
-    out = {"layout": layout, "precision": precision,
+    out = {"layout": layout, "precision": precision, "pstrain_gemm": p[0].get("cpu_gemm", "openblas"),
            "pstrain_tokens_per_s_median": med(p, "tokens_per_s"),
            "torch_tokens_per_s_median": med(t, "tokens_per_s"),
            "pstrain_step_ms_median": med(p, "step_ms_median"),

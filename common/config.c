@@ -262,6 +262,8 @@ KEYWORD_OPTION(parse_on_failure, on_failure, int, {"wait", PST_ON_FAILURE_WAIT},
 KEYWORD_OPTION(parse_shm, shm, int, {"auto", 1}, {"off", 0})
 KEYWORD_OPTION(parse_bf16_gemm, bf16_gemm, int, {"auto", PST_BF16_GEMM_AUTO},
                {"on", PST_BF16_GEMM_ON}, {"off", PST_BF16_GEMM_OFF})
+KEYWORD_OPTION(parse_gemm, gemm, int, {"auto", PST_GEMM_AUTO}, {"openblas", PST_GEMM_OPENBLAS},
+               {"onednn", PST_GEMM_ONEDNN})
 KEYWORD_OPTION(parse_pipe_schedule, schedule, pst_schedule, {"gpipe", PST_SCHEDULE_GPIPE},
                {"1f1b", PST_SCHEDULE_1F1B}, {"interleaved", PST_SCHEDULE_INTERLEAVED})
 KEYWORD_OPTION(parse_progress, progress, pst_progress, {"auto", PST_PROGRESS_AUTO},
@@ -486,6 +488,7 @@ static const opt options[] = {
     {"save-params", "PSTRAIN_SAVE_PARAMS", NULL, NULL, "model-%t.f32", "at the end, write the final parameters to this file: raw little-endian fp32, the model's flat buffer in its tensors' order (the GPT: llm.c's layout); %t: the trainer id", R_TRAINER, OPT_STR, S(save_params_path), 0, 0, NULL},
     {"trace", "PSTRAIN_TRACE", NULL, NULL, "trace.json", "write a Chrome trace (Perfetto, chrome://tracing) of the streams and RPCs", R_TRAINER, OPT_STR, S(trace_path), 0, 0, NULL},
     {"trace-steps", "PSTRAIN_TRACE_STEPS", NULL, NULL, "10:12", "steps the trace covers, FIRST:LAST", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_trace_steps},
+    {"gemm", "PSTRAIN_GEMM", NULL, NULL, "openblas", "the library of the CPU devices' fp32 GEMMs: auto (oneDNN's sgemm on x86-64 CPUs with AVX2 and FMA or with AVX-512, else OpenBLAS), openblas or onednn; each sums in its own order, so the parameters' bits depend on it (every trainer of a job picks by the same rule); the trainer logs the one in use", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_gemm},
     {"threads", "PSTRAIN_THREADS", NULL, NULL, "2", "compute threads, shared by the local CPU devices (0 = one per core)", R_TRAINER, OPT_INT, F(threads), 0, 1024, NULL},
     {"compute-cpus", "PSTRAIN_COMPUTE_CPUS", NULL, NULL, "0-3", "pin the compute threads (every CPU device's compute stream and thread team) to these CPUs, e.g. to keep them apart from the communication's; unset = not pinned", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_cpus},
     {"check-config", NULL, NULL, NULL, "", "print the resolved configuration as JSON and exit", R_ALL, OPT_BOOL, F(check_config), 0, 0, NULL},
@@ -516,7 +519,7 @@ static const struct {
     {"Security", "token token-file trainer-tokens tls-cert tls-key tls-ca tls-client-cert "
                  "tls-client-key"},
     {"Pserver limits", "max-params max-memory max-calls max-wait-ms"},
-    {"Threads and CPUs", "threads compute-cpus cpu-replicas"},
+    {"Threads and CPUs", "threads compute-cpus cpu-replicas gemm"},
     {"Monitoring", "metrics-port metrics log-level progress trace trace-steps"},
     {"This program", "check-config help config-reference"},
 };
@@ -674,6 +677,7 @@ void pst_config_defaults(pst_config *cfg)
     cfg->send_ahead = PST_SEND_AHEAD_AUTO;
     cfg->shm = 1;
     cfg->bf16_gemm = PST_BF16_GEMM_AUTO;
+    cfg->gemm = PST_GEMM_AUTO;
     snprintf(cfg->devices, sizeof cfg->devices, "cpu:1");
     cfg->rpc_timeout_ms = 60000;
     cfg->connect_timeout_ms = 30000;
@@ -1166,6 +1170,9 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         json_str(out, "bf16_gemm", cfg->bf16_gemm == PST_BF16_GEMM_AUTO ? "auto"
                                    : cfg->bf16_gemm == PST_BF16_GEMM_ON ? "on"
                                                                         : "off", &first);
+        json_str(out, "gemm", cfg->gemm == PST_GEMM_AUTO       ? "auto"
+                              : cfg->gemm == PST_GEMM_OPENBLAS ? "openblas"
+                                                               : "onednn", &first);
         fprintf(out, ",\"acc_steps\":%d,\"pipeline\":%d,\"micro_batches\":%d", cfg->acc_steps,
                 cfg->pipeline, cfg->micro_batches);
         json_str(out, "schedule", pst_schedule_name(cfg->schedule), &first);

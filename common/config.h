@@ -42,6 +42,10 @@ typedef enum pst_progress { PST_PROGRESS_AUTO = 0, PST_PROGRESS_BAR, PST_PROGRES
  * or where the CPU has AVX512_BF16. */
 enum { PST_BF16_GEMM_OFF = 0, PST_BF16_GEMM_ON = 1, PST_BF16_GEMM_AUTO = 2 };
 
+/* --gemm: the library of the CPU devices' fp32 GEMMs (common/nn/gemm.h); auto picks by the
+ * CPU's features (trainer/blas_core.h). */
+enum { PST_GEMM_AUTO = 0, PST_GEMM_OPENBLAS = 1, PST_GEMM_ONEDNN = 2 };
+
 /* --resume: start from the newest complete checkpoint when there is one (auto), never, or
  * fail when there is none (require). */
 enum { PST_RESUME_AUTO = 0, PST_RESUME_NEVER, PST_RESUME_REQUIRE };
@@ -104,6 +108,7 @@ typedef struct pst_config {
     pst_dtype precision;                           /* the trainer's parameters: f32, bf16, f16 */
     pst_dtype grad_dtype;                          /* pushed gradients (default: precision) */
     int bf16_gemm;                                 /* PST_BF16_GEMM_*: --bf16-gemm */
+    int gemm;                                      /* PST_GEMM_*: --gemm */
     int grad_dtype_set;                            /* --grad-dtype given */
     int acc_steps;                                 /* micro-batches per optimizer step */
     /* checkpoints (common/checkpoint.h, pserver/shard.h) */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/config.h"
+#include "common/nn/gemm.h"
 #include "common/runtime/device.h"
 #include "trainer/blas_core.h"
 
@@ -205,4 +206,44 @@ Test(blas_core, a_bf16_trainer_says_what_it_computes_in, .timeout = 120)
     cr_assert_eq(trainer_lines("on", bf16, f.avx512bf16 ? "with fp32 accumulation (bf16 GEMMs on: oneDNN"
                                                         : "with fp32 accumulation (bf16 GEMMs on, emulated"),
                  1);
+}
+
+Test(blas_core, fp32_gemm_library_is_picked_from_the_cpu_and_the_option)
+{
+    cr_assert_eq(tr_sgemm_lib(&avx512, PST_GEMM_AUTO), PST_SGEMM_ONEDNN);
+    cr_assert_eq(tr_sgemm_lib(&avx2_only, PST_GEMM_AUTO), PST_SGEMM_ONEDNN);
+    tr_cpu_features nofma = {.avx2 = 1}, none = {0};
+    cr_assert_eq(tr_sgemm_lib(&nofma, PST_GEMM_AUTO), PST_SGEMM_OPENBLAS);
+    cr_assert_eq(tr_sgemm_lib(&none, PST_GEMM_AUTO), PST_SGEMM_OPENBLAS);
+    cr_assert_eq(tr_sgemm_lib(&avx512, PST_GEMM_OPENBLAS), PST_SGEMM_OPENBLAS);
+    cr_assert_eq(tr_sgemm_lib(&none, PST_GEMM_ONEDNN), PST_SGEMM_ONEDNN);
+}
+
+/* The trainer's log line and summary name the fp32 GEMM library --gemm gave it. */
+Test(blas_core, the_trainer_names_its_fp32_gemm_library, .timeout = 120)
+{
+    tr_cpu_features f;
+    tr_cpu_features_read(&f);
+    const char *opts[] = {"openblas", "onednn", "auto"};
+    const char *lines[] = {"fp32 GEMMs: OpenBLAS", "fp32 GEMMs: oneDNN", NULL};
+    const char *names[] = {"\"cpu_gemm\":\"openblas\"", "\"cpu_gemm\":\"onednn\"", NULL};
+    const int autolib = tr_sgemm_lib(&f, PST_GEMM_AUTO) == PST_SGEMM_ONEDNN;
+    for (int i = 0; i < 3; i++) {
+        const int lib = i < 2 ? i : autolib;
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 " TRAINER " --model mlp --hidden 16 --steps 2 --gemm %s "
+                 "--progress none 2>&1", opts[i]);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        char line[4096];
+        int said = 0, named = 0;
+        while (fgets(line, sizeof line, p)) {
+            said += strstr(line, "INFO") && strstr(line, lines[lib]);
+            named += strstr(line, names[lib]) != NULL;
+        }
+        cr_assert_eq(pclose(p), 0, "%s", cmd);
+        cr_assert_eq(said, 1, "--gemm %s: no line \"%s\"", opts[i], lines[lib]);
+        cr_assert_eq(named, 1, "--gemm %s: the summary lacks %s", opts[i], names[lib]);
+    }
 }

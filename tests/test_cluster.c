@@ -391,6 +391,36 @@ Test(cluster, warmup_cosine_spans_the_run)
     distributed_vs_local(1, 2, flags);
 }
 
+/* Each fp32 GEMM library (--gemm; common/nn/gemm.h) is held to the same exactness: one
+ * trainer with 2 pservers equals local training bit for bit (the 600- and 300-row layers
+ * cut its weight gradients into chunks at the blocks, as in one_trainer_equals_local_by_hash;
+ * the first layer's K = 784 is past the sizes where both libraries block K), and 3 trainers
+ * of uneven parts equal it within rounding. */
+Test(cluster, sync_equals_local_with_each_gemm_library, .timeout = 240)
+{
+    const char *libs[] = {"openblas", "onednn"};
+    for (int i = 0; i < 2; i++) {
+        const char *flags[] = {"--hidden", "600,300", "--batch", "64", "--steps", "12", "--seed",
+                               "3", "--block-bytes", "200000", "--gemm", libs[i], "--progress",
+                               "none", "--log-level", "warn", CONNECT_5S, NULL};
+        const char *head_local[] = {TRAINER, NULL};
+        const char *head[] = {PSLAUNCH, "--pservers", "2", "--trainers", "1", "--timeout", "90",
+                              "--", TRAINER, NULL};
+        const char *argv[64];
+        join_argv(argv, 64, head_local, flags);
+        char *out = stdout_of(argv, "cpu:1");
+        cr_assert(strstr(out, libs[i]), "--gemm %s: the summary names another library: %s",
+                  libs[i], out);
+        const param_hash local = summary_hash(out);
+        free(out);
+        join_argv(argv, 64, head, flags);
+        const param_hash dist = summary_hash_of(argv, "cpu:1");
+        cr_assert_str_eq(dist.hex, local.hex, "--gemm %s: 1 trainer x 2 pservers %s vs local %s",
+                         libs[i], dist.hex, local.hex);
+        distributed_vs_local(1, 3, flags);
+    }
+}
+
 /* One trainer computes exactly what local training computes, and the pservers run the same
  * optimizer code on the same sums: local == 1 trainer x 1 pserver == 1 trainer x 2
  * pservers, bit for bit (param_hash), for momentum on 200 kB blocks and for Adam on 4 KiB

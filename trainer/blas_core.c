@@ -2,6 +2,7 @@
 #include "trainer/blas_core.h"
 
 #include "common/config.h"
+#include "common/nn/gemm.h"
 
 #include <cpuid.h>
 #include <stdio.h>
@@ -130,6 +131,13 @@ void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, i
              "%s: parameters kept in %s on the devices and the wire; GEMMs and every other "
              "op compute in fp32 (%s)",
              dtype, dtype, why);
+}
+
+int tr_sgemm_lib(const tr_cpu_features *f, int want)
+{
+    if (want == PST_GEMM_AUTO)
+        return (f->avx2 && f->fma) || f->avx512f ? PST_SGEMM_ONEDNN : PST_SGEMM_OPENBLAS;
+    return want == PST_GEMM_ONEDNN ? PST_SGEMM_ONEDNN : PST_SGEMM_OPENBLAS;
 }
 
 const char *tr_blas_core_pick(void)

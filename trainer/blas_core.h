@@ -50,6 +50,11 @@ int tr_bf16_gemm_wanted(const tr_cpu_features *f, int is_bf16, int want);
 void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, int on,
                         const char *gemm, char *msg, size_t n);
 
+/* The fp32 GEMM library (common/nn/gemm.h: PST_SGEMM_*) for --gemm (want: PST_GEMM_*):
+ * auto picks oneDNN on CPUs with AVX2 and FMA or with AVX-512, where its sgemm was faster
+ * than OpenBLAS's on the layers' shapes (docs/performance-tuning.md), else OpenBLAS. */
+int tr_sgemm_lib(const tr_cpu_features *f, int want);
+
 /* The best family for this CPU (tr_blas_core_best of this CPU's features). */
 const char *tr_blas_core_pick(void);
 /* When OPENBLAS_CORETYPE is unset and tr_blas_core_pick() names a core, sets it and

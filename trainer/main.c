@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/memory.h"
+#include "common/nn/gemm.h"
 #include "common/nn/gemm_bf16.h"
 #include "common/prom.h"
 #include "common/runtime/device.h"
@@ -139,6 +140,14 @@ int main(int argc, char **argv)
     /* Every GEMM is one slice of a layer that a CPU device's thread team splits (exec.c):
      * OpenBLAS's own threads would only compete with the team for the same cores. */
     openblas_set_num_threads(1);
+    if (!pst_devices_spec_cuda(cfg.devices)) {
+        char gemm[160];
+        const int want = tr_sgemm_lib(&cpu, cfg.gemm);
+        if (pst_sgemm_setup(want, gemm, sizeof gemm) != want && cfg.gemm == PST_GEMM_ONEDNN)
+            PST_WARN("--gemm onednn: %s", gemm);
+        else
+            PST_INFO("%s", gemm);
+    }
 
     pst_status st;
     tr_job job;

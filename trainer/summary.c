@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "common/hash.h"
+#include "common/nn/gemm.h"
 #include "trainer/train.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -51,8 +52,10 @@ void tr_summary_print(FILE *out, const tr_summary *s)
         }
         fputs("]", out);
     }
-    fprintf(out, ",\"precision\":\"%s\",\"optimizer_bytes_per_device\":%zu",
-            pst_dtype_name(s->precision), s->optimizer_bytes_per_device);
+    fprintf(out, ",\"precision\":\"%s\",\"cpu_gemm\":\"%s\",\"optimizer_bytes_per_device\":%zu",
+            pst_dtype_name(s->precision),
+            pst_sgemm_lib() == PST_SGEMM_ONEDNN ? "onednn" : "openblas",
+            s->optimizer_bytes_per_device);
     if (s->precision == PST_F16)
         fprintf(out, ",\"loss_scale\":%.9g,\"skipped_steps\":%ld", (double)s->loss_scale,
                 s->skipped_steps);

@@ -1,18 +1,19 @@
 /* layers.c — CPU kernels for linear, ReLU and softmax cross-entropy (see layers.h).
  *
- * DESIGN: the three GEMMs of a linear layer go to OpenBLAS; everything else is one pass
- * fused onto data that is still in cache: bias + ReLU after the forward GEMM, the bias
- * gradient as a column sum of dout. Each GEMM also comes as a slice of its output (columns
- * of out and dinp, rows of dweight) so the CPU ops can split one layer over a thread team
- * with single-threaded OpenBLAS: every element is still one dot product over the same K,
- * and no two slices write the same cache line when cut at 16 floats. */
+ * DESIGN: the three GEMMs of a linear layer go to pst_sgemm (gemm.h: OpenBLAS or oneDNN, one
+ * library for the process); everything else is one pass fused onto data that is still in
+ * cache: bias + ReLU after the forward GEMM, the bias gradient as a column sum of dout.
+ * Each GEMM also comes as a slice of its output (columns of out and dinp, rows of dweight)
+ * so the CPU ops can split one layer over a thread team with single-threaded GEMMs: every
+ * element is still one dot product over the same K, and no two slices write the same cache
+ * line when cut at 16 floats. */
 #include "common/nn/layers.h"
 
 #include "common/dtype.h"
+#include "common/nn/gemm.h"
 #include "common/nn/gemm_bf16.h"
 #include "common/pool.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -63,7 +64,7 @@ void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
         return;
     /* out[:, j0:j1] = inp @ weight[j0:j1, :]^T: rows j0.. of weight, columns j0.. of out. */
     const float beta = gemm_slice_beta(out, B, OC, j0, n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, n, IC, 1.0f, inp, IC,
+    pst_sgemm(0, 1, B, n, IC, 1.0f, inp, IC,
                 weight + (int64_t)j0 * IC, IC, beta, out + j0, OC);
     bias_relu(out, bias, B, OC, relu, j0, j1);
 }
@@ -186,7 +187,7 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
     if (B > 0) {
         for (int r = j0, e; r < j1; r = e) {
             e = pst_row_tile_end(r, j1);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, e - r, IC, B, 1.0f, dout + r,
+            pst_sgemm(1, 0, e - r, IC, B, 1.0f, dout + r,
                         OC, inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)r * IC, IC);
         }
     } else if (!accumulate)
@@ -232,7 +233,7 @@ void pst_linear_backward_input_cols(float *dinp, const float *dout, const float 
     if (n <= 0 || B <= 0)
         return;
     /* dinp[:, i0:i1] = dout @ weight[:, i0:i1]. */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, n, OC, 1.0f, dout, OC,
+    pst_sgemm(0, 0, B, n, OC, 1.0f, dout, OC,
                 weight + i0, IC, 0.0f, dinp + i0, IC);
 }
 

@@ -25,7 +25,7 @@ struct pst_pool;
 
 /* out (B, OC) = inp (B, IC) @ w^T (OC, IC) + b (OC; NULL: no bias), then ReLU when relu.
  * On CPU the GEMM and the bias/ReLU pass are split over `pool` by output rows or columns
- * when given (NULL: the stream's thread alone), each part a single-threaded OpenBLAS call. */
+ * when given (NULL: the stream's thread alone), each part a single-threaded pst_sgemm call. */
 typedef struct pst_linear_fwd_args {
     float *out;
     const float *inp, *w, *b;

@@ -13,7 +13,7 @@
 /* The linear layer's parts: slices of the output's rows, or of its columns cut at 16
  * floats (one cache line) so the parts never write the same line (by_rows says which). A
  * part whose slice is empty (a 10-wide output over 2 threads) does nothing. The number of
- * parts can change the last bits: OpenBLAS's kernels give an element other bits in a GEMM
+ * parts can change the last bits: the GEMM libraries give an element other bits in a GEMM
  * call of another shape (AMD EPYC, Haswell kernels; see tests/test_exec.c's reference
  * test), so the same run with another thread count may end with other bits; the same
  * count always gives the same cuts. The weight gradient is split on whole tiles instead

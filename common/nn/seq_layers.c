@@ -2,7 +2,7 @@
  * seq_layers.h).
  *
  * DESIGN: float arithmetic throughout (as the trainer's other kernels and llm.c), sums in
- * a fixed order. Attention is computed one (sequence, head) pair at a time with OpenBLAS:
+ * a fixed order. Attention is computed one (sequence, head) pair at a time with pst_sgemm:
  * the pair's scores Q K^T in a (T, T) scratch, the softmax and the causal mask in one pass
  * over each row (masked entries become 0), then P V. The backward recomputes P from the
  * scores and the saved log-sum-exp instead of keeping a (T, T) matrix per head from the
@@ -12,8 +12,8 @@
 #include "common/nn/seq_layers.h"
 
 #include "common/dtype.h"
+#include "common/nn/gemm.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -303,7 +303,7 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
     const float scale = 1.0f / sqrtf((float)hs);
     const float *base = qkv + (int64_t)b * T * C3;
     const float *Q = base + h * hs, *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, C3, K, C3, 0.0f,
+    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f,
                 S, T);
     float *l = lse + ((int64_t)b * H + h) * T;
     for (int t = 0; t < T; t++) {
@@ -319,7 +319,7 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
             row[j] = 0.0f;
         l[t] = m + logf(sum);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, S, T, Vv, C3, 0.0f,
+    pst_sgemm(0, 0, T, hs, T, 1.0f, S, T, Vv, C3, 0.0f,
                 out + (int64_t)b * T * C + h * hs, C);
 }
 
@@ -346,9 +346,9 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
     const float *dY = dout + (int64_t)b * T * C + h * hs;
     float *dbase = dqkv + (int64_t)b * T * C3;
     const float *l = lse + ((int64_t)b * H + h) * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, Q, C3, K, C3, 0.0f,
+    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f,
                 P, T);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dY, C, Vv, C3, 0.0f,
+    pst_sgemm(0, 1, T, T, hs, 1.0f, dY, C, Vv, C3, 0.0f,
                 dP, T);
     for (int t = 0; t < T; t++) {
         float *p = P + (int64_t)t * T, *dp = dP + (int64_t)t * T;
@@ -360,11 +360,11 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
         for (int j = t + 1; j < T; j++)
             p[j] = dp[j] = 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, K, C3, 0.0f,
+    pst_sgemm(0, 0, T, hs, T, 1.0f, dP, T, K, C3, 0.0f,
                 dbase + h * hs, C3);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dP, T, Q, C3, 0.0f,
+    pst_sgemm(1, 0, T, hs, T, 1.0f, dP, T, Q, C3, 0.0f,
                 dbase + C + h * hs, C3);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, P, T, dY, C, 0.0f,
+    pst_sgemm(1, 0, T, hs, T, 1.0f, P, T, dY, C, 0.0f,
                 dbase + 2 * C + h * hs, C3);
 }
 
