@@ -15,6 +15,8 @@
 # e.g. the commit before a change against the working tree:
 #   git worktree add /tmp/before HEAD~1 && make -C /tmp/before build
 #   bench/ab.sh /tmp/before/build build 5
+# A_FLAGS and B_FLAGS add trainer flags to one side (word-split), so one build compares
+# two settings: A_FLAGS="--gemm openblas" B_FLAGS="--gemm onednn" JOB=gpt bench/ab.sh build build
 # BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (bench_blas_core in lib.sh;
 # taken from BUILD_B's trainer, and used for both).
 set -euo pipefail
@@ -35,26 +37,30 @@ bench_need_built "$b" pslaunch pserver trainer
 bench_blas_core "$b"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 rev() { git -C "$1/.." rev-parse --short HEAD 2>/dev/null || echo unknown; }
-bench_header ab "\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"job\":\"$job\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
+read -r -a a_flags <<< "${A_FLAGS:-}"
+read -r -a b_flags <<< "${B_FLAGS:-}"
+bench_header ab "\"a_flags\":\"${A_FLAGS:-}\",\"b_flags\":\"${B_FLAGS:-}\",\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"job\":\"$job\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
   for side in a b; do
-    build=$a; [ "$side" = b ] && build=$b
+    build=$a; flags=("${a_flags[@]}")
+    [ "$side" = b ] && build=$b && flags=("${b_flags[@]}")
     case $job in
       synthetic)
         PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers "$pservers" --trainers "$trainers" \
           --timeout 600 -- "$build/bin/trainer" --model synthetic --params "$params" \
           --steps "$steps" --optimizer sgd --lr 0.01 --precision "$precision" \
-          --log-level warn ;;
+          --log-level warn "${flags[@]}" ;;
       mlp) # bench/mlp.sh's job
         "$build/bin/trainer" --model mlp --hidden 1024,1024 --dataset fashion-mnist \
           --steps "$steps" --batch 128 --optimizer momentum --lr 0.05 --momentum 0.9 \
-          --seed 0 --threads 2 --precision "$precision" --progress none --metrics "" ;;
+          --seed 0 --threads 2 --precision "$precision" --progress none --metrics "" \
+          "${flags[@]}" ;;
       gpt) # bench/gpt.sh's job
         PSTRAIN_DEVICES=$devices "$build/bin/trainer" --model gpt --dataset kjv --layers 4 \
           --heads 4 --embd 128 --ctx 128 --batch 16 --steps "$steps" --optimizer adamw \
           --lr 1e-3 --beta1 0.9 --beta2 0.99 --eps 1e-8 --weight-decay 0 --seed 0 \
           --threads 2 --val-windows 8 --sample 0 --precision "$precision" --progress none \
-          --metrics "" ;;
+          --metrics "" "${flags[@]}" ;;
     esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"
     echo "{\"run\":$i,\"side\":\"$side\",\"result\":$(cat "$tmp/$side$i.json")}"
   done

@@ -315,6 +315,28 @@ Test(seq_layers, gelu_against_float64_and_finite_differences)
     expect_close("gelu dinp in place", dx, g, GN, 1e-5, 1e-4);
 }
 
+/* The forward that keeps gelu' (in place of its input, as the transformer block keeps it)
+ * and the backward from it give the bits of the plain forward and backward. */
+Test(seq_layers, gelu_kept_derivative_gives_the_same_bits)
+{
+    enum { NK = 1000 }; /* past the vector loops' widths, with a tail */
+    static float x[NK], dout[NK], out[NK], dx[NK], keep[NK], out2[NK], dx2[NK];
+    fill(x, NK, 12, 4.0f);
+    fill(dout, NK, 13, 1.0f);
+    pst_gelu_forward(out, x, NK);
+    pst_gelu_backward(dx, x, dout, NK);
+    memcpy(keep, x, sizeof keep);
+    pst_gelu_forward_deriv(out2, keep, keep, NK);
+    memcpy(dx2, dout, sizeof dx2);
+    pst_gelu_backward_deriv(dx2, keep, dx2, NK);
+    for (int i = 0; i < NK; i++) {
+        cr_assert_eq(memcmp(&out2[i], &out[i], sizeof(float)), 0, "out[%d] %.9g vs %.9g", i,
+                     out2[i], out[i]);
+        cr_assert_eq(memcmp(&dx2[i], &dx[i], sizeof(float)), 0, "dinp[%d] %.9g vs %.9g", i,
+                     dx2[i], dx[i]);
+    }
+}
+
 /* ---- embedding ---------------------------------------------------------------------- */
 
 Test(seq_layers, embedding_rows_and_gradients_in_a_fixed_order)

@@ -296,6 +296,22 @@ Test(seq_ops, gelu_and_grouped_cross_entropy)
         get(b, gdx, d_dout, sizeof gdx);
         compare("gelu", b, gy, y, NG, 1e-6f);
         compare("gelu backward (in place)", b, gdx, dx, NG, 1e-5f);
+        /* the forward keeping gelu' in place of its input, the backward from it: the same
+         * outputs, bit for bit, as the two ops without it on the same backend */
+        float *d_keep = put(b, x, sizeof(float) * NG), *d_y2 = put(b, NULL, sizeof y);
+        float *d_dout2 = put(b, dout, sizeof(float) * NG);
+        pst_gelu_args fk = {.out = d_y2, .inp = d_keep, .deriv = d_keep, .n = NG,
+                            .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_forward(b->s, &fk), PST_OK, "%s", pst_error_detail());
+        pst_gelu_args gk = {.out = d_dout2, .deriv = d_keep, .dout = d_dout2, .n = NG,
+                            .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_backward(b->s, &gk), PST_OK, "%s", pst_error_detail());
+        static float gy2[NG], gdx2[NG];
+        get(b, gy2, d_y2, sizeof gy2);
+        get(b, gdx2, d_dout2, sizeof gdx2);
+        cr_assert_eq(memcmp(gy2, gy, sizeof gy), 0, "%s: gelu with deriv: other bits", b->spec);
+        cr_assert_eq(memcmp(gdx2, gdx, sizeof gdx), 0, "%s: gelu backward from the kept deriv: "
+                     "other bits", b->spec);
 
         float *d_l = put(b, logits, sizeof(float) * N * V), *d_p = put(b, NULL, sizeof probs);
         float *d_loss = put(b, NULL, sizeof(float) * B);

@@ -154,11 +154,14 @@ typedef struct pst_attention_args {
     struct pst_pool *pool;
 } pst_attention_args;
 
-/* GELU (tanh form): forward out = gelu(inp); backward out = gelu'(inp) * dout (out may be
- * dout). */
+/* GELU (tanh form): forward out = gelu(inp), and when deriv is set also deriv = gelu'(inp)
+ * (deriv may be inp: the pre-activation is then replaced by what the backward needs);
+ * backward out = gelu'(inp) * dout, or deriv * dout when deriv is set (a forward's deriv:
+ * the same bits, no tanh computed again); out may be dout. */
 typedef struct pst_gelu_args {
     float *out;
     const float *inp, *dout;
+    float *deriv;
     int64_t n;
     struct pst_pool *pool;
 } pst_gelu_args;

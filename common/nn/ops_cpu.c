@@ -267,7 +267,10 @@ static void gelu_fwd_part(void *arg, int part, int nparts)
     const pst_gelu_args *a = arg;
     size_t lo, hi;
     pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
-    pst_gelu_forward(a->out + lo, a->inp + lo, (int64_t)(hi - lo));
+    if (a->deriv)
+        pst_gelu_forward_deriv(a->out + lo, a->deriv + lo, a->inp + lo, (int64_t)(hi - lo));
+    else
+        pst_gelu_forward(a->out + lo, a->inp + lo, (int64_t)(hi - lo));
 }
 
 static void gelu_bwd_part(void *arg, int part, int nparts)
@@ -275,7 +278,10 @@ static void gelu_bwd_part(void *arg, int part, int nparts)
     const pst_gelu_args *a = arg;
     size_t lo, hi;
     pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
-    pst_gelu_backward(a->out + lo, a->inp + lo, a->dout + lo, (int64_t)(hi - lo));
+    if (a->deriv)
+        pst_gelu_backward_deriv(a->out + lo, a->deriv + lo, a->dout + lo, (int64_t)(hi - lo));
+    else
+        pst_gelu_backward(a->out + lo, a->inp + lo, a->dout + lo, (int64_t)(hi - lo));
 }
 
 static void interact_fwd_part(void *arg, int part, int nparts)

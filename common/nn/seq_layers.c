@@ -389,18 +389,39 @@ void pst_gelu_forward(float *out, const float *inp, int64_t n)
     }
 }
 
+/* gelu'(x) from x and th = tanh(u(x)): one expression for both backward paths, so the
+ * derivative the forward keeps has the bits the backward would compute. */
+static inline float gelu_deriv(float x, float th)
+{
+    const float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
+}
+
+PST_BIT_EXACT_CLONES
+void pst_gelu_forward_deriv(float *out, float *deriv, const float *inp, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = inp[i];
+        const float th = tanh_f(GELU_S * (x + GELU_K * x * x * x));
+        out[i] = 0.5f * x * (1.0f + th);
+        deriv[i] = gelu_deriv(x, th);
+    }
+}
+
 PST_BIT_EXACT_CLONES
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         const float x = inp[i];
-        const float u = GELU_S * (x + GELU_K * x * x * x);
-        const float th = tanh_f(u);
-        const float sech2 = 1.0f - th * th;
-        const float local = 0.5f * (1.0f + th) +
-                            0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
-        dinp[i] = local * dout[i];
+        dinp[i] = gelu_deriv(x, tanh_f(GELU_S * (x + GELU_K * x * x * x))) * dout[i];
     }
+}
+
+PST_BIT_EXACT_CLONES
+void pst_gelu_backward_deriv(float *dinp, const float *deriv, const float *dout, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dinp[i] = deriv[i] * dout[i];
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

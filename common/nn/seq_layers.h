@@ -54,7 +54,13 @@ void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, co
 
 /* out (n) = GELU(inp), the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void pst_gelu_forward(float *out, const float *inp, int64_t n);
+/* The same out, and deriv (n) = GELU'(inp) (deriv may equal inp: the backward then needs
+ * only it), with the bits pst_gelu_backward's GELU'(inp) has. */
+void pst_gelu_forward_deriv(float *out, float *deriv, const float *inp, int64_t n);
 /* dinp (n) = GELU'(inp) * dout (dinp may equal dout). */
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+/* dinp (n) = deriv * dout, deriv from pst_gelu_forward_deriv: pst_gelu_backward's bits
+ * (dinp may equal dout). */
+void pst_gelu_backward_deriv(float *dinp, const float *deriv, const float *dout, int64_t n);
 
 #endif /* PST_SEQ_LAYERS_H */

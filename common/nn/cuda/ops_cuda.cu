@@ -805,28 +805,41 @@ static pst_status run_attention(pst_stream *, cudaStream_t cs, const pst_attenti
 #define GELU_S 0.7978845608028654f
 #define GELU_K 0.044715f
 
-static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+/* gelu'(x) from x and th = tanh(u(x)), rounded as written: the forward's kept derivative
+ * and the backward's own have the same bits. */
+static __device__ float gelu_deriv(float x, float th)
+{
+    const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
+    return __fadd_rn(__fmul_rn(0.5f, __fadd_rn(1.0f, th)),
+                     __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), GELU_S),
+                               __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K, x), x))));
+}
+
+static __device__ float gelu_u(float x)
+{
+    return __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
+}
+
+/* deriv NULL: out only; else also gelu'(inp) into deriv (which may be inp) */
+static __global__ void gelu_fwd_kernel(float *out, float *deriv, const float *inp, size_t n)
 {
     GRID_STRIDE(i, n)
     {
         const float x = inp[i];
-        const float u = __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
-        out[i] = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(u)));
+        const float th = tanhf(gelu_u(x));
+        out[i] = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, th));
+        if (deriv)
+            deriv[i] = gelu_deriv(x, th);
     }
 }
 
-static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+/* deriv NULL: gelu'(inp) computed here; else the forward's */
+static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *deriv,
+                                       const float *dout, size_t n)
 {
     GRID_STRIDE(i, n)
     {
-        const float x = inp[i];
-        const float u = __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
-        const float th = tanhf(u);
-        const float sech2 = __fsub_rn(1.0f, __fmul_rn(th, th));
-        const float local = __fadd_rn(
-            __fmul_rn(0.5f, __fadd_rn(1.0f, th)),
-            __fmul_rn(__fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), sech2), GELU_S),
-                      __fadd_rn(1.0f, __fmul_rn(__fmul_rn(3.0f * GELU_K, x), x))));
+        const float local = deriv ? deriv[i] : gelu_deriv(inp[i], tanhf(gelu_u(inp[i])));
         dinp[i] = __fmul_rn(local, dout[i]);
     }
 }
@@ -835,8 +848,8 @@ static pst_status run_gelu_forward(pst_stream *, cudaStream_t cs, const pst_gelu
 {
     if (!a->n)
         return PST_OK;
-    gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
-                                                                           (size_t)a->n);
+    gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->deriv,
+                                                                           a->inp, (size_t)a->n);
     PST_CUDA_CHECK(cudaGetLastError());
     return PST_OK;
 }
@@ -845,8 +858,8 @@ static pst_status run_gelu_backward(pst_stream *, cudaStream_t cs, const pst_gel
 {
     if (!a->n)
         return PST_OK;
-    gelu_bwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->inp,
-                                                                           a->dout, (size_t)a->n);
+    gelu_bwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(
+        a->out, a->inp, a->deriv, a->dout, (size_t)a->n);
     PST_CUDA_CHECK(cudaGetLastError());
     return PST_OK;
 }

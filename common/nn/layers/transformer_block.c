@@ -65,7 +65,8 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                   .w = P[LN2W], .b = P[LN2B], .C = C, .pool = pool};
     k->fc = (pst_linear_fwd_args){.out = fch, .inp = ln2, .w = P[FCW], .w16 = Q[FCW],
                                   .b = P[FCB], .IC = C, .OC = 4 * C, .pool = pool};
-    k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .pool = pool};
+    /* fch is read again only by GELU's backward: the forward replaces it by gelu'(fch) */
+    k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .deriv = fch, .pool = pool};
     k->fcproj = (pst_linear_fwd_args){.out = io->out, .inp = fchg, .w = P[FPW],
                                       .w16 = Q[FPW], .b = P[FPB], .IC = 4 * C, .OC = C,
                                       .pool = pool};
@@ -76,7 +77,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                         .w16 = Q[FPW],
                                         .IC = 4 * C, .OC = C, .accumulate = acc[FPW],
                                         .pool = pool};
-    k->gelu_b = (pst_gelu_args){.out = dfch, .inp = fch, .dout = dfch, .pool = pool};
+    k->gelu_b = (pst_gelu_args){.out = dfch, .deriv = fch, .dout = dfch, .pool = pool};
     k->fc_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[FCW], .db = G[FCB], .dout = dfch,
                                     .inp = ln2, .w = P[FCW], .w16 = Q[FCW], .IC = C,
                                     .OC = 4 * C,
