@@ -10,7 +10,8 @@
 # of OpenBLAS and oneDNN (the trainer's two fp32 GEMM libraries, --gemm)
 # (best of 10, before and after the runs, the max kept) divided by the FLOP per token of
 # the model's matmuls (forward and backward: 6 per weight of the blocks and the tied
-# projection, plus 12 T C per layer for the scores and P V, the causal half not discounted).
+# projection, plus 12 T C per layer for the scores and P V, the causal half not discounted);
+# and beside it the fraction of OpenBLAS's 2048^3 rate alone (fraction_of_openblas_ceiling).
 # Not a test: it reports, it never gates.
 #
 # usage: bench/gpt.sh [BUILD_DIR=build] [RUNS=3] [STEPS=500] [LAYERS=4 HEADS=4 EMBD=128 CTX=128 BATCH=16]
@@ -48,7 +49,8 @@ for l in $layouts; do for pr in $precisions; do cells+=("$l/$pr"); done; done
 [ ${#cells[@]} -gt 0 ] || bench_die "LAYOUTS and PRECISIONS leave no cell to run"
 bench_header gpt "\"layouts\":\"$layouts\",\"precisions\":\"$precisions\",\"runs\":$runs,\"steps\":$steps,\"layers\":$L,\"heads\":$H,\"embd\":$C,\"ctx\":$T,\"batch\":$B,\"threads\":2"
 sgemm_peak() {
-  "$gemm" --sgemm-peak --threads 2 --reps 10 | sed -n 's/.*"sgemm_gflops":\([0-9.]*\).*/\1/p'
+  "$gemm" --sgemm-peak --threads 2 --reps 10 |
+    sed -n 's/.*"sgemm_gflops":\([0-9.]*\),"openblas_gflops":\([0-9.]*\).*/\1:\2/p'
 }
 sgemm_before=$(sgemm_peak)
 
@@ -70,7 +72,9 @@ sgemm_after=$(sgemm_peak)
 "$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "$L" "$C" "$T" "${cells[@]}" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
-sgemm_before, sgemm_after = float(sys.argv[3]), float(sys.argv[4])
+# each probe "BEST:OPENBLAS": the faster library's GFLOP/s, and OpenBLAS's alone
+(sgemm_before, ob_before), (sgemm_after, ob_after) = (
+    [float(v) for v in a.split(":")] for a in sys.argv[3:5])
 L, C, T = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 cells = sys.argv[8:]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
@@ -96,6 +100,11 @@ for c in cells:
     out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
     out["ceiling_tokens_per_s"] = round(ceiling, 1)
     out["fraction_of_ceiling"] = round(out["pstrain_tokens_per_s_median"] / ceiling, 3)
+    # the same against OpenBLAS's 2048^3 rate alone (the ceiling before oneDNN's sgemm)
+    ob = max(ob_before, ob_after)
+    out["openblas_sgemm_gflops"] = ob
+    out["fraction_of_openblas_ceiling"] = round(
+        out["pstrain_tokens_per_s_median"] * flop_per_token / (ob * 1e9), 3)
     if precision != "fp32" and layout + "/fp32" in cells:
         f = [json.load(open("%s/p-%s-fp32-%d.json" % (d, layout.replace(":", "_"), i)))
              for i in range(1, n + 1)]

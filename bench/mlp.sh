@@ -6,7 +6,8 @@
 # GFLOP/s at 2 threads of the faster of OpenBLAS (under the same kernels) and oneDNN, the
 # trainer's two fp32 GEMM libraries (bench_gemm --sgemm-peak, best of 10 each, measured
 # before and after the runs, the max kept)
-# divided by the FLOP per sample: 3 GEMMs x 2 FLOP x the weights (11.2 MFLOP for 784-1024-1024-10).
+# divided by the FLOP per sample: 3 GEMMs x 2 FLOP x the weights (11.2 MFLOP for 784-1024-1024-10);
+# beside it the fraction of OpenBLAS's 2048^3 rate alone (fraction_of_openblas_ceiling).
 # Not a test: it reports, it never gates.
 #
 # usage: bench/mlp.sh [BUILD_DIR=build] [RUNS=3] [EPOCHS=1] [BATCH=128]
@@ -43,7 +44,8 @@ precisions=$BENCH_PRECISIONS
 [ -n "$precisions" ] || bench_die "PRECISIONS leaves no precision to run"
 bench_header mlp "\"layouts\":\"$layouts\",\"precisions\":\"$precisions\",\"wide\":\"$wide\",\"wide_steps\":$wide_steps,\"runs\":$runs,\"epochs\":$epochs,\"batch\":$batch,\"threads\":2"
 sgemm_peak() {
-  "$gemm" --sgemm-peak --threads 2 --reps 10 | sed -n 's/.*"sgemm_gflops":\([0-9.]*\).*/\1/p'
+  "$gemm" --sgemm-peak --threads 2 --reps 10 |
+    sed -n 's/.*"sgemm_gflops":\([0-9.]*\),"openblas_gflops":\([0-9.]*\).*/\1:\2/p'
 }
 sgemm_before=$(sgemm_peak)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -73,7 +75,9 @@ sgemm_after=$(sgemm_peak)
 "$BENCH_PY" - "$tmp" "$runs" "$sgemm_before" "$sgemm_after" "${cells[@]}" <<'PY'
 import json, statistics, sys
 d, n = sys.argv[1], int(sys.argv[2])
-sgemm_before, sgemm_after = float(sys.argv[3]), float(sys.argv[4])
+# each probe "BEST:OPENBLAS": the faster library's GFLOP/s, and OpenBLAS's alone
+(sgemm_before, ob_before), (sgemm_after, ob_after) = (
+    [float(v) for v in a.split(":")] for a in sys.argv[3:5])
 sgemm = max(sgemm_before, sgemm_after)
 med = lambda rs, k: statistics.median(r[k] for r in rs)
 for c in sys.argv[5:]:
@@ -97,6 +101,11 @@ for c in sys.argv[5:]:
     out["sgemm_gflops_before"], out["sgemm_gflops_after"] = sgemm_before, sgemm_after
     out["ceiling_samples_per_s"] = round(sgemm * 1e9 / flop_per_sample, 1)
     out["fraction_of_ceiling"] = round(out["pstrain_samples_per_s_median"] / out["ceiling_samples_per_s"], 3)
+    # the same against OpenBLAS's 2048^3 rate alone (the ceiling before oneDNN's sgemm)
+    ob = max(ob_before, ob_after)
+    out["openblas_sgemm_gflops"] = ob
+    out["fraction_of_openblas_ceiling"] = round(
+        out["pstrain_samples_per_s_median"] * flop_per_sample / (ob * 1e9), 3)
     if precision != "fp32" and "%s_fp32/%d/%s" % (layout, h, b) in sys.argv[5:]:
         f = load("p-%s_fp32" % layout)
         out["step_speedup_vs_fp32"] = round(med(f, "step_ms_median") / out["pstrain_step_ms_median"], 3)
