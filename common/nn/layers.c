@@ -64,8 +64,8 @@ void pst_linear_forward_cols(float *out, const float *inp, const float *weight,
         return;
     /* out[:, j0:j1] = inp @ weight[j0:j1, :]^T: rows j0.. of weight, columns j0.. of out. */
     const float beta = gemm_slice_beta(out, B, OC, j0, n);
-    pst_sgemm(0, 1, B, n, IC, 1.0f, inp, IC,
-                weight + (int64_t)j0 * IC, IC, beta, out + j0, OC);
+    pst_sgemm(0, 1, B, n, IC, 1.0f, inp, IC, weight + (int64_t)j0 * IC, IC, beta, out + j0,
+              OC);
     bias_relu(out, bias, B, OC, relu, j0, j1);
 }
 
@@ -187,8 +187,8 @@ void pst_linear_backward_weight_rows(float *dweight, float *dbias, const float *
     if (B > 0) {
         for (int r = j0, e; r < j1; r = e) {
             e = pst_row_tile_end(r, j1);
-            pst_sgemm(1, 0, e - r, IC, B, 1.0f, dout + r,
-                        OC, inp, IC, accumulate ? 1.0f : 0.0f, dweight + (int64_t)r * IC, IC);
+            pst_sgemm(1, 0, e - r, IC, B, 1.0f, dout + r, OC, inp, IC, accumulate ? 1.0f : 0.0f,
+                      dweight + (int64_t)r * IC, IC);
         }
     } else if (!accumulate)
         memset(dweight + (int64_t)j0 * IC, 0, sizeof(float) * (size_t)n * (size_t)IC);
@@ -233,8 +233,7 @@ void pst_linear_backward_input_cols(float *dinp, const float *dout, const float 
     if (n <= 0 || B <= 0)
         return;
     /* dinp[:, i0:i1] = dout @ weight[:, i0:i1]. */
-    pst_sgemm(0, 0, B, n, OC, 1.0f, dout, OC,
-                weight + i0, IC, 0.0f, dinp + i0, IC);
+    pst_sgemm(0, 0, B, n, OC, 1.0f, dout, OC, weight + i0, IC, 0.0f, dinp + i0, IC);
 }
 
 void pst_linear_backward_input_cols_bf16(float *dinp, const float *dout, const uint16_t *w16,

@@ -303,8 +303,7 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
     const float scale = 1.0f / sqrtf((float)hs);
     const float *base = qkv + (int64_t)b * T * C3;
     const float *Q = base + h * hs, *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
-    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f,
-                S, T);
+    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f, S, T);
     float *l = lse + ((int64_t)b * H + h) * T;
     for (int t = 0; t < T; t++) {
         float *row = S + (int64_t)t * T;
@@ -319,8 +318,7 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
             row[j] = 0.0f;
         l[t] = m + logf(sum);
     }
-    pst_sgemm(0, 0, T, hs, T, 1.0f, S, T, Vv, C3, 0.0f,
-                out + (int64_t)b * T * C + h * hs, C);
+    pst_sgemm(0, 0, T, hs, T, 1.0f, S, T, Vv, C3, 0.0f, out + (int64_t)b * T * C + h * hs, C);
 }
 
 void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
@@ -346,10 +344,8 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
     const float *dY = dout + (int64_t)b * T * C + h * hs;
     float *dbase = dqkv + (int64_t)b * T * C3;
     const float *l = lse + ((int64_t)b * H + h) * T;
-    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f,
-                P, T);
-    pst_sgemm(0, 1, T, T, hs, 1.0f, dY, C, Vv, C3, 0.0f,
-                dP, T);
+    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f, P, T);
+    pst_sgemm(0, 1, T, T, hs, 1.0f, dY, C, Vv, C3, 0.0f, dP, T);
     for (int t = 0; t < T; t++) {
         float *p = P + (int64_t)t * T, *dp = dP + (int64_t)t * T;
         for (int j = 0; j <= t; j++)
@@ -360,12 +356,9 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
         for (int j = t + 1; j < T; j++)
             p[j] = dp[j] = 0.0f;
     }
-    pst_sgemm(0, 0, T, hs, T, 1.0f, dP, T, K, C3, 0.0f,
-                dbase + h * hs, C3);
-    pst_sgemm(1, 0, T, hs, T, 1.0f, dP, T, Q, C3, 0.0f,
-                dbase + C + h * hs, C3);
-    pst_sgemm(1, 0, T, hs, T, 1.0f, P, T, dY, C, 0.0f,
-                dbase + 2 * C + h * hs, C3);
+    pst_sgemm(0, 0, T, hs, T, 1.0f, dP, T, K, C3, 0.0f, dbase + h * hs, C3);
+    pst_sgemm(1, 0, T, hs, T, 1.0f, dP, T, Q, C3, 0.0f, dbase + C + h * hs, C3);
+    pst_sgemm(1, 0, T, hs, T, 1.0f, P, T, dY, C, 0.0f, dbase + 2 * C + h * hs, C3);
 }
 
 void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
