@@ -6,6 +6,8 @@
  * (its flag is thread-local). */
 #include "common/nn/gemm.h"
 
+#include "common/log.h"
+
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 
 static atomic_int lib_in_use; /* PST_SGEMM_* */
+static atomic_int fell_back;  /* a oneDNN call failed: warned once */
 static _Thread_local int omp_one;
 
 static void omp_single(void)
@@ -56,9 +59,14 @@ void pst_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const
 {
     if (pst_sgemm_lib() == PST_SGEMM_ONEDNN) {
         omp_single();
-        if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                       beta, C, ldc) == dnnl_success)
+        const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
+                                            alpha, A, lda, B, ldb, beta, C, ldc);
+        if (st == dnnl_success)
             return;
+        /* out of memory for its packing: OpenBLAS computes it (other last bits) */
+        if (!atomic_exchange(&fell_back, 1))
+            PST_WARN("oneDNN's sgemm failed (status %d, %dx%dx%d): OpenBLAS computes the "
+                     "products it fails, with other last bits", (int)st, M, N, K);
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C,

@@ -25,7 +25,8 @@ int pst_sgemm_lib(void);
 
 /* C (M, N) = op(A) (M, K) @ op(B) (K, N) * alpha + beta * C, row-major (trans_a: A is
  * stored (K, M) with row stride lda; trans_b: B is stored (N, K)); cblas_sgemm's contract
- * (beta 0: C is not read). */
+ * (beta 0: C is not read). A product oneDNN fails (out of memory) is computed by OpenBLAS,
+ * with one warning for the process. */
 void pst_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
