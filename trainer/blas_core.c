@@ -135,8 +135,8 @@ void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, i
 
 int tr_sgemm_lib(const tr_cpu_features *f, int want)
 {
-    if (want == PST_GEMM_AUTO)
-        return (f->avx2 && f->fma) || f->avx512f ? PST_SGEMM_ONEDNN : PST_SGEMM_OPENBLAS;
+    if (want == PST_GEMM_AUTO) /* where OpenBLAS would get AVX2 or AVX-512 kernels */
+        return tr_blas_core_best(f) ? PST_SGEMM_ONEDNN : PST_SGEMM_OPENBLAS;
     return want == PST_GEMM_ONEDNN ? PST_SGEMM_ONEDNN : PST_SGEMM_OPENBLAS;
 }
 

@@ -51,8 +51,9 @@ void tr_bf16_arith_line(const tr_cpu_features *f, const char *dtype, int want, i
                         const char *gemm, char *msg, size_t n);
 
 /* The fp32 GEMM library (common/nn/gemm.h: PST_SGEMM_*) for --gemm (want: PST_GEMM_*):
- * auto picks oneDNN on CPUs with AVX2 and FMA or with AVX-512, where its sgemm was faster
- * than OpenBLAS's on the layers' shapes (docs/performance-tuning.md), else OpenBLAS. */
+ * auto picks oneDNN on CPUs with AVX2 and FMA or with AVX-512 (those tr_blas_core_best names
+ * a family for), where its sgemm was faster than OpenBLAS's on the layers' shapes
+ * (docs/performance-tuning.md), else OpenBLAS. */
 int tr_sgemm_lib(const tr_cpu_features *f, int want);
 
 /* The best family for this CPU (tr_blas_core_best of this CPU's features). */

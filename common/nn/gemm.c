@@ -2,8 +2,8 @@
  *
  * DESIGN: oneDNN's dnnl_sgemm runs on OpenMP threads (Debian builds it on libgomp); a thread
  * that has not asked for one OpenMP thread would start a team of its own inside every call,
- * competing with the ops' team for the same cores, so each calling thread sets that once
- * (its flag is thread-local). */
+ * competing with the ops' team for the same cores (and summing in another order), so each
+ * calling thread sets that once (pst_omp_single_thread; its flag is thread-local). */
 #include "common/nn/gemm.h"
 
 #include "common/log.h"
@@ -18,7 +18,7 @@ static atomic_int lib_in_use; /* PST_SGEMM_* */
 static atomic_int fell_back;  /* a oneDNN call failed: warned once */
 static _Thread_local int omp_one;
 
-static void omp_single(void)
+void pst_omp_single_thread(void)
 {
     if (!omp_one) {
         omp_set_num_threads(1);
@@ -41,7 +41,7 @@ int pst_sgemm_setup(int lib, char *msg, size_t n)
     /* one small product, so a oneDNN that cannot run here says so now */
     const float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
     float c[4] = {0};
-    omp_single();
+    pst_omp_single_thread();
     const dnnl_version_t *v = dnnl_version();
     const dnnl_status_t st = dnnl_sgemm('N', 'N', 2, 2, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
     if (st != dnnl_success || c[0] != 19.0f || c[3] != 50.0f) {
@@ -58,7 +58,7 @@ void pst_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const
                int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     if (pst_sgemm_lib() == PST_SGEMM_ONEDNN) {
-        omp_single();
+        pst_omp_single_thread();
         const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K,
                                             alpha, A, lda, B, ldb, beta, C, ldc);
         if (st == dnnl_success)

@@ -30,4 +30,9 @@ int pst_sgemm_lib(void);
 void pst_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* Holds the calling thread's oneDNN calls to that thread (one OpenMP thread), once per
+ * thread: every oneDNN product of the CPU layers (this file's and gemm_bf16.h's) runs on
+ * the thread that calls it. */
+void pst_omp_single_thread(void);
+
 #endif

@@ -13,10 +13,10 @@
 
 #include "common/dtype.h"
 #include "common/log.h"
+#include "common/nn/gemm.h"
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
-#include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -96,7 +96,7 @@ static tcache *cache_get(void)
         free(t);
         return NULL;
     }
-    omp_set_num_threads(1); /* this thread's products run on this thread */
+    pst_omp_single_thread(); /* this thread's products run on this thread */
     return t;
 }
 
