@@ -141,23 +141,24 @@ Test(seq_layers, layernorm_against_float64_and_finite_differences)
 
 /* ---- attention ---------------------------------------------------------------------- */
 
-enum { AB = 2, AT = 7, AC = 12, AH = 3, A3 = 3 * AC };
-
+/* A case in float64: B sequences of T positions, C channels in H heads. */
 typedef struct att_case {
-    double qkv[AB * AT * A3], dout[AB * AT * AC], out[AB * AT * AC];
+    int B, T, C, H;
+    double *qkv, *dout, *out;
 } att_case;
 
 static void att_double(att_case *k)
 {
-    const int hs = AC / AH;
+    const int T = k->T, C = k->C, H = k->H, C3 = 3 * C, hs = C / H;
     const double scale = 1.0 / sqrt((double)hs);
-    for (int b = 0; b < AB; b++)
-        for (int h = 0; h < AH; h++)
-            for (int t = 0; t < AT; t++) {
-                const double *q = k->qkv + (b * AT + t) * A3 + h * hs;
-                double s[AT], m = -INFINITY, sum = 0;
+    double *s = malloc(sizeof(double) * (size_t)T);
+    for (int b = 0; b < k->B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                const double *q = k->qkv + (b * T + t) * C3 + h * hs;
+                double m = -INFINITY, sum = 0;
                 for (int j = 0; j <= t; j++) {
-                    const double *kk = k->qkv + (b * AT + j) * A3 + AC + h * hs;
+                    const double *kk = k->qkv + (b * T + j) * C3 + C + h * hs;
                     s[j] = 0;
                     for (int i = 0; i < hs; i++)
                         s[j] += q[i] * kk[i];
@@ -166,13 +167,14 @@ static void att_double(att_case *k)
                 }
                 for (int j = 0; j <= t; j++)
                     sum += exp(s[j] - m);
-                double *o = k->out + (b * AT + t) * AC + h * hs;
+                double *o = k->out + (b * T + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) {
                     o[i] = 0;
                     for (int j = 0; j <= t; j++)
-                        o[i] += exp(s[j] - m) / sum * k->qkv[(b * AT + j) * A3 + 2 * AC + h * hs + i];
+                        o[i] += exp(s[j] - m) / sum * k->qkv[(b * T + j) * C3 + 2 * C + h * hs + i];
                 }
             }
+    free(s);
 }
 
 static double att_obj(void *ctx)
@@ -180,43 +182,68 @@ static double att_obj(void *ctx)
     att_case *k = ctx;
     att_double(k);
     double s = 0;
-    for (int i = 0; i < AB * AT * AC; i++)
+    for (int i = 0; i < k->B * k->T * k->C; i++)
         s += k->dout[i] * k->out[i];
     return s;
 }
 
-Test(seq_layers, attention_against_float64_and_finite_differences)
+/* One shape: the forward against float64, the backward against finite differences, and
+ * every head alone against the whole call, bit for bit. */
+static void attention_case(int B, int T, int C, int H)
 {
-    static float qkv[AB * AT * A3], dout[AB * AT * AC], out[AB * AT * AC], lse[AB * AH * AT];
-    static float dqkv[AB * AT * A3], scratch[PST_ATTENTION_SCRATCH(AT)];
-    fill(qkv, AB * AT * A3, 5, 1.5f);
-    fill(dout, AB * AT * AC, 6, 1.0f);
-    static att_case k;
-    to_double(k.qkv, qkv, AB * AT * A3);
-    to_double(k.dout, dout, AB * AT * AC);
-    pst_attention_forward(out, lse, qkv, AB, AT, AC, AH, scratch, 0, AB * AH);
+    const size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nl = (size_t)B * H * T;
+    float *qkv = malloc(sizeof(float) * nx), *dout = malloc(sizeof(float) * ny);
+    float *out = malloc(sizeof(float) * ny), *lse = malloc(sizeof(float) * nl);
+    float *dqkv = malloc(sizeof(float) * nx), *scratch = malloc(sizeof(float) *
+                                                                PST_ATTENTION_SCRATCH(T));
+    float *out2 = malloc(sizeof(float) * ny), *lse2 = malloc(sizeof(float) * nl);
+    float *dqkv2 = malloc(sizeof(float) * nx);
+    double *g = malloc(sizeof(double) * nx);
+    att_case k = {B, T, C, H, malloc(sizeof(double) * nx), malloc(sizeof(double) * ny),
+                  malloc(sizeof(double) * ny)};
+    fill(qkv, nx, 5, 1.5f);
+    fill(dout, ny, 6, 1.0f);
+    to_double(k.qkv, qkv, nx);
+    to_double(k.dout, dout, ny);
+    pst_attention_forward(out, lse, qkv, B, T, C, H, scratch, 0, B * H);
     att_double(&k);
-    expect_close("attention out", out, k.out, AB * AT * AC, 1e-5, 1e-5);
+    expect_close("attention out", out, k.out, ny, 1e-5, 1e-5);
     /* The first query sees only itself: its output is its value row, exactly. */
-    for (int i = 0; i < AC; i++)
-        cr_assert_eq(out[i], qkv[2 * AC + i]);
+    for (int i = 0; i < C; i++)
+        cr_assert_eq(out[i], qkv[2 * C + i]);
 
-    memset(dqkv, 0xff, sizeof dqkv); /* NaN everywhere: the backward overwrites */
-    pst_attention_backward(dqkv, dout, qkv, lse, AB, AT, AC, AH, scratch, 0, AB * AH);
-    static double g[AB * AT * A3];
-    numeric_grad(g, k.qkv, AB * AT * A3, att_obj, &k);
-    expect_close("attention dqkv", dqkv, g, AB * AT * A3, 1e-4, 1e-3);
+    memset(dqkv, 0xff, sizeof(float) * nx); /* NaN everywhere: the backward overwrites */
+    pst_attention_backward(dqkv, dout, qkv, lse, B, T, C, H, scratch, 0, B * H);
+    numeric_grad(g, k.qkv, nx, att_obj, &k);
+    expect_close("attention dqkv", dqkv, g, nx, 1e-4, 1e-3);
 
     /* A later query never reaches an earlier output: the mask. The last key of each
      * sequence is seen by the last query only, so its gradient comes from that query. */
-    static float out2[AB * AT * AC], lse2[AB * AH * AT], dqkv2[AB * AT * A3];
-    for (int bh = 0; bh < AB * AH; bh++) {
-        pst_attention_forward(out2, lse2, qkv, AB, AT, AC, AH, scratch, bh, bh + 1);
-        pst_attention_backward(dqkv2, dout, qkv, lse2, AB, AT, AC, AH, scratch, bh, bh + 1);
+    for (int bh = 0; bh < B * H; bh++) {
+        pst_attention_forward(out2, lse2, qkv, B, T, C, H, scratch, bh, bh + 1);
+        pst_attention_backward(dqkv2, dout, qkv, lse2, B, T, C, H, scratch, bh, bh + 1);
     }
-    cr_assert_eq(memcmp(out2, out, sizeof out), 0, "split over heads: other bits");
-    cr_assert_eq(memcmp(lse2, lse, sizeof lse), 0);
-    cr_assert_eq(memcmp(dqkv2, dqkv, sizeof dqkv), 0);
+    cr_assert_eq(memcmp(out2, out, sizeof(float) * ny), 0, "split over heads: other bits");
+    cr_assert_eq(memcmp(lse2, lse, sizeof(float) * nl), 0);
+    cr_assert_eq(memcmp(dqkv2, dqkv, sizeof(float) * nx), 0);
+    free(qkv), free(dout), free(out), free(lse), free(dqkv), free(scratch), free(out2);
+    free(lse2), free(dqkv2), free(g), free(k.qkv), free(k.dout), free(k.out);
+}
+
+Test(seq_layers, attention_against_float64_and_finite_differences)
+{
+    attention_case(2, 7, 12, 3);
+}
+
+/* From 64 positions a pair's products stop at the causal cut (queries before it over the
+ * keys before it; the keys after it from the queries after it): T = 64 (the cut at 32),
+ * 80 (at 48, and a last row not a whole number of vectors) and 128. A product cut at the
+ * wrong place drops or doubles a term, or reads a score the softmax did not write. */
+Test(seq_layers, attention_past_the_causal_cut)
+{
+    attention_case(1, 64, 4, 1);
+    attention_case(1, 80, 8, 2);
+    attention_case(2, 128, 4, 2);
 }
 
 /* Rows of 1 to 40 keys, so the softmax's sums and maximum run their 16-lane loops (16 and

@@ -4,7 +4,8 @@
  * DESIGN: float arithmetic throughout (as the trainer's other kernels and llm.c), sums in
  * a fixed order. Attention is computed one (sequence, head) pair at a time with pst_sgemm:
  * the pair's scores Q K^T in a (T, T) scratch, the softmax and the causal mask in one pass
- * over each row (masked entries become 0), then P V. The backward recomputes P from the
+ * over each row (masked entries become 0), then P V; from 64 positions each product is two
+ * at the causal cut, so the masked quarter is not computed (causal_gemm). The backward recomputes P from the
  * scores and the saved log-sum-exp instead of keeping a (T, T) matrix per head from the
  * forward: the scratch lives for one pair only. The element loops are built for AVX-512,
  * AVX2 and the baseline (PST_BIT_EXACT_CLONES): the same bits on each, and GELU alone took
@@ -30,14 +31,25 @@ typedef int32_t lanes_i __attribute__((vector_size(LANES * sizeof(int32_t))));
  * returning this type would have another ABI in each clone. */
 #define LANES_AT(v, p) memcpy(&(v), (p), sizeof(lanes_f))
 
+/* Halves of a lanes vector, for the horizontal steps below: one shuffle and one vector op
+ * each, where a loop over an array went through memory one float at a time. */
+typedef float half_f __attribute__((vector_size(LANES / 2 * sizeof(float))));
+typedef float quarter_f __attribute__((vector_size(LANES / 4 * sizeof(float))));
+typedef float eighth_f __attribute__((vector_size(LANES / 8 * sizeof(float))));
+typedef int32_t half_i __attribute__((vector_size(LANES / 2 * sizeof(int32_t))));
+typedef int32_t quarter_i __attribute__((vector_size(LANES / 4 * sizeof(int32_t))));
+typedef int32_t eighth_i __attribute__((vector_size(LANES / 8 * sizeof(int32_t))));
+#define LANES_LO(v) __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+#define LANES_HI(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)
+
+/* The lanes added by halves: lane k plus lane k + 8, then k + 4, k + 2, k + 1. */
 static inline float lanes_total(const lanes_f *acc)
 {
-    float a[LANES];
-    memcpy(a, acc, sizeof a);
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int k = 0; k < w; k++)
-            a[k] += a[k + w];
-    return a[0];
+    const half_f a = LANES_LO(*acc) + LANES_HI(*acc);
+    const quarter_f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) +
+                        __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    const eighth_f c = __builtin_shufflevector(b, b, 0, 1) + __builtin_shufflevector(b, b, 2, 3);
+    return c[0] + c[1];
 }
 
 /* x[0] + ... + x[n-1] in lanes. */
@@ -89,28 +101,37 @@ static inline float lanes_dot(const float *x, const float *y, int n)
     return lanes_total(&acc);
 }
 
+/* b where b > a, else a, lane by lane (a NaN in b passed over); I: the int vector of a's
+ * width. */
+#define LANES_MAX(a, b, I) ((__typeof__(a))(((I)(b) & (I)((b) > (a))) | ((I)(a) & ~(I)((b) > (a)))))
+
 /* The largest of x[0..n-1] (-inf for none; a maximum is the same in any order, and a NaN
- * is passed over as by a running maximum from -inf). */
-static inline float lanes_max(const float *x, int n)
+ * is passed over as by a running maximum from -inf). x is readable up to end >= n: whole
+ * vectors run to there, their lanes past n taken as -inf, so no scalar tail is left where
+ * end is a multiple of LANES (lanes_end). */
+static inline float lanes_max(const float *x, int n, int end)
 {
-    lanes_f acc;
-    for (int k = 0; k < LANES; k++)
+    lanes_f acc, lane;
+    for (int k = 0; k < LANES; k++) {
         acc[k] = -INFINITY;
+        lane[k] = (float)k;
+    }
     int j = 0;
-    for (; j + LANES <= n; j += LANES) {
+    for (; j + LANES <= end; j += LANES) {
         lanes_f v;
         LANES_AT(v, x + j);
-        const lanes_i gt = v > acc;
-        acc = (lanes_f)(((lanes_i)v & gt) | ((lanes_i)acc & ~gt));
+        const lanes_i in = lane + (float)j < (float)n;
+        v = (lanes_f)(((lanes_i)v & in) | ((lanes_i)acc & ~in));
+        acc = LANES_MAX(acc, v, lanes_i);
     }
-    float a[LANES];
-    memcpy(a, &acc, sizeof a);
     for (int k = 0; j + k < n; k++)
-        a[k] = x[j + k] > a[k] ? x[j + k] : a[k];
-    for (int w = LANES / 2; w > 0; w /= 2)
-        for (int k = 0; k < w; k++)
-            a[k] = a[k + w] > a[k] ? a[k + w] : a[k];
-    return a[0];
+        acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+    const half_f a = LANES_MAX(LANES_LO(acc), LANES_HI(acc), half_i);
+    const quarter_f b = LANES_MAX(__builtin_shufflevector(a, a, 0, 1, 2, 3),
+                                  __builtin_shufflevector(a, a, 4, 5, 6, 7), quarter_i);
+    const eighth_f c = LANES_MAX(__builtin_shufflevector(b, b, 0, 1),
+                                 __builtin_shufflevector(b, b, 2, 3), eighth_i);
+    return c[1] > c[0] ? c[1] : c[0];
 }
 
 PST_BIT_EXACT_CLONES
@@ -292,33 +313,88 @@ static inline float exp_neg_f(float x)
     return x > -87.0f ? s2 * q + s2 : 0.0f;
 }
 
-/* One (sequence, head) pair: S = scale * Q K^T by one GEMM into the (T, T) scratch, the
- * softmax of each row over its visible keys j <= t (masked entries set to 0), then
- * Y = P V by another. */
+/* Where a causal row of n visible entries ends for the vector loops: n rounded up to whole
+ * vectors (at most T). The loops run to there without a scalar tail (a row is 64 entries
+ * on average, and the tail of up to 15 was most of the softmax's time), the entries past n
+ * computed as 0; a lane sum over them adds zeros, so it has the bits of one over n. */
+static inline int lanes_end(int n, int T)
+{
+    const int nv = (n + LANES - 1) / LANES * LANES;
+    return nv < T ? nv : T;
+}
+
+/* The causal cut of T rows: rows (queries) [0, cut) see only keys [0, cut), so their GEMMs
+ * stop there, and the products of a pair skip a quarter of the (T, T) work, nearly all of it
+ * masked. A whole number of vectors (lanes_end reads no further), T itself for short rows.
+ * The products it drops are of zeros that would be added last (rows [0, cut)) or first
+ * (keys [cut, T), from +0): a sum without them has the same bits. */
+static inline int causal_cut(int T)
+{
+    return T >= 4 * LANES ? (T / 2 + LANES - 1) / LANES * LANES : T;
+}
+
+/* The products of a causal pair, each in two at the cut; every matrix is row-major with
+ * T rows of queries or keys, and hs the head's width (pst_sgemm's arguments otherwise):
+ *   PST_CAUSAL_SCORES  C (T, T)  = alpha A (T, hs) @ B^T: rows [0, cut) over keys [0, cut)
+ *   PST_CAUSAL_MIX     C (T, hs) = A (T, T) @ B (T, hs): rows [0, cut) over keys [0, cut)
+ *   PST_CAUSAL_BACK    C (T, hs) = A^T (T, T) @ B (T, hs), C's rows the keys: keys [cut, T)
+ *                      over the queries [cut, T) that see them */
+enum { PST_CAUSAL_SCORES, PST_CAUSAL_MIX, PST_CAUSAL_BACK };
+
+static void causal_gemm(int kind, int T, int hs, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float *C, int ldc)
+{
+    const int cut = causal_cut(T);
+    const int64_t a2 = (int64_t)cut * lda, b2 = (int64_t)cut * ldb, c2 = (int64_t)cut * ldc;
+    switch (kind) {
+    case PST_CAUSAL_SCORES:
+        pst_sgemm(0, 1, cut, cut, hs, alpha, A, lda, B, ldb, 0.0f, C, ldc);
+        if (cut < T)
+            pst_sgemm(0, 1, T - cut, T, hs, alpha, A + a2, lda, B, ldb, 0.0f, C + c2, ldc);
+        break;
+    case PST_CAUSAL_MIX:
+        pst_sgemm(0, 0, cut, hs, cut, alpha, A, lda, B, ldb, 0.0f, C, ldc);
+        if (cut < T)
+            pst_sgemm(0, 0, T - cut, hs, T, alpha, A + a2, lda, B, ldb, 0.0f, C + c2, ldc);
+        break;
+    default:
+        pst_sgemm(1, 0, cut, hs, T, alpha, A, lda, B, ldb, 0.0f, C, ldc);
+        if (cut < T)
+            pst_sgemm(1, 0, T - cut, hs, T - cut, alpha, A + a2 + cut, lda, B + b2, ldb, 0.0f,
+                      C + c2, ldc);
+    }
+}
+
+/* One (sequence, head) pair: S = scale * Q K^T into the (T, T) scratch, the softmax of each
+ * row over its visible keys j <= t (masked entries set to 0), then Y = P V; both products
+ * stop at the causal cut. */
 PST_BIT_EXACT_CLONES
 static void attention_forward_pair(float *out, float *lse, const float *qkv, int T, int C,
                                    int H, int b, int h, float *S)
 {
-    const int hs = C / H, C3 = 3 * C;
+    const int hs = C / H, C3 = 3 * C, cut = causal_cut(T);
     const float scale = 1.0f / sqrtf((float)hs);
     const float *base = qkv + (int64_t)b * T * C3;
     const float *Q = base + h * hs, *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
-    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f, S, T);
+    causal_gemm(PST_CAUSAL_SCORES, T, hs, scale, Q, C3, K, C3, S, T);
     float *l = lse + ((int64_t)b * H + h) * T;
     for (int t = 0; t < T; t++) {
         float *row = S + (int64_t)t * T;
-        const float m = lanes_max(row, t + 1);
-        for (int j = 0; j <= t; j++)
-            row[j] = exp_neg_f(row[j] - m);
-        const float sum = lanes_sum(row, t + 1);
+        const int n = t + 1, nv = lanes_end(n, T), end = t < cut ? cut : T;
+        const float m = lanes_max(row, n, nv);
+        for (int j = 0; j < nv; j++) {
+            const float e = exp_neg_f(j < n ? row[j] - m : 0.0f);
+            row[j] = j < n ? e : 0.0f;
+        }
+        const float sum = lanes_sum(row, nv); /* the zeros add nothing: the bits of n's */
         const float inv = 1.0f / sum;
-        for (int j = 0; j <= t; j++)
+        for (int j = 0; j < nv; j++)
             row[j] *= inv;
-        for (int j = t + 1; j < T; j++)
+        for (int j = nv; j < end; j++) /* what the product P V reads */
             row[j] = 0.0f;
         l[t] = m + logf(sum);
     }
-    pst_sgemm(0, 0, T, hs, T, 1.0f, S, T, Vv, C3, 0.0f, out + (int64_t)b * T * C + h * hs, C);
+    causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, S, T, Vv, C3, out + (int64_t)b * T * C + h * hs, C);
 }
 
 void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
@@ -331,34 +407,39 @@ void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int 
 
 /* One pair: P recomputed from S = scale * Q K^T and the saved log-sum-exp; dP = dY V^T;
  * dS = P * (dP - D) * scale with D_t = sum_j P_tj dP_tj; then dQ = dS K, dK = dS^T Q,
- * dV = P^T dY, each one GEMM writing its head's columns of dqkv. */
+ * dV = P^T dY, each writing its head's columns of dqkv; every product stops at the causal
+ * cut. */
 PST_BIT_EXACT_CLONES
 static void attention_backward_pair(float *dqkv, const float *dout, const float *qkv,
                                     const float *lse, int T, int C, int H, int b, int h,
                                     float *P, float *dP)
 {
-    const int hs = C / H, C3 = 3 * C;
+    const int hs = C / H, C3 = 3 * C, cut = causal_cut(T);
     const float scale = 1.0f / sqrtf((float)hs);
     const float *base = qkv + (int64_t)b * T * C3;
     const float *Q = base + h * hs, *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
     const float *dY = dout + (int64_t)b * T * C + h * hs;
     float *dbase = dqkv + (int64_t)b * T * C3;
     const float *l = lse + ((int64_t)b * H + h) * T;
-    pst_sgemm(0, 1, T, T, hs, scale, Q, C3, K, C3, 0.0f, P, T);
-    pst_sgemm(0, 1, T, T, hs, 1.0f, dY, C, Vv, C3, 0.0f, dP, T);
+    causal_gemm(PST_CAUSAL_SCORES, T, hs, scale, Q, C3, K, C3, P, T);
+    causal_gemm(PST_CAUSAL_SCORES, T, hs, 1.0f, dY, C, Vv, C3, dP, T);
     for (int t = 0; t < T; t++) {
         float *p = P + (int64_t)t * T, *dp = dP + (int64_t)t * T;
-        for (int j = 0; j <= t; j++)
-            p[j] = exp_neg_f(p[j] - l[t]);
-        const float D = lanes_dot(p, dp, t + 1);
-        for (int j = 0; j <= t; j++)
-            dp[j] = p[j] * (dp[j] - D) * scale;
-        for (int j = t + 1; j < T; j++)
+        const int n = t + 1, nv = lanes_end(n, T), end = t < cut ? cut : T;
+        for (int j = 0; j < nv; j++) {
+            const float e = exp_neg_f(j < n ? p[j] - l[t] : 0.0f);
+            p[j] = j < n ? e : 0.0f;
+            dp[j] = j < n ? dp[j] : 0.0f;
+        }
+        const float D = lanes_dot(p, dp, nv); /* 0 x 0 adds nothing: the bits of n's */
+        for (int j = 0; j < nv; j++)
+            dp[j] = j < n ? p[j] * (dp[j] - D) * scale : 0.0f;
+        for (int j = nv; j < end; j++) /* what the products below read */
             p[j] = dp[j] = 0.0f;
     }
-    pst_sgemm(0, 0, T, hs, T, 1.0f, dP, T, K, C3, 0.0f, dbase + h * hs, C3);
-    pst_sgemm(1, 0, T, hs, T, 1.0f, dP, T, Q, C3, 0.0f, dbase + C + h * hs, C3);
-    pst_sgemm(1, 0, T, hs, T, 1.0f, P, T, dY, C, 0.0f, dbase + 2 * C + h * hs, C3);
+    causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, dP, T, K, C3, dbase + h * hs, C3);
+    causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, dP, T, Q, C3, dbase + C + h * hs, C3);
+    causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, P, T, dY, C, dbase + 2 * C + h * hs, C3);
 }
 
 void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
