@@ -30,12 +30,16 @@ int ref_gpt_init(ref_gpt *g, ref_gpt_dims d, int max_batch)
     const size_t N = (size_t)max_batch * T, H = d.H;
     float **bufs[] = {&g->enc, &g->ln1, &g->ln1_mean, &g->ln1_rstd, &g->qkv, &g->atty,
                       &g->lse, &g->res2, &g->ln2, &g->ln2_mean, &g->ln2_rstd, &g->fch,
-                      &g->fchg, &g->res3, &g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits, &g->probs,
-                      &g->dres, &g->dln, &g->dqkv, &g->datty, &g->dfch, &g->scratch};
+                      &g->fchg, &g->res3, &g->lnf, &g->lnf_mean, &g->lnf_rstd, &g->logits,
+                      &g->probs, &g->dres, &g->dln, &g->dqkv, &g->datty, &g->dfch,
+                      &g->scratch, &g->att_probs};
+    /* the attention's probabilities kept from forward, as the trainer's block keeps them */
+    const size_t kept = pst_attention_keeps_probs(d.T, d.C, d.H) ? L * max_batch * H * T * T : 1;
     const size_t n[] = {N * C, L * N * C, L * N, L * N, L * N * 3 * C, L * N * C,
                         L * max_batch * H * T, L * N * C, L * N * C, L * N, L * N,
                         L * N * 4 * C, L * N * 4 * C, L * N * C, N * C, N, N, N * V, N * V,
-                        N * C, N * 4 * C, N * 3 * C, N * C, N * 4 * C, (size_t)PST_ATTENTION_SCRATCH(T)};
+                        N * C, N * 4 * C, N * 3 * C, N * C, N * 4 * C,
+                        (size_t)PST_ATTENTION_SCRATCH(T), kept};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (!(*bufs[i] = calloc(n[i], sizeof(float)))) {
             ref_gpt_free(g);
@@ -48,11 +52,20 @@ void ref_gpt_free(ref_gpt *g)
 {
     float *bufs[] = {g->enc, g->ln1, g->ln1_mean, g->ln1_rstd, g->qkv, g->atty, g->lse,
                      g->res2, g->ln2, g->ln2_mean, g->ln2_rstd, g->fch, g->fchg, g->res3,
-                     g->lnf, g->lnf_mean, g->lnf_rstd, g->logits, g->probs, g->dres, g->dln, g->dqkv,
-                     g->datty, g->dfch, g->scratch};
+                     g->lnf, g->lnf_mean, g->lnf_rstd, g->logits, g->probs, g->dres, g->dln,
+                     g->dqkv, g->datty, g->dfch, g->scratch, g->att_probs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     memset(g, 0, sizeof *g);
+}
+
+/* layer l's kept attention probabilities, or NULL where the block recomputes them */
+static float *att_probs(const ref_gpt *g, int l)
+{
+    const ref_gpt_dims *d = &g->d;
+    return pst_attention_keeps_probs(d->T, d->C, d->H)
+               ? g->att_probs + (size_t)l * g->max_batch * d->H * d->T * d->T
+               : NULL;
 }
 
 /* layer l's slice of a stacked tensor k of per-layer size `each` */
@@ -75,8 +88,8 @@ double ref_gpt_forward(ref_gpt *g, const float *params, const int32_t *tokens,
         pst_layernorm_forward(ln1, g->ln1_mean + l * NM, g->ln1_rstd + l * NM, x,
                               P(LN1W, l, C), P(LN1B, l, C), N, C, 0, N);
         pst_linear_forward(qkv, ln1, P(QKVW, l, 3 * C * C), P(QKVB, l, 3 * C), N, C, 3 * C, 0);
-        pst_attention_forward(atty, g->lse + (size_t)l * g->max_batch * H * T, qkv, B, T, C, H,
-                              g->scratch, 0, B * H);
+        pst_attention_forward(atty, g->lse + (size_t)l * g->max_batch * H * T, att_probs(g, l),
+                              qkv, B, T, C, H, g->scratch, 0, B * H);
         pst_linear_forward(res2, atty, P(APW, l, C * C), P(APB, l, C), N, C, C, 0);
         for (size_t i = 0; i < NC; i++)
             res2[i] += x[i];
@@ -134,7 +147,7 @@ void ref_gpt_backward(ref_gpt *g, const float *params, float *grads, const int32
         pst_linear_backward(g->datty, G(APW, l, C * C), G(APB, l, C), g->dres, atty,
                             P(APW, l, C * C), N, C, C, 0);
         pst_attention_backward(g->dqkv, g->datty, qkv, g->lse + (size_t)l * g->max_batch * H * T,
-                               B, T, C, H, g->scratch, 0, B * H);
+                               att_probs(g, l), B, T, C, H, g->scratch, 0, B * H);
         pst_linear_backward(g->dln, G(QKVW, l, 3 * C * C), G(QKVB, l, 3 * C), g->dqkv, ln1,
                             P(QKVW, l, 3 * C * C), N, C, 3 * C, 0);
         pst_layernorm_backward_input(g->dres, g->dln, x, P(LN1W, l, C), g->ln1_mean + l * NM,

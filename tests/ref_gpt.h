@@ -31,6 +31,7 @@ typedef struct ref_gpt {
         *ln2_rstd, *fch, *fchg, *res3, *lnf, *lnf_mean, *lnf_rstd, *logits, *probs;
     /* backward scratch */
     float *dres, *dln, *dqkv, *datty, *dfch, *scratch;
+    float *att_probs; /* (L, max_batch, H, T, T) where pst_attention_keeps_probs */
 } ref_gpt;
 
 /* The tensors' names in the order above. */

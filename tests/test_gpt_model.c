@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/nn/models/models.h"
+#include "common/nn/seq_layers.h"
 #include "common/runtime/device.h"
 #include "common/pool.h"
 #include "ref_gpt.h"
@@ -261,4 +262,44 @@ Test(gpt_model, layers_on_a_stream_equal_the_reference_gpt)
     free(f.targets);
     ref_gpt_free(&r);
     pst_model_free(&m);
+}
+
+/* A block keeps its attention's probabilities for the backward, or recomputes them where
+ * they would take more memory than its MLP (pst_attention_keeps_probs): each shape equals
+ * the reference GPT, which follows the same rule, bit for bit. The two paths' gradients
+ * differ in the last bits, so a block and a reference that took different paths would not
+ * agree. */
+Test(gpt_model, kept_and_recomputed_attention_equal_the_reference_gpt)
+{
+    const ref_gpt_dims shapes[2] = {{.V = 73, .T = 16, .L = 2, .H = 2, .C = 32},
+                                    {.V = 73, .T = 16, .L = 2, .H = 4, .C = 8}};
+    cr_assert(pst_attention_keeps_probs(16, 32, 2));
+    cr_assert(!pst_attention_keeps_probs(16, 8, 4));
+    enum { B = 3 };
+    for (int k = 0; k < 2; k++) {
+        const ref_gpt_dims d = shapes[k];
+        pst_model m;
+        cr_assert_eq(pst_model_gpt(&m, d.V, d.T, d.L, d.H, d.C), PST_OK);
+        float *params = malloc(m.nparams * sizeof(float));
+        float *grads = malloc(m.nparams * sizeof(float)), *want = calloc(m.nparams, sizeof(float));
+        m.init_params(&m, params, 7);
+        int32_t tokens[B * 16], targets[B * 16];
+        for (int i = 0; i < B * d.T; i++) {
+            tokens[i] = (i * 37 + 11) % d.V;
+            targets[i] = (i * 53 + 5) % d.V;
+        }
+        ref_gpt r;
+        cr_assert_eq(ref_gpt_init(&r, d, B), 0);
+        ref_gpt_forward(&r, params, tokens, targets, B, NULL);
+        ref_gpt_backward(&r, params, want, tokens, targets, B);
+        memset(grads, 0xff, m.nparams * sizeof(float));
+        run_layers(&m, params, grads, tokens, targets, B, 1);
+        for (size_t i = 0; i < m.nparams; i++)
+            cr_assert_eq(memcmp(&grads[i], &want[i], sizeof(float)), 0,
+                         "%d heads x %d channels: gradient %zu: %.9g, the reference's %.9g", d.H,
+                         d.C, i, grads[i], want[i]);
+        free(params), free(grads), free(want);
+        ref_gpt_free(&r);
+        pst_model_free(&m);
+    }
 }

@@ -188,7 +188,9 @@ static double att_obj(void *ctx)
 }
 
 /* One shape: the forward against float64, the backward against finite differences, and
- * every head alone against the whole call, bit for bit. */
+ * every head alone against the whole call, bit for bit; each with the probabilities
+ * recomputed and kept from the forward (the same forward bits; a backward that differs in
+ * the last bits only). */
 static void attention_case(int B, int T, int C, int H)
 {
     const size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C, nl = (size_t)B * H * T;
@@ -198,6 +200,9 @@ static void attention_case(int B, int T, int C, int H)
                                                                 PST_ATTENTION_SCRATCH(T));
     float *out2 = malloc(sizeof(float) * ny), *lse2 = malloc(sizeof(float) * nl);
     float *dqkv2 = malloc(sizeof(float) * nx);
+    float *probs = malloc(sizeof(float) * (size_t)B * H * T * T);
+    float *out3 = malloc(sizeof(float) * ny), *lse3 = malloc(sizeof(float) * nl);
+    float *dqkv3 = malloc(sizeof(float) * nx);
     double *g = malloc(sizeof(double) * nx);
     att_case k = {B, T, C, H, malloc(sizeof(double) * nx), malloc(sizeof(double) * ny),
                   malloc(sizeof(double) * ny)};
@@ -205,7 +210,7 @@ static void attention_case(int B, int T, int C, int H)
     fill(dout, ny, 6, 1.0f);
     to_double(k.qkv, qkv, nx);
     to_double(k.dout, dout, ny);
-    pst_attention_forward(out, lse, qkv, B, T, C, H, scratch, 0, B * H);
+    pst_attention_forward(out, lse, NULL, qkv, B, T, C, H, scratch, 0, B * H);
     att_double(&k);
     expect_close("attention out", out, k.out, ny, 1e-5, 1e-5);
     /* The first query sees only itself: its output is its value row, exactly. */
@@ -213,21 +218,46 @@ static void attention_case(int B, int T, int C, int H)
         cr_assert_eq(out[i], qkv[2 * C + i]);
 
     memset(dqkv, 0xff, sizeof(float) * nx); /* NaN everywhere: the backward overwrites */
-    pst_attention_backward(dqkv, dout, qkv, lse, B, T, C, H, scratch, 0, B * H);
+    pst_attention_backward(dqkv, dout, qkv, lse, NULL, B, T, C, H, scratch, 0, B * H);
     numeric_grad(g, k.qkv, nx, att_obj, &k);
     expect_close("attention dqkv", dqkv, g, nx, 1e-4, 1e-3);
+
+    /* Kept: the scratch poisoned between forward and backward, so nothing comes from it. */
+    memset(probs, 0xff, sizeof(float) * (size_t)B * H * T * T);
+    pst_attention_forward(out3, lse3, probs, qkv, B, T, C, H, scratch, 0, B * H);
+    cr_assert_eq(memcmp(out3, out, sizeof(float) * ny), 0, "kept probabilities: other outputs");
+    cr_assert_eq(memcmp(lse3, lse, sizeof(float) * nl), 0);
+    memset(scratch, 0xff, sizeof(float) * (size_t)PST_ATTENTION_SCRATCH(T));
+    memset(dqkv3, 0xff, sizeof(float) * nx);
+    pst_attention_backward(dqkv3, dout, qkv, lse3, probs, B, T, C, H, scratch, 0, B * H);
+    expect_close("attention dqkv (kept)", dqkv3, g, nx, 1e-4, 1e-3);
+    double worst = 0, big = 0; /* against the largest: dS = P (dP - D) cancels */
+    for (size_t i = 0; i < nx; i++) {
+        const double d = fabs((double)dqkv3[i] - dqkv[i]);
+        worst = d > worst ? d : worst;
+        big = fabs((double)dqkv[i]) > big ? fabs((double)dqkv[i]) : big;
+    }
+    cr_assert_lt(worst, 1e-5 * big, "kept and recomputed backward differ by %.3g of %.3g",
+                 worst, big);
 
     /* A later query never reaches an earlier output: the mask. The last key of each
      * sequence is seen by the last query only, so its gradient comes from that query. */
     for (int bh = 0; bh < B * H; bh++) {
-        pst_attention_forward(out2, lse2, qkv, B, T, C, H, scratch, bh, bh + 1);
-        pst_attention_backward(dqkv2, dout, qkv, lse2, B, T, C, H, scratch, bh, bh + 1);
+        pst_attention_forward(out2, lse2, NULL, qkv, B, T, C, H, scratch, bh, bh + 1);
+        pst_attention_backward(dqkv2, dout, qkv, lse2, NULL, B, T, C, H, scratch, bh, bh + 1);
     }
     cr_assert_eq(memcmp(out2, out, sizeof(float) * ny), 0, "split over heads: other bits");
     cr_assert_eq(memcmp(lse2, lse, sizeof(float) * nl), 0);
     cr_assert_eq(memcmp(dqkv2, dqkv, sizeof(float) * nx), 0);
+    for (int bh = 0; bh < B * H; bh++) {
+        pst_attention_forward(out2, lse2, probs, qkv, B, T, C, H, scratch, bh, bh + 1);
+        pst_attention_backward(dqkv2, dout, qkv, lse2, probs, B, T, C, H, scratch, bh, bh + 1);
+    }
+    cr_assert_eq(memcmp(out2, out, sizeof(float) * ny), 0, "kept, split over heads");
+    cr_assert_eq(memcmp(dqkv2, dqkv3, sizeof(float) * nx), 0, "kept, split over heads");
     free(qkv), free(dout), free(out), free(lse), free(dqkv), free(scratch), free(out2);
     free(lse2), free(dqkv2), free(g), free(k.qkv), free(k.dout), free(k.out);
+    free(probs), free(out3), free(lse3), free(dqkv3);
 }
 
 Test(seq_layers, attention_against_float64_and_finite_differences)
@@ -259,7 +289,7 @@ Test(seq_layers, attention_long_rows_with_large_scores)
     static float scratch[PST_ATTENTION_SCRATCH(LT)];
     fill(qkv, LT * 3 * LC, 11, 6.0f);
     fill(dout, LT * LC, 12, 1.0f);
-    pst_attention_forward(out, lse, qkv, 1, LT, LC, 1, scratch, 0, 1);
+    pst_attention_forward(out, lse, NULL, qkv, 1, LT, LC, 1, scratch, 0, 1);
     const double scale = 1.0 / sqrt((double)LC);
     double biggest = 0;
     for (int t = 0; t < LT; t++) {
@@ -286,7 +316,7 @@ Test(seq_layers, attention_long_rows_with_large_scores)
         }
     }
     cr_assert_gt(biggest, 20.0, "the scores are not large (%.3g)", biggest);
-    pst_attention_backward(dqkv, dout, qkv, lse, 1, LT, LC, 1, scratch, 0, 1);
+    pst_attention_backward(dqkv, dout, qkv, lse, NULL, 1, LT, LC, 1, scratch, 0, 1);
     for (int i = 0; i < LC; i++) {
         double sum = 0, mag = 0;
         for (int t = 0; t < LT; t++) {

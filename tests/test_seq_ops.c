@@ -218,8 +218,8 @@ static void attention_case(int b_, int t_, int c_, int h_)
     float *qkv = randn(n * 3 * c_, 8, 1.5f), *dout = randn(n * c_, 9, 1);
     float *out = malloc(so), *lse = malloc(sl), *dqkv = malloc(sq), *scr = malloc(ss);
     float *go = malloc(so), *gl = malloc(sl), *gd = malloc(sq), *gd2 = malloc(sq);
-    pst_attention_forward(out, lse, qkv, b_, t_, c_, h_, scr, 0, b_ * h_);
-    pst_attention_backward(dqkv, dout, qkv, lse, b_, t_, c_, h_, scr, 0, b_ * h_);
+    pst_attention_forward(out, lse, NULL, qkv, b_, t_, c_, h_, scr, 0, b_ * h_);
+    pst_attention_backward(dqkv, dout, qkv, lse, NULL, b_, t_, c_, h_, scr, 0, b_ * h_);
     for (int i = 0; i < nb; i++) {
         backend *b = &be[i];
         float *d_qkv = put(b, qkv, sq), *d_dout = put(b, dout, so);

@@ -144,11 +144,13 @@ typedef struct pst_layernorm_args {
 
 /* Causal multi-head attention (seq_layers.h): forward out (B, T, C), lse (B, H, T) from
  * qkv (B, T, 3C); backward dqkv from dout, qkv, lse. scratch: 2*T floats per thread of the
- * pool (one part's at scratch + part * 2T). */
+ * pool (one part's at scratch + part * 2T). probs (forward) and saved_probs (backward), or
+ * NULL: (B, H, T, T) probabilities kept from the forward for the backward on CPU devices
+ * (pst_attention_keeps_probs); CUDA's kernels recompute them and leave the buffer alone. */
 typedef struct pst_attention_args {
-    float *out, *lse;           /* forward */
+    float *out, *lse, *probs;   /* forward */
     float *dqkv;                /* backward */
-    const float *qkv, *dout, *saved_lse;
+    const float *qkv, *dout, *saved_lse, *saved_probs;
     int B, T, C, H;
     float *scratch;
     struct pst_pool *pool;

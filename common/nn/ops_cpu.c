@@ -247,7 +247,7 @@ static void attention_fwd_part(void *arg, int part, int nparts)
     const pst_attention_args *a = arg;
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
-    pst_attention_forward(a->out, a->lse, a->qkv, a->B, a->T, a->C, a->H,
+    pst_attention_forward(a->out, a->lse, a->probs, a->qkv, a->B, a->T, a->C, a->H,
                           a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T),
                           (int)lo, (int)hi);
 }
@@ -257,9 +257,10 @@ static void attention_bwd_part(void *arg, int part, int nparts)
     const pst_attention_args *a = arg;
     size_t lo, hi;
     pst_pool_split((size_t)a->B * (size_t)a->H, part, nparts, 1, &lo, &hi);
-    pst_attention_backward(a->dqkv, a->dout, a->qkv, a->saved_lse, a->B, a->T, a->C, a->H,
+    pst_attention_backward(a->dqkv, a->dout, a->qkv, a->saved_lse, a->saved_probs, a->B, a->T,
+                           a->C, a->H,
                            a->scratch + (size_t)part * (size_t)PST_ATTENTION_SCRATCH(a->T),
-                          (int)lo, (int)hi);
+                           (int)lo, (int)hi);
 }
 
 static void gelu_fwd_part(void *arg, int part, int nparts)

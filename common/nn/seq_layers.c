@@ -3,13 +3,15 @@
  *
  * DESIGN: float arithmetic throughout (as the trainer's other kernels and llm.c), sums in
  * a fixed order. Attention is computed one (sequence, head) pair at a time with pst_sgemm:
- * the pair's scores Q K^T in a (T, T) scratch, the softmax and the causal mask in one pass
+ * the pair's scores Q K^T in a (T, T) matrix, the softmax and the causal mask in one pass
  * over each row (masked entries become 0), then P V; from 64 positions each product is two
- * at the causal cut, so the masked quarter is not computed (causal_gemm). The backward recomputes P from the
- * scores and the saved log-sum-exp instead of keeping a (T, T) matrix per head from the
- * forward: the scratch lives for one pair only. The element loops are built for AVX-512,
- * AVX2 and the baseline (PST_BIT_EXACT_CLONES): the same bits on each, and GELU alone took
- * 12% of a GPT step in SSE2 (docs/benchmarks.md, 2026-11-27 14:10 UTC). */
+ * at the causal cut, so the masked quarter is not computed (causal_gemm). The backward
+ * takes P from the forward where the caller kept it (a (T, T) matrix per pair: a product
+ * and the exponentials less), else recomputes it from the scores and the saved
+ * log-sum-exp, as flash attention does, in a scratch that lives for one pair only. The
+ * element loops are built for AVX-512, AVX2 and the baseline (PST_BIT_EXACT_CLONES): the
+ * same bits on each, and GELU alone took 12% of a GPT step in SSE2 (docs/benchmarks.md,
+ * 2026-11-27 14:10 UTC). */
 #include "common/nn/seq_layers.h"
 
 #include "common/dtype.h"
@@ -365,9 +367,9 @@ static void causal_gemm(int kind, int T, int hs, float alpha, const float *A, in
     }
 }
 
-/* One (sequence, head) pair: S = scale * Q K^T into the (T, T) scratch, the softmax of each
- * row over its visible keys j <= t (masked entries set to 0), then Y = P V; both products
- * stop at the causal cut. */
+/* One (sequence, head) pair: S = scale * Q K^T into S ((T, T): the pair's kept
+ * probabilities or the scratch), the softmax of each row over its visible keys j <= t
+ * (masked entries set to 0) in place, then Y = P V; both products stop at the causal cut. */
 PST_BIT_EXACT_CLONES
 static void attention_forward_pair(float *out, float *lse, const float *qkv, int T, int C,
                                    int H, int b, int h, float *S)
@@ -390,29 +392,31 @@ static void attention_forward_pair(float *out, float *lse, const float *qkv, int
         const float inv = 1.0f / sum;
         for (int j = 0; j < nv; j++)
             row[j] *= inv;
-        for (int j = nv; j < end; j++) /* what the product P V reads */
+        for (int j = nv; j < end; j++) /* what the products read */
             row[j] = 0.0f;
         l[t] = m + logf(sum);
     }
-    causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, S, T, Vv, C3, out + (int64_t)b * T * C + h * hs, C);
+    causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, S, T, Vv, C3, out + (int64_t)b * T * C + h * hs,
+                C);
 }
 
-void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
-                           float *scratch, int bh0, int bh1)
+void pst_attention_forward(float *out, float *lse, float *probs, const float *qkv, int B, int T,
+                           int C, int H, float *scratch, int bh0, int bh1)
 {
     (void)B; /* pairs are given by [bh0, bh1) */
     for (int bh = bh0; bh < bh1; bh++)
-        attention_forward_pair(out, lse, qkv, T, C, H, bh / H, bh % H, scratch);
+        attention_forward_pair(out, lse, qkv, T, C, H, bh / H, bh % H,
+                               probs ? probs + (int64_t)bh * T * T : scratch);
 }
 
-/* One pair: P recomputed from S = scale * Q K^T and the saved log-sum-exp; dP = dY V^T;
- * dS = P * (dP - D) * scale with D_t = sum_j P_tj dP_tj; then dQ = dS K, dK = dS^T Q,
- * dV = P^T dY, each writing its head's columns of dqkv; every product stops at the causal
- * cut. */
+/* One pair: P kept from the forward (kept), else recomputed into P from S = scale * Q K^T
+ * and the saved log-sum-exp; dP = dY V^T; dS = P * (dP - D) * scale with
+ * D_t = sum_j P_tj dP_tj; then dQ = dS K, dK = dS^T Q, dV = P^T dY, each writing its head's
+ * columns of dqkv; every product stops at the causal cut. */
 PST_BIT_EXACT_CLONES
 static void attention_backward_pair(float *dqkv, const float *dout, const float *qkv,
-                                    const float *lse, int T, int C, int H, int b, int h,
-                                    float *P, float *dP)
+                                    const float *lse, const float *kept, int T, int C, int H,
+                                    int b, int h, float *P, float *dP)
 {
     const int hs = C / H, C3 = 3 * C, cut = causal_cut(T);
     const float scale = 1.0f / sqrtf((float)hs);
@@ -421,34 +425,44 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
     const float *dY = dout + (int64_t)b * T * C + h * hs;
     float *dbase = dqkv + (int64_t)b * T * C3;
     const float *l = lse + ((int64_t)b * H + h) * T;
-    causal_gemm(PST_CAUSAL_SCORES, T, hs, scale, Q, C3, K, C3, P, T);
+    if (!kept)
+        causal_gemm(PST_CAUSAL_SCORES, T, hs, scale, Q, C3, K, C3, P, T);
     causal_gemm(PST_CAUSAL_SCORES, T, hs, 1.0f, dY, C, Vv, C3, dP, T);
     for (int t = 0; t < T; t++) {
-        float *p = P + (int64_t)t * T, *dp = dP + (int64_t)t * T;
+        float *dp = dP + (int64_t)t * T;
         const int n = t + 1, nv = lanes_end(n, T), end = t < cut ? cut : T;
-        for (int j = 0; j < nv; j++) {
-            const float e = exp_neg_f(j < n ? p[j] - l[t] : 0.0f);
-            p[j] = j < n ? e : 0.0f;
-            dp[j] = j < n ? dp[j] : 0.0f;
+        if (!kept) {
+            float *p = P + (int64_t)t * T;
+            for (int j = 0; j < nv; j++) {
+                const float e = exp_neg_f(j < n ? p[j] - l[t] : 0.0f);
+                p[j] = j < n ? e : 0.0f;
+            }
+            for (int j = nv; j < end; j++) /* what the products below read */
+                p[j] = 0.0f;
         }
+        const float *p = (kept ? kept : P) + (int64_t)t * T;
+        for (int j = 0; j < nv; j++)
+            dp[j] = j < n ? dp[j] : 0.0f;
         const float D = lanes_dot(p, dp, nv); /* 0 x 0 adds nothing: the bits of n's */
         for (int j = 0; j < nv; j++)
             dp[j] = j < n ? p[j] * (dp[j] - D) * scale : 0.0f;
-        for (int j = nv; j < end; j++) /* what the products below read */
-            p[j] = dp[j] = 0.0f;
+        for (int j = nv; j < end; j++)
+            dp[j] = 0.0f;
     }
+    const float *Pr = kept ? kept : P;
     causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, dP, T, K, C3, dbase + h * hs, C3);
     causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, dP, T, Q, C3, dbase + C + h * hs, C3);
-    causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, P, T, dY, C, dbase + 2 * C + h * hs, C3);
+    causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, Pr, T, dY, C, dbase + 2 * C + h * hs, C3);
 }
 
 void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                            int B, int T, int C, int H, float *scratch, int bh0, int bh1)
+                            const float *probs, int B, int T, int C, int H, float *scratch,
+                            int bh0, int bh1)
 {
     (void)B;
     for (int bh = bh0; bh < bh1; bh++)
-        attention_backward_pair(dqkv, dout, qkv, lse, T, C, H, bh / H, bh % H, scratch,
-                                scratch + (int64_t)T * T);
+        attention_backward_pair(dqkv, dout, qkv, lse, probs ? probs + (int64_t)bh * T * T : NULL,
+                                T, C, H, bh / H, bh % H, scratch, scratch + (int64_t)T * T);
 }
 
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */

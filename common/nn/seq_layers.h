@@ -42,15 +42,29 @@ void pst_layernorm_backward_params(float *dw, float *db, const float *dout, cons
  * values; head h uses columns h*C/H .. (h+1)*C/H - 1 of each): out (B, T, C) and, for the
  * backward, lse (B, H, T) = the log-sum-exp of each query's scaled scores. A query sees
  * keys 0..t; the masked probabilities are 0. Pairs (b, h) with b*H + h in [bh0, bh1), one
- * at a time: scratch holds one pair's (T, T) scores. scratch: PST_ATTENTION_SCRATCH(T). */
+ * at a time: scratch holds one pair's (T, T) scores. scratch: PST_ATTENTION_SCRATCH(T).
+ * probs, when not NULL: the pairs' probabilities are computed there and kept for the
+ * backward ((B, H, T, T), pair b*H + h at (b*H + h) T^2; the entries no product reads are
+ * left unwritten), with the same out and lse. */
 #define PST_ATTENTION_SCRATCH(T) (2 * (int64_t)(T) * (T))
-void pst_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int H,
-                           float *scratch, int bh0, int bh1);
-/* dqkv (B, T, 3C) for pairs [bh0, bh1) (overwritten) from dout (B, T, C): the
- * probabilities are recomputed from qkv and lse, none kept from the forward.
+void pst_attention_forward(float *out, float *lse, float *probs, const float *qkv, int B, int T,
+                           int C, int H, float *scratch, int bh0, int bh1);
+/* dqkv (B, T, 3C) for pairs [bh0, bh1) (overwritten) from dout (B, T, C), with the
+ * forward's probs where it kept them, else the probabilities recomputed from qkv and lse:
+ * a product less and no exponential, where the kept ones take memory (the two differ in the
+ * last bits: the forward divides by the sum, the recomputation subtracts its log).
  * scratch: PST_ATTENTION_SCRATCH(T) floats (two (T, T) matrices). */
 void pst_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                            int B, int T, int C, int H, float *scratch, int bh0, int bh1);
+                            const float *probs, int B, int T, int C, int H, float *scratch,
+                            int bh0, int bh1);
+
+/* Whether a transformer block keeps its attention's probabilities from the forward for the
+ * backward: where they take no more memory than its MLP's hidden activation (H T <= 4 C
+ * floats per position; GPT-2 small's 12 heads at 1024 positions recompute). */
+static inline int pst_attention_keeps_probs(int T, int C, int H)
+{
+    return (long long)H * T <= 4LL * C;
+}
 
 /* out (n) = GELU(inp), the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void pst_gelu_forward(float *out, const float *inp, int64_t n);

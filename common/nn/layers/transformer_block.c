@@ -6,10 +6,12 @@
  * gradient needs the gradients of the activations above it); the input gradient is its last
  * step, din = d res2 + LayerNorm1's input gradient, so the executor can send the block's
  * parameters before it. Activations kept from forward (save) and the backward's scratch
- * (work) are carved from the layer's buffers as (max_batch * T, width) arrays; the
- * attention's per-thread scratch holds one query's scores. */
+ * (work) are carved from the layer's buffers as (max_batch * T, width) arrays, the
+ * attention's probabilities last where it keeps them (pst_attention_keeps_probs); the
+ * attention's per-thread scratch holds one pair's scores. */
 #include "common/nn/model.h"
 #include "common/nn/ops.h"
+#include "common/nn/seq_layers.h"
 
 enum { LN1W, LN1B, QKVW, QKVB, APW, APB, LN2W, LN2B, FCW, FCB, FPW, FPB, NT };
 
@@ -47,6 +49,8 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
     float *atty = qkv + NM * 3 * C, *lse = atty + NM * C, *res2 = lse + NM * H;
     float *ln2 = res2 + NM * C, *mean2 = ln2 + NM * C, *rstd2 = mean2 + NM;
     float *fch = rstd2 + NM, *fchg = fch + NM * 4 * C;
+    /* the attention's probabilities, (max_batch, H, T, T), where the block keeps them */
+    float *probs = pst_attention_keeps_probs(T, C, H) ? fchg + NM * 4 * C : NULL;
     /* the backward's scratch */
     float *dres2 = io->work, *datty = dres2 + NM * C, *dqkv = datty + NM * C;
     float *dfch = dqkv + NM * 3 * C, *dln = dfch + NM * 4 * C;
@@ -56,8 +60,8 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                   .w = P[LN1W], .b = P[LN1B], .C = C, .pool = pool};
     k->qkv = (pst_linear_fwd_args){.out = qkv, .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW],
                                    .b = P[QKVB], .IC = C, .OC = 3 * C, .pool = pool};
-    k->att = (pst_attention_args){.out = atty, .lse = lse, .qkv = qkv, .T = T, .C = C, .H = H,
-                                  .scratch = io->scratch, .pool = pool};
+    k->att = (pst_attention_args){.out = atty, .lse = lse, .probs = probs, .qkv = qkv, .T = T,
+                                  .C = C, .H = H, .scratch = io->scratch, .pool = pool};
     k->attproj = (pst_linear_fwd_args){.out = res2, .inp = atty, .w = P[APW], .w16 = Q[APW],
                                        .b = P[APB], .IC = C, .OC = C, .pool = pool};
     k->res2 = (pst_add_args){.dst = res2, .src = io->in, .pool = pool};
@@ -92,8 +96,8 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                          .w16 = Q[APW], .IC = C,
                                          .OC = C, .accumulate = acc[APW], .pool = pool};
     k->att_b = (pst_attention_args){.dqkv = dqkv, .dout = datty, .qkv = qkv, .saved_lse = lse,
-                                    .T = T, .C = C, .H = H, .scratch = io->scratch,
-                                    .pool = pool};
+                                    .saved_probs = probs, .T = T, .C = C, .H = H,
+                                    .scratch = io->scratch, .pool = pool};
     k->qkv_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[QKVW], .db = G[QKVB], .dout = dqkv,
                                      .inp = ln1, .w = P[QKVW], .w16 = Q[QKVW], .IC = C,
                                      .OC = 3 * C,

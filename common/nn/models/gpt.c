@@ -97,9 +97,11 @@ pst_status pst_model_gpt(pst_model *m, int V, int T, int L, int H, int C)
     if ((st = pst_model_add_layer(m, &emb)) != PST_OK)
         goto error;
     for (int l = 0; l < L; l++) {
+        /* transformer_block.c's kept activations, the probabilities where it keeps them */
+        const int probs = pst_attention_keeps_probs(T, C, H) ? H * T : 0;
         pst_layer blk = {.cls = &pst_layer_transformer_block, .ntensors = NKINDS,
                          .in_width = TC, .out_width = TC, .flags = H,
-                         .save_width = T * (15 * C + 4 + H), .work_width = 10 * TC,
+                         .save_width = T * (15 * C + 4 + H + probs), .work_width = 10 * TC,
                          .scratch_per_thread = (int)PST_ATTENTION_SCRATCH(T)};
         for (int k = 0; k < NKINDS; k++)
             blk.tensor[k] = first[k] + l;
