@@ -301,6 +301,23 @@ Test(ops_parity, add_split_over_a_pool)
         cr_assert_eq(memcmp(got, ref, sizeof(float) * n), 0, "%d threads", threads);
         pst_pool_free(pool);
     }
+    /* with a bias per column, split by rows of 13 (the first 7692 rows) */
+    const size_t nw = n - n % 13;
+    float *bias = randn(13, 122), *refb = copy_floats(dst0, n);
+    for (size_t j = 0; j < nw; j++)
+        refb[j] = (dst0[j] + bias[j % 13]) + src[j];
+    for (int threads = 1; threads <= 3; threads++) {
+        pst_pool *pool;
+        CHECK_OK(pst_pool_init(&pool, threads));
+        memcpy(got, dst0, sizeof(float) * n);
+        pst_add_args a = {.dst = got, .src = src, .bias = bias, .width = 13, .n = nw,
+                          .pool = pool};
+        CHECK_OK(pst_op_add(s, &a));
+        CHECK_OK(pst_stream_synchronize(s));
+        cr_assert_eq(memcmp(got, refb, sizeof(float) * n), 0, "bias, %d threads", threads);
+        pst_pool_free(pool);
+    }
+    free(bias); free(refb);
     free(src); free(dst0); free(ref); free(got);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
@@ -543,6 +560,32 @@ Test(ops_parity, add)
             dev_free(b, d_dst);
             dev_free(b, d_src);
         }
+        /* with a bias per column of rows of `w` (the projection's, in the residual's pass):
+         * (dst + bias) + src, bit for bit */
+        static const int widths[] = {1, 13, 7};
+        const int w = widths[k];
+        const size_t nw = n - n % (size_t)w; /* whole rows */
+        float *bias = randn((size_t)w, 130 + k);
+        for (size_t j = 0; j < nw; j++)
+            ref[j] = (dst[j] + bias[j % (size_t)w]) + src[j];
+        for (int i = 0; i < nb; i++) {
+            backend *b = &be[i];
+            float *d_dst = dev_put(b, dst, sizeof(float) * n);
+            float *d_src = dev_put(b, src, sizeof(float) * n);
+            float *d_bias = dev_put(b, bias, sizeof(float) * (size_t)w);
+            pst_add_args a = {.dst = d_dst, .src = d_src, .bias = d_bias, .width = w, .n = nw};
+            CHECK_OK(pst_op_add(b->s, &a));
+            dev_get(b, got, d_dst, sizeof(float) * nw);
+            CHECK_OK(pst_stream_synchronize(b->s));
+            compare("add with bias", b, got, ref, nw, 1, 0, 0);
+            a.width = 3; /* not a divisor of n: refused */
+            if (nw % 3)
+                CHECK_ERR(pst_op_add(b->s, &a), PST_ERR_INVALID);
+            dev_free(b, d_dst);
+            dev_free(b, d_src);
+            dev_free(b, d_bias);
+        }
+        free(bias);
         free(dst);
         free(src);
         free(ref);

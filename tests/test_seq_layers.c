@@ -394,6 +394,29 @@ Test(seq_layers, gelu_kept_derivative_gives_the_same_bits)
     }
 }
 
+/* GELU with the bias of the linear layer before it (the transformer block's fc) gives the
+ * bits of the bias's own pass and then GELU, with and without the kept derivative; and the
+ * bias is a row's, not the flat index's (rows of 40: the vector loops and a tail). */
+Test(seq_layers, gelu_with_bias_gives_the_bits_of_the_bias_then_gelu)
+{
+    enum { R = 25, W = 40, NB = R * W };
+    static float x[NB], bias[W], xb[NB], out[NB], deriv[NB], out2[NB], deriv2[NB];
+    fill(x, NB, 14, 4.0f);
+    fill(bias, W, 15, 1.0f);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < W; j++)
+            xb[r * W + j] = x[r * W + j] + bias[j];
+    pst_gelu_forward_deriv(out, deriv, xb, NB);
+    memcpy(deriv2, x, sizeof deriv2); /* in place of the input, as the block keeps it */
+    pst_gelu_forward_bias(out2, deriv2, deriv2, bias, R, W);
+    cr_assert_eq(memcmp(out2, out, sizeof out), 0, "gelu with bias: other outputs");
+    cr_assert_eq(memcmp(deriv2, deriv, sizeof deriv), 0, "gelu with bias: other derivatives");
+    pst_gelu_forward(out, xb, NB);
+    memset(out2, 0, sizeof out2);
+    pst_gelu_forward_bias(out2, NULL, x, bias, R, W);
+    cr_assert_eq(memcmp(out2, out, sizeof out), 0, "gelu with bias, no derivative");
+}
+
 /* ---- embedding ---------------------------------------------------------------------- */
 
 Test(seq_layers, embedding_rows_and_gradients_in_a_fixed_order)

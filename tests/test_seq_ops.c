@@ -312,6 +312,36 @@ Test(seq_ops, gelu_and_grouped_cross_entropy)
         cr_assert_eq(memcmp(gy2, gy, sizeof gy), 0, "%s: gelu with deriv: other bits", b->spec);
         cr_assert_eq(memcmp(gdx2, gdx, sizeof gdx), 0, "%s: gelu backward from the kept deriv: "
                      "other bits", b->spec);
+        /* with a bias added to each row of 40 first: the bits of the bias added by the
+         * linear op (no GEMM: an identity weight) and then GELU, on the same backend */
+        enum { GW = 40 };
+        static float eye[GW * GW], gb[GW];
+        for (int r = 0; r < GW; r++) {
+            gb[r] = 0.25f * (float)(r % 7) - 0.75f;
+            for (int c = 0; c < GW; c++)
+                eye[r * GW + c] = r == c ? 1.0f : 0.0f;
+        }
+        float *d_eye = put(b, eye, sizeof eye), *d_gb = put(b, gb, sizeof gb);
+        float *d_xb = put(b, NULL, sizeof(float) * NG), *d_y3 = put(b, NULL, sizeof y);
+        float *d_k3 = put(b, x, sizeof(float) * NG), *d_y4 = put(b, NULL, sizeof y);
+        pst_linear_fwd_args lb = {.out = d_xb, .inp = d_x, .w = d_eye, .b = d_gb, .B = NG / GW,
+                                  .IC = GW, .OC = GW, .pool = b->pool};
+        cr_assert_eq(pst_op_linear_forward(b->s, &lb), PST_OK, "%s", pst_error_detail());
+        pst_gelu_args fb = {.out = d_y3, .inp = d_xb, .deriv = d_xb, .n = NG, .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_forward(b->s, &fb), PST_OK, "%s", pst_error_detail());
+        pst_gelu_args fb2 = {.out = d_y4, .inp = d_k3, .deriv = d_k3, .bias = d_gb, .width = GW,
+                             .n = NG, .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_forward(b->s, &fb2), PST_OK, "%s", pst_error_detail());
+        static float gy3[NG], gy4[NG], gk3[NG], gk4[NG];
+        get(b, gy3, d_y3, sizeof gy3);
+        get(b, gk3, d_xb, sizeof gk3);
+        get(b, gy4, d_y4, sizeof gy4);
+        get(b, gk4, d_k3, sizeof gk4);
+        cr_assert_eq(memcmp(gy4, gy3, sizeof gy3), 0, "%s: gelu with bias: other bits", b->spec);
+        cr_assert_eq(memcmp(gk4, gk3, sizeof gk3), 0, "%s: gelu' with bias: other bits", b->spec);
+        pst_gelu_args bad = fb2;
+        bad.width = 3; /* not a divisor of NG */
+        cr_assert_neq(pst_op_gelu_forward(b->s, &bad), PST_OK);
 
         float *d_l = put(b, logits, sizeof(float) * N * V), *d_p = put(b, NULL, sizeof probs);
         float *d_loss = put(b, NULL, sizeof(float) * B);

@@ -73,6 +73,7 @@ pst_status pst_op_add(pst_stream *s, const pst_add_args *a)
 {
     const pst_ops_iface *o = ops_of(s);
     CHECK(o && a && a->dst && a->src, "add");
+    CHECK(!a->bias || (a->width > 0 && a->n % (size_t)a->width == 0), "add");
     return a->n ? o->add(s, a) : PST_OK;
 }
 
@@ -109,7 +110,8 @@ SEQ_OP(pst_op_attention_forward, attention_forward, pst_attention_args,
 SEQ_OP(pst_op_attention_backward, attention_backward, pst_attention_args,
        a->dqkv && a->dout && a->qkv && a->saved_lse && a->scratch && a->B >= 0 && a->T > 0 &&
            a->H > 0 && a->C > 0 && a->C % a->H == 0)
-SEQ_OP(pst_op_gelu_forward, gelu_forward, pst_gelu_args, a->out && a->inp && a->n >= 0)
+SEQ_OP(pst_op_gelu_forward, gelu_forward, pst_gelu_args,
+       a->out && a->inp && a->n >= 0 && (!a->bias || (a->width > 0 && a->n % a->width == 0)))
 SEQ_OP(pst_op_interact_forward, interact_forward, pst_interact_args,
        a->out && a->bottom && a->emb && a->B >= 0 && a->F > 0 && a->dim > 0 &&
            a->emb_stride >= a->F * a->dim)

@@ -88,11 +88,15 @@ typedef struct pst_xent_args {
 } pst_xent_args;
 
 /* dst (n) += src (n); both on the stream's device, or src on another device of the same
- * runtime when the backend can read it (CPU: always). */
+ * runtime when the backend can read it (CPU: always). With bias: dst is rows of `width` (a
+ * divisor of n) and each element gets its column's bias first, dst = (dst + bias) + src:
+ * the bias of the linear layer that wrote dst (which then adds none) in the residual's
+ * pass, the bits of the two passes. */
 typedef struct pst_add_args {
     float *dst;
-    const float *src;
+    const float *src, *bias;
     size_t n;
+    int width;
     struct pst_pool *pool;       /* CPU only, may be NULL: split over it */
 } pst_add_args;
 
@@ -159,12 +163,15 @@ typedef struct pst_attention_args {
 /* GELU (tanh form): forward out = gelu(inp), and when deriv is set also deriv = gelu'(inp)
  * (deriv may be inp: the pre-activation is then replaced by what the backward needs);
  * backward out = gelu'(inp) * dout, or deriv * dout when deriv is set (a forward's deriv:
- * the same bits, no tanh computed again); out may be dout. */
+ * the same bits, no tanh computed again); out may be dout. Forward with bias: inp is rows
+ * of `width` (a divisor of n) and each gets bias (width) added first, the bias of the
+ * linear layer before it (which then adds none): one pass less, the same bits. */
 typedef struct pst_gelu_args {
     float *out;
-    const float *inp, *dout;
+    const float *inp, *dout, *bias;
     float *deriv;
     int64_t n;
+    int width;
     struct pst_pool *pool;
 } pst_gelu_args;
 

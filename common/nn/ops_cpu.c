@@ -161,6 +161,17 @@ static void add_part(void *arg, int part, int nparts)
 {
     const pst_add_args *a = arg;
     size_t lo, hi;
+    if (a->bias) { /* by rows */
+        const size_t w = (size_t)a->width;
+        pst_pool_split(a->n / w, part, nparts, 1, &lo, &hi);
+        for (size_t r = lo; r < hi; r++) {
+            float *d = a->dst + r * w;
+            const float *s = a->src + r * w;
+            for (size_t j = 0; j < w; j++)
+                d[j] = (d[j] + a->bias[j]) + s[j];
+        }
+        return;
+    }
     pst_pool_split(a->n, part, nparts, 16, &lo, &hi);
     for (size_t i = lo; i < hi; i++)
         a->dst[i] += a->src[i];
@@ -267,6 +278,13 @@ static void gelu_fwd_part(void *arg, int part, int nparts)
 {
     const pst_gelu_args *a = arg;
     size_t lo, hi;
+    if (a->bias) { /* by rows */
+        pst_pool_split((size_t)(a->n / a->width), part, nparts, 1, &lo, &hi);
+        const size_t at = lo * (size_t)a->width;
+        pst_gelu_forward_bias(a->out + at, a->deriv ? a->deriv + at : NULL, a->inp + at, a->bias,
+                              (int64_t)(hi - lo), a->width);
+        return;
+    }
     pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
     if (a->deriv)
         pst_gelu_forward_deriv(a->out + lo, a->deriv + lo, a->inp + lo, (int64_t)(hi - lo));

@@ -503,6 +503,29 @@ void pst_gelu_forward_deriv(float *out, float *deriv, const float *inp, int64_t 
 }
 
 PST_BIT_EXACT_CLONES
+void pst_gelu_forward_bias(float *out, float *deriv, const float *inp, const float *bias,
+                           int64_t rows, int width)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = inp + r * width;
+        float *o = out + r * width, *d = deriv ? deriv + r * width : NULL;
+        if (!d) {
+            for (int j = 0; j < width; j++) {
+                const float v = x[j] + bias[j];
+                o[j] = 0.5f * v * (1.0f + gelu_th(v));
+            }
+            continue;
+        }
+        for (int j = 0; j < width; j++) {
+            const float v = x[j] + bias[j];
+            const float th = gelu_th(v);
+            o[j] = 0.5f * v * (1.0f + th);
+            d[j] = gelu_deriv(v, th);
+        }
+    }
+}
+
+PST_BIT_EXACT_CLONES
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {

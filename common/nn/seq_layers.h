@@ -71,6 +71,11 @@ void pst_gelu_forward(float *out, const float *inp, int64_t n);
 /* The same out, and deriv (n) = GELU'(inp) (deriv may equal inp: the backward then needs
  * only it), with the bits pst_gelu_backward's GELU'(inp) has. */
 void pst_gelu_forward_deriv(float *out, float *deriv, const float *inp, int64_t n);
+/* GELU of inp + bias, rows of `width` floats with bias (width) added to each first (a
+ * linear layer's bias, added here instead of in a pass over its output: the same sums, so
+ * the bits of the bias's pass and then pst_gelu_forward or, with deriv, ..._deriv). */
+void pst_gelu_forward_bias(float *out, float *deriv, const float *inp, const float *bias,
+                           int64_t rows, int width);
 /* dinp (n) = GELU'(inp) * dout (dinp may equal dout). */
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
 /* dinp (n) = deriv * dout, deriv from pst_gelu_forward_deriv: pst_gelu_backward's bits

@@ -176,10 +176,12 @@ static __global__ void relu_backward_kernel(float *dinp, const float *dout, cons
     dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
 
-static __global__ void add_kernel(float *dst, const float *src, size_t n)
+/* bias (or NULL): added to each row of `width` first, dst = (dst + bias) + src */
+static __global__ void add_kernel(float *dst, const float *src, const float *bias, int width,
+                                  size_t n)
 {
     GRID_STRIDE(i, n)
-    dst[i] = __fadd_rn(dst[i], src[i]);
+    dst[i] = __fadd_rn(bias ? __fadd_rn(dst[i], bias[i % (size_t)width]) : dst[i], src[i]);
 }
 
 static cudaError_t launch_relu_backward(cudaStream_t s, float *dinp, const float *dout,
@@ -189,9 +191,10 @@ static cudaError_t launch_relu_backward(cudaStream_t s, float *dinp, const float
     return cudaGetLastError();
 }
 
-static cudaError_t launch_add(cudaStream_t s, float *dst, const float *src, size_t n)
+static cudaError_t launch_add(cudaStream_t s, float *dst, const float *src, const float *bias,
+                              int width, size_t n)
 {
-    add_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, s>>>(dst, src, n);
+    add_kernel<<<blocks_for(n), PST_CUDA_THREADS, 0, s>>>(dst, src, bias, width, n);
     return cudaGetLastError();
 }
 
@@ -204,7 +207,7 @@ static pst_status run_relu_backward(pst_stream *, cudaStream_t cs, const pst_rel
 static pst_status run_add(pst_stream *, cudaStream_t cs, const pst_add_args *a)
 {
     /* src on another GPU is read through peer access (enabled at runtime init). */
-    PST_CUDA_CHECK(launch_add(cs, a->dst, a->src, a->n));
+    PST_CUDA_CHECK(launch_add(cs, a->dst, a->src, a->bias, a->width, a->n));
     return PST_OK;
 }
 
@@ -820,12 +823,14 @@ static __device__ float gelu_u(float x)
     return __fmul_rn(GELU_S, __fadd_rn(x, __fmul_rn(__fmul_rn(__fmul_rn(GELU_K, x), x), x)));
 }
 
-/* deriv NULL: out only; else also gelu'(inp) into deriv (which may be inp) */
-static __global__ void gelu_fwd_kernel(float *out, float *deriv, const float *inp, size_t n)
+/* deriv NULL: out only; else also gelu'(inp) into deriv (which may be inp). bias: added
+ * to each row of `width` first (the linear layer's, as the CPU kernel). */
+static __global__ void gelu_fwd_kernel(float *out, float *deriv, const float *inp,
+                                       const float *bias, int width, size_t n)
 {
     GRID_STRIDE(i, n)
     {
-        const float x = inp[i];
+        const float x = bias ? __fadd_rn(inp[i], bias[i % (size_t)width]) : inp[i];
         const float th = tanhf(gelu_u(x));
         out[i] = __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, th));
         if (deriv)
@@ -848,8 +853,8 @@ static pst_status run_gelu_forward(pst_stream *, cudaStream_t cs, const pst_gelu
 {
     if (!a->n)
         return PST_OK;
-    gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(a->out, a->deriv,
-                                                                           a->inp, (size_t)a->n);
+    gelu_fwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(
+        a->out, a->deriv, a->inp, a->bias, a->width, (size_t)a->n);
     PST_CUDA_CHECK(cudaGetLastError());
     return PST_OK;
 }

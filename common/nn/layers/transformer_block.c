@@ -62,19 +62,23 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                    .b = P[QKVB], .IC = C, .OC = 3 * C, .pool = pool};
     k->att = (pst_attention_args){.out = atty, .lse = lse, .probs = probs, .qkv = qkv, .T = T,
                                   .C = C, .H = H, .scratch = io->scratch, .pool = pool};
+    /* the two projections' biases are added by the residual adds, in their passes */
     k->attproj = (pst_linear_fwd_args){.out = res2, .inp = atty, .w = P[APW], .w16 = Q[APW],
-                                       .b = P[APB], .IC = C, .OC = C, .pool = pool};
-    k->res2 = (pst_add_args){.dst = res2, .src = io->in, .pool = pool};
+                                       .IC = C, .OC = C, .pool = pool};
+    k->res2 = (pst_add_args){.dst = res2, .src = io->in, .bias = P[APB], .width = C,
+                             .pool = pool};
     k->ln2 = (pst_layernorm_args){.out = ln2, .mean = mean2, .rstd = rstd2, .inp = res2,
                                   .w = P[LN2W], .b = P[LN2B], .C = C, .pool = pool};
+    /* fc's bias is added by GELU, in its pass over fch (no pass of its own); fch is read
+     * again only by GELU's backward: the forward replaces it by gelu'(fch + bias) */
     k->fc = (pst_linear_fwd_args){.out = fch, .inp = ln2, .w = P[FCW], .w16 = Q[FCW],
-                                  .b = P[FCB], .IC = C, .OC = 4 * C, .pool = pool};
-    /* fch is read again only by GELU's backward: the forward replaces it by gelu'(fch) */
-    k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .deriv = fch, .pool = pool};
+                                  .IC = C, .OC = 4 * C, .pool = pool};
+    k->gelu = (pst_gelu_args){.out = fchg, .inp = fch, .deriv = fch, .bias = P[FCB],
+                              .width = 4 * C, .pool = pool};
     k->fcproj = (pst_linear_fwd_args){.out = io->out, .inp = fchg, .w = P[FPW],
-                                      .w16 = Q[FPW], .b = P[FPB], .IC = 4 * C, .OC = C,
-                                      .pool = pool};
-    k->res3 = (pst_add_args){.dst = io->out, .src = res2, .pool = pool};
+                                      .w16 = Q[FPW], .IC = 4 * C, .OC = C, .pool = pool};
+    k->res3 = (pst_add_args){.dst = io->out, .src = res2, .bias = P[FPB], .width = C,
+                             .pool = pool};
 
     k->fcproj_b = (pst_linear_bwd_args){.dinp = dfch, .dw = G[FPW], .db = G[FPB],
                                         .dout = io->dout, .inp = fchg, .w = P[FPW],
