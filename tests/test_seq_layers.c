@@ -417,6 +417,30 @@ Test(seq_layers, gelu_with_bias_gives_the_bits_of_the_bias_then_gelu)
     cr_assert_eq(memcmp(out2, out, sizeof out), 0, "gelu with bias, no derivative");
 }
 
+/* GELU's backward summing the bias gradient of the linear layer before it: the bits of
+ * the plain backward and of the linear layer's own bias pass (pst_linear_backward_weight_rows
+ * with B rows), overwriting and accumulating, whole and in column slices. */
+Test(seq_layers, gelu_backward_with_the_bias_gradient_gives_the_bits_of_the_two_passes)
+{
+    enum { R = 25, W = 40, NB = R * W };
+    static float deriv[NB], dout[NB], dx[NB], dx2[NB], inp[R * 3], dw[W * 3];
+    float db[W], db2[W];
+    fill(deriv, NB, 16, 1.0f);
+    fill(dout, NB, 17, 1.0f);
+    fill(inp, R * 3, 18, 1.0f);
+    pst_gelu_backward_deriv(dx, deriv, dout, NB);
+    for (int accumulate = 0; accumulate <= 1; accumulate++) {
+        fill(db, W, 19, 1.0f);
+        memcpy(db2, db, sizeof db);
+        pst_linear_backward_weight_rows(dw, db, dx, inp, R, 3, W, accumulate, 0, W);
+        pst_gelu_backward_dbias(dx2, db2, deriv, dout, R, W, accumulate, 0, 16);
+        pst_gelu_backward_dbias(dx2, db2, deriv, dout, R, W, accumulate, 16, W);
+        cr_assert_eq(memcmp(dx2, dx, sizeof dx), 0, "dinp: other bits");
+        cr_assert_eq(memcmp(db2, db, sizeof db), 0, "dbias (accumulate %d): other bits",
+                     accumulate);
+    }
+}
+
 /* ---- embedding ---------------------------------------------------------------------- */
 
 Test(seq_layers, embedding_rows_and_gradients_in_a_fixed_order)

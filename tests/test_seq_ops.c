@@ -342,6 +342,26 @@ Test(seq_ops, gelu_and_grouped_cross_entropy)
         pst_gelu_args bad = fb2;
         bad.width = 3; /* not a divisor of NG */
         cr_assert_neq(pst_op_gelu_forward(b->s, &bad), PST_OK);
+        /* the backward from the kept deriv with the bias gradient: the bits of the backward
+         * and then the linear op's own bias gradient, on the same backend */
+        static float gdb[GW], gdb2[GW], gdx5[NG];
+        float *d_dout5 = put(b, dout, sizeof(float) * NG), *d_db = put(b, NULL, sizeof gdb);
+        float *d_in5 = put(b, x, sizeof(float) * NG), *d_dw = put(b, NULL, sizeof eye);
+        pst_linear_bwd_args lbw = {.dw = d_dw, .db = d_db, .dout = d_dout2, .inp = d_in5,
+                                   .w = d_eye, .B = NG / GW, .IC = GW, .OC = GW,
+                                   .pool = b->pool};
+        cr_assert_eq(pst_op_linear_backward(b->s, &lbw), PST_OK, "%s", pst_error_detail());
+        get(b, gdb, d_db, sizeof gdb);
+        float *d_db2 = put(b, NULL, sizeof gdb2);
+        pst_gelu_args gb5 = {.out = d_dout5, .deriv = d_keep, .dout = d_dout5, .dbias = d_db2,
+                             .width = GW, .n = NG, .pool = b->pool};
+        cr_assert_eq(pst_op_gelu_backward(b->s, &gb5), PST_OK, "%s", pst_error_detail());
+        get(b, gdx5, d_dout5, sizeof gdx5);
+        get(b, gdb2, d_db2, sizeof gdb2);
+        cr_assert_eq(memcmp(gdx5, gdx2, sizeof gdx2), 0, "%s: gelu backward with the bias "
+                     "gradient: other bits", b->spec);
+        cr_assert_eq(memcmp(gdb2, gdb, sizeof gdb), 0, "%s: the bias gradient: other bits",
+                     b->spec);
 
         float *d_l = put(b, logits, sizeof(float) * N * V), *d_p = put(b, NULL, sizeof probs);
         float *d_loss = put(b, NULL, sizeof(float) * B);

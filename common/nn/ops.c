@@ -121,4 +121,5 @@ SEQ_OP(pst_op_interact_backward, interact_backward, pst_interact_args,
 SEQ_OP(pst_op_bce_logits, bce_logits, pst_bce_args,
        a->losses && a->dlogits && a->logits && a->labels && a->B >= 0)
 SEQ_OP(pst_op_gelu_backward, gelu_backward, pst_gelu_args,
-       a->out && (a->inp || a->deriv) && a->dout && a->n >= 0)
+       a->out && (a->inp || a->deriv) && a->dout && a->n >= 0 &&
+           (!a->dbias || (a->deriv && a->width > 0 && a->n % a->width == 0)))

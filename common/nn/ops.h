@@ -165,13 +165,16 @@ typedef struct pst_attention_args {
  * backward out = gelu'(inp) * dout, or deriv * dout when deriv is set (a forward's deriv:
  * the same bits, no tanh computed again); out may be dout. Forward with bias: inp is rows
  * of `width` (a divisor of n) and each gets bias (width) added first, the bias of the
- * linear layer before it (which then adds none): one pass less, the same bits. */
+ * linear layer before it (which then adds none): one pass less, the same bits. Backward
+ * with dbias (and deriv): the same, and out's column sums over the rows, in row order,
+ * written to (accumulate: added to) dbias, the bias gradient of that layer (which then
+ * computes none). */
 typedef struct pst_gelu_args {
     float *out;
     const float *inp, *dout, *bias;
-    float *deriv;
+    float *deriv, *dbias;
     int64_t n;
-    int width;
+    int width, accumulate;
     struct pst_pool *pool;
 } pst_gelu_args;
 

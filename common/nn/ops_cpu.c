@@ -296,6 +296,12 @@ static void gelu_bwd_part(void *arg, int part, int nparts)
 {
     const pst_gelu_args *a = arg;
     size_t lo, hi;
+    if (a->dbias) { /* by columns: each bias entry's sum is one part's, in row order */
+        pst_pool_split((size_t)a->width, part, nparts, 16, &lo, &hi);
+        pst_gelu_backward_dbias(a->out, a->dbias, a->deriv, a->dout, a->n / a->width, a->width,
+                                a->accumulate, (int)lo, (int)hi);
+        return;
+    }
     pst_pool_split((size_t)a->n, part, nparts, 16, &lo, &hi);
     if (a->deriv)
         pst_gelu_backward_deriv(a->out + lo, a->deriv + lo, a->dout + lo, (int64_t)(hi - lo));

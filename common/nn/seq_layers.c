@@ -541,6 +541,24 @@ void pst_gelu_backward_deriv(float *dinp, const float *deriv, const float *dout,
         dinp[i] = deriv[i] * dout[i];
 }
 
+PST_BIT_EXACT_CLONES
+void pst_gelu_backward_dbias(float *dinp, float *dbias, const float *deriv, const float *dout,
+                             int64_t rows, int width, int accumulate, int j0, int j1)
+{
+    if (j1 <= j0)
+        return;
+    if (!accumulate)
+        memset(dbias + j0, 0, sizeof(float) * (size_t)(j1 - j0));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t at = r * width;
+        for (int j = j0; j < j1; j++) {
+            const float g = deriv[at + j] * dout[at + j];
+            dinp[at + j] = g;
+            dbias[j] += g;
+        }
+    }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
 #endif

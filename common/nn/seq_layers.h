@@ -78,6 +78,11 @@ void pst_gelu_forward_bias(float *out, float *deriv, const float *inp, const flo
                            int64_t rows, int width);
 /* dinp (n) = GELU'(inp) * dout (dinp may equal dout). */
 void pst_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t n);
+/* pst_gelu_backward_deriv over columns [j0, j1) of rows of `width`, and dbias[j] (zeroed
+ * first unless accumulate) += each row's dinp[j] in row order: the bias gradient of the
+ * linear layer before GELU, with the bits of its own pass (layers.h). */
+void pst_gelu_backward_dbias(float *dinp, float *dbias, const float *deriv, const float *dout,
+                             int64_t rows, int width, int accumulate, int j0, int j1);
 /* dinp (n) = deriv * dout, deriv from pst_gelu_forward_deriv: pst_gelu_backward's bits
  * (dinp may equal dout). */
 void pst_gelu_backward_deriv(float *dinp, const float *deriv, const float *dout, int64_t n);

@@ -866,6 +866,9 @@ static pst_status run_gelu_backward(pst_stream *, cudaStream_t cs, const pst_gel
     gelu_bwd_kernel<<<blocks_for((size_t)a->n), PST_CUDA_THREADS, 0, cs>>>(
         a->out, a->inp, a->deriv, a->dout, (size_t)a->n);
     PST_CUDA_CHECK(cudaGetLastError());
+    if (a->dbias) /* the linear layer's bias gradient, by its kernel: the same bits */
+        PST_CUDA_CHECK(launch_bias_grad(cs, a->dbias, a->out, (int)(a->n / a->width), a->width,
+                                        a->width, a->accumulate));
     return PST_OK;
 }
 

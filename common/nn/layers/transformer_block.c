@@ -85,8 +85,10 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                         .w16 = Q[FPW],
                                         .IC = 4 * C, .OC = C, .accumulate = acc[FPW],
                                         .pool = pool};
-    k->gelu_b = (pst_gelu_args){.out = dfch, .deriv = fch, .dout = dfch, .pool = pool};
-    k->fc_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[FCW], .db = G[FCB], .dout = dfch,
+    /* fc's bias gradient is summed by GELU's backward, in its pass over dfch */
+    k->gelu_b = (pst_gelu_args){.out = dfch, .deriv = fch, .dout = dfch, .dbias = G[FCB],
+                                .width = 4 * C, .accumulate = acc[FCB], .pool = pool};
+    k->fc_b = (pst_linear_bwd_args){.dinp = dln, .dw = G[FCW], .dout = dfch,
                                     .inp = ln2, .w = P[FCW], .w16 = Q[FCW], .IC = C,
                                     .OC = 4 * C,
                                     .accumulate = acc[FCW], .pool = pool};
