@@ -316,8 +316,7 @@ static inline float exp_neg_f(float x)
 }
 
 /* Where a causal row of n visible entries ends for the vector loops: n rounded up to whole
- * vectors (at most T). The loops run to there without a scalar tail (a row is 64 entries
- * on average, and the tail of up to 15 was most of the softmax's time), the entries past n
+ * vectors (at most T). The loops run to there without a scalar tail, the entries past n
  * computed as 0; a lane sum over them adds zeros, so it has the bits of one over n. */
 static inline int lanes_end(int n, int T)
 {
@@ -329,7 +328,10 @@ static inline int lanes_end(int n, int T)
  * stop there, and the products of a pair skip a quarter of the (T, T) work, nearly all of it
  * masked. A whole number of vectors (lanes_end reads no further), T itself for short rows.
  * The products it drops are of zeros that would be added last (rows [0, cut)) or first
- * (keys [cut, T), from +0): a sum without them has the same bits. */
+ * (keys [cut, T), from +0): where the GEMM sums each element in k order whatever the
+ * shape (OpenBLAS) the bits are those of the whole products; oneDNN's kernels for the
+ * smaller shapes sum in another order, so there they change (gemm.h: the library is part
+ * of the arithmetic). */
 static inline int causal_cut(int T)
 {
     return T >= 4 * LANES ? (T / 2 + LANES - 1) / LANES * LANES : T;
