@@ -246,6 +246,13 @@ static pst_status init_devices(tr_exec *ex)
         if (c->cfg.pipeline <= 1)
             exec_bind_layers(ex, d);
     }
+    if (ex->host_memory && ex->D > 1 && c->link->in_process) {
+        /* The update after backward runs on the owner's send stream while every compute
+         * thread waits for it: it gets them all, sleeping between runs (no polling that
+         * would take a core from the compute). */
+        PST_TRY(pst_pool_init(&ex->update_pool, ex->D * (c->threads > 0 ? c->threads : 1)));
+        pst_pool_set_spin(ex->update_pool, 0);
+    }
     return PST_OK;
 }
 
@@ -451,6 +458,7 @@ void tr_exec_free(tr_exec *ex)
     }
     if (ex->pbuf[1])
         pst_device_free(ex->devs[0].dev, ex->pbuf[1]);
+    pst_pool_free(ex->update_pool);
     pst_comm_free(ex->reduce_comm);
     pst_comm_free(ex->bcast_comm);
     free(ex->homes);
@@ -566,7 +574,7 @@ pst_status tr_exec_start(tr_exec *ex, uint64_t seed)
             PST_TRY(pst_stream_launch(ex->devs[i].compute, pin_compute, &ex->devs[i]));
     ex->model->init_params(ex->model, ex->host_params, seed);
     PST_TRY(ex->c.link->ops->start(ex->c.link, ex->host_params, ex->in_place ? ex->homes : NULL,
-                                   ex->devs[0].pool));
+                                   ex->update_pool ? ex->update_pool : ex->devs[0].pool));
     ex->applied = ex->c.link->start_version; /* a resumed job's updates so far */
     if (ex->c.link->has_start_state) { /* and where the trainers stood then */
         const tr_resume_state *rs = &ex->c.link->start_state;

@@ -127,6 +127,10 @@ struct tr_exec {
     void *pbuf[2];                 /* shared copy with pservers: by step parity (see DESIGN) */
     int cur;                       /* pbuf[cur] holds the newest parameters */
     exec_dev *devs;
+    /* Several CPU devices training in process: the in-process store's update and casts over
+     * all their threads (idle once backward is done), not device 0's share alone; NULL
+     * otherwise (tr_exec_start passes device 0's team) */
+    pst_pool *update_pool;
     const tr_plan *plan;
     exec_block *blocks;
     size_t wbuf_floats;            /* bf16/fp16: the widest layer's tensors (its scratch) */
