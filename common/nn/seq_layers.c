@@ -476,15 +476,6 @@ static inline float gelu_th(float x)
     return tanh_f(GELU_S * (x + GELU_K * x * x * x));
 }
 
-PST_BIT_EXACT_CLONES
-void pst_gelu_forward(float *out, const float *inp, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + gelu_th(x));
-    }
-}
-
 /* gelu'(x) from x and th = tanh(u(x)): one expression for both backward paths, so the
  * derivative the forward keeps has the bits the backward would compute. */
 static inline float gelu_deriv(float x, float th)
@@ -493,15 +484,30 @@ static inline float gelu_deriv(float x, float th)
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_S * (1.0f + 3.0f * GELU_K * x * x);
 }
 
+/* The one forward loop: out = gelu(inp (+ bias)), and deriv = gelu' of the same where set.
+ * Inlined into each kernel below with its constant NULLs, so each gets its own loop. */
+static inline void gelu_fwd_span(float *out, float *deriv, const float *inp,
+                                 const float *bias, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = bias ? inp[i] + bias[i] : inp[i];
+        const float th = gelu_th(x);
+        out[i] = 0.5f * x * (1.0f + th);
+        if (deriv)
+            deriv[i] = gelu_deriv(x, th);
+    }
+}
+
+PST_BIT_EXACT_CLONES
+void pst_gelu_forward(float *out, const float *inp, int64_t n)
+{
+    gelu_fwd_span(out, NULL, inp, NULL, n);
+}
+
 PST_BIT_EXACT_CLONES
 void pst_gelu_forward_deriv(float *out, float *deriv, const float *inp, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) {
-        const float x = inp[i];
-        const float th = gelu_th(x);
-        out[i] = 0.5f * x * (1.0f + th);
-        deriv[i] = gelu_deriv(x, th);
-    }
+    gelu_fwd_span(out, deriv, inp, NULL, n);
 }
 
 PST_BIT_EXACT_CLONES
@@ -509,21 +515,11 @@ void pst_gelu_forward_bias(float *out, float *deriv, const float *inp, const flo
                            int64_t rows, int width)
 {
     for (int64_t r = 0; r < rows; r++) {
-        const float *x = inp + r * width;
-        float *o = out + r * width, *d = deriv ? deriv + r * width : NULL;
-        if (!d) {
-            for (int j = 0; j < width; j++) {
-                const float v = x[j] + bias[j];
-                o[j] = 0.5f * v * (1.0f + gelu_th(v));
-            }
-            continue;
-        }
-        for (int j = 0; j < width; j++) {
-            const float v = x[j] + bias[j];
-            const float th = gelu_th(v);
-            o[j] = 0.5f * v * (1.0f + th);
-            d[j] = gelu_deriv(v, th);
-        }
+        const int64_t at = r * width;
+        if (deriv)
+            gelu_fwd_span(out + at, deriv + at, inp + at, bias, width);
+        else
+            gelu_fwd_span(out + at, NULL, inp + at, bias, width);
     }
 }
 
