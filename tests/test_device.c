@@ -562,6 +562,56 @@ Test(device_stream, concurrent_submitters_keep_their_order, .timeout = 30)
     pst_runtime_free(rt);
 }
 
+/* Two threads synchronize one stream at different points of its queue: the one that came
+ * first (4 items in) returns while a gate after them is still shut, before the later one's
+ * items ran; the later returns once they have. (The worker wakes callers only when the
+ * lowest point any of them waits for is reached: a wake-up point kept for the later
+ * caller alone would hang the first here.) */
+typedef struct sync_caller {
+    pst_stream *s;
+    pst_status st;
+} sync_caller;
+
+static void *sync_caller_main(void *arg)
+{
+    sync_caller *c = arg;
+    c->st = pst_stream_synchronize(c->s);
+    return NULL;
+}
+
+Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
+{
+    pst_runtime *rt = make_rt("cpu");
+    pst_stream *s = make_stream(rt, 0);
+    gate g1, g2;
+    gate_init(&g1);
+    gate_init(&g2);
+    int count = 0;
+    CHECK_OK(pst_stream_launch(s, gate_fn, &g1));
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(pst_stream_launch(s, inc_fn, &count));
+    sync_caller first = {.s = s, .st = PST_ERR_INTERNAL}, later = first;
+    pthread_t t_first, t_later;
+    pthread_create(&t_first, NULL, sync_caller_main, &first);
+    sleep_us(20000); /* likely waiting by now */
+    CHECK_OK(pst_stream_launch(s, gate_fn, &g2));
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(pst_stream_launch(s, inc_fn, &count));
+    pthread_create(&t_later, NULL, sync_caller_main, &later);
+    sleep_us(20000);
+    gate_open(&g1);
+    pthread_join(t_first, NULL); /* hangs (the timeout fails the test) if never woken */
+    cr_assert_eq(first.st, PST_OK);
+    gate_wait_entered(&g2);
+    cr_assert_eq(count, 4, "the first caller's items ran: %d", count);
+    gate_open(&g2);
+    pthread_join(t_later, NULL);
+    cr_assert_eq(later.st, PST_OK);
+    cr_assert_eq(count, 8, "the later caller returned after %d of 8 items", count);
+    pst_stream_destroy(s);
+    pst_runtime_free(rt);
+}
+
 /* ---- events across streams --------------------------------------------------------- */
 
 typedef struct slow_write {

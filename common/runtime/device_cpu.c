@@ -7,7 +7,9 @@
  * DESIGN. Each stream is one worker thread with a FIFO queue of items: a host function,
  * a memcpy, a memset, an event mark, or a wait on a mark. Submitting appends under the
  * stream's lock and signals the worker; the worker pops one item, runs it without the
- * lock, then counts it as completed and wakes synchronize callers. Nothing spins: every
+ * lock, then counts it as completed and wakes synchronize callers once the count reaches
+ * the lowest one they wait for (not at every item: a caller waiting for a whole step's
+ * queue would otherwise wake, and take a core, hundreds of times). Nothing spins: every
  * wait is on a condition variable. Streams share nothing, so they run concurrently.
  * An event points at its current *mark*, a small refcounted object: recording makes a
  * fresh mark, queues it on the stream and then makes it current; a wait captures the
@@ -103,6 +105,7 @@ typedef struct pst_cpu_stream {
     pst_cpu_item *free_items;    /* recycled items */
     uint64_t submitted;          /* items queued so far */
     uint64_t completed;          /* items run or skipped so far */
+    uint64_t wake_at;            /* the lowest `completed` a synchronize waits for; none: max */
     int stopping;                /* stream_free: exit once the queue is empty */
     pst_sticky sticky;           /* written only by the worker */
     _Atomic uint64_t busy_ns;    /* time in HOST/COPY/SET items (pst_stream_busy_seconds) */
@@ -413,7 +416,10 @@ static void *pst_cpu_worker(void *arg)
         cs->completed++;
         it->next = cs->free_items;
         cs->free_items = it;
-        pthread_cond_broadcast(&cs->done_cv);
+        if (cs->completed >= cs->wake_at) { /* every waiter wakes and sets it again */
+            cs->wake_at = UINT64_MAX;
+            pthread_cond_broadcast(&cs->done_cv);
+        }
     }
     pthread_mutex_unlock(&cs->mu);
     return NULL;
@@ -431,6 +437,7 @@ static pst_status pst_cpu_stream_init(pst_stream *s)
         return pst_error_set(PST_ERR_NOMEM, "%s: out of memory for a stream", s->dev->name);
     cs->pub = s;
     cs->crt = s->dev->rt->ctx;
+    cs->wake_at = UINT64_MAX;
     pst_sticky_reset(&cs->sticky);
     if (pthread_mutex_init(&cs->mu, NULL) != 0)
         goto error_mu;
@@ -549,8 +556,11 @@ static pst_status pst_cpu_stream_synchronize(pst_stream *s)
                              s->dev->name, s->id);
     pthread_mutex_lock(&cs->mu);
     uint64_t target = cs->submitted;
-    while (cs->completed < target)
+    while (cs->completed < target) {
+        if (target < cs->wake_at)
+            cs->wake_at = target;
         pthread_cond_wait(&cs->done_cv, &cs->mu);
+    }
     pst_status st = pst_sticky_read(&cs->sticky, detail);
     pthread_mutex_unlock(&cs->mu);
     return pst_sticky_raise(st, detail);
