@@ -196,7 +196,12 @@ static pst_status gate_fn(void *arg)
 /* ---- reduce and broadcast results --------------------------------------------------- */
 
 static const char *const specs[] = {"cpu:1", "cpu:2", "cpu:4"};
-static const size_t sizes[] = {1, 7, 1001, 4099}; /* odd; 4099 spans several chunks */
+/* Odd; 4099 spans several chunks; 70001 is long enough for the host reduce to split it
+ * over up to 4 members' streams (HOST_SPLIT, collectives.c). */
+static const size_t sizes[] = {1, 7, 1001, 4099, 70001};
+/* One size summed on the root's stream alone, one split over the members. */
+#define SUMMED_ON_ROOT 513
+#define SPLIT 70001
 
 Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
 {
@@ -232,10 +237,10 @@ Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
  * others' buffers never read (NULL here) and unchanged where they exist; one member is its
  * own sum; a root that is not a member is refused. pst_comm_broadcast_some: only the
  * members written. */
-Test(collectives_host, reduce_over_some_devices_sums_only_them)
+static void check_reduce_some(size_t n)
 {
     fixture f;
-    fx_init(&f, "cpu:4", 1001);
+    fx_init(&f, "cpu:4", n);
     float *host[MAXD], *want = host_floats(f.n);
     for (int d = 0; d < f.D; d++)
         host[d] = host_floats(f.n);
@@ -279,6 +284,12 @@ Test(collectives_host, reduce_over_some_devices_sums_only_them)
         free(host[d]);
     free(want);
     fx_free(&f);
+}
+
+Test(collectives_host, reduce_over_some_devices_sums_only_them)
+{
+    check_reduce_some(SUMMED_ON_ROOT);
+    check_reduce_some(SPLIT);
 }
 
 /* The data above would catch a wrong order: summing in reverse gives other bits. */
@@ -348,10 +359,10 @@ Test(collectives_host, zero_length_and_single_device_queue_nothing)
 /* ---- ordering against other work on the streams ----------------------------------- */
 
 /* Slow writes queued before the reduce on non-root streams are part of the sum. */
-Test(collectives_host, reduce_includes_work_queued_before, .timeout = 30)
+static void check_reduce_after_earlier_work(size_t n)
 {
     fixture f;
-    fx_init(&f, "cpu:4", 513);
+    fx_init(&f, "cpu:4", n);
     const int root = 1;
     write_job w[MAXD];
     for (int d = 0; d < f.D; d++) {
@@ -368,13 +379,19 @@ Test(collectives_host, reduce_includes_work_queued_before, .timeout = 30)
     fx_free(&f);
 }
 
+Test(collectives_host, reduce_includes_work_queued_before, .timeout = 30)
+{
+    check_reduce_after_earlier_work(SUMMED_ON_ROOT);
+    check_reduce_after_earlier_work(SPLIT);
+}
+
 /* A write queued after the reduce on a non-root stream waits until the sum has read the
  * buffer: the root stream is held by a gate so the sum runs late, and the write must not
  * overtake it. */
-Test(collectives_host, reduce_is_not_disturbed_by_work_queued_after, .timeout = 30)
+static void check_reduce_before_later_work(size_t n)
 {
     fixture f;
-    fx_init(&f, "cpu:4", 257);
+    fx_init(&f, "cpu:4", n);
     for (int root = 0; root < f.D; root++) {
         float *host[MAXD], *want = host_floats(f.n);
         for (int d = 0; d < f.D; d++)
@@ -402,6 +419,12 @@ Test(collectives_host, reduce_is_not_disturbed_by_work_queued_after, .timeout = 
         free(want);
     }
     fx_free(&f);
+}
+
+Test(collectives_host, reduce_is_not_disturbed_by_work_queued_after, .timeout = 30)
+{
+    check_reduce_before_later_work(SUMMED_ON_ROOT);
+    check_reduce_before_later_work(SPLIT);
 }
 
 /* Broadcast: earlier slow work on the root is what gets copied; earlier work on the
@@ -457,7 +480,7 @@ Test(collectives_host, rounds_under_jitter, .timeout = 120)
     static const uint64_t seeds[] = {1, 2, 3, 42, 1234567};
     for (size_t si = 0; si < sizeof seeds / sizeof seeds[0]; si++) {
         fixture f;
-        fx_init(&f, "cpu:4", 37);
+        fx_init(&f, "cpu:4", si % 2 ? 37 : SPLIT); /* summed on the root, or split */
         pst_runtime_set_jitter(f.rt, seeds[si], 300);
         atomic_int bad = 0;
         write_job w[ROUNDS][MAXD];

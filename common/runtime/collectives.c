@@ -9,6 +9,11 @@
  *      bufs[root] (per element: acc = b0; acc += b1; ...; so any root gives the same bits);
  *   3. streams[root] records done[root]; every other streams[d] waits on it, so work the
  *      caller queues later on d cannot overwrite bufs[d] before the sum has read it.
+ * A long reduce (HOST_SPLIT floats a member and more) splits step 2 over the members:
+ * each member's stream sums one slice of the elements (the same device order per element,
+ * so the same bits), after every member's ready (each waits on all the others'), and every
+ * member waits on all the others' done. The sum then runs on as many threads as there are
+ * members, instead of one while the others wait.
  * A broadcast is the same with step 2 replaced by copies bufs[root] -> bufs[d] queued on
  * streams[root]. The events are made once per device at init; re-recording them for the
  * next call is safe because each wait keeps the mark it captured (device.h), and calls on a
@@ -193,13 +198,17 @@ pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members)
 
 struct host_ctx;
 
-/* What the reduce's host function reads. */
+/* Elements a member sums at least before a reduce is split over the members: below it,
+ * the extra wake-ups of the members' streams cost more than the sum they share. */
+#define HOST_SPLIT 16384
+
+/* What the reduce's host function reads: elements [lo, hi) of the sum. */
 typedef struct host_job {
     struct host_ctx *hc;
     float *bufs[PST_DEVICE_MAX_COUNT]; /* (count) */
     uint64_t members;                  /* the devices summed (bit d) */
     int count, root;
-    size_t n;
+    size_t lo, hi;
     struct host_job *next_free;
     struct host_job *next_all;
 } host_job;
@@ -290,8 +299,8 @@ static void job_put(host_ctx *hc, host_job *j)
     pthread_mutex_unlock(&hc->pool_mu);
 }
 
-/* The sum over the members, on streams[root]'s worker: out[i] = ((b0[i] + b1[i]) + b2[i])
- * + ... in device order. */
+/* The sum over the members of elements [lo, hi), on one member stream's worker: out[i] =
+ * ((b0[i] + b1[i]) + b2[i]) + ... in device order. */
 static pst_status host_reduce_run(void *arg)
 {
     host_job *j = arg;
@@ -300,8 +309,8 @@ static pst_status host_reduce_run(void *arg)
     int first = 0;
     while (!((j->members >> first) & 1u))
         first++;
-    for (size_t off = 0; off < j->n; off += HOST_CHUNK) {
-        size_t len = j->n - off < HOST_CHUNK ? j->n - off : HOST_CHUNK;
+    for (size_t off = j->lo; off < j->hi; off += HOST_CHUNK) {
+        size_t len = j->hi - off < HOST_CHUNK ? j->hi - off : HOST_CHUNK;
         memcpy(acc, j->bufs[first] + off, len * sizeof(float));
         for (int d = first + 1; d < j->count; d++) {
             if (!((j->members >> d) & 1u))
@@ -340,8 +349,9 @@ static pst_status host_leave(host_ctx *hc, int count, int root, pst_stream *cons
     return PST_OK;
 }
 
-static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
-                              pst_stream *const streams[], uint64_t members)
+/* Queues elements [lo, hi) of the sum on stream s. */
+static pst_status host_reduce_slice(pst_comm *c, float *const bufs[], int root, uint64_t members,
+                                    pst_stream *s, size_t lo, size_t hi)
 {
     host_ctx *hc = c->ctx;
     host_job *j = job_get(hc);
@@ -351,15 +361,51 @@ static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int ro
     j->count = c->count;
     j->members = members;
     j->root = root;
-    j->n = n;
-    pst_status st = host_enter(hc, c->count, root, streams, members);
-    if (st == PST_OK)
-        st = pst_stream_launch(streams[root], host_reduce_run, j);
-    if (st != PST_OK) {
+    j->lo = lo;
+    j->hi = hi;
+    pst_status st = pst_stream_launch(s, host_reduce_run, j);
+    if (st != PST_OK)
         job_put(hc, j);
-        return st;
+    return st;
+}
+
+/* Every member's stream waits until all the others have reached this point (evs: ready
+ * or done). */
+static pst_status host_all_meet(pst_event *const evs[], int count, pst_stream *const streams[],
+                                uint64_t members)
+{
+    for (int d = 0; d < count; d++)
+        if ((members >> d) & 1u)
+            PST_TRY(pst_event_record(evs[d], streams[d]));
+    for (int d = 0; d < count; d++)
+        for (int e = 0; e < count; e++)
+            if (e != d && ((members >> d) & 1u) && ((members >> e) & 1u))
+                PST_TRY(pst_stream_wait_event(streams[d], evs[e]));
+    return PST_OK;
+}
+
+static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int root,
+                              pst_stream *const streams[], uint64_t members)
+{
+    host_ctx *hc = c->ctx;
+    const int m = __builtin_popcountll(members);
+    if (n < (size_t)m * HOST_SPLIT) {
+        PST_TRY(host_enter(hc, c->count, root, streams, members));
+        PST_TRY(host_reduce_slice(c, bufs, root, members, streams[root], 0, n));
+        return host_leave(hc, c->count, root, streams, members);
     }
-    return host_leave(hc, c->count, root, streams, members);
+    PST_TRY(host_all_meet(hc->ready, c->count, streams, members));
+    /* Slices of whole cache lines (16 floats), the last one takes the rest. */
+    const size_t per = (n / (size_t)m) & ~(size_t)15;
+    size_t lo = 0;
+    for (int d = 0, k = 0; d < c->count; d++) {
+        if (!((members >> d) & 1u))
+            continue;
+        const size_t hi = ++k == m ? n : lo + per;
+        PST_TRY(host_reduce_slice(c, bufs, root, members, streams[d], lo, hi));
+        lo = hi;
+    }
+    return host_all_meet(hc->done, c->count, streams, members);
 }
 
 static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,
