@@ -124,7 +124,7 @@ void ref_gpt_backward(ref_gpt *g, const float *params, float *grads, const int32
                         N, C, V, 0);
     const float *xL = L ? g->res3 + (size_t)(L - 1) * NM * C : g->enc;
     pst_layernorm_backward_input(g->dres, g->dln, xL, params + g->off[LNFW], g->lnf_mean,
-                                 g->lnf_rstd, N, C, 0, 0, N);
+                                 g->lnf_rstd, N, C, NULL, 0, N);
     pst_layernorm_backward_params(grads + g->off[LNFW], grads + g->off[LNFB], g->dln, xL,
                                   g->lnf_mean, g->lnf_rstd, N, C, 0, 0, C);
     for (int l = L - 1; l >= 0; l--) {
@@ -140,7 +140,7 @@ void ref_gpt_backward(ref_gpt *g, const float *params, float *grads, const int32
         pst_linear_backward(g->dln, G(FCW, l, 4 * C * C), G(FCB, l, 4 * C), g->dfch, ln2,
                             P(FCW, l, 4 * C * C), N, C, 4 * C, 0);
         pst_layernorm_backward_input(g->dres, g->dln, res2, P(LN2W, l, C), g->ln2_mean + l * NM,
-                                     g->ln2_rstd + l * NM, N, C, 1, 0, N);
+                                     g->ln2_rstd + l * NM, N, C, g->dres, 0, N);
         pst_layernorm_backward_params(G(LN2W, l, C), G(LN2B, l, C), g->dln, res2,
                                       g->ln2_mean + l * NM, g->ln2_rstd + l * NM, N, C, 0, 0, C);
         /* res2 = x + attproj(attention(qkv(ln1(x)))) */
@@ -151,7 +151,7 @@ void ref_gpt_backward(ref_gpt *g, const float *params, float *grads, const int32
         pst_linear_backward(g->dln, G(QKVW, l, 3 * C * C), G(QKVB, l, 3 * C), g->dqkv, ln1,
                             P(QKVW, l, 3 * C * C), N, C, 3 * C, 0);
         pst_layernorm_backward_input(g->dres, g->dln, x, P(LN1W, l, C), g->ln1_mean + l * NM,
-                                     g->ln1_rstd + l * NM, N, C, 1, 0, N);
+                                     g->ln1_rstd + l * NM, N, C, g->dres, 0, N);
         pst_layernorm_backward_params(G(LN1W, l, C), G(LN1B, l, C), g->dln, x,
                                       g->ln1_mean + l * NM, g->ln1_rstd + l * NM, N, C, 0, 0, C);
     }

@@ -107,7 +107,7 @@ Test(seq_layers, layernorm_against_float64_and_finite_differences)
     ln_double(&k);
     expect_close("layernorm out", out, k.out, LN_N * LN_C, 1e-5, 1e-5);
 
-    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, LN_N, LN_C, 0, 0, LN_N);
+    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, LN_N, LN_C, NULL, 0, LN_N);
     pst_layernorm_backward_params(dw, db, dout, x, mean, rstd, LN_N, LN_C, 0, 0, LN_C);
     static double g[LN_N * LN_C];
     numeric_grad(g, k.x, LN_N * LN_C, ln_obj, &k);
@@ -121,8 +121,8 @@ Test(seq_layers, layernorm_against_float64_and_finite_differences)
     static float dx2[LN_N * LN_C], dw2[LN_C], db2[LN_C], out2[LN_N * LN_C];
     for (int i = 0; i < LN_N * LN_C; i++)
         dx2[i] = 1.0f;
-    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, 1, 0, 4);
-    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, 1, 4, LN_N);
+    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, dx2, 0, 4);
+    pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, dx2, 4, LN_N);
     for (int i = 0; i < LN_N * LN_C; i++)
         cr_assert_eq(dx2[i], 1.0f + dx[i], "dinp accumulate at %d", i);
     pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 0, 0, 16);
@@ -606,7 +606,7 @@ Test(seq_layers, layernorm_sums_have_the_bits_of_their_fixed_order)
         fill(b, C, 60 + k, 1.0f);
         fill(dout, N * C, 70 + k, 1.0f);
         pst_layernorm_forward(out, mean, rstd, x, w, b, N, C, 0, N);
-        pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, 0, 0, N);
+        pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, NULL, 0, N);
         for (int r = 0; r < N; r++) {
             const float *xr = x + r * C, *dr = dout + r * C;
             const float m = lanes16(xr, C) / (float)C;

@@ -163,7 +163,7 @@ Test(seq_ops, layernorm)
     pst_layernorm_forward(out, mean, rstd, x, w, bb, N, C, 0, N);
     for (int i = 0; i < N * C; i++)
         dx[i] = 0.25f; /* the residual stream's gradient, added to */
-    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, 1, 0, N);
+    pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, dx, 0, N);
     pst_layernorm_backward_params(dw, db, dout, x, mean, rstd, N, C, 0, 0, C);
     for (int i = 0; i < nb; i++) {
         backend *b = &be[i];
@@ -180,13 +180,24 @@ Test(seq_ops, layernorm)
         cr_assert_eq(pst_op_layernorm_forward(b->s, &f), PST_OK, "%s", pst_error_detail());
         pst_layernorm_args g = {.dinp = d_dx, .dw = d_dw, .db = d_db, .dout = d_dout, .inp = d_x,
                                 .w = d_w, .saved_mean = d_m, .saved_rstd = d_r, .N = N, .C = C,
-                                .dinp_accumulate = 1, .pool = b->pool};
+                                .res = d_dx, .pool = b->pool};
         cr_assert_eq(pst_op_layernorm_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
+        /* the residual's gradient from another buffer: dinp = res + the input gradient, the
+         * bits of adding to it in place (the transformer block's two residual sums) */
+        float *d_res = put(b, quarter, sizeof quarter), *d_dx2 = put(b, NULL, sizeof quarter);
+        pst_layernorm_args g2 = {.dinp = d_dx2, .dout = d_dout, .inp = d_x, .w = d_w,
+                                 .saved_mean = d_m, .saved_rstd = d_r, .res = d_res, .N = N,
+                                 .C = C, .pool = b->pool};
+        cr_assert_eq(pst_op_layernorm_backward(b->s, &g2), PST_OK, "%s", pst_error_detail());
         static float go[N * C], gdx[N * C], gw[C], gb[C], gm[N], gr[N];
         get(b, go, d_out, sizeof go);
         get(b, gm, d_m, sizeof gm);
         get(b, gr, d_r, sizeof gr);
         get(b, gdx, d_dx, sizeof gdx);
+        static float gdx2[N * C];
+        get(b, gdx2, d_dx2, sizeof gdx2);
+        cr_assert_eq(memcmp(gdx2, gdx, sizeof gdx), 0,
+                     "%s: res + the input gradient differs from adding it in place", b->spec);
         get(b, gw, d_dw, sizeof gw);
         get(b, gb, d_db, sizeof gb);
         compare("layernorm out", b, go, out, N * C, 1e-5f);
@@ -195,7 +206,7 @@ Test(seq_ops, layernorm)
         compare("layernorm dinp", b, gdx, dx, N * C, 1e-4f);
         compare("layernorm dw", b, gw, dw, C, 1e-4f);
         compare("layernorm db", b, gb, db, C, 1e-5f);
-        void *bufs[] = {d_x, d_w, d_b, d_out, d_m, d_r, d_dout, d_dx, d_dw, d_db};
+        void *bufs[] = {d_x, d_w, d_b, d_out, d_m, d_r, d_dout, d_dx, d_dw, d_db, d_res, d_dx2};
         for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
             pst_device_free(b->dev, bufs[k]);
     }

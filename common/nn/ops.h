@@ -134,15 +134,17 @@ typedef struct pst_embedding_bwd_args {
 } pst_embedding_bwd_args;
 
 /* LayerNorm over rows of C: forward writes out, mean, rstd (N); backward writes dinp
- * (overwritten, or added when dinp_accumulate; NULL: skipped) and dw, db (overwritten, or
- * added when accumulate; both NULL: skipped). */
+ * (the input gradient, or res + it where res is set: a residual's gradient added in the
+ * same pass, res may be dinp; dinp NULL: skipped) and dw, db (overwritten, or added when
+ * accumulate; both NULL: skipped). */
 typedef struct pst_layernorm_args {
     float *out, *mean, *rstd;   /* forward */
     float *dinp, *dw, *db;      /* backward */
     const float *inp, *w, *b, *dout;
     const float *saved_mean, *saved_rstd; /* backward: the forward's mean, rstd */
+    const float *res;                     /* backward: added to dinp, or NULL */
     int N, C;
-    int dinp_accumulate, accumulate;
+    int accumulate;
     struct pst_pool *pool;
 } pst_layernorm_args;
 

@@ -201,7 +201,7 @@ void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *in
 PST_BIT_EXACT_CLONES
 void pst_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
                                   const float *w, const float *mean, const float *rstd, int N,
-                                  int C, int dinp_accumulate, int r0, int r1)
+                                  int C, const float *res, int r0, int r1)
 {
     (void)N;
     for (int r = r0; r < r1; r++) {
@@ -227,10 +227,11 @@ void pst_layernorm_backward_input(float *dinp, const float *dout, const float *i
         }
         const float dm = lanes_total(&am) / (float)C, dnm = lanes_total(&anm) / (float)C;
         float *di = dinp + (int64_t)r * C;
+        const float *re = res ? res + (int64_t)r * C : NULL;
         for (int c = 0; c < C; c++) {
             float norm = (x[c] - m) * s, dnorm = w[c] * d[c];
             float g = (dnorm - dm - norm * dnm) * s;
-            di[c] = dinp_accumulate ? di[c] + g : g;
+            di[c] = re ? re[c] + g : g;
         }
     }
 }

@@ -27,11 +27,11 @@ void pst_embedding_backward(float *dwte, float *dwpe, const float *dout, const i
  * written for the backward (either may be NULL). */
 void pst_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                            const float *w, const float *b, int N, int C, int r0, int r1);
-/* dinp (N, C), rows [r0, r1): overwritten, or added to when dinp_accumulate (the residual
- * stream's gradient). */
+/* dinp (N, C), rows [r0, r1): the input gradient, or res + it where res is set (the
+ * residual stream's gradient, added in the same pass; res may be dinp). */
 void pst_layernorm_backward_input(float *dinp, const float *dout, const float *inp,
                                   const float *w, const float *mean, const float *rstd, int N,
-                                  int C, int dinp_accumulate, int r0, int r1);
+                                  int C, const float *res, int r0, int r1);
 /* dw, db (C), columns [c0, c1): sums over all N rows in row order (overwritten, or added
  * to when accumulate). */
 void pst_layernorm_backward_params(float *dw, float *db, const float *dout, const float *inp,

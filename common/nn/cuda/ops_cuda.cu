@@ -472,7 +472,7 @@ static __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd
 static __global__ void layernorm_bwd_input_kernel(float *dinp, const float *dout,
                                                   const float *inp, const float *w,
                                                   const float *mean, const float *rstd, int N,
-                                                  int C, int accumulate)
+                                                  int C, const float *res)
 {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= N)
@@ -488,10 +488,11 @@ static __global__ void layernorm_bwd_input_kernel(float *dinp, const float *dout
     dm = __fdiv_rn(dm, (float)C);
     dnm = __fdiv_rn(dnm, (float)C);
     float *di = dinp + (size_t)r * C;
+    const float *re = res ? res + (size_t)r * C : NULL;
     for (int c = 0; c < C; c++) {
         const float norm = __fmul_rn(__fsub_rn(x[c], m), sd), dnorm = __fmul_rn(w[c], d[c]);
         const float g = __fmul_rn(__fsub_rn(__fsub_rn(dnorm, dm), __fmul_rn(norm, dnm)), sd);
-        di[c] = accumulate ? __fadd_rn(di[c], g) : g;
+        di[c] = re ? __fadd_rn(re[c], g) : g;
     }
 }
 
@@ -535,8 +536,7 @@ static pst_status run_layernorm_backward(pst_stream *, cudaStream_t cs, const ps
 {
     if (a->dinp && a->N) {
         layernorm_bwd_input_kernel<<<blocks_of(a->N), PST_CUDA_THREADS, 0, cs>>>(
-            a->dinp, a->dout, a->inp, a->w, a->saved_mean, a->saved_rstd, a->N, a->C,
-            a->dinp_accumulate);
+            a->dinp, a->dout, a->inp, a->w, a->saved_mean, a->saved_rstd, a->N, a->C, a->res);
         PST_CUDA_CHECK(cudaGetLastError());
     }
     if (a->dw) {

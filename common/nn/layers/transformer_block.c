@@ -5,7 +5,8 @@
  * The weight gradient runs the whole backward chain inside the block (every parameter's
  * gradient needs the gradients of the activations above it); the input gradient is its last
  * step, din = d res2 + LayerNorm1's input gradient, so the executor can send the block's
- * parameters before it. Activations kept from forward (save) and the backward's scratch
+ * parameters before it. Both residual sums of the backward are added by the LayerNorm
+ * backward that writes them (its res), in its pass. Activations kept from forward (save) and the backward's scratch
  * (work) are carved from the layer's buffers as (max_batch * T, width) arrays, the
  * attention's probabilities last where it keeps them (pst_attention_keeps_probs); the
  * attention's per-thread scratch holds one pair's scores. */
@@ -21,7 +22,7 @@ typedef struct block_inst {
     pst_linear_bwd_args fcproj_b, fc_b, attproj_b, qkv_b;
     pst_attention_args att, att_b;
     pst_gelu_args gelu, gelu_b;
-    pst_add_args res2, res3, dres2, din;
+    pst_add_args res2, res3;
     int T, C;
 } block_inst;
 
@@ -94,9 +95,9 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                     .accumulate = acc[FCW], .pool = pool};
     k->ln2_bwd = (pst_layernorm_args){.dinp = dres2, .dw = G[LN2W], .db = G[LN2B],
                                       .dout = dln, .inp = res2, .w = P[LN2W],
-                                      .saved_mean = mean2, .saved_rstd = rstd2, .C = C,
-                                      .accumulate = acc[LN2W], .pool = pool};
-    k->dres2 = (pst_add_args){.dst = dres2, .src = io->dout, .pool = pool};
+                                      .saved_mean = mean2, .saved_rstd = rstd2,
+                                      .res = io->dout, .C = C, .accumulate = acc[LN2W],
+                                      .pool = pool};
     k->attproj_b = (pst_linear_bwd_args){.dinp = datty, .dw = G[APW], .db = G[APB],
                                          .dout = dres2, .inp = atty, .w = P[APW],
                                          .w16 = Q[APW], .IC = C,
@@ -113,8 +114,7 @@ static void block_bind(void *inst, const pst_model *m, int layer, const pst_laye
                                     .C = C, .accumulate = acc[LN1W], .pool = pool};
     k->ln1_in = (pst_layernorm_args){.dinp = io->din, .dout = dln, .inp = io->in,
                                      .w = P[LN1W], .saved_mean = mean1, .saved_rstd = rstd1,
-                                     .C = C, .pool = pool};
-    k->din = (pst_add_args){.dst = io->din, .src = dres2, .pool = pool};
+                                     .res = dres2, .C = C, .pool = pool};
 }
 
 static pst_status block_forward(void *inst, pst_stream *s, int B, float scale)
@@ -145,17 +145,14 @@ static pst_status block_wgrad(void *inst, void *chunk, pst_stream *s, int B, int
     (void)chunk, (void)row0, (void)row1;
     block_inst *k = inst;
     const int N = B * k->T;
-    const size_t NC = (size_t)N * (size_t)k->C;
     k->fcproj_b.B = k->fc_b.B = k->attproj_b.B = k->qkv_b.B = N;
     k->ln2_bwd.N = k->ln1_w.N = N;
-    k->gelu_b.n = (int64_t)NC * 4;
-    k->dres2.n = NC;
+    k->gelu_b.n = (int64_t)N * k->C * 4;
     k->att_b.B = B;
     PST_TRY(pst_op_linear_backward(s, &k->fcproj_b));
     PST_TRY(pst_op_gelu_backward(s, &k->gelu_b));
     PST_TRY(pst_op_linear_backward(s, &k->fc_b));
     PST_TRY(pst_op_layernorm_backward(s, &k->ln2_bwd)); /* d res2 = dout + LN2's input grad */
-    PST_TRY(pst_op_add(s, &k->dres2));
     PST_TRY(pst_op_linear_backward(s, &k->attproj_b));
     PST_TRY(pst_op_attention_backward(s, &k->att_b));
     PST_TRY(pst_op_linear_backward(s, &k->qkv_b));
@@ -168,9 +165,7 @@ static pst_status block_igrad(void *inst, pst_stream *s, int B)
     if (!k->ln1_in.dinp)
         return PST_OK;
     k->ln1_in.N = B * k->T;
-    k->din.n = (size_t)B * (size_t)k->T * (size_t)k->C;
-    PST_TRY(pst_op_layernorm_backward(s, &k->ln1_in));
-    return pst_op_add(s, &k->din);
+    return pst_op_layernorm_backward(s, &k->ln1_in); /* din = d res2 + LN1's input grad */
 }
 
 /* the weights per position, and attention's scores */
