@@ -198,8 +198,9 @@ pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members)
 
 struct host_ctx;
 
-/* Elements a member sums at least before a reduce is split over the members: below it,
- * the extra wake-ups of the members' streams cost more than the sum they share. */
+/* Elements a member sums at least before a reduce is split over the members. A split costs
+ * each member's stream a wake-up or two (microseconds, against a few microseconds to sum
+ * 16384 floats of two devices): a chosen bound, not a tuned one. */
 #define HOST_SPLIT 16384
 
 /* What the reduce's host function reads: elements [lo, hi) of the sum. */
