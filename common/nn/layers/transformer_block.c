@@ -6,10 +6,11 @@
  * gradient needs the gradients of the activations above it); the input gradient is its last
  * step, din = d res2 + LayerNorm1's input gradient, so the executor can send the block's
  * parameters before it. Both residual sums of the backward are added by the LayerNorm
- * backward that writes them (its res), in its pass. Activations kept from forward (save) and the backward's scratch
- * (work) are carved from the layer's buffers as (max_batch * T, width) arrays, the
- * attention's probabilities last where it keeps them (pst_attention_keeps_probs); the
- * attention's per-thread scratch holds one pair's scores. */
+ * backward that writes them (its res), in its pass. Activations kept from forward (save)
+ * and the backward's scratch (work) are carved from the layer's buffers as
+ * (max_batch * T, width) arrays, the attention's probabilities last where it keeps them
+ * (pst_attention_keeps_probs); the attention's per-thread scratch holds one pair's
+ * scores. */
 #include "common/nn/model.h"
 #include "common/nn/ops.h"
 #include "common/nn/seq_layers.h"
