@@ -562,23 +562,30 @@ Test(device_stream, concurrent_submitters_keep_their_order, .timeout = 30)
     pst_runtime_free(rt);
 }
 
+/* Synchronizes s and keeps what it returned: from a work item (self_sync_fn) or a thread. */
+typedef struct self_sync {
+    pst_stream *s;
+    pst_status got;
+} self_sync;
+
+static pst_status self_sync_fn(void *arg)
+{
+    self_sync *ss = arg;
+    ss->got = pst_stream_synchronize(ss->s);
+    return PST_OK;
+}
+
+static void *self_sync_thread(void *arg)
+{
+    self_sync_fn(arg);
+    return NULL;
+}
+
 /* Two threads synchronize one stream at different points of its queue: the one that came
  * first (4 items in) returns while a gate after them is still shut, before the later one's
  * items ran; the later returns once they have. (The worker wakes callers only when the
  * lowest point any of them waits for is reached: a wake-up point kept for the later
  * caller alone would hang the first here.) */
-typedef struct sync_caller {
-    pst_stream *s;
-    pst_status st;
-} sync_caller;
-
-static void *sync_caller_main(void *arg)
-{
-    sync_caller *c = arg;
-    c->st = pst_stream_synchronize(c->s);
-    return NULL;
-}
-
 Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
 {
     pst_runtime *rt = make_rt("cpu");
@@ -590,23 +597,23 @@ Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
     CHECK_OK(pst_stream_launch(s, gate_fn, &g1));
     for (int i = 0; i < 4; i++)
         CHECK_OK(pst_stream_launch(s, inc_fn, &count));
-    sync_caller first = {.s = s, .st = PST_ERR_INTERNAL}, later = first;
+    self_sync first = {.s = s, .got = PST_ERR_INTERNAL}, later = first;
     pthread_t t_first, t_later;
-    pthread_create(&t_first, NULL, sync_caller_main, &first);
+    pthread_create(&t_first, NULL, self_sync_thread, &first);
     sleep_us(20000); /* likely waiting by now */
     CHECK_OK(pst_stream_launch(s, gate_fn, &g2));
     for (int i = 0; i < 4; i++)
         CHECK_OK(pst_stream_launch(s, inc_fn, &count));
-    pthread_create(&t_later, NULL, sync_caller_main, &later);
+    pthread_create(&t_later, NULL, self_sync_thread, &later);
     sleep_us(20000);
     gate_open(&g1);
     pthread_join(t_first, NULL); /* hangs (the timeout fails the test) if never woken */
-    cr_assert_eq(first.st, PST_OK);
+    cr_assert_eq(first.got, PST_OK);
     gate_wait_entered(&g2);
     cr_assert_eq(count, 4, "the first caller's items ran: %d", count);
     gate_open(&g2);
     pthread_join(t_later, NULL);
-    cr_assert_eq(later.st, PST_OK);
+    cr_assert_eq(later.got, PST_OK);
     cr_assert_eq(count, 8, "the later caller returned after %d of 8 items", count);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
@@ -1040,18 +1047,6 @@ Test(device_error, waiting_on_a_failed_stream_fails, .timeout = 20)
     pst_stream_destroy(a);
     pst_stream_destroy(b);
     pst_runtime_free(rt);
-}
-
-typedef struct self_sync {
-    pst_stream *s;
-    pst_status got;
-} self_sync;
-
-static pst_status self_sync_fn(void *arg)
-{
-    self_sync *ss = arg;
-    ss->got = pst_stream_synchronize(ss->s);
-    return PST_OK;
 }
 
 Test(device_error, synchronize_from_own_item_is_refused, .timeout = 20)
