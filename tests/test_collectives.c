@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "common/runtime/collectives.h"
+#include "common/runtime/collectives_impl.h" /* PST_COMM_HOST_SPLIT */
 #include "common/runtime/device.h"
 #include "common/error.h"
 #include "common/rng.h"
@@ -196,12 +197,12 @@ static pst_status gate_fn(void *arg)
 /* ---- reduce and broadcast results --------------------------------------------------- */
 
 static const char *const specs[] = {"cpu:1", "cpu:2", "cpu:4"};
-/* Odd; 4099 spans several chunks; 70001 is long enough for the host reduce to split it
- * over up to 4 members' streams (HOST_SPLIT, collectives.c). */
-static const size_t sizes[] = {1, 7, 1001, 4099, 70001};
-/* One size summed on the root's stream alone, one split over the members. */
+/* One size summed on the root's stream alone, one the host reduce splits over up to 4
+ * members' streams (odd: the last slice is longer). */
 #define SUMMED_ON_ROOT 513
-#define SPLIT 70001
+#define SPLIT (4 * PST_COMM_HOST_SPLIT + 4099)
+/* Odd; 4099 spans several chunks. */
+static const size_t sizes[] = {1, 7, 1001, 4099, SPLIT};
 
 Test(collectives_host, reduce_is_the_device_order_sum_for_every_root)
 {

@@ -581,11 +581,19 @@ static void *self_sync_thread(void *arg)
     return NULL;
 }
 
+/* Blocks until n threads wait in pst_stream_synchronize(s) (each has taken its point). */
+static void wait_for_sync_waiters(pst_stream *s, int n)
+{
+    while (pst_stream_sync_waiters(s) < n)
+        sleep_us(500);
+}
+
 /* Two threads synchronize one stream at different points of its queue: the one that came
- * first (4 items in) returns while a gate after them is still shut, before the later one's
- * items ran; the later returns once they have. (The worker wakes callers only when the
- * lowest point any of them waits for is reached: a wake-up point kept for the later
- * caller alone would hang the first here.) */
+ * first (a gate and 4 items in) returns while a gate after them is still shut, before the
+ * later one's items ran; the later returns once they have. (The worker wakes callers only
+ * when the lowest point any of them waits for is reached: a wake-up point kept for the
+ * later caller alone would hang the first here.) Each caller is known to wait, with its
+ * point taken, before the test goes on. */
 Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
 {
     pst_runtime *rt = make_rt("cpu");
@@ -600,12 +608,12 @@ Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
     self_sync first = {.s = s, .got = PST_ERR_INTERNAL}, later = first;
     pthread_t t_first, t_later;
     pthread_create(&t_first, NULL, self_sync_thread, &first);
-    sleep_us(20000); /* likely waiting by now */
+    wait_for_sync_waiters(s, 1);
     CHECK_OK(pst_stream_launch(s, gate_fn, &g2));
     for (int i = 0; i < 4; i++)
         CHECK_OK(pst_stream_launch(s, inc_fn, &count));
     pthread_create(&t_later, NULL, self_sync_thread, &later);
-    sleep_us(20000);
+    wait_for_sync_waiters(s, 2);
     gate_open(&g1);
     pthread_join(t_first, NULL); /* hangs (the timeout fails the test) if never woken */
     cr_assert_eq(first.got, PST_OK);
@@ -615,6 +623,8 @@ Test(device_stream, synchronize_callers_wake_at_their_own_points, .timeout = 20)
     pthread_join(t_later, NULL);
     cr_assert_eq(later.got, PST_OK);
     cr_assert_eq(count, 8, "the later caller returned after %d of 8 items", count);
+    cr_assert_eq(pst_stream_sync_waiters(s), 0);
+    cr_assert_eq(pst_stream_sync_waiters(NULL), -1);
     pst_stream_destroy(s);
     pst_runtime_free(rt);
 }

@@ -117,14 +117,15 @@ Test(seq_layers, layernorm_against_float64_and_finite_differences)
     numeric_grad(g, k.b, LN_C, ln_obj, &k);
     expect_close("layernorm db", db, g, LN_C, 1e-4, 1e-3);
 
-    /* Accumulation adds (the residual stream; a second micro-batch), splits change no bit. */
+    /* res adds (the residual stream's gradient, a value per element; here res is dinp),
+     * splits change no bit. */
     static float dx2[LN_N * LN_C], dw2[LN_C], db2[LN_C], out2[LN_N * LN_C];
     for (int i = 0; i < LN_N * LN_C; i++)
-        dx2[i] = 1.0f;
+        dx2[i] = (float)(i % 7) - 3.0f;
     pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, dx2, 0, 4);
     pst_layernorm_backward_input(dx2, dout, x, w, mean, rstd, LN_N, LN_C, dx2, 4, LN_N);
     for (int i = 0; i < LN_N * LN_C; i++)
-        cr_assert_eq(dx2[i], 1.0f + dx[i], "dinp accumulate at %d", i);
+        cr_assert_eq(dx2[i], ((float)(i % 7) - 3.0f) + dx[i], "dinp + res at %d", i);
     pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 0, 0, 16);
     pst_layernorm_backward_params(dw2, db2, dout, x, mean, rstd, LN_N, LN_C, 0, 16, LN_C);
     cr_assert_eq(memcmp(dw2, dw, sizeof dw), 0);

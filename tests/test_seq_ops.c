@@ -158,22 +158,22 @@ Test(seq_ops, layernorm)
 {
     backend be[MAXB];
     const int nb = open_backends(be);
-    float *x = randn(N * C, 4, 2), *w = randn(C, 5, 1), *bb = randn(C, 6, 1), *dout = randn(N * C, 7, 1);
+    float *x = randn(N * C, 4, 2), *w = randn(C, 5, 1), *bb = randn(C, 6, 1);
+    float *dout = randn(N * C, 7, 1);
+    /* the residual stream's gradient, added to: a value per element, so a row or column
+     * read from the wrong place shows */
+    float *res = randn(N * C, 8, 1);
     static float out[N * C], mean[N], rstd[N], dx[N * C], dw[C], db[C];
     pst_layernorm_forward(out, mean, rstd, x, w, bb, N, C, 0, N);
-    for (int i = 0; i < N * C; i++)
-        dx[i] = 0.25f; /* the residual stream's gradient, added to */
+    memcpy(dx, res, sizeof dx);
     pst_layernorm_backward_input(dx, dout, x, w, mean, rstd, N, C, dx, 0, N);
     pst_layernorm_backward_params(dw, db, dout, x, mean, rstd, N, C, 0, 0, C);
     for (int i = 0; i < nb; i++) {
         backend *b = &be[i];
-        float quarter[N * C];
-        for (int k = 0; k < N * C; k++)
-            quarter[k] = 0.25f;
         float *d_x = put(b, x, sizeof(float) * N * C), *d_w = put(b, w, sizeof(float) * C);
         float *d_b = put(b, bb, sizeof(float) * C), *d_out = put(b, NULL, sizeof(float) * N * C);
         float *d_m = put(b, NULL, sizeof(float) * N), *d_r = put(b, NULL, sizeof(float) * N);
-        float *d_dout = put(b, dout, sizeof(float) * N * C), *d_dx = put(b, quarter, sizeof quarter);
+        float *d_dout = put(b, dout, sizeof(float) * N * C), *d_dx = put(b, res, sizeof dx);
         float *d_dw = put(b, NULL, sizeof(float) * C), *d_db = put(b, NULL, sizeof(float) * C);
         pst_layernorm_args f = {.out = d_out, .mean = d_m, .rstd = d_r, .inp = d_x, .w = d_w,
                                 .b = d_b, .N = N, .C = C, .pool = b->pool};
@@ -184,7 +184,7 @@ Test(seq_ops, layernorm)
         cr_assert_eq(pst_op_layernorm_backward(b->s, &g), PST_OK, "%s", pst_error_detail());
         /* the residual's gradient from another buffer: dinp = res + the input gradient, the
          * bits of adding to it in place (the transformer block's two residual sums) */
-        float *d_res = put(b, quarter, sizeof quarter), *d_dx2 = put(b, NULL, sizeof quarter);
+        float *d_res = put(b, res, sizeof dx), *d_dx2 = put(b, NULL, sizeof dx);
         pst_layernorm_args g2 = {.dinp = d_dx2, .dout = d_dout, .inp = d_x, .w = d_w,
                                  .saved_mean = d_m, .saved_rstd = d_r, .res = d_res, .N = N,
                                  .C = C, .pool = b->pool};
@@ -214,6 +214,7 @@ Test(seq_ops, layernorm)
     free(w);
     free(bb);
     free(dout);
+    free(res);
     close_backends(be, nb);
 }
 

@@ -242,8 +242,7 @@ static void layernorm_bwd_part(void *arg, int part, int nparts)
     if (a->dinp) {
         pst_pool_split((size_t)a->N, part, nparts, 1, &lo, &hi);
         pst_layernorm_backward_input(a->dinp, a->dout, a->inp, a->w, a->saved_mean,
-                                     a->saved_rstd, a->N, a->C, a->res, (int)lo,
-                                     (int)hi);
+                                     a->saved_rstd, a->N, a->C, a->res, (int)lo, (int)hi);
     }
     if (a->dw) {
         pst_pool_split((size_t)a->C, part, nparts, 16, &lo, &hi);

@@ -9,7 +9,7 @@
  *      bufs[root] (per element: acc = b0; acc += b1; ...; so any root gives the same bits);
  *   3. streams[root] records done[root]; every other streams[d] waits on it, so work the
  *      caller queues later on d cannot overwrite bufs[d] before the sum has read it.
- * A long reduce (HOST_SPLIT floats a member and more) splits step 2 over the members:
+ * A long reduce (PST_COMM_HOST_SPLIT floats a member and more) splits step 2 over the members:
  * each member's stream sums one slice of the elements (the same device order per element,
  * so the same bits), after every member's ready (each waits on all the others'), and every
  * member waits on all the others' done. The sum then runs on as many threads as there are
@@ -17,8 +17,9 @@
  * A broadcast is the same with step 2 replaced by copies bufs[root] -> bufs[d] queued on
  * streams[root]. The events are made once per device at init; re-recording them for the
  * next call is safe because each wait keeps the mark it captured (device.h), and calls on a
- * comm are serialized. The reduce's job record (the buffer pointers the host function
- * reads) comes from a free list; the host function returns it. A job whose host function
+ * comm are serialized. The reduce's job records (the buffer pointers and the slice each
+ * host function reads; one, or one a member when split) come from a free list; each host
+ * function returns its own. A job whose host function
  * is skipped (its stream failed) is not reused but is freed with the comm. */
 #include "common/runtime/collectives.h"
 
@@ -198,11 +199,6 @@ pst_status pst_comm_prepare_some(pst_comm *c, uint64_t members)
 
 struct host_ctx;
 
-/* Elements a member sums at least before a reduce is split over the members. A split costs
- * each member's stream a wake-up or two (microseconds, against a few microseconds to sum
- * 16384 floats of two devices): a chosen bound, not a tuned one. */
-#define HOST_SPLIT 16384
-
 /* What the reduce's host function reads: elements [lo, hi) of the sum. */
 typedef struct host_job {
     struct host_ctx *hc;
@@ -249,8 +245,9 @@ static pst_status host_init(pst_comm *c)
         return pst_error_set(PST_ERR_INTERNAL, "pst_comm_init: pthread_mutex_init failed");
     }
     c->ctx = hc;
-    /* Reduce jobs are recycled; enough for the blocks of a few steps in flight are made now
-     * so a training step allocates nothing (more are made once if ever needed). */
+    /* Reduce jobs are recycled; enough for the blocks of a few steps in flight (a job a
+     * member where a reduce is split) are made now so a training step allocates nothing
+     * (more are made once if ever needed). */
     for (int i = 0; i < HOST_JOBS; i++) {
         host_job *j = calloc(1, sizeof *j);
         if (!j)
@@ -390,23 +387,27 @@ static pst_status host_reduce(pst_comm *c, float *const bufs[], size_t n, int ro
 {
     host_ctx *hc = c->ctx;
     const int m = __builtin_popcountll(members);
-    if (n < (size_t)m * HOST_SPLIT) {
+    if (n < (size_t)m * PST_COMM_HOST_SPLIT) {
         PST_TRY(host_enter(hc, c->count, root, streams, members));
         PST_TRY(host_reduce_slice(c, bufs, root, members, streams[root], 0, n));
         return host_leave(hc, c->count, root, streams, members);
     }
     PST_TRY(host_all_meet(hc->ready, c->count, streams, members));
-    /* Slices of whole cache lines (16 floats), the last one takes the rest. */
+    /* Slices of multiples of 16 floats (whole cache lines where the buffers are aligned),
+     * the last one takes the rest. A slice that fails to queue still leaves the meeting
+     * after them queued, so later work waits for the slices that were. */
     const size_t per = (n / (size_t)m) & ~(size_t)15;
     size_t lo = 0;
-    for (int d = 0, k = 0; d < c->count; d++) {
+    pst_status st = PST_OK;
+    for (int d = 0, k = 0; d < c->count && st == PST_OK; d++) {
         if (!((members >> d) & 1u))
             continue;
         const size_t hi = ++k == m ? n : lo + per;
-        PST_TRY(host_reduce_slice(c, bufs, root, members, streams[d], lo, hi));
+        st = host_reduce_slice(c, bufs, root, members, streams[d], lo, hi);
         lo = hi;
     }
-    return host_all_meet(hc->done, c->count, streams, members);
+    const pst_status met = host_all_meet(hc->done, c->count, streams, members);
+    return st != PST_OK ? st : met;
 }
 
 static pst_status host_broadcast(pst_comm *c, void *const bufs[], size_t bytes, int root,

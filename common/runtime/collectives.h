@@ -24,8 +24,9 @@
  * streams stay the caller's; the buffers must stay allocated until the collective has run
  * (synchronize a stream of it, or wait on an event recorded after it).
  * Allocation: init creates everything a call needs (events; NCCL communicators on CUDA),
- * except the host implementation's small job record for a reduce, which comes from a free
- * list that only grows while more reduces are in flight than ever before.
+ * except the host implementation's small job records for a reduce (one, or one a device
+ * when a long sum is split), which come from a free list that only grows while more
+ * reduces are in flight than ever before.
  * Thread safety: calls on one comm may come from several threads; they are serialized.
  * Errors: PST_ERR_INVALID for bad arguments (detail names the argument); errors of the
  * runtime or of NCCL otherwise. A collective that fails to queue on some devices leaves the

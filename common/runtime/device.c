@@ -469,6 +469,13 @@ double pst_stream_busy_seconds(pst_stream *s)
     return s->dev->rt->iface->stream_busy_seconds(s);
 }
 
+int pst_stream_sync_waiters(pst_stream *s)
+{
+    if (!s || !s->dev->rt->iface->stream_sync_waiters)
+        return -1;
+    return s->dev->rt->iface->stream_sync_waiters(s);
+}
+
 /* ---- events ------------------------------------------------------------------------ */
 
 pst_status pst_event_create(pst_device *dev, pst_event **out)

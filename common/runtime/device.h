@@ -130,6 +130,9 @@ pst_status pst_stream_synchronize(pst_stream *s);
  * created, as of the last item it finished; -1 when the backend does not measure it (CUDA:
  * not yet). Thread safe. */
 double pst_stream_busy_seconds(pst_stream *s);
+/* Test hook: how many threads are inside pst_stream_synchronize(s) with the point they
+ * wait for taken; -1 when the backend does not count them (CUDA). Thread safe. */
+int pst_stream_sync_waiters(pst_stream *s);
 
 pst_status pst_event_create(pst_device *dev, pst_event **out);
 void pst_event_destroy(pst_event *ev); /* accepts NULL */

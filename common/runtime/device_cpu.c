@@ -100,12 +100,13 @@ typedef struct pst_cpu_stream {
     pthread_t thread;
     pthread_mutex_t mu;          /* guards everything below down to `sticky` */
     pthread_cond_t work_cv;      /* worker: an item was queued or stopping was set */
-    pthread_cond_t done_cv;      /* synchronize: an item completed */
+    pthread_cond_t done_cv;      /* synchronize: `completed` reached wake_at */
     pst_cpu_item *head, *tail;   /* the FIFO */
     pst_cpu_item *free_items;    /* recycled items */
     uint64_t submitted;          /* items queued so far */
     uint64_t completed;          /* items run or skipped so far */
     uint64_t wake_at;            /* the lowest `completed` a synchronize waits for; none: max */
+    int sync_waiters;            /* threads in synchronize (pst_stream_sync_waiters) */
     int stopping;                /* stream_free: exit once the queue is empty */
     pst_sticky sticky;           /* written only by the worker */
     _Atomic uint64_t busy_ns;    /* time in HOST/COPY/SET items (pst_stream_busy_seconds) */
@@ -556,11 +557,13 @@ static pst_status pst_cpu_stream_synchronize(pst_stream *s)
                              s->dev->name, s->id);
     pthread_mutex_lock(&cs->mu);
     uint64_t target = cs->submitted;
+    cs->sync_waiters++;
     while (cs->completed < target) {
         if (target < cs->wake_at)
             cs->wake_at = target;
         pthread_cond_wait(&cs->done_cv, &cs->mu);
     }
+    cs->sync_waiters--;
     pst_status st = pst_sticky_read(&cs->sticky, detail);
     pthread_mutex_unlock(&cs->mu);
     return pst_sticky_raise(st, detail);
@@ -680,9 +683,19 @@ static double pst_cpu_stream_busy_seconds(pst_stream *s)
     return (double)atomic_load_explicit(&cs->busy_ns, memory_order_relaxed) * 1e-9;
 }
 
+static int pst_cpu_stream_sync_waiters(pst_stream *s)
+{
+    pst_cpu_stream *cs = s->ctx;
+    pthread_mutex_lock(&cs->mu);
+    const int n = cs->sync_waiters;
+    pthread_mutex_unlock(&cs->mu);
+    return n;
+}
+
 const pst_backend_iface pst_cpu_backend_iface = {
     PST_BACKEND_BASE("cpu", PST_BACKEND_CPU, pst_cpu),
     /* host_alloc, host_free NULL: plain aligned memory from device.c */
     .set_jitter = pst_cpu_set_jitter,
     .stream_busy_seconds = pst_cpu_stream_busy_seconds,
+    .stream_sync_waiters = pst_cpu_stream_sync_waiters,
 };

@@ -155,6 +155,8 @@ struct pst_backend_iface {
     /* Optional: seconds the stream has spent running its work items (kernels, copies,
      * host functions; not its waits), since it was created. NULL: not measured. */
     double (*stream_busy_seconds)(pst_stream *s);
+    /* Optional (test hook, see pst_stream_sync_waiters). NULL: not counted. */
+    int (*stream_sync_waiters)(pst_stream *s);
 };
 
 /* The name, kind and required members of a backend's table, for a backend that names its
