@@ -216,6 +216,7 @@ static pst_status choose_modes(tr_exec *ex, const tr_exec_config *c)
 static pst_status init_devices(tr_exec *ex)
 {
     const tr_exec_config *c = &ex->c;
+    const int team = c->threads > 0 ? c->threads : 1; /* a CPU device's threads */
     ex->devs = calloc((size_t)ex->D, sizeof *ex->devs);
     ex->send_streams = calloc((size_t)ex->D, sizeof *ex->send_streams);
     ex->recv_streams = calloc((size_t)ex->D, sizeof *ex->recv_streams);
@@ -228,7 +229,7 @@ static pst_status init_devices(tr_exec *ex)
         /* CPU devices split each layer and the optimizer over a team of their own threads
          * (OpenBLAS itself runs single-threaded, see train.c). */
         if (ex->host_memory)
-            PST_TRY(pst_pool_init(&d->pool, c->threads > 0 ? c->threads : 1));
+            PST_TRY(pst_pool_init(&d->pool, team));
         /* Training alone on one device, the team has the cores to itself: its workers poll
          * through the gaps between a step's runs (the single-threaded ops, the batch's
          * gathering) instead of sleeping and paying a futex wake-up at the next run (about
@@ -250,7 +251,7 @@ static pst_status init_devices(tr_exec *ex)
         /* The update after backward runs on the owner's send stream while every compute
          * thread waits for it: it gets them all, sleeping between runs (no polling that
          * would take a core from the compute). */
-        PST_TRY(pst_pool_init(&ex->update_pool, ex->D * (c->threads > 0 ? c->threads : 1)));
+        PST_TRY(pst_pool_init(&ex->update_pool, ex->D * team));
         pst_pool_set_spin(ex->update_pool, 0);
     }
     return PST_OK;

@@ -428,6 +428,7 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
     const float *dY = dout + (int64_t)b * T * C + h * hs;
     float *dbase = dqkv + (int64_t)b * T * C3;
     const float *l = lse + ((int64_t)b * H + h) * T;
+    const float *Pr = kept ? kept : P; /* the probabilities the products below read */
     if (!kept)
         causal_gemm(PST_CAUSAL_SCORES, T, hs, scale, Q, C3, K, C3, P, T);
     causal_gemm(PST_CAUSAL_SCORES, T, hs, 1.0f, dY, C, Vv, C3, dP, T);
@@ -443,7 +444,7 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
             for (int j = nv; j < end; j++) /* what the products below read */
                 p[j] = 0.0f;
         }
-        const float *p = (kept ? kept : P) + (int64_t)t * T;
+        const float *p = Pr + (int64_t)t * T;
         for (int j = 0; j < nv; j++)
             dp[j] = j < n ? dp[j] : 0.0f;
         const float D = lanes_dot(p, dp, nv); /* 0 x 0 adds nothing: the bits of n's */
@@ -452,7 +453,6 @@ static void attention_backward_pair(float *dqkv, const float *dout, const float 
         for (int j = nv; j < end; j++)
             dp[j] = 0.0f;
     }
-    const float *Pr = kept ? kept : P;
     causal_gemm(PST_CAUSAL_MIX, T, hs, 1.0f, dP, T, K, C3, dbase + h * hs, C3);
     causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, dP, T, Q, C3, dbase + C + h * hs, C3);
     causal_gemm(PST_CAUSAL_BACK, T, hs, 1.0f, Pr, T, dY, C, dbase + 2 * C + h * hs, C3);
