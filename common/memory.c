@@ -91,6 +91,62 @@ unsigned long long pst_memory_available(void)
     return bytes;
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Stream-stores [0, n) from s to d, where d is aligned to W bytes and n a multiple of 4W:
+ * one variant per vector width W, each compiled for its instruction set. */
+#define STREAM_COPY(name, isa, W, vec, load, stream)                                          \
+    __attribute__((target(isa))) static void name(char *d, const char *s, size_t n)          \
+    {                                                                                         \
+        for (size_t i = 0; i < n; i += 4 * (W)) {                                             \
+            vec a = load((const vec *)(s + i)), b = load((const vec *)(s + i + (W)));         \
+            vec c = load((const vec *)(s + i + 2 * (W)));                                     \
+            vec e = load((const vec *)(s + i + 3 * (W)));                                     \
+            stream((vec *)(d + i), a);                                                        \
+            stream((vec *)(d + i + (W)), b);                                                  \
+            stream((vec *)(d + i + 2 * (W)), c);                                              \
+            stream((vec *)(d + i + 3 * (W)), e);                                              \
+        }                                                                                     \
+        _mm_sfence();                                                                         \
+    }
+STREAM_COPY(stream_avx512, "avx512f", 64, __m512i, _mm512_loadu_si512, _mm512_stream_si512)
+STREAM_COPY(stream_avx2, "avx2", 32, __m256i, _mm256_loadu_si256, _mm256_stream_si256)
+STREAM_COPY(stream_sse2, "sse2", 16, __m128i, _mm_loadu_si128, _mm_stream_si128)
+
+/* The widest stream stores this CPU has, in bytes (the same answer on every thread). */
+static size_t stream_width(void)
+{
+    static size_t width;
+    size_t w = __atomic_load_n(&width, __ATOMIC_RELAXED);
+    if (!w) {
+        __builtin_cpu_init();
+        w = __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16;
+        __atomic_store_n(&width, w, __ATOMIC_RELAXED);
+    }
+    return w;
+}
+
+void pst_copy_stream(void *dst, const void *src, size_t n)
+{
+    const size_t width = stream_width();
+    char *d = dst;
+    const char *s = src;
+    size_t head = (width - (uintptr_t)d % width) % width;
+    head = head < n ? head : n;
+    memcpy(d, s, head);
+    const size_t body = (n - head) / (4 * width) * (4 * width);
+    (width == 64 ? stream_avx512 : width == 32 ? stream_avx2 : stream_sse2)(d + head, s + head,
+                                                                          body);
+    memcpy(d + head + body, s + head + body, n - head - body);
+}
+#else
+void pst_copy_stream(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+#endif
+
 void pst_free_all(void *const ptrs[], size_t n)
 {
     for (size_t i = 0; i < n; i++)

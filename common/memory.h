@@ -35,6 +35,15 @@ void pst_memory_huge(void *p, size_t bytes);
  * heaps on 4 KiB pages. */
 int pst_memory_huge_heap_env(void);
 
+/* Copies n bytes from src to dst (not overlapping), as memcpy, with non-temporal stores
+ * where the CPU has them (x86-64: AVX-512F, AVX2 or SSE2), for copies of
+ * PST_COPY_STREAM_MIN bytes or more in all (in pieces, each by this): a copy that large
+ * leaves the caches anyway, and stores that bypass them skip reading each destination line
+ * first (a trainer's pulled blocks into its parameters: docs/scaling.md). Smaller copies
+ * should use memcpy: what they write is read soon, from cache. */
+#define PST_COPY_STREAM_MIN ((size_t)4 << 20)
+void pst_copy_stream(void *dst, const void *src, size_t n);
+
 /* Executes this program's binary (/proc/self/exe resolved, so the process keeps its name)
  * again with the same arguments and the current environment, in this process. Returns only
  * when that failed. Call before any thread starts. */

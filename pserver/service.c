@@ -511,6 +511,9 @@ const char *ps_service_departed(ps_service *svc)
     return __atomic_load_n(&svc->departed_set, __ATOMIC_ACQUIRE) ? svc->departed : NULL;
 }
 
+static void *keep_push(void *arg); /* (Push, below) */
+static void release_push(void *kept);
+
 /* Init's settings from the wire into sc, and the bounds an Init must keep before anything
  * is allocated: trainers, mode, optimizer, precision, blocks, --max-params and
  * --max-memory (what a 1 MiB Init can ask for grows with the trainers: a gradient buffer
@@ -526,7 +529,8 @@ static pst_status init_settings(ps_service *svc, const Pstrain__InitRequest *req
                              (int)req->mode);
     *sc = (ps_store_config){
         .mode = req->mode == PSTRAIN__MODE__ASYNC ? PST_MODE_ASYNC : PST_MODE_SYNC,
-        .num_trainers = (int)req->num_trainers, .nblocks = (int)req->n_blocks};
+        .num_trainers = (int)req->num_trainers, .nblocks = (int)req->n_blocks,
+        .keep_push = keep_push, .release_push = release_push};
     PST_TRY(optim_from_wire(req->optim, &sc->optim));
     if (rpc_dtype_from_wire(req->precision, &sc->lowp) != PST_OK)
         return pst_error_set(PST_ERR_INVALID, "Init from trainer 0: precision %d is not F32, "
@@ -1000,7 +1004,37 @@ static void handle_init(ps_service *svc, rpc_call *call)
 typedef struct push_fill {
     rpc_payload payload;
     pst_dtype dtype;
+    rpc_call *call; /* the payload is in this call (NULL: in shared memory, or kept) */
 } push_fill;
+
+/* A sync push kept in the slices it came in until its step's update (ps_store_config's
+ * keep_push): the call goes on without them, and no byte of them is copied. */
+typedef struct kept_push {
+    push_fill f; /* first: the store's fill argument is &f */
+    rpc_kept_payload *slices;
+} kept_push;
+
+static void *keep_push(void *arg)
+{
+    const push_fill *f = arg;
+    kept_push *k = f->call ? malloc(sizeof *k) : NULL;
+    if (!k)
+        return NULL;
+    k->slices = rpc_call_keep_payload(f->call);
+    if (!k->slices) {
+        free(k);
+        return NULL;
+    }
+    k->f = (push_fill){.payload = *rpc_kept_payload_view(k->slices), .dtype = f->dtype};
+    return &k->f;
+}
+
+static void release_push(void *kept)
+{
+    kept_push *k = kept;
+    rpc_kept_payload_free(k->slices);
+    free(k);
+}
 
 static pst_status fill_from_payload(void *arg, float *dst, uint64_t first, uint64_t length)
 {
@@ -1053,7 +1087,7 @@ static void handle_push(ps_service *svc, rpc_call *call)
     if (!store)
         return;
     const rpc_payload *in_call = rpc_call_payload(call);
-    push_fill f = {.payload = in_call ? *in_call : (rpc_payload){0}};
+    push_fill f = {.payload = in_call ? *in_call : (rpc_payload){0}, .call = call};
     pst_status st = PST_OK;
     if (req->trainer_id < svc->num_trainers &&
         __atomic_load_n(&svc->finished[req->trainer_id], __ATOMIC_ACQUIRE))
@@ -1074,6 +1108,7 @@ static void handle_push(ps_service *svc, rpc_call *call)
                                (unsigned long long)len);
         if (st == PST_OK) /* the trainer maps its slot writable */
             f.payload = rpc_payload_shared(slot, (size_t)len * pst_dtype_size(f.dtype), 1);
+        f.call = NULL;
     } else if (st == PST_OK)
         st = rpc_payload_check(&f.payload, f.dtype, req->length);
     int dup = 0;

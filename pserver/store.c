@@ -8,7 +8,10 @@
  * t) and 1 in async mode (scratch for the gradient being applied). A bf16 push is kept as
  * it came, in the first half of its row (row_bf16), and widened tile by tile in the update:
  * the same f32 values (the widening is exact) summed in the same order, with half the bytes
- * written and read. The block's mutex guards
+ * written and read. A push is not copied at all where it can be read again where it came
+ * (row_src): the one that makes the update, and, with the config's keep_push, the sync
+ * pushes before it (the pserver keeps their gRPC slices until the step's update); recv is
+ * then never touched, and takes no memory. The block's mutex guards
  * everything else in the block: version, the per-trainer flags, the waiter list and the
  * values (a pull's fn reads them under it). Blocks are aligned to a cache line so the locks
  * of neighbouring blocks do not share one.
@@ -34,6 +37,16 @@
 
 #define PS_CACHE_LINE 64
 
+/* A row read from where its push has it (its payload), through its fill, instead of from
+ * the store's buffer: the push that makes the update, and (sync, with the config's keep)
+ * the pushes kept before it, are not copied first. Neither fill: the row is in recv. */
+typedef struct row_src {
+    ps_fill_fn fill;      /* f32, or */
+    ps_raw_fill_fn raw;   /* bf16 */
+    void *arg;
+    int kept;             /* arg came from keep_push: release_push it after the update */
+} row_src;
+
 typedef struct ps_block {
     _Alignas(PS_CACHE_LINE) pthread_mutex_t mu;
     int mu_ok;             /* mu was initialized (free of a half-built store) */
@@ -49,6 +62,8 @@ typedef struct ps_block {
     int lowp_own;          /* lowp was allocated by the store (not the config's lowp_at) */
     uint8_t *pushed;       /* sync: (num_trainers) pushed step == version already */
     uint8_t *row_bf16;     /* (nrecv) recv row r holds bf16 (in its first half), not f32 */
+    row_src *sources;      /* sync, more than one trainer: (num_trainers) the pushes of
+                            * this step read where they came (kept ones), else zeros */
     int npushed;           /* sync: how many flags are set */
     int64_t *last_step;    /* async: (num_trainers) last step applied, -1 for none */
     ps_pull_waiter *head;  /* queued pulls, FIFO */
@@ -77,6 +92,8 @@ struct ps_store {
     ps_block *blocks;      /* (nblocks) in the configured order */
     ps_block_index *by_id; /* (nblocks) sorted by id */
     uint64_t total_length;
+    void *(*keep_push)(void *); /* ps_store_config's: NULL copies every push */
+    void (*release_push)(void *);
     /* checkpoints (ps_store_config's snapshot) */
     void (*on_update)(void *, double);
     void *on_update_arg;
@@ -304,14 +321,6 @@ static void answer_waiters(ps_block *b)
  * row order, trainer-id order in sync mode, into a tile on the stack), the optimizer, and
  * the cast into the low-precision copy, each tile still in cache for the next pass. With
  * neither g nor sum only the cast (init). */
-/* A row read from where the push that completes the step has it (its payload), through
- * its fill, instead of from the store's buffer: the push is not copied first. */
-typedef struct direct_row {
-    int row;              /* -1: none */
-    ps_fill_fn fill;      /* f32, or */
-    ps_raw_fill_fn raw;   /* bf16 */
-    void *arg;
-} direct_row;
 
 typedef struct update_job {
     const ps_store *st;
@@ -321,7 +330,7 @@ typedef struct update_job {
     const uint8_t *bf16;
     int rows;
     uint64_t stride;
-    direct_row direct;
+    const row_src *src; /* (rows) where each row is read from, or NULL: all from sum */
 } update_job;
 
 #define UPDATE_TILE 4096 /* floats: a tile of every array fits in L2 */
@@ -331,16 +340,16 @@ typedef struct update_job {
 static void add_row(float *acc, const update_job *j, int r, size_t t0, size_t n)
 {
     const float *row = j->sum + (uint64_t)r * j->stride;
-    const direct_row *d = &j->direct;
-    /* A direct row's fill has read these elements once already, in the push's check: it
-     * cannot fail now. */
-    if (r == d->row && d->raw) {
+    const row_src *d = j->src ? &j->src[r] : NULL;
+    /* A row's fill has read these elements once already, in the push's check: it cannot
+     * fail now. */
+    if (d && d->raw) {
         uint16_t h[UPDATE_TILE];
         (void)d->raw(d->arg, h, t0, n);
         add_bf16(acc, h, n, r == 0);
         return;
     }
-    if (r == d->row) {
+    if (d && d->fill) {
         if (r == 0) {
             (void)d->fill(d->arg, acc, t0, n);
         } else {
@@ -372,7 +381,7 @@ static void update_part(void *arg, int part, int nparts)
         const size_t n = hi - t0 < UPDATE_TILE ? hi - t0 : UPDATE_TILE;
         const float *g = j->g ? j->g + t0 : NULL;
         if (j->sum) {
-            if (j->rows == 1 && !j->bf16[0] && j->direct.row != 0) {
+            if (j->rows == 1 && !j->bf16[0] && !(j->src && j->src[0].fill)) {
                 g = j->sum + t0;
             } else {
                 for (int r = 0; r < j->rows; r++)
@@ -390,11 +399,9 @@ static void update_part(void *arg, int part, int nparts)
 }
 
 static void run_update(const ps_store *st, ps_block *b, const float *g, const float *sum,
-                       int rows, uint64_t stride, const direct_row *direct)
+                       int rows, uint64_t stride, const row_src *src)
 {
-    update_job job = {st, b, g, sum, b->row_bf16, rows, stride, {.row = -1}};
-    if (direct)
-        job.direct = *direct;
+    update_job job = {st, b, g, sum, b->row_bf16, rows, stride, src};
     if (st->pool)
         pst_pool_run(st->pool, update_part, &job);
     else
@@ -474,10 +481,10 @@ static void made_version(ps_store *st, ps_block *b, double seconds)
 }
 
 static pst_status apply_update(ps_store *st, ps_block *b, const float *g, const float *sum,
-                               int rows, uint64_t stride, const direct_row *direct)
+                               int rows, uint64_t stride, const row_src *src)
 {
     const double t0 = st->on_update ? pst_clock_s() : 0.0;
-    run_update(st, b, g, sum, rows, stride, direct);
+    run_update(st, b, g, sum, rows, stride, src);
     made_version(st, b, st->on_update ? pst_clock_s() - t0 : 0.0);
     return PST_OK;
 }
@@ -563,14 +570,29 @@ int ps_store_state_floats(const ps_store *st)
     return st->nstate;
 }
 
-/* Sync: all trainers pushed step == version. Sums the rows in trainer-id order into row 0
- * (acc = buf[0]; acc += buf[1]; ...: per element, the same order whatever the tiles),
- * applies it and clears the flags. */
-static pst_status complete_sync_step(ps_store *st, ps_block *b, const direct_row *direct)
+/* Releases the pushes of block b kept for its step (its lock held, or at free). */
+static void release_kept(const ps_store *st, ps_block *b)
+{
+    for (int r = 0; b->sources && r < st->num_trainers; r++) {
+        if (b->sources[r].kept)
+            st->release_push(b->sources[r].arg);
+        b->sources[r] = (row_src){0};
+    }
+}
+
+/* Sync: all trainers pushed step == version; `last` is where the push that completes it
+ * is read from (row `row`). Sums the rows in trainer-id order (acc = row0; acc += row1;
+ * ...: per element, the same order whatever the tiles and wherever each row is read from),
+ * applies it, releases the kept pushes and clears the flags. */
+static pst_status complete_sync_step(ps_store *st, ps_block *b, int row, const row_src *last)
 {
     memset(b->pushed, 0, (size_t)st->num_trainers);
     b->npushed = 0;
-    return apply_update(st, b, NULL, b->recv, st->num_trainers, b->length, direct);
+    b->sources[row] = *last;
+    pst_status rc = apply_update(st, b, NULL, b->recv, st->num_trainers, b->length,
+                                 b->sources);
+    release_kept(st, b);
+    return rc;
 }
 
 /* ---- config validation ---- */
@@ -592,6 +614,9 @@ static pst_status validate_config(const ps_store_config *cfg)
     if (cfg->lowp != PST_F32 && cfg->lowp != PST_F16 && cfg->lowp != PST_BF16)
         return pst_error_set(PST_ERR_INVALID, "pserver store: lowp dtype %d unknown (want f32 "
                              "for no low-precision copy, f16 or bf16)", (int)cfg->lowp);
+    if (!cfg->keep_push != !cfg->release_push)
+        return pst_error_set(PST_ERR_INVALID, "pserver store: keep_push and release_push "
+                             "come together (both set or both NULL)");
     if (cfg->nblocks < 0)
         return pst_error_set(PST_ERR_INVALID, "pserver store: nblocks %d, want >= 0",
                              cfg->nblocks);
@@ -662,6 +687,8 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
     st->num_trainers = cfg->num_trainers;
     st->optim = cfg->optim;
     st->pool = cfg->pool;
+    st->keep_push = cfg->keep_push;
+    st->release_push = cfg->release_push;
     st->lowp = cfg->lowp;
     st->on_update = cfg->on_update;
     st->on_update_arg = cfg->on_update_arg;
@@ -724,9 +751,10 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         const size_t bytes = (size_t)(rows * s->length) * sizeof(float);
         b->mem = aligned_alloc(PS_CACHE_LINE, (bytes + PS_CACHE_LINE - 1) / PS_CACHE_LINE *
                                                   PS_CACHE_LINE);
-        if (b->mem) {
+        if (b->mem) { /* recv is written before it is read: left untouched, it takes no
+                       * memory until a push is copied into it (kept pushes are not) */
             pst_memory_huge(b->mem, bytes);
-            memset(b->mem, 0, bytes);
+            memset(b->mem, 0, (size_t)((own + (uint64_t)st->nstate) * s->length) * sizeof(float));
         }
         if (!b->mem) {
             rc = pst_error_set(PST_ERR_NOMEM,
@@ -744,7 +772,9 @@ pst_status ps_store_init(ps_store **out, const ps_store_config *cfg, const float
         }
         if (cfg->mode == PST_MODE_SYNC) {
             b->pushed = calloc((size_t)cfg->num_trainers, 1);
-            if (!b->pushed) {
+            if (cfg->num_trainers > 1)
+                b->sources = calloc((size_t)cfg->num_trainers, sizeof *b->sources);
+            if (!b->pushed || (cfg->num_trainers > 1 && !b->sources)) {
                 rc = pst_error_set(PST_ERR_NOMEM, "pserver store: out of memory");
                 goto error;
             }
@@ -821,7 +851,8 @@ void ps_store_free(ps_store *st)
         free(b->mem);
         if (b->lowp_own)
             free(b->lowp);
-        PST_FREE_ALL(b->pushed, b->row_bf16, b->last_step);
+        release_kept(st, b);
+        PST_FREE_ALL(b->pushed, b->row_bf16, b->last_step, b->sources);
     }
     PST_FREE_ALL(st->blocks, st->by_id, st->snap_values, st->snap_state);
     if (st->snap_mu_ok)
@@ -856,6 +887,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         return pst_error_set(PST_ERR_INVALID, "push: no fill function");
 
     pst_status rc = PST_OK;
+    void *kept = NULL; /* this push, kept where it came (keep_push) */
     pthread_mutex_lock(&b->mu);
     float *dst;
     if (st->mode == PST_MODE_SYNC) {
@@ -915,13 +947,17 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
      * process can write (PS_PUSH_SHARED_SOURCE): what was checked must be what is applied,
      * so it is copied into dst like any other push. */
     const int row = st->mode == PST_MODE_SYNC ? (int)trainer : 0;
-    const int through = !direct && inv_scale == 1.0f && !(flags & PS_PUSH_SHARED_SOURCE) &&
-                        (st->mode == PST_MODE_ASYNC || st->num_trainers == 1 ||
-                         b->npushed + 1 == st->num_trainers);
+    const int readable = !direct && inv_scale == 1.0f && !(flags & PS_PUSH_SHARED_SOURCE);
+    const int through = readable && (st->mode == PST_MODE_ASYNC || st->num_trainers == 1 ||
+                                     b->npushed + 1 == st->num_trainers);
+    /* A sync push before the last of its step: kept where it came when the caller can keep
+     * it (keep_push), and read from there by the update, like the last one. */
+    kept = readable && !through && st->keep_push ? st->keep_push(fill_arg) : NULL;
+    const int only_check = through || kept;
     for (uint64_t off = 0; off < b->length && raw_bf16; off += FILL_PIECE) {
         const uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
         uint16_t piece[FILL_PIECE];
-        uint16_t *h = through ? piece : (uint16_t *)dst + off;
+        uint16_t *h = only_check ? piece : (uint16_t *)dst + off;
         if ((rc = raw_bf16(fill_arg, h, off, n)) != PST_OK)
             goto out;
         const uint64_t bad = find_nonfinite_bf16(h, n);
@@ -938,7 +974,7 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     for (uint64_t off = 0; off < b->length && !in_place && !raw_bf16; off += FILL_PIECE) {
         uint64_t n = b->length - off < FILL_PIECE ? b->length - off : FILL_PIECE;
         float piece[FILL_PIECE];
-        float *out = through ? piece : dst + off;
+        float *out = only_check ? piece : dst + off;
         uint64_t bad;
         if (direct) { /* (no scale with an array) */
             bad = copy_finite(out, direct + off, n);
@@ -960,21 +996,28 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         }
     }
 
-    const direct_row dr = {.row = through ? row : -1, .fill = raw_bf16 ? NULL : fill,
-                           .raw = raw_bf16, .arg = fill_arg};
+    row_src src = {0}; /* where the update reads this push: recv, unless */
+    if (only_check)
+        src = (row_src){.fill = raw_bf16 ? NULL : fill, .raw = raw_bf16,
+                        .arg = kept ? kept : fill_arg, .kept = kept != NULL};
     b->row_bf16[row] = raw_bf16 != NULL;
     if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
         b->pushed[trainer] = 1;
         if (++b->npushed == st->num_trainers)
-            rc = complete_sync_step(st, b, &dr);
+            rc = complete_sync_step(st, b, row, &src);
+        else
+            b->sources[row] = src;
+        kept = NULL; /* the block's now */
     } else { /* one trainer, or async: its gradient is the sum */
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
         rc = in_place ? apply_update(st, b, g, NULL, 1, 0, NULL)
-                      : apply_update(st, b, NULL, dst, 1, b->length, &dr);
+                      : apply_update(st, b, NULL, dst, 1, b->length, &src);
     }
 
 out:
+    if (kept) /* a push discarded in its check */
+        st->release_push(kept);
     pthread_mutex_unlock(&b->mu);
     return rc;
 }

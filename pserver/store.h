@@ -98,6 +98,18 @@ typedef struct ps_store_config {
     int64_t snapshot_every;
     void (*snapshot)(void *arg, int64_t version, const float *values, const float *state);
     void *snapshot_arg;
+    /* Optional, both or neither (NULL: a sync push that does not complete its step is
+     * copied into the store). Sync with more than one trainer: a push from a fill at scale 1
+     * (ps_store_push, ps_store_push_scaled, ps_store_push_bf16; not PS_PUSH_SHARED_SOURCE)
+     * that does not complete its step is kept where it came instead: keep_push(fill_arg)
+     * returns an argument for the same fill that reads the same elements until
+     * release_push(kept), or NULL, and the push is copied. The store checks the push through
+     * it as it comes, reads it again in the step's update (from the pool's threads, as the
+     * last push's), and releases it after that update, or when the push is discarded in its
+     * check, or at ps_store_free; with a block's lock held, on that thread. keep_push runs on
+     * the pushing thread, inside the push, with the block's lock held. */
+    void *(*keep_push)(void *fill_arg);
+    void (*release_push)(void *kept);
     /* Optional: seconds each block update took (the optimizer step and the cast), called
      * on the updating thread after it. */
     void (*on_update)(void *arg, double seconds);
@@ -108,7 +120,8 @@ typedef struct ps_store_config {
  * (casting from the wire dtype). ps_store_push calls it piece by piece, in order, so each
  * piece is checked for NaN/Inf while it is still in cache. When the push makes the update
  * (the last of a sync step, one trainer, async), the pieces are only checked, and the
- * update calls it again for each tile of 4096 elements, from the store's pool threads
+ * update calls it again (or the kept argument's, ps_store_config's keep_push) for each
+ * tile of 4096 elements, from the store's pool threads
  * concurrently and in any order, before ps_store_push returns: it must give the same
  * elements every time (read a source that does not change) and be safe to call from
  * several threads at once. Called with the block's lock held: it must not call back into

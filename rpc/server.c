@@ -984,6 +984,11 @@ const rpc_payload *rpc_call_payload(const rpc_call *c)
     return rpc_message_payload(c->msg);
 }
 
+rpc_kept_payload *rpc_call_keep_payload(rpc_call *c)
+{
+    return rpc_message_keep_payload(c->msg);
+}
+
 int rpc_call_identity(const rpc_call *c, const char **by)
 {
     if (by)

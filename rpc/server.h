@@ -108,6 +108,9 @@ rpc_method rpc_call_method(const rpc_call *c);
 const ProtobufCMessage *rpc_call_request(const rpc_call *c);
 /* The request payload (read it with rpc_payload_read / rpc_payload_read_f32). */
 const rpc_payload *rpc_call_payload(const rpc_call *c);
+/* Moves the request payload out of the call, to outlive it (rpc_message_keep_payload):
+ * rpc_call_payload reads 0 bytes from then on. Only the thread handling the call. */
+rpc_kept_payload *rpc_call_keep_payload(rpc_call *c);
 /* The trainer the call comes from, as its credentials say: the id of the trainer token it
  * carries (rpc_server_config.trainer_tokens), else the "trainer-<id>" its mutual-TLS client
  * certificate names (a subject alternative name, else the common name); -1 when neither

@@ -11,6 +11,7 @@
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/slice.h>
 
+#include "common/memory.h"
 #include "rpc/tsan.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -104,12 +105,16 @@ static void sb_copy(const grpc_slice_buffer *sb, size_t off, void *dst, size_t n
     uint8_t *d = dst;
     size_t in;
     size_t i = sb_seek(sb, off, &in);
+    const int stream = n >= PST_COPY_STREAM_MIN; /* (a pulled block into the parameters) */
     while (n > 0) {
         const uint8_t *s = GRPC_SLICE_START_PTR(sb->slices[i]) + in;
         size_t take = GRPC_SLICE_LENGTH(sb->slices[i]) - in;
         if (take > n)
             take = n;
-        memcpy(d, s, take);
+        if (stream)
+            pst_copy_stream(d, s, take);
+        else
+            memcpy(d, s, take);
         d += take;
         n -= take;
         in = 0;
@@ -228,6 +233,37 @@ void rpc_message_free(rpc_message *m)
     if (m->bb != NULL)
         grpc_byte_buffer_destroy(m->bb);
     free(m);
+}
+
+struct rpc_kept_payload {
+    grpc_byte_buffer *bb; /* the message's body: owns the slices */
+    rpc_payload payload;  /* points into bb's slice buffer, which does not move */
+};
+
+rpc_kept_payload *rpc_message_keep_payload(rpc_message *m)
+{
+    if (m == NULL || m->bb == NULL || m->payload.bytes == 0)
+        return NULL;
+    rpc_kept_payload *k = malloc(sizeof *k);
+    if (k == NULL)
+        return NULL;
+    *k = (rpc_kept_payload){m->bb, m->payload};
+    m->bb = NULL;
+    m->payload = (rpc_payload){0};
+    return k;
+}
+
+const rpc_payload *rpc_kept_payload_view(const rpc_kept_payload *k)
+{
+    return &k->payload;
+}
+
+void rpc_kept_payload_free(rpc_kept_payload *k)
+{
+    if (k == NULL)
+        return;
+    grpc_byte_buffer_destroy(k->bb);
+    free(k);
 }
 
 /* ---- encoding -------------------------------------------------------------------------- */

@@ -109,6 +109,18 @@ const rpc_payload *rpc_message_payload(const rpc_message *m);
 /* Releases the header and the received slices. Accepts NULL. */
 void rpc_message_free(rpc_message *m);
 
+/* A message's payload moved out of it, still in the received slices (no copy), for a
+ * reader that keeps it past the message (the pserver keeps a sync push until its step's
+ * update instead of copying it). */
+typedef struct rpc_kept_payload rpc_kept_payload;
+/* Moves the payload out of m: m keeps its header and its payload reads as 0 bytes from
+ * then on. NULL (m unchanged) when the payload is empty or out of memory. */
+rpc_kept_payload *rpc_message_keep_payload(rpc_message *m);
+/* The kept payload; valid until rpc_kept_payload_free. */
+const rpc_payload *rpc_kept_payload_view(const rpc_kept_payload *k);
+/* Releases the slices; any thread. Accepts NULL. */
+void rpc_kept_payload_free(rpc_kept_payload *k);
+
 /* ---- encoding and decoding -------------------------------------------------------- */
 
 /* Builds a message body: a slice with the 4-byte length and the packed header, then (when

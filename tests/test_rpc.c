@@ -41,6 +41,7 @@
 
 #include "common/dtype.h"
 #include "common/dtype_math.h"
+#include "common/memory.h"
 #include "rpc/client.h"
 #include "rpc/global.h"
 #include "rpc/server.h"
@@ -471,6 +472,106 @@ Test(wire, roundtrip_header_straddles_slices)
         cr_assert_eq(memcmp(f, vals, sizeof(f)), 0);
         rpc_message_free(m);
     }
+    free(body);
+    rpc_global_shutdown();
+}
+
+/* pst_copy_stream is memcpy at every size and alignment (head, vector body, tail), and a
+ * payload read of PST_COPY_STREAM_MIN bytes or more (streamed, slice by slice) gives the
+ * payload's bytes at any slice cut and destination alignment. */
+Test(wire, large_payload_reads_stream_the_same_bytes)
+{
+    enum { MAX = (4 << 20) + 4096 };
+    uint8_t *src = malloc(MAX + 64), *dst = malloc(MAX + 64), *want = malloc(MAX + 64);
+    cr_assert(src && dst && want);
+    for (size_t i = 0; i < MAX + 64; i++)
+        src[i] = (uint8_t)(i * 131 + (i >> 9));
+    static const size_t sizes[] = {0, 1, 15, 16, 63, 64, 65, 255, 256, 257, 4099, MAX};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        for (size_t so = 0; so < 3; so++) {
+            for (size_t d = 0; d < 70; d += 7) {
+                memset(dst, 0xa5, MAX + 64);
+                memcpy(want, dst, MAX + 64);
+                memcpy(want + d, src + so, sizes[k]);
+                pst_copy_stream(dst + d, src + so, sizes[k]);
+                cr_assert(memcmp(dst, want, MAX + 64) == 0, "size %zu, src +%zu, dst +%zu",
+                          sizes[k], so, d);
+            }
+        }
+    }
+    free(want);
+
+    rpc_global_init();
+    enum { N = (5 << 20) / 4 + 1001 }; /* f32 elements: over PST_COPY_STREAM_MIN */
+    float *vals = malloc(N * sizeof(float)), *got = malloc((N + 1) * sizeof(float));
+    cr_assert(vals && got);
+    for (int i = 0; i < N; i++)
+        vals[i] = (float)i * 0.5f - 7.0f;
+    Pstrain__PullReply rep = PSTRAIN__PULL_REPLY__INIT;
+    rep.block = 5;
+    rep.length = N;
+    grpc_byte_buffer *bb;
+    cr_assert_eq(rpc_wire_encode(&rep.base, vals, N * sizeof(float), NULL, NULL, &bb), PST_OK);
+    size_t len;
+    uint8_t *body = flatten(bb, &len);
+    grpc_byte_buffer_destroy(bb);
+    static const size_t chunks[] = {(1 << 20) + 3, 4 << 20, 65537};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++) {
+        rpc_message *m;
+        cr_assert_eq(rpc_wire_decode(cut(body, len, chunks[k]), &pstrain__pull_reply__descriptor,
+                                     &m), PST_OK);
+        float *at = got + k % 2; /* 16-byte aligned, and not */
+        cr_assert_eq(rpc_payload_read_f32(rpc_message_payload(m), PST_F32, 0, at, N), PST_OK);
+        cr_assert(memcmp(at, vals, N * sizeof(float)) == 0, "chunk %zu", chunks[k]);
+        rpc_message_free(m);
+    }
+    free(body);
+    free(vals);
+    free(got);
+    free(src);
+    free(dst);
+    rpc_global_shutdown();
+}
+
+/* A payload kept out of its message outlives it, in the slices it came in: the message
+ * keeps its header and reads an empty payload; a message without a payload keeps none. */
+Test(wire, a_kept_payload_outlives_its_message)
+{
+    rpc_global_init();
+    float vals[300];
+    for (int i = 0; i < 300; i++)
+        vals[i] = (float)i - 0.25f;
+    Pstrain__PushRequest req = PSTRAIN__PUSH_REQUEST__INIT;
+    req.block = 9;
+    req.length = 300;
+    grpc_byte_buffer *bb;
+    cr_assert_eq(rpc_wire_encode(&req.base, vals, sizeof vals, NULL, NULL, &bb), PST_OK);
+    size_t len;
+    uint8_t *body = flatten(bb, &len);
+    grpc_byte_buffer_destroy(bb);
+    rpc_message *m;
+    cr_assert_eq(rpc_wire_decode(cut(body, len, 97), &pstrain__push_request__descriptor, &m),
+                 PST_OK);
+    rpc_kept_payload *k = rpc_message_keep_payload(m);
+    cr_assert_not_null(k);
+    cr_assert_eq(rpc_message_payload(m)->bytes, 0);
+    cr_assert_eq(((const Pstrain__PushRequest *)rpc_message_header(m))->block, 9);
+    cr_assert_null(rpc_message_keep_payload(m), "the payload is kept once");
+    rpc_message_free(m);
+    float back[300];
+    cr_assert_eq(rpc_payload_read_f32(rpc_kept_payload_view(k), PST_F32, 0, back, 300), PST_OK);
+    cr_assert(memcmp(back, vals, sizeof vals) == 0);
+    rpc_kept_payload_free(k);
+    rpc_kept_payload_free(NULL);
+    free(body);
+
+    cr_assert_eq(rpc_wire_encode(&req.base, NULL, 0, NULL, NULL, &bb), PST_OK);
+    body = flatten(bb, &len);
+    grpc_byte_buffer_destroy(bb);
+    cr_assert_eq(rpc_wire_decode(cut(body, len, 5), &pstrain__push_request__descriptor, &m),
+                 PST_OK);
+    cr_assert_null(rpc_message_keep_payload(m));
+    rpc_message_free(m);
     free(body);
     rpc_global_shutdown();
 }

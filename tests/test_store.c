@@ -2134,3 +2134,143 @@ Test(store, shared_f32_slot_rewritten_by_another_process_never_reaches_the_value
     munmap(slot, L * sizeof(float));
     munmap(stop, 2 * sizeof *stop);
 }
+
+/* ---- sync pushes kept where they came (ps_store_config's keep_push) ---- */
+
+/* A push's source in these tests, f32 (f) or bf16 (h); keep_copy keeps its own copy, so
+ * the caller can overwrite its buffers after each push returns (a store that read the
+ * caller's argument again would sum NaNs). */
+typedef struct kept_src {
+    fill_src f; /* first: the f32 fill's argument */
+    bf16_src h;
+    float g[64];
+    uint16_t raw[64];
+} kept_src;
+
+static atomic_int keeps, releases, keep_calls, refuse_odd;
+
+/* Keeps the push (refuse_odd: every other one is refused, and the store copies it). */
+static void *keep_copy(void *arg)
+{
+    const kept_src *src = arg;
+    if (atomic_load(&refuse_odd) && atomic_fetch_add(&keep_calls, 1) % 2 == 1)
+        return NULL;
+    kept_src *k = calloc(1, sizeof *k);
+    cr_assert_not_null(k);
+    if (src->f.g)
+        memcpy(k->g, src->f.g, sizeof k->g);
+    if (src->h.h)
+        memcpy(k->raw, src->h.h, sizeof k->raw);
+    k->f.g = k->g;
+    k->h.h = k->raw;
+    atomic_fetch_add(&keeps, 1);
+    return k;
+}
+
+static void release_copy(void *kept)
+{
+    atomic_fetch_add(&releases, 1);
+    free(kept);
+}
+
+static pst_status fill_kept_raw(void *arg, void *dst, uint64_t first, uint64_t n)
+{
+    kept_src *k = arg;
+    return fill_bf16_raw(&k->h, dst, first, n);
+}
+
+/* Pushes kept where they came give the bits of pushes copied into the store (sync, 2 and 3
+ * trainers in reversed order, f32 and bf16 rows, every other keep refused, updates over a
+ * pool of 2 threads reading kept rows concurrently, Adam over 4 steps); every kept push is
+ * released by the update of its step; a push discarded in its check is released at once;
+ * ps_store_free releases what a step that never completed kept; keep_push without
+ * release_push is refused. */
+Test(store, kept_pushes_give_the_bits_of_copied_ones_and_are_released)
+{
+    struct pst_pool *pool = NULL;
+    cr_assert_eq(pst_pool_init(&pool, 2), PST_OK);
+    for (int trainers = 2; trainers <= 3; trainers++) {
+        for (int bf16 = 0; bf16 <= 1; bf16++) {
+            float initial[TOTAL_LEN];
+            ps_store *copied = make_store(PST_MODE_SYNC, trainers, PST_OPTIM_ADAM, initial);
+            ps_store_config cfg = {.mode = PST_MODE_SYNC, .num_trainers = trainers,
+                                   .blocks = test_blocks, .nblocks = NTB, .pool = pool,
+                                   .keep_push = keep_copy, .release_push = release_copy};
+            optim_for(PST_OPTIM_ADAM, &cfg.optim);
+            ps_store *kept = NULL;
+            cr_assert_eq(ps_store_init(&kept, &cfg, initial), PST_OK, "%s",
+                         pst_error_detail());
+            atomic_store(&keeps, 0);
+            atomic_store(&releases, 0);
+            atomic_store(&refuse_odd, 1);
+            for (int step = 0; step < 4; step++) {
+                for (int t = trainers - 1; t >= 0; t--) {
+                    for (int bi = 0; bi < NTB; bi++) {
+                        const uint64_t n = test_blocks[bi].length;
+                        const uint32_t id = test_blocks[bi].id;
+                        float g[64] = {0};
+                        uint16_t h[64] = {0};
+                        fill_normal(g, n, 70 + (uint64_t)step, (uint64_t)(t * NTB + bi), 0.3f);
+                        pst_cast(h, PST_BF16, g, PST_F32, (size_t)n);
+                        kept_src src = {.f = {.g = bf16 ? NULL : g}, .h = {bf16 ? h : NULL}};
+                        pst_status rc, rk;
+                        if (bf16) {
+                            rc = ps_store_push_bf16(copied, (uint32_t)t, step, id, n,
+                                                    fill_bf16_raw, &src.h, 0, NULL);
+                            rk = ps_store_push_bf16(kept, (uint32_t)t, step, id, n,
+                                                    fill_kept_raw, &src, 0, NULL);
+                        } else {
+                            rc = push_grad(copied, (uint32_t)t, step, id, g, n, NULL, NULL);
+                            rk = ps_store_push(kept, (uint32_t)t, step, id, n, fill_copy,
+                                               &src, NULL);
+                        }
+                        cr_assert_eq(rc, PST_OK, "%s", pst_error_detail());
+                        cr_assert_eq(rk, PST_OK, "%s", pst_error_detail());
+                        memset(h, 0xff, sizeof h); /* NaNs, for a store that reads them */
+                        for (size_t i = 0; i < 64; i++)
+                            g[i] = NAN;
+                    }
+                }
+                for (int bi = 0; bi < NTB; bi++) {
+                    float a[64], b[64];
+                    cr_assert_eq(ps_store_read(copied, test_blocks[bi].id, a, NULL), PST_OK);
+                    cr_assert_eq(ps_store_read(kept, test_blocks[bi].id, b, NULL), PST_OK);
+                    cr_assert(memcmp(a, b, test_blocks[bi].length * sizeof(float)) == 0,
+                              "%d trainers, bf16 %d, step %d, block %u: kept differs", trainers,
+                              bf16, step, (unsigned)test_blocks[bi].id);
+                }
+                cr_assert_eq(atomic_load(&releases), atomic_load(&keeps),
+                             "step %d: %d kept, %d released", step, atomic_load(&keeps),
+                             atomic_load(&releases));
+            }
+            /* (trainers - 1) pushes a block a step come before the last: half kept */
+            cr_assert_geq(atomic_load(&keeps), (trainers - 1) * NTB * 4 / 2 - 1);
+            atomic_store(&refuse_odd, 0);
+            /* A push discarded in its check is released before the push returns. */
+            float bad[33];
+            fill_normal(bad, 33, 9, 9, 1.0f);
+            bad[16] = NAN;
+            kept_src src = {.f = {.g = bad}};
+            const int before = atomic_load(&keeps);
+            cr_assert_eq(ps_store_push(kept, 0, 4, 3, 17, fill_copy, &src, NULL),
+                         PST_ERR_INVALID);
+            cr_assert_eq(atomic_load(&keeps), before + 1);
+            cr_assert_eq(atomic_load(&releases), atomic_load(&keeps));
+            /* A step left open keeps its push until the store is freed. */
+            bad[16] = 0.5f;
+            cr_assert_eq(ps_store_push(kept, 0, 4, 12, 33, fill_copy, &src, NULL), PST_OK);
+            cr_assert_eq(atomic_load(&keeps), atomic_load(&releases) + 1);
+            ps_store_free(kept);
+            cr_assert_eq(atomic_load(&releases), atomic_load(&keeps));
+            ps_store_free(copied);
+        }
+    }
+    pst_pool_free(pool);
+    ps_store_config half = {.mode = PST_MODE_SYNC, .num_trainers = 2, .blocks = test_blocks,
+                            .nblocks = NTB, .keep_push = keep_copy};
+    pst_optim_defaults(&half.optim);
+    ps_store *st = NULL;
+    cr_assert_eq(ps_store_init(&st, &half, NULL), PST_ERR_INVALID);
+    cr_assert(strstr(pst_error_detail(), "keep_push and release_push") != NULL, "%s",
+              pst_error_detail());
+}
