@@ -41,7 +41,7 @@ int pst_memory_huge_heap_env(void);
  * leaves the caches anyway, and stores that bypass them skip reading each destination line
  * first (a trainer's pulled blocks into its parameters: docs/scaling.md). Smaller copies
  * should use memcpy: what they write is read soon, from cache. */
-#define PST_COPY_STREAM_MIN ((size_t)4 << 20)
+#define PST_COPY_STREAM_MIN ((size_t)1 << 20)
 void pst_copy_stream(void *dst, const void *src, size_t n);
 
 /* Executes this program's binary (/proc/self/exe resolved, so the process keeps its name)
