@@ -3,7 +3,8 @@
 # programs (pslaunch, pserver, trainer), alternating A, B, A, B... RUNS times each, so that
 # a change's cost is measured under the same machine state as what it changes. Same job as
 # bench/ps_sync.sh (1 pserver, 2 trainers, 25M parameters, plain SGD) by default.
-# Prints JSON lines: the header, every run, then the medians and B's step over A's.
+# Prints JSON lines: the header, every run (with cpu_s: the user + system seconds of all its
+# processes, start-up included), then the medians and B's step and CPU over A's.
 # Not a test: it reports, it never gates.
 #
 # JOB=mlp or JOB=gpt instead runs bench/mlp.sh's or bench/gpt.sh's pstrain job (trained
@@ -40,11 +41,12 @@ rev() { git -C "$1/.." rev-parse --short HEAD 2>/dev/null || echo unknown; }
 read -r -a a_flags <<< "${A_FLAGS:-}"
 read -r -a b_flags <<< "${B_FLAGS:-}"
 bench_header ab "\"a_flags\":\"${A_FLAGS:-}\",\"b_flags\":\"${B_FLAGS:-}\",\"a\":\"$a\",\"a_commit\":\"$(rev "$a")\",\"b\":\"$b\",\"b_commit\":\"$(rev "$b")\",\"job\":\"$job\",\"precision\":\"$precision\",\"shm\":\"$shm\",\"params\":$params,\"trainers\":$trainers,\"pservers\":$pservers,\"steps\":$steps,\"runs\":$runs"
+TIMEFORMAT='%U %S' # bash's time: user and system seconds of the run, its processes' too
 for i in $(seq 1 "$runs"); do
   for side in a b; do
     build=$a; flags=("${a_flags[@]}")
     [ "$side" = b ] && build=$b && flags=("${b_flags[@]}")
-    case $job in
+    { time { case $job in
       synthetic)
         PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers "$pservers" --trainers "$trainers" \
           --timeout 600 -- "$build/bin/trainer" --model synthetic --params "$params" \
@@ -61,8 +63,9 @@ for i in $(seq 1 "$runs"); do
           --lr 1e-3 --beta1 0.9 --beta2 0.99 --eps 1e-8 --weight-decay 0 --seed 0 \
           --threads 2 --val-windows 8 --sample 0 --precision "$precision" --progress none \
           --metrics "" "${flags[@]}" ;;
-    esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"
-    echo "{\"run\":$i,\"side\":\"$side\",\"result\":$(cat "$tmp/$side$i.json")}"
+    esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"; }; } 2> "$tmp/$side$i.cpu"
+    read -r user sys < "$tmp/$side$i.cpu"
+    echo "{\"run\":$i,\"side\":\"$side\",\"cpu_s\":$(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }'),\"result\":$(cat "$tmp/$side$i.json")}"
   done
 done
 "$BENCH_PY" - "$tmp" "$runs" <<'PY'
@@ -71,5 +74,10 @@ d, n = sys.argv[1], int(sys.argv[2])
 med = lambda s: statistics.median(json.load(open("%s/%s%d.json" % (d, s, i)))["step_ms_median"]
                                   for i in range(1, n + 1))
 ma, mb = med("a"), med("b")
-print(json.dumps({"a_step_ms_median": ma, "b_step_ms_median": mb, "b_over_a": round(mb / ma, 4)}))
+cpu = lambda s: statistics.median(sum(map(float, open("%s/%s%d.cpu" % (d, s, i)).read().split()))
+                                  for i in range(1, n + 1))
+ca, cb = cpu("a"), cpu("b")
+print(json.dumps({"a_step_ms_median": ma, "b_step_ms_median": mb, "b_over_a": round(mb / ma, 4),
+                  "a_cpu_s_median": round(ca, 3), "b_cpu_s_median": round(cb, 3),
+                  "b_over_a_cpu": round(cb / ca, 4)}))
 PY
