@@ -65,7 +65,8 @@ for i in $(seq 1 "$runs"); do
           --metrics "" "${flags[@]}" ;;
     esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"; }; } 2> "$tmp/$side$i.cpu"
     read -r user sys < "$tmp/$side$i.cpu"
-    echo "{\"run\":$i,\"side\":\"$side\",\"cpu_s\":$(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }'),\"result\":$(cat "$tmp/$side$i.json")}"
+    cpu=$(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }')
+    echo "{\"run\":$i,\"side\":\"$side\",\"cpu_s\":$cpu,\"result\":$(cat "$tmp/$side$i.json")}"
   done
 done
 "$BENCH_PY" - "$tmp" "$runs" <<'PY'

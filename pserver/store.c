@@ -38,8 +38,8 @@
 #define PS_CACHE_LINE 64
 
 /* A row read from where its push has it (its payload), through its fill, instead of from
- * the store's buffer: the push that makes the update, and (sync, with the config's keep)
- * the pushes kept before it, are not copied first. Neither fill: the row is in recv. */
+ * the store's buffer: the push that makes the update, and (sync, with the config's
+ * keep_push) the pushes kept before it, are not copied first. Neither fill: it is in recv. */
 typedef struct row_src {
     ps_fill_fn fill;      /* f32, or */
     ps_raw_fill_fn raw;   /* bf16 */
