@@ -580,15 +580,14 @@ static void release_kept(const ps_store *st, ps_block *b)
     }
 }
 
-/* Sync: all trainers pushed step == version; `last` is where the push that completes it
- * is read from (row `row`). Sums the rows in trainer-id order (acc = row0; acc += row1;
- * ...: per element, the same order whatever the tiles and wherever each row is read from),
- * applies it, releases the kept pushes and clears the flags. */
-static pst_status complete_sync_step(ps_store *st, ps_block *b, int row, const row_src *last)
+/* Sync: all trainers pushed step == version, each row where b->sources says. Sums the rows
+ * in trainer-id order (acc = row0; acc += row1; ...: per element, the same order whatever
+ * the tiles and wherever each row is read from), applies it, releases the kept pushes and
+ * clears the flags. */
+static pst_status complete_sync_step(ps_store *st, ps_block *b)
 {
     memset(b->pushed, 0, (size_t)st->num_trainers);
     b->npushed = 0;
-    b->sources[row] = *last;
     pst_status rc = apply_update(st, b, NULL, b->recv, st->num_trainers, b->length,
                                  b->sources);
     release_kept(st, b);
@@ -1003,11 +1002,10 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
     b->row_bf16[row] = raw_bf16 != NULL;
     if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
         b->pushed[trainer] = 1;
-        if (++b->npushed == st->num_trainers)
-            rc = complete_sync_step(st, b, row, &src);
-        else
-            b->sources[row] = src;
+        b->sources[row] = src;
         kept = NULL; /* the block's now */
+        if (++b->npushed == st->num_trainers)
+            rc = complete_sync_step(st, b);
     } else { /* one trainer, or async: its gradient is the sum */
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
