@@ -280,21 +280,47 @@ def pstrain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20
     return r
 
 
-def ddp(world, params, link_bps, compute_ms=None, rtt_ms=0.0, precision="fp32"):
-    """Ring all-reduce (gloo's, under torch DDP): every rank sends and receives
-    2(W-1)/W * 4P bytes (reduce-scatter then all-gather, W-1 chunk steps each), all links
-    busy at once, so
-        step = C + 2(W-1)/W * e*P / R + 2(W-1)*RTT
+def tree_broadcast(world, nbytes, R):
+    """gloo's broadcast from rank 0, as traced on the lab (W = 2, 4, 8; per-interface byte
+    counters every 10 ms): rank r sends to every r + 2^k < W with 2^k > r (0 -> 1, 2, 4;
+    1 -> 3, 5; 2 -> 6; 3 -> 7), all of its sends at once, sharing its uplink evenly, and
+    forwards only once it holds the whole buffer. Returns (seconds until the last rank has
+    it, the most bytes any rank sends)."""
+    done, most = [0.0] * world, 0.0
+    for r in range(world):  # a parent's rank is below its children's
+        kids = [r + (1 << k) for k in range(world.bit_length())
+                if (1 << k) > r and r + (1 << k) < world]
+        for c in kids:
+            done[c] = done[r] + len(kids) * nbytes / R
+        most = max(most, len(kids) * nbytes)
+    return max(done), most
+
+
+def ddp(world, params, link_bps, compute_ms=None, rtt_ms=0.0, precision="fp32",
+        buffer_bytes=None):
+    """torch_ddp.py: DDP over gloo. Each forward, DDP broadcasts the module's buffers from
+    rank 0 (broadcast_buffers=True, its default; the peer's model registers its fixed
+    input x as buffers, 4P bytes), a tree broadcast (tree_broadcast) that ends before
+    backward starts; then the ring all-reduce of the gradient: every rank sends and
+    receives 2(W-1)/W * 4P bytes (reduce-scatter then all-gather, W-1 chunk steps each),
+    all links busy at once, so
+        step = C + broadcast(buffers) + 2(W-1)/W * e*P / R + 2(W-1)*RTT
     (e = 4: the peer is fp32). The buckets (25 MB) overlap backward; the synthetic
-    backward is cheap, so C (forward + backward + SGD) mostly adds. W = 1: no traffic."""
+    backward is cheap, so C (forward + backward + SGD) mostly adds. W = 1: no traffic.
+    buffer_bytes 0 gives the ring alone, what a model without buffers (or DDP with
+    broadcast_buffers=False) would take."""
     e = ESIZE[precision]
     R = link_bps / 8.0
     C = compute_ms if compute_ms is not None else DDP_COMPUTE_NS_PER_PARAM * params / 1e6
-    busiest = 2.0 * (world - 1) / world * e * params
-    step_s = C / 1e3 + busiest / R + 2 * (world - 1) * rtt_ms / 1e3
+    buf = 4.0 * params if buffer_bytes is None else float(buffer_bytes)
+    ring = 2.0 * (world - 1) / world * e * params
+    bcast_s, bcast_most = tree_broadcast(world, buf, R)
+    step_s = C / 1e3 + bcast_s + ring / R + 2 * (world - 1) * rtt_ms / 1e3
     return {"system": "torch_ddp", "predicted_ms": step_s * 1e3, "compute_ms": C,
-            "link_ms": busiest / R * 1e3, "busiest_link_bytes": busiest,
-            "bottleneck": "every link (ring)" if world > 1 else "none (world 1: no traffic)"}
+            "broadcast_ms": bcast_s * 1e3, "ring_ms": ring / R * 1e3,
+            "link_ms": (bcast_s + ring / R) * 1e3, "busiest_link_bytes": bcast_most + ring,
+            "bottleneck": "rank 0's uplink (buffer broadcast), then every link (ring)"
+            if world > 1 else "none (world 1: no traffic)"}
 
 
 def torch_rpc_ps(trainers, params, link_bps, compute_ms=None, rtt_ms=0.0, add_gbps=None):
@@ -488,6 +514,9 @@ def main():
                     help="trainer compute per step (default: %.2f ns per parameter)"
                          % COMPUTE_NS_PER_PARAM)
     ap.add_argument("--rtt-ms", type=float, default=0.0)
+    ap.add_argument("--buffer-bytes", type=parse_bytes, default=None,
+                    help="ddp: bytes of module buffers DDP broadcasts from rank 0 each step "
+                         "(default 4 x params, as torch_ddp.py; 0: the ring alone)")
     ap.add_argument("--method", choices=["auto", "sim", "closed"], default="auto",
                     help="pstrain: fluid simulation or closed form (auto: simulation when "
                          "trainers x blocks <= 4000)")
@@ -513,7 +542,8 @@ def main():
                         a.block_bytes, a.send_window, a.update_gbps, a.compute_ms, a.rtt_ms,
                         a.method)
         elif a.system in ("ddp", "torch_ddp"):
-            r = ddp(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms, a.precision)
+            r = ddp(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms, a.precision,
+                    a.buffer_bytes)
         else:
             r = torch_rpc_ps(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms)
     except (ValueError, RuntimeError, subprocess.SubprocessError, OSError) as e:

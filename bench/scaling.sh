@@ -6,7 +6,8 @@
 #   pstrain       pservers on h0..h{S-1}, trainers on h{S}..h{S+T-1}, the synthetic model,
 #                 P parameters, fp32 or bf16 on the wire (4 or 2 bytes a parameter);
 #   torch_ddp     ../shared/peers/torch_ddp.py, one rank per host on h0..h{T-1} (ring
-#                 all-reduce over gloo, fp32); run once per T (pservers 0 in its lines);
+#                 all-reduce over gloo, fp32, after DDP's broadcast of the model's 4P bytes
+#                 of buffers from rank 0); run once per T (pservers 0 in its lines);
 #   torch_rpc_ps  ../shared/peers/torch_rpc_ps.py, the PS on h0, trainers on h1..hT (one PS:
 #                 only in the cells with S = 1; fp32).
 # The systems alternate within a cell, RUNS times. Beside each measurement: the cost
