@@ -66,6 +66,7 @@ for i in $(seq 1 "$runs"); do
     esac 2>/dev/null | tail -n 1 > "$tmp/$side$i.json"; }; } 2> "$tmp/$side$i.cpu"
     read -r user sys < "$tmp/$side$i.cpu"
     cpu=$(awk -v u="$user" -v s="$sys" 'BEGIN { print u + s }')
+    echo "$cpu" > "$tmp/$side$i.cpu" # the medians below read it
     echo "{\"run\":$i,\"side\":\"$side\",\"cpu_s\":$cpu,\"result\":$(cat "$tmp/$side$i.json")}"
   done
 done
@@ -75,7 +76,7 @@ d, n = sys.argv[1], int(sys.argv[2])
 med = lambda s: statistics.median(json.load(open("%s/%s%d.json" % (d, s, i)))["step_ms_median"]
                                   for i in range(1, n + 1))
 ma, mb = med("a"), med("b")
-cpu = lambda s: statistics.median(sum(map(float, open("%s/%s%d.cpu" % (d, s, i)).read().split()))
+cpu = lambda s: statistics.median(float(open("%s/%s%d.cpu" % (d, s, i)).read())
                                   for i in range(1, n + 1))
 ca, cb = cpu("a"), cpu("b")
 print(json.dumps({"a_step_ms_median": ma, "b_step_ms_median": mb, "b_over_a": round(mb / ma, 4),
