@@ -157,18 +157,22 @@ static pst_status parse_role(pst_config *cfg, const char *v, const char *where, 
     return PST_OK;
 }
 
-static pst_status parse_pservers(pst_config *cfg, const char *v, const char *where,
-                                 const char *ex)
+/* A comma list of at most max host:port addresses into out; *n set. */
+static pst_status parse_addrs(char (*out)[PST_ADDR_MAX], int max, int *n, const char *v,
+                              const char *where, const char *ex, const char *what)
 {
-    int n = 0;
+    int k = 0;
     const char *p = v;
     while (*p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         if (len == 0 || len >= PST_ADDR_MAX)
             return bad(where, v, "expected a comma-separated list of host:port", ex);
-        if (n == PST_MAX_PSERVERS)
-            return bad(where, v, "more than 64 pservers", ex);
+        if (k == max) {
+            char why[64];
+            snprintf(why, sizeof why, "more than %d %s", max, what);
+            return bad(where, v, why, ex);
+        }
         char addr[PST_ADDR_MAX];
         memcpy(addr, p, len);
         addr[len] = '\0';
@@ -177,11 +181,24 @@ static pst_status parse_pservers(pst_config *cfg, const char *v, const char *whe
         long port = colon ? strtol(colon + 1, &e, 10) : 0;
         if (!colon || colon == addr || !e || *e || port < 1 || port > 65535)
             return bad(where, v, "each entry must be host:port with a port in 1..65535", ex);
-        memcpy(cfg->pservers[n++], addr, len + 1);
+        memcpy(out[k++], addr, len + 1);
         p = end ? end + 1 : p + len;
     }
-    cfg->num_pservers = n;
+    *n = k;
     return PST_OK;
+}
+
+static pst_status parse_pservers(pst_config *cfg, const char *v, const char *where,
+                                 const char *ex)
+{
+    return parse_addrs(cfg->pservers, PST_MAX_PSERVERS, &cfg->num_pservers, v, where, ex,
+                       "pservers");
+}
+
+static pst_status parse_chain(pst_config *cfg, const char *v, const char *where,
+                              const char *ex)
+{
+    return parse_addrs(cfg->chain, PST_MAX_CHAIN, &cfg->chain_len, v, where, ex, "trainers");
 }
 
 static pst_status parse_mode(pst_config *cfg, const char *v, const char *where, const char *ex)
@@ -404,6 +421,7 @@ static const opt options[] = {
     {"role", "PSTRAIN_ROLE", "TRAINING_ROLE", "PADDLE_TRAINING_ROLE", "trainer", "role of this process (checked against the program)", R_ALL, OPT_FN, 0, 0, 0, 0, parse_role},
     {"pservers", "PSTRAIN_PSERVERS", "PADDLE_PSERVERS_IP_PORT_LIST", NULL, "10.0.0.1:7164,10.0.0.2:7164", "pserver addresses, host:port comma list; unset = train alone", R_ALL, OPT_FN, 0, 0, 0, 0, parse_pservers},
     {"trainers", "PSTRAIN_TRAINERS", "PADDLE_TRAINERS_NUM", NULL, "2", "number of trainers T", R_TRAINER, OPT_INT, F(trainers), 1, 4096, NULL},
+    {"chain", "PSTRAIN_CHAIN", NULL, NULL, "10.0.0.5:7200,10.0.0.6:7200,10.0.0.7:7200", "sync: the trainers' relay addresses, host:port, one per trainer in id order (at most 64): each trainer's gradients go to the next one, which adds its own, and only the last trainer pushes, the sum of all, to the pservers; the values come back down the same way. A pserver's link then carries one gradient and one copy of the values a step instead of one per trainer. Trainer k listens on entry k's port (entry 0's is not used); unset: every trainer pushes and pulls itself", R_TRAINER, OPT_FN, 0, 0, 0, 0, parse_chain},
     {"trainer-id", "PSTRAIN_TRAINER_ID", "PADDLE_TRAINER_ID", NULL, "0", "this trainer's id, 0..T-1", R_TRAINER, OPT_INT, F(trainer_id), 0, 4095, NULL},
     {"pserver-id", "PSTRAIN_PSERVER_ID", NULL, NULL, "0", "this pserver's index in --pservers (its port comes from there)", R_PSERVER, OPT_INT, F(pserver_id), 0, PST_MAX_PSERVERS - 1, NULL},
     {"port", "PSTRAIN_PORT", "PADDLE_PORT", NULL, "7164", "pserver listen port (0 = any free port, printed at start)", R_PSERVER, OPT_INT, F(port), 0, 65535, NULL},
@@ -983,11 +1001,32 @@ pst_status pst_config_load(pst_config *cfg, pst_role role, int argc, char **argv
             return pst_error_set(PST_ERR_INVALID,
                                  "PSTRAIN_TRAINER_ID=%d: must be below PSTRAIN_TRAINERS=%d "
                                  "(example: PSTRAIN_TRAINER_ID=0)", cfg->trainer_id, cfg->trainers);
+        if (cfg->chain_len > 0 && (cfg->chain_len != cfg->trainers || cfg->trainers < 2))
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_CHAIN lists %d trainers' addresses, "
+                                 "PSTRAIN_TRAINERS=%d: a chain names every trainer, and there "
+                                 "are at least two (example: PSTRAIN_TRAINERS=2 PSTRAIN_CHAIN="
+                                 "10.0.0.5:7200,10.0.0.6:7200)", cfg->chain_len, cfg->trainers);
+        if (cfg->chain_len > 0 && cfg->on_failure == PST_ON_FAILURE_WAIT)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_CHAIN with --on-failure wait: a "
+                                 "chain of trainers does not roll back after a failure yet "
+                                 "(example: --on-failure fail)");
+        if (cfg->chain_len > 0 && cfg->mode != PST_MODE_SYNC)
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_CHAIN needs --mode sync: a chain "
+                                 "sums every trainer's gradient of a step (example: unset "
+                                 "PSTRAIN_CHAIN for async)");
         if (pst_optim_check(&cfg->optim) != PST_OK) /* Adam's eps > 0: a pserver checks too */
             return pst_error_set(PST_ERR_INVALID, "--optimizer %s: %s",
                                  pst_optim_kind_name(cfg->optim.kind), pst_error_detail());
         if (!cfg->grad_dtype_set)
             cfg->grad_dtype = cfg->precision;
+        if (cfg->chain_len > 0 && (cfg->precision == PST_F16 || cfg->grad_dtype == PST_F16))
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_CHAIN with fp16: a chain does not "
+                                 "carry the loss scale yet (example: --precision bf16, or "
+                                 "unset PSTRAIN_CHAIN)");
+        if (cfg->chain_len > 0 && (cfg->tls_ca[0] || cfg->tls_client_cert[0]))
+            return pst_error_set(PST_ERR_INVALID, "PSTRAIN_CHAIN with TLS: the trainers' relays "
+                                 "do not serve TLS yet (example: unset PSTRAIN_CHAIN, or "
+                                 "PSTRAIN_TLS_CA)");
         if (cfg->precision == PST_F16 && cfg->mode == PST_MODE_ASYNC)
             return pst_error_set(PST_ERR_INVALID, "--precision fp16 needs --mode sync: its "
                                  "overflow vote keeps the trainers in step (example: "

@@ -22,6 +22,7 @@
 
 #define PST_MAX_PSERVERS 64
 #define PST_ADDR_MAX 128
+#define PST_MAX_CHAIN 64 /* trainers in a chain (PSTRAIN_CHAIN) */
 #define PST_PATH_MAX 512
 #define PST_TOKEN_MAX 1024
 #define PST_JOB_ID_MAX 64
@@ -69,6 +70,8 @@ typedef struct pst_config {
     char pservers[PST_MAX_PSERVERS][PST_ADDR_MAX]; /* host:port each */
     int trainers;                                  /* T */
     int trainer_id;                                /* 0..T-1 */
+    int chain_len;                                 /* 0: no chain; else T (trainer/chain.h) */
+    char chain[PST_MAX_CHAIN][PST_ADDR_MAX];       /* each trainer's relay, host:port */
     int pserver_id;                                /* index into pservers, -1 if unset */
     int port;                                      /* pserver listen port, -1 if unset */
     char bind_host[PST_ADDR_MAX];                  /* pserver listen address */

@@ -1111,20 +1111,30 @@ static void handle_push(ps_service *svc, rpc_call *call)
         f.call = NULL;
     } else if (st == PST_OK)
         st = rpc_payload_check(&f.payload, f.dtype, req->length);
+    const int unscaled = req->scale == 0.0f || req->scale == 1.0f; /* 0 on the wire: none */
+    /* A chain's push (trainer/chain.h) is the step's whole sum, from the last trainer. */
+    if (st == PST_OK && req->trainers > 1 &&
+        (!svc->sync || req->trainers != svc->num_trainers ||
+         req->trainer_id + 1 != svc->num_trainers || !unscaled))
+        st = pst_error_set(PST_ERR_INVALID, "Push of block %u from trainer %u carries the sum "
+                           "of %u trainers: a pserver takes a chain's sum only as the whole "
+                           "step's (sync, all %u trainers, from trainer %u, no loss scale)",
+                           req->block, req->trainer_id, req->trainers, svc->num_trainers,
+                           svc->num_trainers ? svc->num_trainers - 1 : 0);
     int dup = 0;
     /* The trainer can still write its slot: the store checks and applies one copy of it. */
-    const unsigned shared = f.payload.peer_writable ? PS_PUSH_SHARED_SOURCE : 0;
-    const int unscaled = req->scale == 0.0f || req->scale == 1.0f; /* 0 on the wire: none */
+    const unsigned flags = (f.payload.peer_writable ? PS_PUSH_SHARED_SOURCE : 0) |
+                            (req->trainers > 1 ? PS_PUSH_ALL_TRAINERS : 0);
     if (st == PST_OK && f.payload.flat && f.dtype == PST_F32 && unscaled) /* one pass */
         st = ps_store_push_f32(store, req->trainer_id, req->step, req->block,
-                               (const float *)f.payload.flat, req->length, shared, &dup);
+                               (const float *)f.payload.flat, req->length, flags, &dup);
     else if (st == PST_OK && f.dtype == PST_BF16 && unscaled)
         st = ps_store_push_bf16(store, req->trainer_id, req->step, req->block, req->length,
-                                fill_raw_from_payload, &f, shared, &dup);
+                                fill_raw_from_payload, &f, flags, &dup);
     else if (st == PST_OK)
         st = ps_store_push_scaled(store, req->trainer_id, req->step, req->block, req->length,
                                   req->scale != 0.0f ? req->scale : 1.0f, fill_from_payload, &f,
-                                  shared, &dup);
+                                  flags, &dup);
     if (st != PST_OK) {
         if (svc->prom)
             pst_prom_add(svc->prom->pushes_failed, 1);

@@ -887,6 +887,9 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
 
     pst_status rc = PST_OK;
     void *kept = NULL; /* this push, kept where it came (keep_push) */
+    /* the step's whole sum (a chain): row 0, applied as one trainer's push */
+    const int all = (flags & PS_PUSH_ALL_TRAINERS) && st->mode == PST_MODE_SYNC &&
+                    st->num_trainers > 1;
     pthread_mutex_lock(&b->mu);
     float *dst;
     if (st->mode == PST_MODE_SYNC) {
@@ -895,12 +898,20 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
                                (long long)step, (unsigned)block, (long long)b->version);
             goto out;
         }
-        if (step < b->version || b->pushed[trainer]) {
+        if (step < b->version || (!all && b->pushed[trainer])) {
             if (duplicate)
                 *duplicate = 1;
             goto out;
         }
-        dst = b->recv + (uint64_t)trainer * b->length;
+        if (all && b->npushed > 0) {
+            rc = pst_error_set(PST_ERR_STATE, "push: the whole sum of block %u, step %lld came "
+                               "from trainer %u's chain after %d trainer(s) pushed the step "
+                               "themselves: every trainer of a chained job (PSTRAIN_CHAIN) "
+                               "pushes through it", (unsigned)block, (long long)step,
+                               (unsigned)trainer, b->npushed);
+            goto out;
+        }
+        dst = b->recv + (uint64_t)(all ? 0 : trainer) * b->length;
     } else {
         if (step <= b->last_step[trainer]) {
             if (duplicate)
@@ -923,8 +934,8 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
 
     /* A push that makes the update on its own (one trainer, or async) and comes as an f32
      * array in this process is read where it is; every other is copied into dst first. */
-    const int in_place = direct && !(flags & PS_PUSH_SHARED_SOURCE) &&
-                         (st->mode == PST_MODE_ASYNC || st->num_trainers == 1);
+    const int alone = st->mode == PST_MODE_ASYNC || st->num_trainers == 1 || all;
+    const int in_place = direct && !(flags & PS_PUSH_SHARED_SOURCE) && alone;
     const float *g = in_place ? direct : dst;
     /* The destination is a buffer no one else reads until this push is accepted below, so
      * a failed fill or a rejected gradient leaves the store as it was. 64 KiB pieces: each
@@ -945,10 +956,9 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
      * saving the write of the whole gradient and its reading back. Not a source another
      * process can write (PS_PUSH_SHARED_SOURCE): what was checked must be what is applied,
      * so it is copied into dst like any other push. */
-    const int row = st->mode == PST_MODE_SYNC ? (int)trainer : 0;
+    const int row = st->mode == PST_MODE_SYNC && !all ? (int)trainer : 0;
     const int readable = !direct && inv_scale == 1.0f && !(flags & PS_PUSH_SHARED_SOURCE);
-    const int through = readable && (st->mode == PST_MODE_ASYNC || st->num_trainers == 1 ||
-                                     b->npushed + 1 == st->num_trainers);
+    const int through = readable && (alone || b->npushed + 1 == st->num_trainers);
     /* A sync push before the last of its step: kept where it came when the caller can keep
      * it (keep_push), and read from there by the update, like the last one. */
     kept = readable && !through && st->keep_push ? st->keep_push(fill_arg) : NULL;
@@ -1000,13 +1010,13 @@ static pst_status push(ps_store *st, uint32_t trainer, int64_t step, uint32_t bl
         src = (row_src){.fill = raw_bf16 ? NULL : fill, .raw = raw_bf16,
                         .arg = kept ? kept : fill_arg, .kept = kept != NULL};
     b->row_bf16[row] = raw_bf16 != NULL;
-    if (st->mode == PST_MODE_SYNC && st->num_trainers > 1) {
+    if (!alone) {
         b->pushed[trainer] = 1;
         b->sources[row] = src;
         kept = NULL; /* the block's now */
         if (++b->npushed == st->num_trainers)
             rc = complete_sync_step(st, b);
-    } else { /* one trainer, or async: its gradient is the sum */
+    } else { /* one trainer, async, or a chain's whole sum: its gradient is the sum */
         if (st->mode == PST_MODE_ASYNC)
             b->last_step[trainer] = step;
         rc = in_place ? apply_update(st, b, g, NULL, 1, 0, NULL)

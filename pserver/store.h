@@ -245,6 +245,11 @@ enum {
      * makes the update is read twice (ps_fill_fn), which is only sound for a source that
      * does not change. */
     PS_PUSH_SHARED_SOURCE = 1u << 0,
+    /* Sync: the push is the sum of every trainer's gradient of the step, added in trainer-id
+     * order by the trainers themselves (a chain, trainer/chain.h): it makes the update on its
+     * own, as one trainer's would. Refused (PST_ERR_STATE) once a trainer pushed the step
+     * itself; a repeat after the update is a duplicate. Async and one trainer: ignored. */
+    PS_PUSH_ALL_TRAINERS = 1u << 1,
 };
 
 /* ps_store_push of a gradient scaled by `loss_scale` (fp16 dynamic loss scaling): every

@@ -40,6 +40,8 @@ typedef struct tr_link_settings {
     size_t send_window;
     int send_ahead;
     int shm;                            /* sync payloads through shared memory on one host */
+    int chain_len;                      /* a chain of trainers (chain.h): its relays' */
+    const char (*chain)[PST_ADDR_MAX];  /* addresses, one per trainer; 0: none */
     long rpc_timeout_ms, connect_timeout_ms, peer_timeout_ms;
     const char *token, *tls_ca, *tls_client_cert, *tls_client_key;
     /* The job's sparse tables (pserver/sparse.h; the caller's array, which outlives the

@@ -54,6 +54,7 @@
 #include "rpc/shm.h"
 #include "rpc/transport.h"
 #include "rpc/global.h"
+#include "trainer/chain.h"
 
 typedef struct block_ctx {
     tr_remote *r;
@@ -67,6 +68,11 @@ typedef struct block_ctx {
     void *wire_grad;    /* the gradient cast to --grad-dtype for a push in the call (NULL:
                          * pushed as f32, or through shared memory) */
     uint64_t shard_off; /* its first element in its pserver's shard (the Init's order) */
+    int server;         /* the client's server its push and pull go to: its pserver, or in
+                         * a chain (chain.h) the next trainer's relay */
+    float *chain_sum;   /* a chain's trainer k >= 1: the sum so far it pushes on (f32) */
+    atomic_int joined;  /* a chain's trainer k >= 1: of its gradient and trainer k-1's sum,
+                         * how many are here for the step (the second queues the push) */
     size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
     tr_exchange_fn done;
     void *done_arg;
@@ -195,6 +201,11 @@ struct tr_remote {
     atomic_int left;
     Pstrain__FinishRequest leave;
     char leave_reason[640];
+    /* a chain of trainers (chain.h): this trainer's relay (trainer k >= 1) and the client's
+     * server index of the next trainer's (k < T-1; -1: none) */
+    int chained;
+    tr_chain *chain;
+    int chain_next;
 };
 
 /* ---- blocking batches ----------------------------------------------------------------- */
@@ -248,12 +259,20 @@ static void exchange_error(block_ctx *c, pst_status st, const char *detail)
 
 static void link_pump(tr_remote *r);
 
+/* The bytes of a block's push: its gradient in --grad-dtype, or in a chain after its
+ * first trainer the sum so far, in f32. */
+static size_t push_bytes(const tr_remote *r, const block_ctx *c)
+{
+    const int sums = r->chained && r->cfg.trainer_id > 0;
+    return c->b->length * (sums ? sizeof(float) : pst_dtype_size(r->cfg.grad_dtype));
+}
+
 /* The block's push has been answered (or failed): the next waiting exchange may start. */
 static void window_release(block_ctx *c)
 {
     link_sched *ls = &c->r->sched;
     pthread_mutex_lock(&ls->mu);
-    ls->inflight -= c->b->length * pst_dtype_size(c->r->cfg.grad_dtype);
+    ls->inflight -= push_bytes(c->r, c);
     pthread_mutex_unlock(&ls->mu);
     link_pump(c->r);
 }
@@ -293,7 +312,7 @@ static void push_released(void *arg)
 static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *rep,
                                  pst_dtype dt, const rpc_payload *in_call, rpc_payload *out)
 {
-    const int s = c->b->pserver;
+    const int s = c->server;
     const pst_status st = rpc_shm_link_pulled(&c->r->shm[s], rep->shm, rep->shm_values,
                                               in_call, c->shard_off, c->area_off,
                                               c->b->length, dt, out);
@@ -304,6 +323,8 @@ static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *r
         atomic_fetch_add(&c->r->pulled_bytes, out->bytes);
     return PST_OK;
 }
+
+static void start_pull_done(void *arg, pst_status st, const char *detail);
 
 static void pull_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
@@ -323,12 +344,12 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
         st = rpc_dtype_from_wire(rep->dtype, &dt);
         if (st == PST_OK && rep->length != c->b->length)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %llu values, expected %zu",
-                               c->b->id, rpc_client_server(c->r->client, c->b->pserver),
+                               c->b->id, rpc_client_server(c->r->client, c->server),
                                (unsigned long long)rep->length, c->b->length);
         if (st == PST_OK && dt != c->dst_dtype && c->dst_dtype != PST_F32)
             st = pst_error_set(PST_ERR_FORMAT, "pull of block %u from %s: %s values, asked "
                                "for %s", c->b->id, rpc_client_server(c->r->client,
-                                                                     c->b->pserver),
+                                                                     c->server),
                                pst_dtype_name(dt), pst_dtype_name(c->dst_dtype));
         if (st == PST_OK)
             st = pulled_payload(c, rep, dt, payload, &values);
@@ -336,10 +357,16 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             st = rpc_payload_read(&values, 0, c->dst, c->b->length * pst_dtype_size(dt));
         else if (st == PST_OK)
             st = rpc_payload_read_f32(&values, dt, 0, c->dst, c->b->length);
+        if (st == PST_OK && c->r->chain && c->done != start_pull_done)
+            st = tr_chain_values(c->r->chain, (int)c->b->id, c->pull.version, c->dst);
         if (st != PST_OK)
             exchange_error(c, st, pst_error_detail());
+        if (st != PST_OK && c->r->chain)
+            tr_chain_fail(c->r->chain, (int)c->b->id, st, pst_error_detail());
     } else {
         exchange_error(c, st, detail);
+        if (c->r->chain)
+            tr_chain_fail(c->r->chain, (int)c->b->id, st, detail);
     }
     exchange_step_done(c);
 }
@@ -350,11 +377,11 @@ static void start_pull(block_ctx *c, int64_t version)
     c->pull.version = version;
     c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
     int slot, values;
-    rpc_shm_link_pull_asks(&c->r->shm[c->b->pserver], c->dst_dtype, &slot, &values);
+    rpc_shm_link_pull_asks(&c->r->shm[c->server], c->dst_dtype, &slot, &values);
     c->pull.shm = slot;
     c->pull.shm_values = values;
     c->times.pull_start = pst_clock_s();
-    pst_status st = rpc_client_call_async(c->r->client, c->b->pserver, RPC_METHOD_PULL,
+    pst_status st = rpc_client_call_async(c->r->client, c->server, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
     if (st != PST_OK) {
         exchange_error(c, st, pst_error_detail());
@@ -414,34 +441,73 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     exchange_step_done(c);
 }
 
+/* A chain's trainer k >= 1 (chain.h): the sum so far of trainers 0..k-1 that trainer k-1
+ * pushed here, plus this trainer's gradient rounded to --grad-dtype as its own push would
+ * be, into c->chain_sum: the additions and the order of the pserver's sum. */
+static pst_status chain_add(block_ctx *c)
+{
+    tr_remote *r = c->r;
+    float *acc = c->chain_sum;
+    const pst_status st = tr_chain_take(r->chain, (int)c->b->id, c->step, acc);
+    if (st != PST_OK)
+        return st;
+    const size_t n = c->b->length;
+    const pst_dtype gd = r->cfg.grad_dtype;
+    if (gd == PST_F32) {
+        for (size_t i = 0; i < n; i++)
+            acc[i] += c->grad[i];
+        return PST_OK;
+    }
+    enum { TILE = 2048 };
+    uint16_t low[TILE];
+    float wide[TILE];
+    for (size_t i = 0; i < n; i += TILE) {
+        const size_t m = n - i < TILE ? n - i : TILE;
+        pst_cast(low, gd, c->grad + i, PST_F32, m);
+        pst_cast(wide, PST_F32, low, gd, m);
+        for (size_t j = 0; j < m; j++)
+            acc[i + j] += wide[j];
+    }
+    return PST_OK;
+}
+
 /* Starts a block's exchange (it is counted in its link's window already). */
 static void exchange_start(block_ctx *c)
 {
     tr_remote *r = c->r;
     const int sync = r->cfg.mode == PST_MODE_SYNC;
     const long step = c->step;
+    const int k = r->cfg.trainer_id;
+    c->server = r->chain_next >= 0 ? r->chain_next : c->b->pserver;
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     c->times.push_start = pst_clock_s();
-    const size_t bytes = c->b->length * pst_dtype_size(r->cfg.grad_dtype);
+    const size_t bytes = push_bytes(r, c);
     atomic_fetch_add(&r->pushed_bytes, bytes);
     const void *payload = c->grad;
-    void *slot = rpc_shm_link_push_slot(&r->shm[c->b->pserver], c->shard_off, c->b->length);
+    void *slot = rpc_shm_link_push_slot(&r->shm[c->server], c->shard_off, c->b->length);
     c->push.shm = slot != NULL;
-    if (slot) { /* the pserver reads it before it answers; the next write is the next step */
+    pst_status st = PST_OK;
+    if (r->chained && k > 0) { /* the sum so far, this trainer's gradient added */
+        st = chain_add(c);
+        payload = c->chain_sum;
+    } else if (slot) { /* the pserver reads it before it answers; the next write is the next step */
         pst_cast(slot, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
         payload = NULL;
     } else if (c->wire_grad) { /* one cast, into the block's own buffer: nothing else reads it */
         pst_cast(c->wire_grad, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
         payload = c->wire_grad;
     }
-    pst_status st = rpc_client_call_async(r->client, c->b->pserver, RPC_METHOD_PUSH, &c->push.base,
-                                          payload, slot ? 0 : bytes, push_released, push_done,
-                                          c);
+    if (st == PST_OK)
+        st = rpc_client_call_async(r->client, c->server, RPC_METHOD_PUSH, &c->push.base,
+                                   payload, slot ? 0 : bytes, push_released, push_done, c);
     if (st != PST_OK) {
-        /* The release has run; done will not: the exchange ends here. */
+        /* The release has run (or the call was never made); done will not: the exchange
+         * ends here. */
         exchange_error(c, st, pst_error_detail());
+        if (r->chain)
+            tr_chain_fail(r->chain, (int)c->b->id, st, pst_error_detail());
         atomic_store(&c->pending, 1);
         window_release(c);
         exchange_step_done(c);
@@ -515,7 +581,7 @@ static void link_pump(tr_remote *r)
         const int q = next_queue(r, ls);
         if (q >= 0) {
             block_ctx *c = ls->queues[q].heap[0];
-            const size_t bytes = c->b->length * pst_dtype_size(r->cfg.grad_dtype);
+            const size_t bytes = push_bytes(r, c);
             if (window == 0 || ls->inflight == 0 || ls->inflight + bytes <= window) {
                 next = c;
                 heap_pop(&ls->queues[q]);
@@ -553,10 +619,35 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
         memset(ls->ended, 0, (size_t)r->plan->nblocks);
     }
     ls->nqueued++;
-    heap_push(&ls->queues[c->queue], c);
+    /* In a chain, trainer k >= 1 pushes once trainer k-1's sum is here too. */
+    const int go = !r->chain || atomic_fetch_add(&c->joined, 1) == 1;
+    if (go)
+        heap_push(&ls->queues[c->queue], c);
     pthread_mutex_unlock(&ls->mu);
-    link_pump(r);
+    if (go) {
+        if (r->chain)
+            atomic_fetch_sub(&c->joined, 2);
+        link_pump(r);
+    }
     return PST_OK;
+}
+
+/* chain.h's arrived: trainer k-1's sum of block b is here; the push goes once this
+ * trainer's gradient of the step is too. */
+static void chain_arrived(void *arg, int b)
+{
+    tr_remote *r = arg;
+    block_ctx *c = &r->blocks[b];
+    link_sched *ls = &r->sched;
+    pthread_mutex_lock(&ls->mu);
+    const int go = atomic_fetch_add(&c->joined, 1) == 1;
+    if (go)
+        heap_push(&ls->queues[c->queue], c);
+    pthread_mutex_unlock(&ls->mu);
+    if (go) {
+        atomic_fetch_sub(&c->joined, 2);
+        link_pump(r);
+    }
 }
 
 /* ---- Init / start / Finish ------------------------------------------------------------ */
@@ -917,7 +1008,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
      * casts into its slot. */
     for (int i = 0; i < r->plan->nblocks && cfg->grad_dtype != PST_F32; i++) {
         block_ctx *c = &r->blocks[i];
-        if (!r->shm[c->b->pserver].on && !c->wire_grad &&
+        if (!r->shm[c->b->pserver].on && !c->wire_grad && !c->chain_sum &&
             !(c->wire_grad = malloc(c->b->length * pst_dtype_size(cfg->grad_dtype)))) {
             st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the push buffers");
             goto out;
@@ -928,6 +1019,7 @@ pst_status tr_remote_start(tr_remote *r, float *params)
         block_ctx *c = &r->blocks[i];
         c->dst = params + c->b->offset;
         c->dst_dtype = PST_F32; /* the start's values are the master's, in f32 */
+        c->server = c->b->pserver;
         c->done = start_pull_done;
         c->done_arg = r;
         atomic_store(&c->pending, 1);
@@ -976,6 +1068,8 @@ static void finish_done(void *arg, pst_status st, const char *detail, const Prot
 
 pst_status tr_remote_finish(tr_remote *r, int early, long step, const char *reason)
 {
+    if (!early) /* trainer k-1 pulls the last values from here */
+        tr_chain_drain(r->chain);
     atomic_store(&r->finishing, 1); /* the pservers answer the watches now */
     Pstrain__FinishRequest req = PSTRAIN__FINISH_REQUEST__INIT;
     req.trainer_id = (uint32_t)r->cfg.trainer_id;
@@ -1142,6 +1236,10 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     r->base = (tr_link){.ops = &remote_ops, .plan = plan};
     r->cfg = *cfg;
     r->plan = plan;
+    r->chained = cfg->chain_len > 0;
+    r->chain_next = -1;
+    if (r->chained) /* its links are between hosts: the payloads go in the calls */
+        r->cfg.shm = 0;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     pthread_mutex_init(&r->sched.mu, NULL);
@@ -1149,6 +1247,14 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     if (plan->npservers != cfg->num_pservers) {
         st = pst_error_set(PST_ERR_INTERNAL, "trainer: a plan for %d pservers, %d configured",
                            plan->npservers, cfg->num_pservers);
+        goto error;
+    }
+    if (r->chained && (cfg->chain_len != cfg->trainers || cfg->mode != PST_MODE_SYNC ||
+                       cfg->num_pservers >= PST_MAX_PSERVERS)) {
+        st = pst_error_set(PST_ERR_INVALID, "trainer: a chain of %d trainers in a job of %d, "
+                           "%s mode, %d pservers: a chain lists every trainer, in sync mode, "
+                           "with fewer than %d pservers", cfg->chain_len, cfg->trainers,
+                           pst_mode_name(cfg->mode), cfg->num_pservers, PST_MAX_PSERVERS);
         goto error;
     }
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
@@ -1172,11 +1278,23 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
         c->shard_off = shard_len[c->b->pserver]; /* fill_init lists them in this order */
         shard_len[c->b->pserver] += c->b->length;
         pthread_mutex_init(&c->mu, NULL);
+        c->server = c->b->pserver;
         pstrain__push_request__init(&c->push);
         c->push.trainer_id = (uint32_t)cfg->trainer_id;
         c->push.block = c->b->id;
         c->push.dtype = rpc_dtype_to_wire(cfg->grad_dtype);
         c->push.length = c->b->length;
+        if (r->chained) { /* trainers 0..k's sum; after trainer 0, in f32 */
+            c->push.trainers = (uint32_t)cfg->trainer_id + 1;
+            if (cfg->trainer_id > 0) {
+                c->push.dtype = PSTRAIN__DTYPE__F32;
+                if (!(c->chain_sum = malloc(c->b->length * sizeof(float)))) {
+                    st = pst_error_set(PST_ERR_NOMEM, "trainer: out of memory for the "
+                                       "chain's sums");
+                    goto error;
+                }
+            }
+        }
         pstrain__pull_request__init(&c->pull);
         c->pull.trainer_id = (uint32_t)cfg->trainer_id;
         c->pull.block = c->b->id;
@@ -1189,10 +1307,24 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
                                .client_key = cfg->tls_client_key};
     if ((st = rpc_transport_load(&r->transport, &tls, 0)) != PST_OK)
         goto error;
-    const char *addrs[PST_MAX_PSERVERS];
+    const char *addrs[PST_MAX_PSERVERS + 1];
     for (int s = 0; s < cfg->num_pservers; s++)
         addrs[s] = cfg->pservers[s];
-    rpc_client_config cc = {.servers = addrs, .num_servers = cfg->num_pservers,
+    /* a chain's trainer k < T-1 pushes and pulls through trainer k+1's relay */
+    int nservers = cfg->num_pservers;
+    if (r->chained && cfg->trainer_id + 1 < cfg->trainers) {
+        r->chain_next = nservers;
+        addrs[nservers++] = cfg->chain[cfg->trainer_id + 1];
+    }
+    if (r->chained && cfg->trainer_id > 0) {
+        const tr_chain_config chc = {
+            .trainer_id = cfg->trainer_id, .listen = cfg->chain[cfg->trainer_id], .plan = plan,
+            .values_dtype = cfg->precision, .token = cfg->token, .wait_ms = cfg->rpc_timeout_ms,
+            .peer_timeout_ms = cfg->peer_timeout_ms, .arrived = chain_arrived, .arg = r};
+        if ((st = tr_chain_init(&r->chain, &chc)) != PST_OK)
+            goto error;
+    }
+    rpc_client_config cc = {.servers = addrs, .num_servers = nservers,
                             .call_timeout_ms = (int)cfg->rpc_timeout_ms,
                             .connect_timeout_ms = cfg->connect_timeout_ms > 0
                                                       ? (int)cfg->connect_timeout_ms : -1,
@@ -1217,6 +1349,7 @@ void tr_remote_free(tr_remote *r)
     if (!r)
         return;
     atomic_store(&r->finishing, 1);
+    tr_chain_free(r->chain); /* before the client: its sums start pushes */
     rpc_client_free(r->watcher); /* fails the open watches: their callbacks see finishing */
     rpc_client_free(r->client);
     rpc_transport_free(r->transport);
@@ -1230,6 +1363,7 @@ void tr_remote_free(tr_remote *r)
     for (int i = 0; r->blocks && i < r->plan->nblocks; i++) {
         pthread_mutex_destroy(&r->blocks[i].mu);
         free(r->blocks[i].wire_grad);
+        free(r->blocks[i].chain_sum);
     }
     pthread_mutex_destroy(&r->sched.mu);
     PST_FREE_ALL(r->sched.slots, r->sched.queues, r->sched.order, r->sched.ended, r->blocks);
