@@ -531,7 +531,8 @@ static const struct {
     {"Precision", "precision grad-dtype bf16-gemm loss-scale loss-scale-window"},
     {"Accumulation and pipelines", "acc-steps pipeline micro-batches schedule virtual-stages "
                                    "partition"},
-    {"Communication", "block-bytes send-window send-ahead overlap shm rpc-timeout-ms connect-timeout-ms"},
+    {"Communication", "block-bytes send-window send-ahead chain overlap shm rpc-timeout-ms "
+                      "connect-timeout-ms"},
     {"Checkpoints and recovery", "checkpoint-dir job-id checkpoint-every checkpoint-keep resume "
                                  "on-failure recovery-timeout-ms peer-timeout-ms save-params"},
     {"Security", "token token-file trainer-tokens tls-cert tls-key tls-ca tls-client-cert "

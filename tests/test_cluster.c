@@ -461,6 +461,79 @@ Test(cluster, one_trainer_equals_local_by_hash)
     }
 }
 
+/* ---- a chain of trainers (PSTRAIN_CHAIN, trainer/chain.h) ----------------------------- */
+
+/* The Pull calls every pserver served, from their closing lines in pslaunch's stderr
+ * ("[pserver S] ... N Pull calls served ..."), summed. */
+static long pulls_served(const char *err)
+{
+    long n = 0;
+    int lines = 0;
+    for (const char *p = err; (p = strstr(p, " Pull calls served")); p++) {
+        const char *q = p;
+        while (q > err && q[-1] >= '0' && q[-1] <= '9')
+            q--;
+        n += strtol(q, NULL, 10);
+        lines++;
+    }
+    cr_assert_gt(lines, 0, "no pserver said how many pulls it served; stderr:\n%s", err);
+    return n;
+}
+
+/* 4 trainers and 2 pservers, each trainer passing its sum on to the next and only the last
+ * pushing to the pservers: every trainer ends with the parameters of the same job without
+ * a chain, bit for bit, in fp32 with bf16 gradients and in bf16; and the pservers answered
+ * one pull a block and step, not one per trainer (the chain carried the values). */
+Test(cluster, chain_of_trainers_equals_pushing_alone, .timeout = 240)
+{
+    const char *variants[2][5] = {{"--precision", "fp32", "--grad-dtype", "bf16", NULL},
+                                  {"--precision", "bf16", "--optimizer", "adam", NULL}};
+    for (int v = 0; v < 2; v++) {
+        const char *flags[32] = {PSLAUNCH, "--pservers", "2", "--trainers", "4", "--timeout",
+                                 "90", "--", TRAINER, "--hidden", "128,64", "--batch", "96",
+                                 "--steps", "8", "--block-bytes", "8192", "--seed", "5",
+                                 "--progress", "none", CONNECT_5S};
+        int nf = 23;
+        for (int k = 0; variants[v][k]; k++)
+            flags[nf++] = variants[v][k];
+        flags[nf] = NULL;
+        char chain[160] = "PSTRAIN_CHAIN=";
+        for (int t = 0; t < 4; t++)
+            snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s127.0.0.1:%d",
+                     t ? "," : "", dead_port());
+        const char *env_plain[] = {"PSTRAIN_DEVICES=cpu:1", NULL};
+        const char *env_chain[] = {"PSTRAIN_DEVICES=cpu:1", chain, NULL};
+        char *out[2], *err[2];
+        for (int c = 0; c < 2; c++) {
+            const int rc = run(flags, c ? env_chain : env_plain, RUN_WAIT_MS + 30000, &out[c],
+                               &err[c]);
+            cr_assert_eq(rc, 0, "%s: pslaunch %s exited %d; stderr:\n%s", variants[v][1],
+                         c ? chain : "without a chain", rc, err[c]);
+        }
+        const param_hash plain = summary_hash(out[0]), chained = summary_hash(out[1]);
+        cr_assert_str_eq(chained.hex, plain.hex, "%s: chained %s, without a chain %s",
+                         variants[v][1], chained.hex, plain.hex);
+        /* trainers 1..3 print their summaries on stderr: the same parameters */
+        char want[64];
+        snprintf(want, sizeof want, "\"param_hash\":\"%s\"", plain.hex);
+        int same = 0;
+        for (const char *p = err[1]; (p = strstr(p, want)); p++)
+            same++;
+        cr_assert_eq(same, 3, "%s: %d of trainers 1..3 end with %s; stderr:\n%s",
+                     variants[v][1], same, plain.hex, err[1]);
+        /* Without a chain each trainer pulls every block at the start and every step (4 x 9
+         * a block); with it only the start's pulls are each trainer's, the steps' the last
+         * trainer's (4 + 8 a block). */
+        const long p_plain = pulls_served(err[0]), p_chain = pulls_served(err[1]);
+        cr_assert_eq(p_plain * 12, p_chain * 36, "%s: %ld pulls served without a chain, %ld "
+                     "with one", variants[v][1], p_plain, p_chain);
+        for (int c = 0; c < 2; c++) {
+            free(out[c]);
+            free(err[c]);
+        }
+    }
+}
+
 /* bf16 and fp16 (the devices hold 2-byte parameters, the pservers the fp32 master): one
  * trainer with 1 or 2 pservers equals training alone bit for bit, also with micro-batches
  * and with bf16 GEMMs (--bf16-gemm on: emulated where the CPU has no bf16 instructions).

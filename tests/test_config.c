@@ -484,6 +484,44 @@ Test(config, pstrain_names_win_over_paddle_names)
 
 /* ---- roles and the pserver port ----------------------------------------------------- */
 
+/* PSTRAIN_CHAIN: every trainer's relay, in id order; what a chain cannot do yet is refused
+ * in one line that names the setting and a good value. */
+Test(config, chain_of_trainers)
+{
+    pst_config cfg;
+    EXPECT_OK(LOAD(&cfg, PST_ROLE_TRAINER,
+                   ENV("PSTRAIN_PSERVERS", "10.0.0.1:7164", "PSTRAIN_TRAINERS", "3",
+                       "PSTRAIN_CHAIN", "10.0.0.5:7200,10.0.0.6:7200,h7:7201")));
+    cr_assert_eq(cfg.chain_len, 3);
+    cr_assert_str_eq(cfg.chain[2], "h7:7201");
+    const char *base[] = {"PSTRAIN_PSERVERS", "10.0.0.1:7164", "PSTRAIN_TRAINERS", "2",
+                          "PSTRAIN_CHAIN", "10.0.0.5:7200,10.0.0.6:7200"};
+    const struct {
+        const char *name, *value, *says;
+    } bad[] = {
+        {"PSTRAIN_CHAIN", "10.0.0.5:7200", "lists 1 trainers"},
+        {"PSTRAIN_CHAIN", "10.0.0.5:7200,10.0.0.6", "host:port"},
+        {"PSTRAIN_MODE", "async", "needs --mode sync"},
+        {"PSTRAIN_PRECISION", "fp16", "fp16"},
+        {"PSTRAIN_ON_FAILURE", "wait", "--on-failure fail"},
+        {"PSTRAIN_TLS_CA", "/tls/ca.crt", "TLS"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *env[10] = {0};
+        memcpy(env, base, sizeof base);
+        if (strcmp(bad[i].name, "PSTRAIN_CHAIN") == 0) { /* in place of the good list */
+            env[5] = bad[i].value;
+        } else {
+            env[6] = bad[i].name;
+            env[7] = bad[i].value;
+        }
+        cr_assert_eq(load_v(&cfg, PST_ROLE_TRAINER, env, (char *[]){"prog", NULL}),
+                     PST_ERR_INVALID, "%s=%s was taken", bad[i].name, bad[i].value);
+        expect_detail_has("PSTRAIN_CHAIN", bad[i].says);
+        expect_detail_has("example", NULL);
+    }
+}
+
 Test(config, role_mismatch)
 {
     static const struct {

@@ -434,6 +434,66 @@ Test(store, sync_sum_order_is_trainer_id_order)
     ps_store_free(st);
 }
 
+/* A chain's push (PS_PUSH_ALL_TRAINERS): the step's whole sum, made by the trainers in
+ * trainer-id order, updates the block as the trainers' own pushes would (the same bits),
+ * through every push entry point; a repeat is a duplicate, and it is refused once a trainer
+ * pushed the step itself. */
+Test(store, chain_sum_push_equals_the_trainers_pushes)
+{
+    float init_a[TOTAL_LEN], init_b[TOTAL_LEN];
+    ps_store *alone = make_store(PST_MODE_SYNC, 3, PST_OPTIM_ADAM, init_a);
+    ps_store *chain = make_store(PST_MODE_SYNC, 3, PST_OPTIM_ADAM, init_b);
+    for (int step = 0; step < 3; step++) {
+        for (int bi = 0; bi < NTB; bi++) {
+            const ps_block_spec *b = &test_blocks[bi];
+            float g[3][64], sum[64];
+            for (int t = 0; t < 3; t++)
+                fill_normal(g[t], b->length, 7, (uint64_t)(step * 100 + bi * 10 + t),
+                            t == 1 ? 1e4f : 1.0f);
+            for (uint64_t i = 0; i < b->length; i++)
+                sum[i] = (g[0][i] + g[1][i]) + g[2][i];
+            for (int t = 0; t < 3; t++)
+                cr_assert_eq(push_grad(alone, (uint32_t)t, step, b->id, g[t], b->length, NULL,
+                                       NULL), PST_OK, "%s", pst_error_detail());
+            int dup = -1;
+            pst_status rc;
+            if (step == 0) { /* in the call, through a fill */
+                fill_src f = {.g = sum};
+                rc = ps_store_push_scaled(chain, 2, step, b->id, b->length, 1.0f, fill_copy, &f,
+                                          PS_PUSH_ALL_TRAINERS, &dup);
+            } else { /* an array (step 1 as if from shared memory) */
+                rc = ps_store_push_f32(chain, 2, step, b->id, sum, b->length,
+                                       PS_PUSH_ALL_TRAINERS |
+                                           (step == 1 ? PS_PUSH_SHARED_SOURCE : 0), &dup);
+            }
+            cr_assert_eq(rc, PST_OK, "%s", pst_error_detail());
+            cr_assert_eq(dup, 0);
+            cr_assert_eq(ps_store_push_f32(chain, 2, step, b->id, sum, b->length,
+                                           PS_PUSH_ALL_TRAINERS, &dup), PST_OK);
+            cr_assert_eq(dup, 1, "a chain's repeated push is a duplicate");
+            float va[64], vb[64];
+            int64_t ra = -1, rb = -2;
+            cr_assert_eq(ps_store_read(alone, b->id, va, &ra), PST_OK);
+            cr_assert_eq(ps_store_read(chain, b->id, vb, &rb), PST_OK);
+            cr_assert_eq(ra, rb);
+            cr_assert(memcmp(va, vb, b->length * sizeof(float)) == 0,
+                      "step %d block %u: the chain's sum gave other values", step, b->id);
+        }
+    }
+    /* a trainer pushed step 3 itself: the chain's sum of it is refused, nothing changes */
+    const ps_block_spec *b = &test_blocks[0];
+    float g[64] = {0};
+    cr_assert_eq(push_grad(chain, 0, 3, b->id, g, b->length, NULL, NULL), PST_OK);
+    snapshot before;
+    take_snapshot(chain, &before);
+    cr_assert_eq(ps_store_push_f32(chain, 2, 3, b->id, g, b->length, PS_PUSH_ALL_TRAINERS,
+                                   NULL), PST_ERR_STATE);
+    cr_assert(strstr(pst_error_detail(), "PSTRAIN_CHAIN"), "%s", pst_error_detail());
+    assert_unchanged(chain, &before);
+    ps_store_free(alone);
+    ps_store_free(chain);
+}
+
 /* ---- pulls ---- */
 
 Test(store, pull_deferred_until_version)
