@@ -7,6 +7,7 @@ explains the formulas; the docstrings of the functions below are the reference.
   bench/costmodel.py --system pstrain --trainers T --pservers S --params P \\
       --precision fp32|bf16 --link-bps R [--block-bytes 4M] [--send-window auto] \\
       [--update-gbps U] [--compute-ms C] [--rtt-ms L] [--json]
+  bench/costmodel.py --system pstrain_chain --trainers T --pservers S --params P [...]
   bench/costmodel.py --system ddp --trainers W --params P --link-bps R [...]
   bench/costmodel.py --system torch_rpc_ps --trainers T --params P --link-bps R [...]
   bench/costmodel.py --project [--params 100000000] [--update-gbps U]   (a markdown table)
@@ -280,6 +281,111 @@ def pstrain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20
     return r
 
 
+def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
+                   window):
+    """A fluid simulation of one pstrain step with PSTRAIN_CHAIN (trainer/chain.h), under
+    simulate()'s rules (max-min fair shares of full-duplex links, windows per trainer).
+    Trainer 0 sends block j's gradient (e bytes an element) to trainer 1 once its compute is
+    over; trainer i >= 1 sends the sum so far (4 bytes an element) to trainer i+1, or the
+    last to the block's pserver, once trainer i-1's sum of j has arrived, block order within
+    its window. The pserver updates the block (one row) and sends its values (e bytes an
+    element) to the last trainer, which passes them to trainer T-2, and so on down. The step
+    ends when trainer 0 has every block. Returns seconds."""
+    T, S, n = trainers, pservers, len(elems)
+    cap = {}
+    for i in range(T):
+        cap[("tu", i)] = cap[("td", i)] = R
+    for k in range(S):
+        cap[("pu", k)] = cap[("pd", k)] = R
+
+    def size(kind, i, j):
+        return elems[j] * (4 if kind == "sum" and i > 0 else e)
+
+    def links(kind, i, j):
+        if kind == "sum":
+            return (("tu", i), ("pd", owners[j]) if i == T - 1 else ("td", i + 1))
+        return (("pu", owners[j]) if i == T - 1 else ("tu", i + 1), ("td", i))
+
+    ready = [set(range(n))] + [set() for _ in range(T - 1)]  # sums each trainer may send
+    inflight = [0.0] * T
+    remaining = {}
+    cpu_free = [compute_s] * S
+    updates = []
+    now = compute_s
+    done = 0
+
+    def pump(i):
+        while ready[i]:
+            j = min(ready[i])
+            b = size("sum", i, j)
+            if window and inflight[i] and inflight[i] + b > window:
+                return
+            ready[i].discard(j)
+            remaining[("sum", i, j)] = b
+            inflight[i] += b
+
+    for i in range(T):
+        pump(i)
+    while done < n:
+        flows = {f: links(*f) for f in remaining}
+        rates = _maxmin(flows, cap) if flows else {}
+        dt_flow = min((remaining[f] / rates[f] for f in remaining), default=math.inf)
+        dt = min(dt_flow, min((u[0] for u in updates), default=math.inf) - now)
+        if dt == math.inf:
+            raise RuntimeError("simulation stalled")
+        now += dt
+        for f in list(remaining):
+            remaining[f] -= rates[f] * dt
+            if remaining[f] <= 1e-6 * size(*f):
+                del remaining[f]
+                kind, i, j = f
+                if kind == "sum":
+                    inflight[i] -= size(kind, i, j)
+                    if i == T - 1:
+                        k = owners[j]
+                        cpu_free[k] = max(now, cpu_free[k]) + elems[j] * upd_s_per_elem
+                        updates.append((cpu_free[k], j))
+                    else:
+                        ready[i + 1].add(j)
+                        pump(i + 1)
+                    pump(i)
+                elif i > 0:
+                    remaining[("val", i - 1, j)] = size("val", i - 1, j)
+                else:
+                    done += 1
+        for u in [u for u in updates if u[0] <= now + 1e-12]:
+            updates.remove(u)
+            remaining[("val", T - 1, u[1])] = size("val", T - 1, u[1])
+    return now
+
+
+def pstrain_chain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
+                  send_window="auto", update_gbps=None, compute_ms=None):
+    """pstrain with PSTRAIN_CHAIN: trainers 0 -> 1 -> ... -> T-1 -> pservers, values back
+    down the same way (simulate_chain). Bytes per step, each direction: a middle trainer's
+    link carries the sum so far in (4P) and on (4P), and the values in and on (eP): up and
+    down each (4 + e)P, trainer 0's eP + eP; pserver s receives 4*L_s and sends e*L_s. So
+    the busiest link carries max((4 + e)P, 2eP) (T >= 3; T = 2: the last trainer's (4 + e)P
+    ... its push 4P and its values to trainer 0 eP) whatever T and S: the pservers' links
+    no longer carry T of anything. Against pstrain without a chain (T*L_max*e on the
+    busiest pserver link) it pays where T*e/S > 4 + e. Pipelining adds about two hops a
+    block per trainer (fill and drain); the simulation has them."""
+    e = ESIZE[precision]
+    R = link_bps / 8.0
+    U = (update_gbps if update_gbps else UPDATE_GBPS.get(precision, 4.0)) * 1e9
+    C = compute_ms if compute_ms is not None else COMPUTE_NS_PER_PARAM * params / 1e6
+    n, blk, load, blocks = block_plan(params, block_bytes, pservers)
+    T = trainers
+    busiest = max(2 * e * params if T >= 2 else 0, (4 + e) * params if T >= 2 else 0,
+                  4 * max(load), e * params)
+    W = send_window_bytes(send_window, pservers, blk * 4)
+    sim_s = simulate_chain(T, pservers, [b[0] for b in blocks], [b[1] for b in blocks], e, R,
+                           C / 1e3, 4.0 / U, W)
+    return {"system": "pstrain_chain", "predicted_ms": sim_s * 1e3, "method": "simulation",
+            "compute_ms": C, "link_ms": busiest / R * 1e3, "bottleneck": "trainer links",
+            "busiest_link_bytes": busiest, "blocks": n, "send_window_bytes": W}
+
+
 def tree_broadcast(world, nbytes, R):
     """gloo's broadcast from rank 0, as traced on the lab (W = 2, 4, 8; per-interface byte
     counters every 10 ms): rank r sends to every r + 2^k < W with 2^k > r (0 -> 1, 2, 4;
@@ -497,7 +603,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[2:]))
-    ap.add_argument("--system", choices=["pstrain", "ddp", "torch_ddp", "torch_rpc_ps"])
+    ap.add_argument("--system", choices=["pstrain", "pstrain_chain", "ddp", "torch_ddp",
+                                         "torch_rpc_ps"])
     ap.add_argument("--trainers", type=int)
     ap.add_argument("--pservers", type=int, default=1)
     ap.add_argument("--params", type=int)
@@ -541,6 +648,9 @@ def main():
             r = pstrain(a.trainers, a.pservers, a.params, a.precision, a.link_bps,
                         a.block_bytes, a.send_window, a.update_gbps, a.compute_ms, a.rtt_ms,
                         a.method)
+        elif a.system == "pstrain_chain":
+            r = pstrain_chain(a.trainers, a.pservers, a.params, a.precision, a.link_bps,
+                              a.block_bytes, a.send_window, a.update_gbps, a.compute_ms)
         elif a.system in ("ddp", "torch_ddp"):
             r = ddp(a.trainers, a.params, a.link_bps, a.compute_ms, a.rtt_ms, a.precision,
                     a.buffer_bytes)

@@ -10,6 +10,9 @@
 #                 of buffers from rank 0); run once per T (pservers 0 in its lines);
 #   torch_rpc_ps  ../shared/peers/torch_rpc_ps.py, the PS on h0, trainers on h1..hT (one PS:
 #                 only in the cells with S = 1; fp32).
+#   pstrain_chain pstrain as above with PSTRAIN_CHAIN (trainer/chain.h): each trainer passes
+#                 its sum on to the next, only the last pushes to the pservers (T >= 2;
+#                 not in the default SYSTEMS).
 # The systems alternate within a cell, RUNS times. Beside each measurement: the cost
 # model's prediction (bench/costmodel.py, constants measured here at the start on
 # 127.0.0.1, the links at iperf3's rate), the busiest link's utilization and the CPU
@@ -25,7 +28,7 @@
 #        FAIR=0: one tbf FIFO a direction, where a pserver's answers to many trainers get
 #        unequal shares (docs/scaling.md)
 #        TRAINERS="1 2 4 8"  PSERVERS="1 2 4"  PRECISIONS="fp32 bf16"
-#        SYSTEMS="pstrain torch_ddp torch_rpc_ps"
+#        SYSTEMS="pstrain torch_ddp torch_rpc_ps" (and pstrain_chain)
 #        OUT=DIR (results.jsonl, table.md, scaling.png, logs/; default: a new temp dir)
 #        TIMEOUT=SEC per process (default: from the prediction, at least 120 s)
 #        NETLAB_NAME=scal (the lab's name)   BENCH_CORETYPE (see bench/lib.sh)
@@ -64,8 +67,8 @@ for p in $precisions; do
   case $p in fp32 | bf16) ;; *) bench_die "PRECISIONS: '$p' (expected fp32 and/or bf16)" ;; esac
 done
 for s in $systems; do
-  case $s in pstrain | torch_ddp | torch_rpc_ps) ;;
-    *) bench_die "SYSTEMS: '$s' (expected pstrain, torch_ddp, torch_rpc_ps)" ;; esac
+  case $s in pstrain | pstrain_chain | torch_ddp | torch_rpc_ps) ;;
+    *) bench_die "SYSTEMS: '$s' (expected pstrain, pstrain_chain, torch_ddp, torch_rpc_ps)" ;; esac
 done
 [ -x "$netlab" ] || bench_die "$netlab not found or not executable (the network lab)"
 bench_need_built "$build" pserver trainer
@@ -178,7 +181,7 @@ predict() {
   local upd=$upd_fp32
   [ "$4" = bf16 ] && upd=$upd_bf16
   case $1 in
-    pstrain) "$costmodel" --system pstrain --trainers "$2" --pservers "$3" --params "$params" \
+    pstrain | pstrain_chain) "$costmodel" --system "$1" --trainers "$2" --pservers "$3" --params "$params" \
       --precision "$4" --link-bps "$model_bps" --update-gbps "$upd" --compute-ms "$compute_ms" \
       --block-bytes "${PSTRAIN_BLOCK_BYTES:-4M}" --send-window "${PSTRAIN_SEND_WINDOW:-auto}" --json ;;
     torch_ddp) "$costmodel" --system ddp --trainers "$2" --params "$params" --link-bps "$model_bps" \
@@ -224,12 +227,16 @@ one_run() {
   [ -n "${OPENBLAS_CORETYPE:-}" ] || env_common="env -u OPENBLAS_CORETYPE PSTRAIN_SHM=off PSTRAIN_LOG_LEVEL=warn"
   procs=""
   case $sys in
-    pstrain)
-      local list="" k
+    pstrain | pstrain_chain)
+      local list="" k chain=""
       for ((k = 0; k < s; k++)); do list+="${list:+,}${addr[h$k]}:$port"; done
+      if [ "$sys" = pstrain_chain ]; then
+        for ((k = 0; k < t; k++)); do chain+="${chain:+,}${addr[h$((s + k))]}:7200"; done
+        chain="PSTRAIN_CHAIN=$chain"
+      fi
       # trainer 0 first: its stdout is the report
       for ((i = 0; i < t; i++)); do
-        procs+="h$((s + i))|$out/logs/$tag.t$i.out|$env_common PSTRAIN_PSERVERS=$list PSTRAIN_TRAINERS=$t PSTRAIN_TRAINER_ID=$i $build/bin/trainer --model synthetic --params $params --steps $steps --optimizer sgd --lr 0.01 --precision $prec --progress none"$'\n'
+        procs+="h$((s + i))|$out/logs/$tag.t$i.out|$env_common $chain PSTRAIN_PSERVERS=$list PSTRAIN_TRAINERS=$t PSTRAIN_TRAINER_ID=$i $build/bin/trainer --model synthetic --params $params --steps $steps --optimizer sgd --lr 0.01 --precision $prec --progress none"$'\n'
       done
       for ((k = 0; k < s; k++)); do
         procs+="h$k|$out/logs/$tag.s$k.out|$env_common PSTRAIN_PORT=$port $build/bin/pserver"$'\n'
@@ -353,6 +360,7 @@ for t in $trainers_list; do
       for sys in $systems; do
         case $sys in
           pstrain) cell_systems+=(pstrain) ;;
+          pstrain_chain) [ "$t" -ge 2 ] && cell_systems+=(pstrain_chain) ;;
           torch_ddp) [ "$prec" = fp32 ] && [ "$s" = "$first_s" ] && cell_systems+=(torch_ddp) ;;
           torch_rpc_ps) [ "$prec" = fp32 ] && [ "$s" = 1 ] && cell_systems+=(torch_rpc_ps) ;;
         esac

@@ -1001,8 +1001,10 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     r->window = tr_remote_window(cfg->send_window, r->plan, pst_dtype_size(cfg->grad_dtype),
                                  all_here);
     r->sched.step = -1; /* a step after a rollback starts its credits afresh */
+    /* Credits share a pserver's link among the trainers; a chain's every link is one
+     * trainer's (or its last's), so there, as on one host, there is none to share. */
     r->sched.ahead = cfg->mode == PST_MODE_SYNC
-                         ? tr_remote_ahead(cfg->send_ahead, r->plan, all_here)
+                         ? tr_remote_ahead(cfg->send_ahead, r->plan, all_here || r->chained)
                          : 0;
     /* A push in the call casts into a buffer of its block's; one through shared memory
      * casts into its slot. */
@@ -1212,11 +1214,11 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
     return same_host && round < TR_REMOTE_SAME_HOST_WINDOW ? TR_REMOTE_SAME_HOST_WINDOW : round;
 }
 
-int tr_remote_ahead(int send_ahead, const tr_plan *plan, int same_host)
+int tr_remote_ahead(int send_ahead, const tr_plan *plan, int unshared)
 {
     if (send_ahead != PST_SEND_AHEAD_AUTO)
         return send_ahead;
-    if (same_host)
+    if (unshared)
         return 0;
     return 4 * plan->npservers;
 }

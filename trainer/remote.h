@@ -44,8 +44,9 @@ size_t tr_remote_window(size_t send_window, const tr_plan *plan, size_t wire_siz
 /* The credits of a sync trainer (remote.c's scheduling): once every block of the step is
  * queued, a push starts only if its block is fewer than this many blocks past the lowest
  * block whose exchange has not ended. send_ahead as configured, or for PST_SEND_AHEAD_AUTO
- * 4 blocks per pserver, and 0 (no limit) when every pserver is on this host. */
-int tr_remote_ahead(int send_ahead, const tr_plan *plan, int same_host);
+ * 4 blocks per pserver, and 0 (no limit) when no link is shared among the trainers
+ * (unshared: every pserver on this host, or a chain of trainers, chain.h). */
+int tr_remote_ahead(int send_ahead, const tr_plan *plan, int unshared);
 /* The link interface of r (link.h): its free frees r. */
 tr_link *tr_remote_link(tr_remote *r);
 /* Init on every pserver with the values in params (trainer 0's are the cluster's), then
