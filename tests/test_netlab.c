@@ -11,7 +11,9 @@
  * shared memory
  * (a trainer's memfd, named /proc/<pid>/fd/<fd>, does not exist in the pserver's host, so
  * the payloads must stay in the calls by themselves: PSTRAIN_SHM is left at auto); each
- * pserver exits 0 after the last Finish.
+ * pserver exits 0 after the last Finish; the 2 trainers chained (PSTRAIN_CHAIN: h2 sends
+ * its gradient to h3, which pushes the sum to the pservers and passes the values back) end
+ * with the same bits.
  *
  * DESIGN. As test_cluster.c: children write stdout and stderr into temporary files, every
  * wait has a deadline after which the child is killed and the test fails with its stderr,
@@ -196,9 +198,11 @@ static void assert_no_shm(const char *who, const char *err)
                    who, err);
 }
 
-/* T trainers in h2.. against pservers in h0 and h1 (addr: the lab's addresses); returns
- * trainer 0's result, after every trainer and pserver exited 0 without shared memory. */
-static result cluster_result(int T, char addr[][16])
+/* T trainers in h2.. against pservers in h0 and h1 (addr: the lab's addresses), chained
+ * (PSTRAIN_CHAIN, trainer/chain.h: the trainers pass the sums on between their hosts) or
+ * not; returns trainer 0's result, after every trainer and pserver exited 0 without shared
+ * memory. */
+static result cluster_result(int T, char addr[][16], int chained)
 {
     proc *ps[2];
     int port[2];
@@ -211,6 +215,10 @@ static result cluster_result(int T, char addr[][16])
     snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=%s:%d,%s:%d", addr[0], port[0],
              addr[1], port[1]);
     snprintf(trainers, sizeof trainers, "PSTRAIN_TRAINERS=%d", T);
+    char chain[96] = "PSTRAIN_CHAIN=";
+    for (int t = 0; t < T; t++) /* each host its own: the same port in every one */
+        snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s%s:7200",
+                 t ? "," : "", addr[2 + t]);
     proc *tr[2];
     char ids[2][32];
     for (int t = 0; t < T; t++) {
@@ -221,7 +229,7 @@ static result cluster_result(int T, char addr[][16])
         const char *argv[40];
         in_host(argv, 40, host, prog);
         const char *env[] = {LAB_NAME, pservers, trainers, ids[t], "PSTRAIN_DEVICES=cpu:1",
-                             NULL};
+                             chained ? chain : NULL, NULL};
         tr[t] = proc_start(argv, env);
     }
     result r = {{{0}}, 0};
@@ -244,7 +252,8 @@ static result cluster_result(int T, char addr[][16])
         int rc = finish(ps[s], what, EXIT_WAIT_MS, NULL, &err);
         cr_assert_eq(rc, 0, "%s (in h%d) exited %d; stderr:\n%s", what, s, rc, err);
         assert_no_shm(what, err);
-        for (int t = 0; t < T; t++) { /* it tried the trainer's segment, and refused it */
+        for (int t = 0; t < T && !chained; t++) { /* it tried the trainer's segment, and
+                                                   * refused it (a chain offers none) */
             char said[64];
             snprintf(said, sizeof said, "trainer %d: payloads in the calls", t);
             cr_assert_not_null(strstr(err, said), "%s does not say \"%s\":\n%s", what, said,
@@ -273,14 +282,20 @@ Test(netlab, cluster_across_hosts_gives_the_bits_of_one_host)
     const result two = job_result("local trainer", local2, "cpu:2");
     const result same_host = job_result("pslaunch 2 x 2", loopback, "cpu:1");
 
-    const result d1 = cluster_result(1, addr);
+    const result d1 = cluster_result(1, addr, 0);
     cr_assert_str_eq(d1.hash.hex, one.hash.hex, "1 trainer (h2) x 2 pservers (h0, h1): %s, "
                      "local: %s", d1.hash.hex, one.hash.hex);
 
-    const result d2 = cluster_result(2, addr);
+    const result d2 = cluster_result(2, addr, 0);
     cr_assert_str_eq(d2.hash.hex, same_host.hash.hex, "2 trainers (h2, h3) x 2 pservers (h0, "
                      "h1): %s, the same job on one host: %s", d2.hash.hex, same_host.hash.hex);
     cr_assert_str_eq(d2.hash.hex, two.hash.hex, "2 trainers (h2, h3) x 2 pservers (h0, h1): "
                      "%s, local on cpu:2 with the same global batch: %s", d2.hash.hex,
                      two.hash.hex);
+
+    /* trainer 0 (h2) pushes to trainer 1 (h3), which pushes the sum to the pservers */
+    const result chained = cluster_result(2, addr, 1);
+    cr_assert_str_eq(chained.hash.hex, two.hash.hex, "2 chained trainers (h2 -> h3) x 2 "
+                     "pservers (h0, h1): %s, local on cpu:2 with the same global batch: %s",
+                     chained.hash.hex, two.hash.hex);
 }
