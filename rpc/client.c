@@ -94,6 +94,7 @@ static int lane_of(rpc_method m)
 struct rpc_client {
     int nservers;
     char **addrs;
+    char **labels;                   /* "pserver ADDR" (or the config's name): in errors */
     grpc_channel **chans;            /* (nservers * CL_LANES) */
     void *(*reg)[RPC_METHOD_COUNT_]; /* registered-call handles per channel */
     grpc_completion_queue *cq;
@@ -141,7 +142,7 @@ static void attempt_clear(struct cl_call *c)
  * left the job at step 5494 (stopped by signal)"), then where it was seen, in brackets. A
  * leading "<Method>: " or "<Method> of block N: " of the pserver's text moves into the
  * brackets: "... [pserver 10.0.0.1:7164 Pull of block 0]". */
-static void server_detail(char *out, size_t size, const char *addr, const char *mname,
+static void server_detail(char *out, size_t size, const char *label, const char *mname,
                           const char *text)
 {
     const char *cause = text;
@@ -159,7 +160,7 @@ static void server_detail(char *out, size_t size, const char *addr, const char *
             snprintf(where, sizeof where, "%s of block %u", mname, block);
         }
     }
-    snprintf(out, size, "%s [pserver %s %s]", cause, addr, where);
+    snprintf(out, size, "%s [%s %s]", cause, label, where);
 }
 
 /* Starts one attempt. Errors: PST_ERR_STATE when the client is closing, PST_ERR_UNAVAILABLE
@@ -174,12 +175,12 @@ static pst_status attempt_start(struct cl_call *c)
     pthread_mutex_lock(&cl->mu);
     if (cl->closing) {
         pthread_mutex_unlock(&cl->mu);
-        return pst_error_set(PST_ERR_STATE, "pserver %s %s: client shutting down",
-                             cl->addrs[c->server], rpc_method_name(c->method));
+        return pst_error_set(PST_ERR_STATE, "%s %s: client shutting down",
+                             cl->labels[c->server], rpc_method_name(c->method));
     }
     if (cl->gone[c->server]) { /* rpc_client_give_up: not even tried */
         char detail[CL_DETAIL];
-        server_detail(detail, sizeof detail, cl->addrs[c->server], rpc_method_name(c->method),
+        server_detail(detail, sizeof detail, cl->labels[c->server], rpc_method_name(c->method),
                       cl->gone[c->server]);
         pst_status st = pst_error_set(PST_ERR_UNAVAILABLE, "%s", detail);
         pthread_mutex_unlock(&cl->mu);
@@ -227,8 +228,8 @@ static pst_status attempt_start(struct cl_call *c)
         pthread_mutex_unlock(&cl->mu);
         grpc_call_unref(g);
         attempt_clear(c);
-        return pst_error_set(PST_ERR_INTERNAL, "pserver %s %s: gRPC refused the call: %s",
-                             cl->addrs[c->server], rpc_method_name(c->method),
+        return pst_error_set(PST_ERR_INTERNAL, "%s %s: gRPC refused the call: %s",
+                             cl->labels[c->server], rpc_method_name(c->method),
                              grpc_call_error_to_string(err));
     }
     return PST_OK;
@@ -321,7 +322,7 @@ static int retry_schedule(struct cl_call *c)
 static void on_complete(struct cl_call *c)
 {
     rpc_client *cl = c->cl;
-    const char *addr = cl->addrs[c->server];
+    const char *addr = cl->addrs[c->server], *label = cl->labels[c->server];
     const char *mname = rpc_method_name(c->method);
     pthread_mutex_lock(&cl->mu);
     grpc_call *g = c->gcall;
@@ -350,8 +351,8 @@ static void on_complete(struct cl_call *c)
         (strstr(text, "andshake failed") || strstr(text, "is not in peer certificate"))) {
         /* A TLS handshake that fails fails again: no retry (a wrong CA, a certificate that
          * does not name this address, a server that is not TLS). */
-        snprintf(detail, sizeof(detail), "pserver %s %s: the TLS handshake failed: %s (check "
-                 "PSTRAIN_TLS_CA, and that the pserver's certificate names %s)", addr, mname,
+        snprintf(detail, sizeof(detail), "%s %s: the TLS handshake failed: %s (check "
+                 "PSTRAIN_TLS_CA, and that the pserver's certificate names %s)", label, mname,
                  text, addr);
         call_finish(c, PST_ERR_INVALID, detail, NULL);
         return;
@@ -364,7 +365,7 @@ static void on_complete(struct cl_call *c)
             return;
         pthread_mutex_lock(&cl->mu);
         if (cl->gone[c->server]) {
-            server_detail(detail, sizeof detail, addr, mname, cl->gone[c->server]);
+            server_detail(detail, sizeof detail, label, mname, cl->gone[c->server]);
             pthread_mutex_unlock(&cl->mu);
             call_finish(c, st, detail, NULL);
             return;
@@ -372,9 +373,9 @@ static void on_complete(struct cl_call *c)
         pthread_mutex_unlock(&cl->mu);
         double secs = (double)(now_ms() - c->first_unavailable_ms) / 1000.0;
         snprintf(detail, sizeof(detail),
-                 "pserver %s unavailable: %s failed for %.1f s (%d attempts, connect timeout "
+                 "%s unavailable: %s failed for %.1f s (%d attempts, connect timeout "
                  "%d ms): %s%s",
-                 addr, mname, secs, c->attempts, cl->connect_timeout_ms, text,
+                 label, mname, secs, c->attempts, cl->connect_timeout_ms, text,
                  !strstr(text, "Socket closed") ? ""
                  : cl->tls ? " (the connection closed at once: does the pserver require a client "
                              "certificate? then set PSTRAIN_TLS_CLIENT_CERT and _KEY)"
@@ -384,19 +385,19 @@ static void on_complete(struct cl_call *c)
         return;
     }
     if (closing && c->status == GRPC_STATUS_CANCELLED && !from_server) {
-        snprintf(detail, sizeof(detail), "pserver %s %s: cancelled, client shutting down",
-                 addr, mname);
+        snprintf(detail, sizeof(detail), "%s %s: cancelled, client shutting down",
+                 label, mname);
         call_finish(c, PST_ERR_STATE, detail, NULL);
         return;
     }
     if (st == PST_ERR_TIMEOUT && !from_server) {
-        snprintf(detail, sizeof(detail), "pserver %s %s: no reply within %d ms (%s)", addr,
+        snprintf(detail, sizeof(detail), "%s %s: no reply within %d ms (%s)", label,
                  mname, cl->call_timeout_ms, text[0] ? text : "deadline exceeded");
         call_finish(c, st, detail, NULL);
         return;
     }
     if (st != PST_OK) {
-        server_detail(detail, sizeof detail, addr, mname, text[0] ? text : pst_strerror(st));
+        server_detail(detail, sizeof detail, label, mname, text[0] ? text : pst_strerror(st));
         call_finish(c, st, detail, NULL);
         return;
     }
@@ -405,7 +406,7 @@ static void on_complete(struct cl_call *c)
     c->recv_bb = NULL;
     st = rpc_wire_decode(bb, rpc_method_reply_desc(c->method), &msg);
     if (st != PST_OK) {
-        snprintf(detail, sizeof(detail), "pserver %s %s: bad reply: %s", addr, mname,
+        snprintf(detail, sizeof(detail), "%s %s: bad reply: %s", label, mname,
                  pst_error_detail());
         call_finish(c, st, detail, NULL);
         return;
@@ -526,16 +527,21 @@ pst_status rpc_client_init(rpc_client **out, const rpc_client_config *cfg)
         free(v);
     }
     cl->addrs = calloc((size_t)cfg->num_servers, sizeof(*cl->addrs));
+    cl->labels = calloc((size_t)cfg->num_servers, sizeof(*cl->labels));
     cl->chans = calloc((size_t)cfg->num_servers * CL_LANES, sizeof(*cl->chans));
     cl->reg = calloc((size_t)cfg->num_servers * CL_LANES, sizeof(*cl->reg));
     cl->gone = calloc((size_t)cfg->num_servers, sizeof(*cl->gone));
-    if (cl->addrs == NULL || cl->chans == NULL || cl->reg == NULL || cl->gone == NULL)
+    if (cl->addrs == NULL || cl->labels == NULL || cl->chans == NULL || cl->reg == NULL ||
+        cl->gone == NULL)
         goto nomem;
     cl->nservers = cfg->num_servers;
     for (int i = 0; i < cl->nservers; i++) {
         cl->addrs[i] = strdup(cfg->servers[i]);
-        if (cl->addrs[i] == NULL)
+        const char *name = cfg->names && cfg->names[i] ? cfg->names[i] : "pserver";
+        const size_t n = strlen(name) + strlen(cfg->servers[i]) + 2;
+        if (cl->addrs[i] == NULL || (cl->labels[i] = malloc(n)) == NULL)
             goto nomem;
+        snprintf(cl->labels[i], n, "%s %s", name, cfg->servers[i]);
     }
 
     grpc_arg args[16]; /* ours, the keepalive ones, RPC_BULK_ARGS and the lane */
@@ -766,8 +772,8 @@ void rpc_client_free(rpc_client *cl)
         struct cl_call *c = waiting;
         waiting = c->wnext;
         char detail[CL_DETAIL];
-        snprintf(detail, sizeof(detail), "pserver %s %s: client shutting down during retries",
-                 cl->addrs[c->server], rpc_method_name(c->method));
+        snprintf(detail, sizeof(detail), "%s %s: client shutting down during retries",
+                 cl->labels[c->server], rpc_method_name(c->method));
         call_finish(c, PST_ERR_STATE, detail, NULL);
     }
     pthread_mutex_lock(&cl->mu);
@@ -790,12 +796,14 @@ void rpc_client_free(rpc_client *cl)
     for (int i = 0; i < cl->nservers; i++) {
         if (cl->addrs != NULL)
             free(cl->addrs[i]);
+        if (cl->labels != NULL)
+            free(cl->labels[i]);
         if (cl->gone != NULL)
             free(cl->gone[i]);
     }
     if (cl->has_auth)
         grpc_slice_unref(cl->auth.value);
-    PST_FREE_ALL(cl->chans, cl->addrs, cl->reg, cl->gone);
+    PST_FREE_ALL(cl->chans, cl->addrs, cl->labels, cl->reg, cl->gone);
     pthread_cond_destroy(&cl->cv);
     pthread_mutex_destroy(&cl->mu);
     free(cl);

@@ -46,6 +46,9 @@ typedef struct rpc_client_config {
     const struct rpc_transport *transport; /* TLS (rpc/transport.h); NULL: insecure */
     const char *token;      /* non-empty: sent with every call ("authorization: Bearer
                              * TOKEN" metadata; copied) */
+    const char *const *names; /* optional, num_servers: what each server is, before its
+                               * address in error details ("trainer 2's relay"); NULL, or a
+                               * NULL entry: "pserver" */
 } rpc_client_config;
 
 /* Creates the client and its channels; connecting happens lazily, on the first call.

@@ -4850,3 +4850,56 @@ Test(cluster, save_params_writes_what_param_hash_hashes)
     free(out);
     free(err);
 }
+
+/* A chain (PSTRAIN_CHAIN) of 3 trainers, each one killed in turn mid-job: the other two
+ * exit 1 by themselves, their error naming the trainer that went (through the pserver that
+ * saw it go, or a relay that could not be reached within the connect timeout, 3 s here, or
+ * down the chain from the trainer above), and the pserver exits 0 after their early
+ * Finish. No one waits for a sum that will never come. The bound on the waits only turns
+ * a hang into a failure. */
+Test(cluster, a_chained_trainer_killed_fails_the_others_at_once, .timeout = 240)
+{
+    for (int victim = 0; victim < 3; victim++) {
+        proc *ps;
+        const int port = pserver_start(&ps);
+        char pservers[64], chain[160] = "PSTRAIN_CHAIN=", ids[3][32];
+        snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
+        for (int k = 0; k < 3; k++)
+            snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s127.0.0.1:%d",
+                     k ? "," : "", dead_port());
+        const char *argv[] = {TRAINER, "--model", "synthetic", "--params", "1000000",
+                              "--steps", "1000000", "--progress", "none",
+                              "--connect-timeout-ms", "3000", NULL};
+        proc *t[3];
+        for (int k = 0; k < 3; k++) {
+            snprintf(ids[k], sizeof ids[k], "PSTRAIN_TRAINER_ID=%d", k);
+            const char *env[] = {pservers, "PSTRAIN_TRAINERS=3", ids[k], chain,
+                                 "PSTRAIN_DEVICES=cpu:1", NULL};
+            t[k] = proc_start(argv, env);
+        }
+        for (int k = 0; k < 3; k++)
+            wait_joined(t[k]);
+        cr_assert_eq(kill(t[victim]->pid, SIGKILL), 0);
+        char gone[32];
+        snprintf(gone, sizeof gone, "trainer %d", victim);
+        for (int k = 0; k < 3; k++) {
+            if (k == victim)
+                continue;
+            char what[64];
+            snprintf(what, sizeof what, "trainer %d (trainer %d killed)", k, victim);
+            char *err;
+            const int rc = finish(t[k], what, RUN_WAIT_MS, NULL, &err);
+            cr_assert_eq(rc, 1, "%s exited %d; stderr:\n%s", what, rc, err);
+            const char *line = strstr(err, "trainer: ");
+            cr_assert(line && strstr(line, gone), "%s: its error does not name %s:\n%s", what,
+                      gone, err);
+            free(err);
+        }
+        proc_wait(t[victim], EXIT_WAIT_MS);
+        char *err;
+        const int rc = finish(ps, "pserver", EXIT_WAIT_MS, NULL, &err);
+        cr_assert_eq(rc, 0, "pserver exited %d (trainer %d killed); stderr:\n%s", rc, victim,
+                     err);
+        free(err);
+    }
+}

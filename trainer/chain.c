@@ -329,6 +329,9 @@ pst_status tr_chain_values(tr_chain *ch, int b, int64_t version, const void *val
 void tr_chain_fail(tr_chain *ch, int b, pst_status st, const char *detail)
 {
     relay_block *rb = &ch->blocks[b];
+    /* The relay itself still answers: trainer k-1 must not retry what failed further up. */
+    if (st == PST_ERR_UNAVAILABLE)
+        st = PST_ERR_STATE;
     pthread_mutex_lock(&ch->mu);
     pst_sticky_fail(&ch->err, st, detail);
     rpc_call *call = rb->parked;
@@ -375,7 +378,19 @@ void tr_chain_free(tr_chain *ch)
 {
     if (!ch)
         return;
-    rpc_server_free(ch->server); /* fails what is parked, waits for the replies in flight */
+    /* Pulls still parked: this trainer is leaving (the job's end drained them), so they fail
+     * now, in a way trainer k-1 does not retry, rather than as the server's shutdown would
+     * (unavailable: retried for the connect timeout). */
+    for (int i = 0; ch->blocks && i < ch->nblocks; i++) {
+        pthread_mutex_lock(&ch->mu);
+        rpc_call *call = ch->blocks[i].parked;
+        ch->blocks[i].parked = NULL;
+        pthread_mutex_unlock(&ch->mu);
+        if (call)
+            rpc_call_fail(call, PST_ERR_STATE, "trainer %d left the job: its relay closed "
+                          "with this pull of block %d waiting", ch->cfg.trainer_id, i);
+    }
+    rpc_server_free(ch->server); /* waits for the replies in flight */
     for (int i = 0; ch->blocks && i < ch->nblocks; i++) {
         rpc_kept_payload_free(ch->blocks[i].sum);
         free(ch->blocks[i].values[0]);

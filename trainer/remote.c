@@ -73,6 +73,8 @@ typedef struct block_ctx {
     float *chain_sum;   /* a chain's trainer k >= 1: the sum so far it pushes on (f32) */
     atomic_int joined;  /* a chain's trainer k >= 1: of its gradient and trainer k-1's sum,
                          * how many are here for the step (the second queues the push) */
+    atomic_int pushing; /* a chain's trainer k >= 1, this step: 0 waiting for the sum, 1 its
+                         * push started, 2 given up (its pull failed first) */
     size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
     tr_exchange_fn done;
     void *done_arg;
@@ -326,10 +328,33 @@ static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *r
 
 static void start_pull_done(void *arg, pst_status st, const char *detail);
 
+/* A call to the next trainer's relay (chain.h) failed after its retries: the job cannot go
+ * on through it, so every later call to it fails at once instead of each retrying for the
+ * connect timeout. */
+static void relay_failed(block_ctx *c, pst_status st, const char *detail)
+{
+    if (st != PST_OK && c->r->chain_next >= 0 && c->server == c->r->chain_next)
+        rpc_client_give_up(c->r->client, c->server, detail);
+}
+
+/* A chain's trainer k >= 1 (chain.h): its pull of a step failed. Trainer k-1's pull of the
+ * block fails with it, and an exchange still waiting for trainer k-1's sum ends now
+ * instead of waiting for a sum that may never come (the push it will not make). */
+static void chain_pull_failed(block_ctx *c, pst_status st, const char *detail)
+{
+    tr_chain_fail(c->r->chain, (int)c->b->id, st, detail);
+    int waiting = 0;
+    if (atomic_compare_exchange_strong(&c->pushing, &waiting, 2)) {
+        exchange_step_done(c); /* push done */
+        exchange_step_done(c); /* push released */
+    }
+}
+
 static void pull_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
     block_ctx *c = arg;
+    const int stepping = c->r->chain && c->done != start_pull_done; /* chain, k >= 1 */
     if (st == PST_OK) {
         c->times.pull_end = pst_clock_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
@@ -357,16 +382,17 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             st = rpc_payload_read(&values, 0, c->dst, c->b->length * pst_dtype_size(dt));
         else if (st == PST_OK)
             st = rpc_payload_read_f32(&values, dt, 0, c->dst, c->b->length);
-        if (st == PST_OK && c->r->chain && c->done != start_pull_done)
+        if (st == PST_OK && stepping)
             st = tr_chain_values(c->r->chain, (int)c->b->id, c->pull.version, c->dst);
         if (st != PST_OK)
             exchange_error(c, st, pst_error_detail());
-        if (st != PST_OK && c->r->chain)
-            tr_chain_fail(c->r->chain, (int)c->b->id, st, pst_error_detail());
+        if (st != PST_OK && stepping)
+            chain_pull_failed(c, st, pst_error_detail());
     } else {
+        relay_failed(c, st, detail);
         exchange_error(c, st, detail);
-        if (c->r->chain)
-            tr_chain_fail(c->r->chain, (int)c->b->id, st, detail);
+        if (stepping)
+            chain_pull_failed(c, st, detail);
     }
     exchange_step_done(c);
 }
@@ -428,6 +454,7 @@ static void push_done(void *arg, pst_status st, const char *detail, const Protob
     (void)reply;
     (void)payload;
     c->times.push_end = pst_clock_s();
+    relay_failed(c, st, detail);
     window_release(c);
     if (st != PST_OK) {
         exchange_error(c, st, detail);
@@ -481,7 +508,15 @@ static void exchange_start(block_ctx *c)
     c->server = r->chain_next >= 0 ? r->chain_next : c->b->pserver;
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
-    atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    if (r->chain) { /* k >= 1: its pull is out already (tr_remote_exchange) */
+        int waiting = 0;
+        if (!atomic_compare_exchange_strong(&c->pushing, &waiting, 1)) {
+            window_release(c); /* given up: the exchange has ended */
+            return;
+        }
+    } else {
+        atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    }
     c->times.push_start = pst_clock_s();
     const size_t bytes = push_bytes(r, c);
     atomic_fetch_add(&r->pushed_bytes, bytes);
@@ -499,21 +534,26 @@ static void exchange_start(block_ctx *c)
         pst_cast(c->wire_grad, r->cfg.grad_dtype, c->grad, PST_F32, c->b->length);
         payload = c->wire_grad;
     }
-    if (st == PST_OK)
+    const int call = st == PST_OK;
+    if (call)
         st = rpc_client_call_async(r->client, c->server, RPC_METHOD_PUSH, &c->push.base,
                                    payload, slot ? 0 : bytes, push_released, push_done, c);
     if (st != PST_OK) {
-        /* The release has run (or the call was never made); done will not: the exchange
-         * ends here. */
+        /* The release has run if the call was made; done will not: the exchange ends here
+         * (in a chain, once its pull, out already, ends too). */
         exchange_error(c, st, pst_error_detail());
-        if (r->chain)
-            tr_chain_fail(r->chain, (int)c->b->id, st, pst_error_detail());
-        atomic_store(&c->pending, 1);
         window_release(c);
-        exchange_step_done(c);
+        if (r->chain) {
+            tr_chain_fail(r->chain, (int)c->b->id, st, pst_error_detail());
+            if (!call)
+                exchange_step_done(c); /* push released */
+        } else {
+            atomic_store(&c->pending, 1);
+        }
+        exchange_step_done(c); /* push done */
         return;
     }
-    if (sync)
+    if (sync && !r->chain)
         start_pull(c, step + 1);
 }
 
@@ -619,6 +659,17 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
         memset(ls->ended, 0, (size_t)r->plan->nblocks);
     }
     ls->nqueued++;
+    pthread_mutex_unlock(&ls->mu);
+    if (r->chain) {
+        /* A chain's trainer k >= 1 asks for the values at once: while it waits for trainer
+         * k-1's sum, a failure up the chain (a pserver failing the pulls of a step that
+         * cannot complete, a relay failing its parked ones) reaches it through this pull. */
+        c->server = r->chain_next >= 0 ? r->chain_next : c->b->pserver;
+        atomic_store(&c->pushing, 0);
+        atomic_store(&c->pending, 3); /* push done, push released, pull done */
+        start_pull(c, step + 1);
+    }
+    pthread_mutex_lock(&ls->mu);
     /* In a chain, trainer k >= 1 pushes once trainer k-1's sum is here too. */
     const int go = !r->chain || atomic_fetch_add(&c->joined, 1) == 1;
     if (go)
@@ -1314,7 +1365,11 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
         addrs[s] = cfg->pservers[s];
     /* a chain's trainer k < T-1 pushes and pulls through trainer k+1's relay */
     int nservers = cfg->num_pservers;
+    const char *names[PST_MAX_PSERVERS + 1] = {0}; /* NULL: "pserver" */
+    char next_name[48];
     if (r->chained && cfg->trainer_id + 1 < cfg->trainers) {
+        snprintf(next_name, sizeof next_name, "trainer %d's relay", cfg->trainer_id + 1);
+        names[nservers] = next_name;
         r->chain_next = nservers;
         addrs[nservers++] = cfg->chain[cfg->trainer_id + 1];
     }
@@ -1330,7 +1385,8 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
                             .call_timeout_ms = (int)cfg->rpc_timeout_ms,
                             .connect_timeout_ms = cfg->connect_timeout_ms > 0
                                                       ? (int)cfg->connect_timeout_ms : -1,
-                            .token = cfg->token, .transport = r->transport};
+                            .token = cfg->token, .transport = r->transport,
+                            .names = names};
     if ((st = rpc_client_init(&r->client, &cc)) != PST_OK)
         goto error;
     rpc_client_config wc = {.servers = addrs, .num_servers = cfg->num_pservers,
