@@ -362,22 +362,21 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
 def pstrain_chain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
                   send_window="auto", update_gbps=None, compute_ms=None):
     """pstrain with PSTRAIN_CHAIN: trainers 0 -> 1 -> ... -> T-1 -> pservers, values back
-    down the same way (simulate_chain). Bytes per step, each direction: a middle trainer's
-    link carries the sum so far in (4P) and on (4P), and the values in and on (eP): up and
-    down each (4 + e)P, trainer 0's eP + eP; pserver s receives 4*L_s and sends e*L_s. So
-    the busiest link carries max((4 + e)P, 2eP) (T >= 3; T = 2: the last trainer's (4 + e)P
-    ... its push 4P and its values to trainer 0 eP) whatever T and S: the pservers' links
-    no longer carry T of anything. Against pstrain without a chain (T*L_max*e on the
-    busiest pserver link) it pays where T*e/S > 4 + e. Pipelining adds about two hops a
-    block per trainer (fill and drain); the simulation has them."""
+    down the same way (simulate_chain). Bytes per step and direction: trainer k >= 1 sends
+    the sum so far on (4P: f32) and the values down to trainer k-1 (eP), and receives as
+    much (trainer 1 gets trainer 0's gradient in eP); trainer 0 sends and receives eP;
+    pserver s receives 4*L_s and sends e*L_s. So the busiest link carries (4 + e)P
+    whatever T and S: no link carries T of anything. Against pstrain without a chain
+    (T*L_max*e on the busiest pserver link) it pays where T*e*L_max/P > 4 + e, about
+    T/S > 2 in fp32 and T/S > 3 in bf16. Pipelining adds about two block times a hop
+    (fill and drain), 2T hops; the simulation has them."""
     e = ESIZE[precision]
     R = link_bps / 8.0
     U = (update_gbps if update_gbps else UPDATE_GBPS.get(precision, 4.0)) * 1e9
     C = compute_ms if compute_ms is not None else COMPUTE_NS_PER_PARAM * params / 1e6
     n, blk, load, blocks = block_plan(params, block_bytes, pservers)
     T = trainers
-    busiest = max(2 * e * params if T >= 2 else 0, (4 + e) * params if T >= 2 else 0,
-                  4 * max(load), e * params)
+    busiest = (4 + e) * params
     W = send_window_bytes(send_window, pservers, blk * 4)
     sim_s = simulate_chain(T, pservers, [b[0] for b in blocks], [b[1] for b in blocks], e, R,
                            C / 1e3, 4.0 / U, W)
