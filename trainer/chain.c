@@ -284,6 +284,7 @@ pst_status tr_chain_take(tr_chain *ch, int b, long step, float *acc)
     relay_block *rb = &ch->blocks[b];
     pthread_mutex_lock(&ch->mu);
     rpc_kept_payload *sum = rb->sum && rb->sum_step == step ? rb->sum : NULL;
+    const pst_dtype dt = rb->sum_dtype;
     if (sum) {
         rb->sum = NULL;
         rb->taken = step;
@@ -293,8 +294,8 @@ pst_status tr_chain_take(tr_chain *ch, int b, long step, float *acc)
         return pst_error_set(PST_ERR_STATE, "trainer %d's relay: no sum of block %d, step %ld "
                              "from trainer %d", ch->cfg.trainer_id, b, step,
                              ch->cfg.trainer_id - 1);
-    const pst_status st = rpc_payload_read_f32(rpc_kept_payload_view(sum), rb->sum_dtype, 0,
-                                               acc, rb->length);
+    const pst_status st = rpc_payload_read_f32(rpc_kept_payload_view(sum), dt, 0, acc,
+                                               rb->length);
     rpc_kept_payload_free(sum);
     return st;
 }

@@ -71,8 +71,9 @@ typedef struct block_ctx {
     int server;         /* the client's server its push and pull go to: its pserver, or in
                          * a chain (chain.h) the next trainer's relay */
     float *chain_sum;   /* a chain's trainer k >= 1: the sum so far it pushes on (f32) */
-    atomic_int joined;  /* a chain's trainer k >= 1: of its gradient and trainer k-1's sum,
-                         * how many are here for the step (the second queues the push) */
+    int joined;         /* a chain's trainer k >= 1: of its gradient and trainer k-1's sum,
+                         * how many are here for the step (the second queues the push);
+                         * under the link's sched.mu */
     atomic_int pushing; /* a chain's trainer k >= 1, this step: 0 waiting for the sum, 1 its
                          * push started, 2 given up (its pull failed first) */
     size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
@@ -265,8 +266,14 @@ static void link_pump(tr_remote *r);
  * first trainer the sum so far, in f32. */
 static size_t push_bytes(const tr_remote *r, const block_ctx *c)
 {
-    const int sums = r->chained && r->cfg.trainer_id > 0;
-    return c->b->length * (sums ? sizeof(float) : pst_dtype_size(r->cfg.grad_dtype));
+    return c->b->length * (r->chain ? sizeof(float) : pst_dtype_size(r->cfg.grad_dtype));
+}
+
+/* Where a block's exchange pushes and pulls: its pserver, or in a chain, but for its last
+ * trainer, the next trainer's relay. */
+static int exchange_server(const tr_remote *r, const block_ctx *c)
+{
+    return r->chain_next >= 0 ? r->chain_next : c->b->pserver;
 }
 
 /* The block's push has been answered (or failed): the next waiting exchange may start. */
@@ -504,8 +511,7 @@ static void exchange_start(block_ctx *c)
     tr_remote *r = c->r;
     const int sync = r->cfg.mode == PST_MODE_SYNC;
     const long step = c->step;
-    const int k = r->cfg.trainer_id;
-    c->server = r->chain_next >= 0 ? r->chain_next : c->b->pserver;
+    c->server = exchange_server(r, c);
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     if (r->chain) { /* k >= 1: its pull is out already (tr_remote_exchange) */
@@ -524,7 +530,7 @@ static void exchange_start(block_ctx *c)
     void *slot = rpc_shm_link_push_slot(&r->shm[c->server], c->shard_off, c->b->length);
     c->push.shm = slot != NULL;
     pst_status st = PST_OK;
-    if (r->chained && k > 0) { /* the sum so far, this trainer's gradient added */
+    if (r->chain) { /* the sum so far, this trainer's gradient added */
         st = chain_add(c);
         payload = c->chain_sum;
     } else if (slot) { /* the pserver reads it before it answers; the next write is the next step */
@@ -636,6 +642,23 @@ static void link_pump(tr_remote *r)
     }
 }
 
+/* A chain's trainer k >= 1: of its gradient of a step and trainer k-1's sum, one is here;
+ * the second queues the push (the next step's cannot come before: trainer k-1 sends the
+ * next step's sum only after this step's values). */
+static void chain_join(block_ctx *c)
+{
+    link_sched *ls = &c->r->sched;
+    pthread_mutex_lock(&ls->mu);
+    const int go = ++c->joined == 2;
+    if (go) {
+        c->joined = 0;
+        heap_push(&ls->queues[c->queue], c);
+    }
+    pthread_mutex_unlock(&ls->mu);
+    if (go)
+        link_pump(c->r);
+}
+
 pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad, float scale,
                               void *dst, tr_exchange_fn done, void *arg)
 {
@@ -659,46 +682,29 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
         memset(ls->ended, 0, (size_t)r->plan->nblocks);
     }
     ls->nqueued++;
-    pthread_mutex_unlock(&ls->mu);
-    if (r->chain) {
-        /* A chain's trainer k >= 1 asks for the values at once: while it waits for trainer
-         * k-1's sum, a failure up the chain (a pserver failing the pulls of a step that
-         * cannot complete, a relay failing its parked ones) reaches it through this pull. */
-        c->server = r->chain_next >= 0 ? r->chain_next : c->b->pserver;
-        atomic_store(&c->pushing, 0);
-        atomic_store(&c->pending, 3); /* push done, push released, pull done */
-        start_pull(c, step + 1);
-    }
-    pthread_mutex_lock(&ls->mu);
-    /* In a chain, trainer k >= 1 pushes once trainer k-1's sum is here too. */
-    const int go = !r->chain || atomic_fetch_add(&c->joined, 1) == 1;
-    if (go)
+    if (!r->chain)
         heap_push(&ls->queues[c->queue], c);
     pthread_mutex_unlock(&ls->mu);
-    if (go) {
-        if (r->chain)
-            atomic_fetch_sub(&c->joined, 2);
+    if (!r->chain) {
         link_pump(r);
+        return PST_OK;
     }
+    /* A chain's trainer k >= 1 asks for the values at once: while it waits for trainer
+     * k-1's sum, a failure up the chain (a pserver failing the pulls of a step that cannot
+     * complete, a relay failing its parked ones) reaches it through this pull. Its push
+     * waits for that sum (chain_join). */
+    c->server = exchange_server(r, c);
+    atomic_store(&c->pushing, 0);
+    atomic_store(&c->pending, 3); /* push done, push released, pull done */
+    start_pull(c, step + 1);
+    chain_join(c);
     return PST_OK;
 }
 
-/* chain.h's arrived: trainer k-1's sum of block b is here; the push goes once this
- * trainer's gradient of the step is too. */
+/* chain.h's arrived: trainer k-1's sum of block b is here. */
 static void chain_arrived(void *arg, int b)
 {
-    tr_remote *r = arg;
-    block_ctx *c = &r->blocks[b];
-    link_sched *ls = &r->sched;
-    pthread_mutex_lock(&ls->mu);
-    const int go = atomic_fetch_add(&c->joined, 1) == 1;
-    if (go)
-        heap_push(&ls->queues[c->queue], c);
-    pthread_mutex_unlock(&ls->mu);
-    if (go) {
-        atomic_fetch_sub(&c->joined, 2);
-        link_pump(r);
-    }
+    chain_join(&((tr_remote *)arg)->blocks[b]);
 }
 
 /* ---- Init / start / Finish ------------------------------------------------------------ */
