@@ -1159,6 +1159,15 @@ void pst_config_print(FILE *out, const pst_config *cfg)
         strcat(buf, cfg->pservers[i]);
     }
     json_str(out, "pservers", buf, &first);
+    _Static_assert(PST_MAX_CHAIN <= PST_MAX_PSERVERS, "the chain's list fits buf");
+    if (cfg->role == PST_ROLE_TRAINER) {
+        buf[0] = '\0';
+        for (int i = 0; i < cfg->chain_len; i++) {
+            strcat(buf, i ? "," : "");
+            strcat(buf, cfg->chain[i]);
+        }
+        json_str(out, "chain", buf, &first);
+    }
     if (cfg->role == PST_ROLE_PSERVER) {
         fprintf(out, ",\"port\":%d,\"pserver_id\":%d,\"server_threads\":%d", cfg->port,
                 cfg->pserver_id, cfg->server_threads);
