@@ -2154,14 +2154,7 @@ int ps_service_wait(ps_service *svc, volatile int *stop)
             break;
         }
         expire_parked_locked(svc);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&svc->cv, &svc->mu, &ts);
+        pst_cond_wait_ms(&svc->cv, &svc->mu, 100);
     }
     int done = svc->all_finished;
     pthread_mutex_unlock(&svc->mu);

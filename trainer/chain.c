@@ -363,14 +363,7 @@ void tr_chain_drain(tr_chain *ch)
                          "by trainer %d", ch->cfg.trainer_id, busy, ch->cfg.trainer_id - 1);
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&ch->cv, &ch->mu, &ts);
+        pst_cond_wait_ms(&ch->cv, &ch->mu, 50);
     }
     pthread_mutex_unlock(&ch->mu);
 }
