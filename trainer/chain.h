@@ -7,10 +7,10 @@
  * the sum so far to trainer 2, and so on; only trainer T-1 pushes, the sum of every
  * trainer's gradient, to the block's pserver (PushRequest.trainers = T). The values come
  * back the same way: trainer T-1 pulls them from the pserver, trainer k from trainer k+1.
- * Each link, the pserver's included, then carries one gradient and one copy of the values
- * a step each way, and the blocks are pipelined, so a step costs about two blocks' time per
- * hop more than one trainer's exchange, whatever T is (a ring's reduce half, with a PS's
- * optimizer at the end).
+ * Each link, the pserver's included, then carries at most one sum (in f32) and one copy of
+ * the values a step each way, whatever T is; the blocks are pipelined, so the chain adds
+ * about one block's time per hop, 2T hops (a ring's reduce half, with a PS's optimizer at
+ * the end; docs/scaling.md, "A chain of trainers").
  *
  * Exactness: the pserver sums a step's gradients acc = g0; acc += g1; ... in trainer-id
  * order (pserver/store.h). The chain makes the same additions in the same order, in f32,
