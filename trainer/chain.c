@@ -61,6 +61,12 @@ static relay_block *block_of(tr_chain *ch, uint32_t id)
     return &ch->blocks[id];
 }
 
+/* The newest version of the values the relay holds (-1: none). */
+static int64_t newest(const relay_block *rb)
+{
+    return rb->version[0] > rb->version[1] ? rb->version[0] : rb->version[1];
+}
+
 static void lend_released(void *arg)
 {
     lend *l = arg;
@@ -169,12 +175,11 @@ static void handle_pull(tr_chain *ch, rpc_call *call)
     for (int i = 0; i < 2 && st == PST_OK; i++)
         if (rb->version[i] == req->version)
             slot = i;
-    const int64_t newest = rb->version[0] > rb->version[1] ? rb->version[0] : rb->version[1];
     if (st == PST_OK && slot >= 0) {
         rb->lent[slot]++;
         if (req->version > rb->served)
             rb->served = req->version;
-    } else if (st == PST_OK && req->version > newest) {
+    } else if (st == PST_OK && req->version > newest(rb)) {
         superseded = rb->parked; /* a retry of a pull whose first try is still here */
         rb->parked = call;
         rb->parked_version = req->version;
@@ -352,9 +357,7 @@ void tr_chain_drain(tr_chain *ch)
         int busy = -1;
         for (int i = 0; i < ch->nblocks && busy < 0; i++) {
             const relay_block *rb = &ch->blocks[i];
-            const int64_t newest = rb->version[0] > rb->version[1] ? rb->version[0]
-                                                                   : rb->version[1];
-            if (rb->served < newest || rb->lent[0] || rb->lent[1])
+            if (rb->served < newest(rb) || rb->lent[0] || rb->lent[1])
                 busy = i;
         }
         if (busy < 0 || pst_clock_s() >= until) {

@@ -204,9 +204,8 @@ struct tr_remote {
     atomic_int left;
     Pstrain__FinishRequest leave;
     char leave_reason[640];
-    /* a chain of trainers (chain.h): this trainer's relay (trainer k >= 1) and the client's
-     * server index of the next trainer's (k < T-1; -1: none) */
-    int chained;
+    /* a chain of trainers (chain.h, cfg.chain_len > 0): this trainer's relay (trainer
+     * k >= 1) and the client's server index of the next trainer's (k < T-1; -1: none) */
     tr_chain *chain;
     int chain_next;
 };
@@ -321,13 +320,12 @@ static void push_released(void *arg)
 static pst_status pulled_payload(const block_ctx *c, const Pstrain__PullReply *rep,
                                  pst_dtype dt, const rpc_payload *in_call, rpc_payload *out)
 {
-    const int s = c->server;
-    const pst_status st = rpc_shm_link_pulled(&c->r->shm[s], rep->shm, rep->shm_values,
-                                              in_call, c->shard_off, c->area_off,
-                                              c->b->length, dt, out);
+    const pst_status st = rpc_shm_link_pulled(&c->r->shm[c->b->pserver], rep->shm,
+                                              rep->shm_values, in_call, c->shard_off,
+                                              c->area_off, c->b->length, dt, out);
     if (st != PST_OK)
         return pst_error_wrap(st, "pull of block %u from %s", c->b->id,
-                              rpc_client_server(c->r->client, s));
+                              rpc_client_server(c->r->client, c->server));
     if (rep->shm || rep->shm_values)
         atomic_fetch_add(&c->r->pulled_bytes, out->bytes);
     return PST_OK;
@@ -410,7 +408,7 @@ static void start_pull(block_ctx *c, int64_t version)
     c->pull.version = version;
     c->pull.dtype = rpc_dtype_to_wire(c->dst_dtype);
     int slot, values;
-    rpc_shm_link_pull_asks(&c->r->shm[c->server], c->dst_dtype, &slot, &values);
+    rpc_shm_link_pull_asks(&c->r->shm[c->b->pserver], c->dst_dtype, &slot, &values);
     c->pull.shm = slot;
     c->pull.shm_values = values;
     c->times.pull_start = pst_clock_s();
@@ -527,7 +525,7 @@ static void exchange_start(block_ctx *c)
     const size_t bytes = push_bytes(r, c);
     atomic_fetch_add(&r->pushed_bytes, bytes);
     const void *payload = c->grad;
-    void *slot = rpc_shm_link_push_slot(&r->shm[c->server], c->shard_off, c->b->length);
+    void *slot = rpc_shm_link_push_slot(&r->shm[c->b->pserver], c->shard_off, c->b->length);
     c->push.shm = slot != NULL;
     pst_status st = PST_OK;
     if (r->chain) { /* the sum so far, this trainer's gradient added */
@@ -1061,7 +1059,8 @@ pst_status tr_remote_start(tr_remote *r, float *params)
     /* Credits share a pserver's link among the trainers; a chain's every link is one
      * trainer's (or its last's), so there, as on one host, there is none to share. */
     r->sched.ahead = cfg->mode == PST_MODE_SYNC
-                         ? tr_remote_ahead(cfg->send_ahead, r->plan, all_here || r->chained)
+                         ? tr_remote_ahead(cfg->send_ahead, r->plan,
+                                           all_here || cfg->chain_len > 0)
                          : 0;
     /* A push in the call casts into a buffer of its block's; one through shared memory
      * casts into its slot. */
@@ -1295,9 +1294,8 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     r->base = (tr_link){.ops = &remote_ops, .plan = plan};
     r->cfg = *cfg;
     r->plan = plan;
-    r->chained = cfg->chain_len > 0;
     r->chain_next = -1;
-    if (r->chained) /* its links are between hosts: the payloads go in the calls */
+    if (cfg->chain_len > 0) /* its links are between hosts: the payloads go in the calls */
         r->cfg.shm = 0;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
@@ -1306,14 +1304,6 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     if (plan->npservers != cfg->num_pservers) {
         st = pst_error_set(PST_ERR_INTERNAL, "trainer: a plan for %d pservers, %d configured",
                            plan->npservers, cfg->num_pservers);
-        goto error;
-    }
-    if (r->chained && (cfg->chain_len != cfg->trainers || cfg->mode != PST_MODE_SYNC ||
-                       cfg->num_pservers >= PST_MAX_PSERVERS)) {
-        st = pst_error_set(PST_ERR_INVALID, "trainer: a chain of %d trainers in a job of %d, "
-                           "%s mode, %d pservers: a chain lists every trainer, in sync mode, "
-                           "with fewer than %d pservers", cfg->chain_len, cfg->trainers,
-                           pst_mode_name(cfg->mode), cfg->num_pservers, PST_MAX_PSERVERS);
         goto error;
     }
     r->blocks = calloc((size_t)r->plan->nblocks, sizeof *r->blocks);
@@ -1343,7 +1333,7 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
         c->push.block = c->b->id;
         c->push.dtype = rpc_dtype_to_wire(cfg->grad_dtype);
         c->push.length = c->b->length;
-        if (r->chained) { /* trainers 0..k's sum; after trainer 0, in f32 */
+        if (cfg->chain_len > 0) { /* trainers 0..k's sum; after trainer 0, in f32 */
             c->push.trainers = (uint32_t)cfg->trainer_id + 1;
             if (cfg->trainer_id > 0) {
                 c->push.dtype = PSTRAIN__DTYPE__F32;
@@ -1373,13 +1363,13 @@ pst_status tr_remote_init(tr_remote **out, const tr_link_settings *cfg,
     int nservers = cfg->num_pservers;
     const char *names[PST_MAX_PSERVERS + 1] = {0}; /* NULL: "pserver" */
     char next_name[48];
-    if (r->chained && cfg->trainer_id + 1 < cfg->trainers) {
+    if (cfg->chain_len > 0 && cfg->trainer_id + 1 < cfg->trainers) {
         snprintf(next_name, sizeof next_name, "trainer %d's relay", cfg->trainer_id + 1);
         names[nservers] = next_name;
         r->chain_next = nservers;
         addrs[nservers++] = cfg->chain[cfg->trainer_id + 1];
     }
-    if (r->chained && cfg->trainer_id > 0) {
+    if (cfg->chain_len > 0 && cfg->trainer_id > 0) {
         const tr_chain_config chc = {
             .trainer_id = cfg->trainer_id, .listen = cfg->chain[cfg->trainer_id], .plan = plan,
             .values_dtype = cfg->precision, .token = cfg->token, .wait_ms = cfg->rpc_timeout_ms,
