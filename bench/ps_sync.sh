@@ -11,6 +11,7 @@
 # Not a test: it reports, it never gates. Needs iperf3 (apt-get install iperf3).
 #
 # usage: [PRECISION=fp32|bf16|fp16] bench/ps_sync.sh [BUILD_DIR=build] [RUNS=3] [PARAMS=25000000] [STEPS=20]
+# Each system runs 3 untimed steps, then STEPS timed ones.
 # PRECISION (default fp32) is pstrain's --precision: bf16/fp16 push and pull 2 bytes per
 # parameter (the peer stays fp32, as it has no such mode).
 # BENCH_CORETYPE=keep|NAME chooses the OpenBLAS kernel family (see bench_blas_core in bench/lib.sh).
@@ -28,13 +29,20 @@ bench_need_torch
 bench_need_iperf3
 bench_blas_core "$build"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-bench_header ps_sync "\"precision\":\"$precision\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"runs\":$runs"
+# The peer times --steps steps after 3 untimed ones (its --warmup default); pstrain runs 3 +
+# STEPS and its median is taken over the last STEPS of trainer 0's per-step metrics (its
+# summary's median over all steps, kept as step_ms_median_all_steps, counts the first ones).
+warmup=3
+bench_header ps_sync "\"precision\":\"$precision\",\"params\":$params,\"trainers\":2,\"pservers\":1,\"steps\":$steps,\"warmup\":$warmup,\"runs\":$runs"
 for i in $(seq 1 "$runs"); do
   for shm in auto off; do
-    PSTRAIN_SHM=$shm "$build/bin/pslaunch" --pservers 1 --trainers 2 --timeout 600 -- \
-      "$build/bin/trainer" --model synthetic --params "$params" --steps "$steps" \
+    PSTRAIN_SHM=$shm PSTRAIN_METRICS="$tmp/m$shm$i.%t.jsonl" "$build/bin/pslaunch" --pservers 1 \
+      --trainers 2 --timeout 600 -- \
+      "$build/bin/trainer" --model synthetic --params "$params" --steps $((warmup + steps)) \
       --optimizer sgd --lr 0.01 --precision "$precision" \
-      --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$shm$i.json"
+      --log-level warn 2>/dev/null | tail -n 1 > "$tmp/p$shm$i.all.json"
+    "$BENCH_PY" "$BENCH_DIR/timed_steps.py" "$tmp/p$shm$i.all.json" "$tmp/m$shm$i.0.jsonl" \
+      "$warmup" "$steps" > "$tmp/p$shm$i.json"
     echo "{\"run\":$i,\"who\":\"pstrain\",\"shm\":\"$shm\",\"result\":$(cat "$tmp/p$shm$i.json")}"
   done
   for transport in tcp auto; do

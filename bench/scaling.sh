@@ -263,8 +263,10 @@ one_run() {
 
 # report SYSTEM T S PREC PREDICTION_JSON TAG...: one JSON line for the cell (runs' median)
 report() {
-  "$BENCH_PY" - "$out" "$link" "$link_bps" "$iperf_bps" "$params" "$steps" "$warmup" "$@" <<'PY'
+  "$BENCH_PY" - "$BENCH_DIR" "$out" "$link" "$link_bps" "$iperf_bps" "$params" "$steps" "$warmup" "$@" <<'PY'
 import json, statistics, sys
+sys.path.insert(0, sys.argv.pop(1))
+import timed_steps
 out, link, link_bps, iperf, params, steps, warmup = sys.argv[1:8]
 sysname, t, s, prec, pred = sys.argv[8:13]
 tags = sys.argv[13:]
@@ -289,36 +291,11 @@ def cpu_util(t0, t1):
 def result(tag):
     reporter = "%s/logs/%s.t0.out" % (out, tag)
     try:
-        lines = [l for l in open(reporter) if l.startswith("{")]
-    except OSError:
-        return None, "no output"
-    for l in reversed(lines):
-        try:
-            d = json.loads(l)
-        except ValueError:
-            continue
-        if "step_ms_median" in d:
-            return timed(tag, d)
-    return None, "no step_ms_median in trainer/rank 0's output"
-
-def timed(tag, d):
-    """pstrain's median over its last STEPS steps (trainer 0's metrics), as the peers time
-    theirs after WARMUP untimed ones; its median over all steps is kept beside it."""
-    if not sysname.startswith("pstrain"):
-        return d, None
-    ms = {}
-    try:
-        for l in open("%s/logs/%s.t0.metrics" % (out, tag)):
-            e = json.loads(l)
-            if e.get("event") == "step":
-                ms[e["step"]] = e["ms"]
+        d = timed_steps.summary(reporter)
+        if sysname.startswith("pstrain"):  # the peers' untimed steps: timed_steps.py
+            d = timed_steps.timed(d, "%s/logs/%s.t0.metrics" % (out, tag), warmup, steps)
     except (OSError, ValueError, KeyError) as e:
-        return None, "trainer 0's per-step metrics: %s" % e
-    last = [ms[k] for k in sorted(ms) if k >= warmup]
-    if len(last) != steps:
-        return None, "trainer 0's metrics hold %d timed steps, not %d" % (len(last), steps)
-    d["step_ms_median_all_steps"] = d["step_ms_median"]
-    d["step_ms_median"] = statistics.median(last)
+        return None, str(e)
     return d, None
 
 ok, errors, cpus = [], [], []
