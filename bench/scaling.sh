@@ -20,8 +20,8 @@
 #
 # usage: bench/scaling.sh [BUILD_DIR=build]      (as root: the lab needs it)
 # env:   LINK=250mbit  PARAMS=5000000  STEPS=30  RUNS=2  (every system first runs 3
-#        untimed steps, then STEPS timed ones; in 10 timed steps the first second's slow
-#        start of 8 processes on 2 cores still showed: docs/scaling.md)
+#        untimed steps, then STEPS timed ones; 30 rather than 10 for a steadier median
+#        where 8 or 12 hosts share the 2 cores: docs/scaling.md)
 #        (250 Mbit/s by default: on a 2-core machine 1 Gbit/s links are CPU-bound from
 #        T=4, S=4 on: 8 processes moving 160 MB a step keep both cores 0.85-0.9 busy and
 #        the links below 0.8; at 250 Mbit/s the cores are 0.4-0.7 busy; docs/scaling.md)
