@@ -142,6 +142,44 @@ def _maxmin(flows, cap):
     return rate
 
 
+def _capacities(trainers, pservers, R):
+    """Every host's up and down link: R bytes/s each ("tu"/"td" trainer i, "pu"/"pd"
+    pserver k)."""
+    cap = {}
+    for i in range(trainers):
+        cap[("tu", i)] = cap[("td", i)] = R
+    for k in range(pservers):
+        cap[("pu", k)] = cap[("pd", k)] = R
+    return cap
+
+
+def _fluid(cap, remaining, size, links, moving, flow_done, updates, update_done, finished,
+           now):
+    """The event loop of the fluid simulations below. remaining: flow -> bytes left;
+    moving() -> the flows that move now (a subset of remaining); links(f) -> its links; they
+    share each link's capacity (cap) max-min fairly. Each event is a flow ending
+    (flow_done(f, now), which may add flows and updates) or an update, (time, block) in
+    updates, ending (update_done(block, now)); size(f) sets when a flow counts as ended.
+    Runs from now until finished(); returns the time."""
+    while not finished():
+        flows = {f: links(f) for f in moving()}
+        rates = _maxmin(flows, cap) if flows else {}
+        dt_flow = min((remaining[f] / rates[f] for f in rates), default=math.inf)
+        dt = min(dt_flow, min((u[0] for u in updates), default=math.inf) - now)
+        if dt == math.inf:
+            raise RuntimeError("simulation stalled")
+        now += dt
+        for f in list(remaining):
+            remaining[f] -= rates.get(f, 0.0) * dt
+            if remaining[f] <= 1e-6 * size(f):
+                del remaining[f]
+                flow_done(f, now)
+        for u in [u for u in updates if u[0] <= now + 1e-12]:
+            updates.remove(u)
+            update_done(u[1], now)
+    return now
+
+
 def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem, window):
     """A fluid simulation of one pstrain step, for small jobs (the bench's cells).
 
@@ -157,19 +195,13 @@ def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
     element. Returns seconds."""
     T, S, n = trainers, pservers, len(elems)
     sizes = [x * e for x in elems]
-    cap = {}
-    for i in range(T):
-        cap[("tu", i)] = cap[("td", i)] = R
-    for k in range(S):
-        cap[("pu", k)] = cap[("pd", k)] = R
     next_block = [0] * T   # the next block each trainer pushes
     inflight = [0] * T     # its push bytes in flight
     remaining = {}  # flow -> bytes left; flow = ("push", i, j) or ("pull", i, j)
     pushed = [0] * n
     cpu_free = [compute_s] * S
     updates = []  # (time done, block)
-    now = compute_s
-    done_pulls = 0
+    done_pulls = [0]
 
     def pump(i):
         while next_block[i] < n:
@@ -180,39 +212,33 @@ def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
             inflight[i] += sizes[j]
             next_block[i] += 1
 
+    def links(f):
+        if f[0] == "push":
+            return (("tu", f[1]), ("pd", owners[f[2]]))
+        return (("pu", owners[f[2]]), ("td", f[1]))
+
+    def flow_done(f, now):
+        kind, i, j = f
+        if kind == "pull":
+            done_pulls[0] += 1
+            return
+        inflight[i] -= sizes[j]
+        pushed[j] += 1
+        if pushed[j] == T:
+            k = owners[j]
+            cpu_free[k] = max(now, cpu_free[k]) + T * elems[j] * upd_s_per_elem
+            updates.append((cpu_free[k], j))
+        pump(i)
+
+    def update_done(j, now):
+        for i in range(T):
+            remaining[("pull", i, j)] = sizes[j]
+
     for i in range(T):
         pump(i)
-    while done_pulls < T * n:
-        links = {f: ((("tu", f[1]), ("pd", owners[f[2]])) if f[0] == "push" else
-                     (("pu", owners[f[2]]), ("td", f[1]))) for f in remaining}
-        rates = _maxmin(links, cap) if links else {}
-        dt_flow = min((remaining[f] / rates[f] for f in remaining), default=math.inf)
-        dt_upd = min((u[0] for u in updates), default=math.inf) - now
-        dt = min(dt_flow, dt_upd)
-        if dt == math.inf:
-            raise RuntimeError("simulation stalled")
-        now += dt
-        for f in list(remaining):
-            remaining[f] -= rates[f] * dt
-            if remaining[f] <= 1e-6 * sizes[f[2]]:
-                del remaining[f]
-                kind, i, j = f
-                if kind == "push":
-                    inflight[i] -= sizes[j]
-                    pushed[j] += 1
-                    if pushed[j] == T:
-                        k = owners[j]
-                        start = max(now, cpu_free[k])
-                        cpu_free[k] = start + T * elems[j] * upd_s_per_elem
-                        updates.append((cpu_free[k], j))
-                    pump(i)
-                else:
-                    done_pulls += 1
-        for u in [u for u in updates if u[0] <= now + 1e-12]:
-            updates.remove(u)
-            for i in range(T):
-                remaining[("pull", i, u[1])] = sizes[u[1]]
-    return now
+    return _fluid(_capacities(T, S, R), remaining, lambda f: sizes[f[2]], links,
+                  lambda: remaining, flow_done, updates, update_done,
+                  lambda: done_pulls[0] == T * n, compute_s)
 
 
 def pstrain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
@@ -296,16 +322,12 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
     the lab's chained runs show (ordered: 0.92-1.07 of the measured cells whose cores were
     not full; shared fairly, the fill of a long chain came out up to 1.2x too slow)."""
     T, S, n = trainers, pservers, len(elems)
-    cap = {}
-    for i in range(T):
-        cap[("tu", i)] = cap[("td", i)] = R
-    for k in range(S):
-        cap[("pu", k)] = cap[("pd", k)] = R
 
     def size(kind, i, j):
         return elems[j] * (4 if kind == "sum" and i > 0 else e)
 
-    def links(kind, i, j):
+    def links(f):
+        kind, i, j = f
         if kind == "sum":
             return (("tu", i), ("pd", owners[j]) if i == T - 1 else ("td", i + 1))
         return (("pu", owners[j]) if i == T - 1 else ("tu", i + 1), ("td", i))
@@ -315,8 +337,7 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
     remaining = {}
     cpu_free = [compute_s] * S
     updates = []
-    now = compute_s
-    done = 0
+    done = [0]
 
     def pump(i):
         while ready[i]:
@@ -328,44 +349,39 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
             remaining[("sum", i, j)] = b
             inflight[i] += b
 
-    for i in range(T):
-        pump(i)
-    while done < n:
+    def moving():  # one connection's messages go in order (FIFO): the head of each
         head = {}
-        for f in remaining:  # one connection's messages go in order (FIFO)
+        for f in remaining:
             g = (f[0], f[1])
             if g not in head or f[2] < head[g][2]:
                 head[g] = f
-        flows = {f: links(*f) for f in head.values()}
-        rates = _maxmin(flows, cap) if flows else {}
-        dt_flow = min((remaining[f] / rates[f] for f in rates), default=math.inf)
-        dt = min(dt_flow, min((u[0] for u in updates), default=math.inf) - now)
-        if dt == math.inf:
-            raise RuntimeError("simulation stalled")
-        now += dt
-        for f in list(remaining):
-            remaining[f] -= rates.get(f, 0.0) * dt
-            if remaining[f] <= 1e-6 * size(*f):
-                del remaining[f]
-                kind, i, j = f
-                if kind == "sum":
-                    inflight[i] -= size(kind, i, j)
-                    if i == T - 1:
-                        k = owners[j]
-                        cpu_free[k] = max(now, cpu_free[k]) + elems[j] * upd_s_per_elem
-                        updates.append((cpu_free[k], j))
-                    else:
-                        ready[i + 1].add(j)
-                        pump(i + 1)
-                    pump(i)
-                elif i > 0:
-                    remaining[("val", i - 1, j)] = size("val", i - 1, j)
-                else:
-                    done += 1
-        for u in [u for u in updates if u[0] <= now + 1e-12]:
-            updates.remove(u)
-            remaining[("val", T - 1, u[1])] = size("val", T - 1, u[1])
-    return now
+        return head.values()
+
+    def flow_done(f, now):
+        kind, i, j = f
+        if kind == "val":
+            if i > 0:
+                remaining[("val", i - 1, j)] = size("val", i - 1, j)
+            else:
+                done[0] += 1
+            return
+        inflight[i] -= size(kind, i, j)
+        if i == T - 1:
+            k = owners[j]
+            cpu_free[k] = max(now, cpu_free[k]) + elems[j] * upd_s_per_elem
+            updates.append((cpu_free[k], j))
+        else:
+            ready[i + 1].add(j)
+            pump(i + 1)
+        pump(i)
+
+    def update_done(j, now):
+        remaining[("val", T - 1, j)] = size("val", T - 1, j)
+
+    for i in range(T):
+        pump(i)
+    return _fluid(_capacities(T, S, R), remaining, lambda f: size(*f), links, moving,
+                  flow_done, updates, update_done, lambda: done[0] == n, compute_s)
 
 
 def pstrain_chain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
