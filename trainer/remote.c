@@ -56,6 +56,11 @@
 #include "rpc/global.h"
 #include "trainer/chain.h"
 
+/* A chain's trainer k >= 1 (chain.h): where its push of a block stands this step. Whichever
+ * of the push (once trainer k-1's sum is here) and a failed pull comes first moves it out of
+ * CHAIN_WAITING; the other sees that and does not act. */
+enum chain_push { CHAIN_WAITING, CHAIN_PUSHING, CHAIN_GIVEN_UP };
+
 typedef struct block_ctx {
     tr_remote *r;
     const tr_block *b;
@@ -74,8 +79,7 @@ typedef struct block_ctx {
     int joined;         /* a chain's trainer k >= 1: of its gradient and trainer k-1's sum,
                          * how many are here for the step (the second queues the push);
                          * under the link's sched.mu */
-    atomic_int pushing; /* a chain's trainer k >= 1, this step: 0 waiting for the sum, 1 its
-                         * push started, 2 given up (its pull failed first) */
+    atomic_int pushing; /* a chain's trainer k >= 1, this step: a chain_push state */
     size_t area_off;    /* its first byte in its pserver's values area (rpc/shm.h) */
     tr_exchange_fn done;
     void *done_arg;
@@ -348,8 +352,8 @@ static void relay_failed(block_ctx *c, pst_status st, const char *detail)
 static void chain_pull_failed(block_ctx *c, pst_status st, const char *detail)
 {
     tr_chain_fail(c->r->chain, (int)c->b->id, st, detail);
-    int waiting = 0;
-    if (atomic_compare_exchange_strong(&c->pushing, &waiting, 2)) {
+    int waiting = CHAIN_WAITING;
+    if (atomic_compare_exchange_strong(&c->pushing, &waiting, CHAIN_GIVEN_UP)) {
         exchange_step_done(c); /* push done */
         exchange_step_done(c); /* push released */
     }
@@ -513,8 +517,8 @@ static void exchange_start(block_ctx *c)
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
     if (r->chain) { /* k >= 1: its pull is out already (tr_remote_exchange) */
-        int waiting = 0;
-        if (!atomic_compare_exchange_strong(&c->pushing, &waiting, 1)) {
+        int waiting = CHAIN_WAITING;
+        if (!atomic_compare_exchange_strong(&c->pushing, &waiting, CHAIN_PUSHING)) {
             window_release(c); /* given up: the exchange has ended */
             return;
         }
@@ -692,7 +696,7 @@ pst_status tr_remote_exchange(tr_remote *r, int b, long step, const float *grad,
      * complete, a relay failing its parked ones) reaches it through this pull. Its push
      * waits for that sum (chain_join). */
     c->server = exchange_server(r, c);
-    atomic_store(&c->pushing, 0);
+    atomic_store(&c->pushing, CHAIN_WAITING);
     atomic_store(&c->pending, 3); /* push done, push released, pull done */
     start_pull(c, step + 1);
     chain_join(c);
