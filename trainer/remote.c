@@ -359,6 +359,16 @@ static void chain_pull_failed(block_ctx *c, pst_status st, const char *detail)
     }
 }
 
+/* A block's pull failed: its call, its start or what came back. In a chain (k >= 1) the
+ * exchange's push half ends with it (chain_pull_failed), or it would wait for ever for a
+ * sum from a trainer that may be gone. */
+static void pull_failed(block_ctx *c, pst_status st, const char *detail)
+{
+    exchange_error(c, st, detail);
+    if (c->r->chain && c->done != start_pull_done)
+        chain_pull_failed(c, st, detail);
+}
+
 static void pull_done(void *arg, pst_status st, const char *detail, const ProtobufCMessage *reply,
                       const rpc_payload *payload)
 {
@@ -394,14 +404,10 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
         if (st == PST_OK && stepping)
             st = tr_chain_values(c->r->chain, (int)c->b->id, c->pull.version, c->dst);
         if (st != PST_OK)
-            exchange_error(c, st, pst_error_detail());
-        if (st != PST_OK && stepping)
-            chain_pull_failed(c, st, pst_error_detail());
+            pull_failed(c, st, pst_error_detail());
     } else {
         relay_failed(c, st, detail);
-        exchange_error(c, st, detail);
-        if (stepping)
-            chain_pull_failed(c, st, detail);
+        pull_failed(c, st, detail);
     }
     exchange_step_done(c);
 }
@@ -418,8 +424,8 @@ static void start_pull(block_ctx *c, int64_t version)
     c->times.pull_start = pst_clock_s();
     pst_status st = rpc_client_call_async(c->r->client, c->server, RPC_METHOD_PULL,
                                           &c->pull.base, NULL, 0, NULL, pull_done, c);
-    if (st != PST_OK) {
-        exchange_error(c, st, pst_error_detail());
+    if (st != PST_OK) { /* e.g. the next relay given up (relay_failed) */
+        pull_failed(c, st, pst_error_detail());
         exchange_step_done(c);
     }
 }
@@ -513,16 +519,16 @@ static void exchange_start(block_ctx *c)
     tr_remote *r = c->r;
     const int sync = r->cfg.mode == PST_MODE_SYNC;
     const long step = c->step;
-    c->server = exchange_server(r, c);
     c->push.step = step;
     c->push.scale = c->scale == 1.0f ? 0.0f : c->scale;
-    if (r->chain) { /* k >= 1: its pull is out already (tr_remote_exchange) */
+    if (r->chain) { /* k >= 1: its pull to c->server is out already (tr_remote_exchange) */
         int waiting = CHAIN_WAITING;
         if (!atomic_compare_exchange_strong(&c->pushing, &waiting, CHAIN_PUSHING)) {
             window_release(c); /* given up: the exchange has ended */
             return;
         }
     } else {
+        c->server = exchange_server(r, c);
         atomic_store(&c->pending, 3); /* push done, push released, pull done */
     }
     c->times.push_start = pst_clock_s();
