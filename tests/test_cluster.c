@@ -134,6 +134,15 @@ static int dead_port(void)
     return ntohs(a.sin_port);
 }
 
+/* "PSTRAIN_CHAIN=127.0.0.1:P0,..." for n trainers, each relay on a free port, into buf. */
+static void chain_env(char *buf, size_t size, int n)
+{
+    snprintf(buf, size, "PSTRAIN_CHAIN=");
+    for (int k = 0; k < n; k++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s127.0.0.1:%d", k ? "," : "",
+                 dead_port());
+}
+
 TestSuite(cluster, .fini = suite_fini, .timeout = 120);
 
 /* ---- 1. sync exactness: distributed == local ------------------------------------------ */
@@ -497,10 +506,8 @@ Test(cluster, chain_of_trainers_equals_pushing_alone, .timeout = 240)
         for (int k = 0; variants[v][k]; k++)
             flags[nf++] = variants[v][k];
         flags[nf] = NULL;
-        char chain[160] = "PSTRAIN_CHAIN=";
-        for (int t = 0; t < 4; t++)
-            snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s127.0.0.1:%d",
-                     t ? "," : "", dead_port());
+        char chain[160];
+        chain_env(chain, sizeof chain, 4);
         const char *env_plain[] = {"PSTRAIN_DEVICES=cpu:1", NULL};
         const char *env_chain[] = {"PSTRAIN_DEVICES=cpu:1", chain, NULL};
         char *out[2], *err[2];
@@ -4862,11 +4869,9 @@ Test(cluster, a_chained_trainer_killed_fails_the_others_at_once, .timeout = 240)
     for (int victim = 0; victim < 3; victim++) {
         proc *ps;
         const int port = pserver_start(&ps);
-        char pservers[64], chain[160] = "PSTRAIN_CHAIN=", ids[3][32];
+        char pservers[64], chain[160], ids[3][32];
         snprintf(pservers, sizeof pservers, "PSTRAIN_PSERVERS=127.0.0.1:%d", port);
-        for (int k = 0; k < 3; k++)
-            snprintf(chain + strlen(chain), sizeof chain - strlen(chain), "%s127.0.0.1:%d",
-                     k ? "," : "", dead_port());
+        chain_env(chain, sizeof chain, 3);
         const char *argv[] = {TRAINER, "--model", "synthetic", "--params", "1000000",
                               "--steps", "1000000", "--progress", "none",
                               "--connect-timeout-ms", "3000", NULL};
