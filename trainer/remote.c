@@ -359,13 +359,19 @@ static void chain_pull_failed(block_ctx *c, pst_status st, const char *detail)
     }
 }
 
+/* The pull is a step's, by a chain's trainer k >= 1 (not the start's pull of values). */
+static int chain_step_pull(const block_ctx *c)
+{
+    return c->r->chain && c->done != start_pull_done;
+}
+
 /* A block's pull failed: its call, its start or what came back. In a chain (k >= 1) the
  * exchange's push half ends with it (chain_pull_failed), or it would wait for ever for a
  * sum from a trainer that may be gone. */
 static void pull_failed(block_ctx *c, pst_status st, const char *detail)
 {
     exchange_error(c, st, detail);
-    if (c->r->chain && c->done != start_pull_done)
+    if (chain_step_pull(c))
         chain_pull_failed(c, st, detail);
 }
 
@@ -373,7 +379,6 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
                       const rpc_payload *payload)
 {
     block_ctx *c = arg;
-    const int stepping = c->r->chain && c->done != start_pull_done; /* chain, k >= 1 */
     if (st == PST_OK) {
         c->times.pull_end = pst_clock_s();
         const Pstrain__PullReply *rep = (const Pstrain__PullReply *)reply;
@@ -401,7 +406,7 @@ static void pull_done(void *arg, pst_status st, const char *detail, const Protob
             st = rpc_payload_read(&values, 0, c->dst, c->b->length * pst_dtype_size(dt));
         else if (st == PST_OK)
             st = rpc_payload_read_f32(&values, dt, 0, c->dst, c->b->length);
-        if (st == PST_OK && stepping)
+        if (st == PST_OK && chain_step_pull(c))
             st = tr_chain_values(c->r->chain, (int)c->b->id, c->pull.version, c->dst);
         if (st != PST_OK)
             pull_failed(c, st, pst_error_detail());
