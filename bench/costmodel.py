@@ -201,7 +201,7 @@ def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
     pushed = [0] * n
     cpu_free = [compute_s] * S
     updates = []  # (time done, block)
-    done_pulls = [0]
+    done_pulls = 0
 
     def pump(i):
         while next_block[i] < n:
@@ -218,9 +218,10 @@ def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
         return (("pu", owners[f[2]]), ("td", f[1]))
 
     def flow_done(f, now):
+        nonlocal done_pulls
         kind, i, j = f
         if kind == "pull":
-            done_pulls[0] += 1
+            done_pulls += 1
             return
         inflight[i] -= sizes[j]
         pushed[j] += 1
@@ -238,7 +239,7 @@ def simulate(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per_elem,
         pump(i)
     return _fluid(_capacities(T, S, R), remaining, lambda f: sizes[f[2]], links,
                   lambda: remaining, flow_done, updates, update_done,
-                  lambda: done_pulls[0] == T * n, compute_s)
+                  lambda: done_pulls == T * n, compute_s)
 
 
 def pstrain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
@@ -337,7 +338,7 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
     remaining = {}
     cpu_free = [compute_s] * S
     updates = []
-    done = [0]
+    done = 0
 
     def pump(i):
         while ready[i]:
@@ -358,12 +359,13 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
         return head.values()
 
     def flow_done(f, now):
+        nonlocal done
         kind, i, j = f
         if kind == "val":
             if i > 0:
                 remaining[("val", i - 1, j)] = size("val", i - 1, j)
             else:
-                done[0] += 1
+                done += 1
             return
         inflight[i] -= size(kind, i, j)
         if i == T - 1:
@@ -381,7 +383,7 @@ def simulate_chain(trainers, pservers, elems, owners, e, R, compute_s, upd_s_per
     for i in range(T):
         pump(i)
     return _fluid(_capacities(T, S, R), remaining, lambda f: size(*f), links, moving,
-                  flow_done, updates, update_done, lambda: done[0] == n, compute_s)
+                  flow_done, updates, update_done, lambda: done == n, compute_s)
 
 
 def pstrain_chain(trainers, pservers, params, precision, link_bps, block_bytes=4 << 20,
